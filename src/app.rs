@@ -1,0 +1,152 @@
+//! The composition root: builds every part from a [`ServeConfig`], serves gRPC, and stops cleanly.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use anyhow::Context;
+use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{
+    server::NamedService,
+    service::{RoutesBuilder, interceptor::InterceptedService},
+    transport::Server,
+};
+use tonic_health::ServingStatus;
+
+use crate::{
+    config::ServeConfig,
+    grpc::{
+        auth::Authenticator, gateway::GatewayService, sessions::SessionsService,
+        translator::TranslatorService,
+    },
+    pb::{
+        self,
+        v1::{
+            agent_session_service_server::AgentSessionServiceServer,
+            channel_translator_service_server::ChannelTranslatorServiceServer,
+            runtime_gateway_service_server::RuntimeGatewayServiceServer,
+        },
+    },
+    translate::Translator,
+};
+
+/// A serving harness.
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl RunningServer {
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting calls, lets in-flight calls finish, and returns when the server is down.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        (&mut self.task).await.context("server task")??;
+        Ok(())
+    }
+}
+
+fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
+    if config.tokens_file.is_none() && !config.listen.ip().is_loopback() {
+        if !config.insecure_allow_non_loopback {
+            anyhow::bail!(
+                "refusing to listen on non-loopback {} with no tokens configured: every caller \
+                 would be the all-powerful `local` principal. Configure --tokens-file, or pass \
+                 --insecure-allow-non-loopback if you really mean it",
+                config.listen
+            );
+        }
+        tracing::warn!(
+            listen = %config.listen,
+            "serving on a non-loopback address with NO authentication (--insecure-allow-non-loopback)"
+        );
+    }
+    Ok(())
+}
+
+/// Binds the listener, builds every part and starts serving in the background.
+pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
+    refuses_insecure_listen(&config)?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let local_addr = listener.local_addr()?;
+
+    let limits = Arc::new(config.limits.clone());
+    let auth = Authenticator::no_tokens();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let mut routes = RoutesBuilder::default();
+    let mut served: Vec<&'static str> = Vec::new();
+    let max_message = config.limits.grpc_message_bytes;
+
+    if config.services.sessions {
+        let service = AgentSessionServiceServer::new(SessionsService)
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
+        routes.add_service(InterceptedService::new(service, auth.clone()));
+        served.push(<AgentSessionServiceServer<SessionsService> as NamedService>::NAME);
+    }
+    if config.services.translator {
+        let translator = Arc::new(Translator::new(config.static_files_base_url.as_deref()));
+        let service =
+            ChannelTranslatorServiceServer::new(TranslatorService::new(translator, limits.clone()))
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(max_message);
+        routes.add_service(InterceptedService::new(service, auth.clone()));
+        served.push(<ChannelTranslatorServiceServer<TranslatorService> as NamedService>::NAME);
+    }
+    if config.services.gateway {
+        let service = RuntimeGatewayServiceServer::new(GatewayService)
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
+        routes.add_service(InterceptedService::new(service, auth.clone()));
+        served.push(<RuntimeGatewayServiceServer<GatewayService> as NamedService>::NAME);
+    }
+    for name in &served {
+        health
+            .set_service_status(*name, ServingStatus::Serving)
+            .await;
+    }
+    routes.add_service(health_service);
+
+    let mut reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    let mut reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    // List only what this process serves (plus health and reflection themselves).
+    for name in served.iter().copied().chain(["grpc.health.v1.Health"]) {
+        reflection_v1 = reflection_v1.with_service_name(name);
+        reflection_v1alpha = reflection_v1alpha.with_service_name(name);
+    }
+    routes.add_service(reflection_v1.build_v1().context("reflection v1")?);
+    routes.add_service(
+        reflection_v1alpha
+            .build_v1alpha()
+            .context("reflection v1alpha")?,
+    );
+
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let server = Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .add_routes(routes.routes())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            let _ = shutdown_rx.await;
+        });
+    let task = tokio::spawn(server);
+    tracing::info!(%local_addr, services = ?served, "serving gRPC");
+    Ok(RunningServer {
+        local_addr,
+        shutdown: Some(shutdown_tx),
+        task,
+    })
+}

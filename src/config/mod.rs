@@ -1,0 +1,414 @@
+//! Configuration of `serve` (SPEC §12): command-line flags, each with an `AGENT_HARNESS_*`
+//! environment fallback, over a TOML config file whose top-level keys mirror the flags in
+//! snake_case, over defaults. Unknown keys in the file are an error naming the key.
+
+pub mod profile;
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use crate::domain::{invocation, limits::Limits};
+pub use profile::{MOCK_PROFILE, PermissionPolicy, Profile, ProfileFile};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+pub const DEFAULT_DATA_DIR: &str = "./data";
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+
+/// Which gRPC services a process serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceName {
+    /// `AgentSessionService`.
+    Sessions,
+    /// `ChannelTranslatorService`.
+    Translator,
+    /// `RuntimeGatewayService`.
+    Gateway,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqliteSynchronous {
+    #[default]
+    Normal,
+    Full,
+}
+
+/// The flags of `agent-harness serve`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// Address to serve gRPC on [default: 127.0.0.1:50051]
+    #[arg(long, env = "AGENT_HARNESS_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Directory for the embedded store and runtime bookkeeping [default: ./data]
+    #[arg(long, env = "AGENT_HARNESS_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// TOML config file (top-level keys mirror these flags; profiles as [profiles.<name>])
+    #[arg(long, env = "AGENT_HARNESS_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Base URL of the static file service, for TranslateChannelMessage and mentions
+    #[arg(long, env = "AGENT_HARNESS_STATIC_FILES_BASE_URL", value_name = "URL")]
+    pub static_files_base_url: Option<String>,
+    /// Services to serve, comma-separated [default: sessions,translator,gateway]
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_SERVICES",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    pub services: Option<Vec<ServiceName>>,
+    /// Address to serve Prometheus metrics on (off when unset)
+    #[arg(long, env = "AGENT_HARNESS_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// TOML file of [[tokens]] with sha256, principal, kind (no-token mode when unset)
+    #[arg(long, env = "AGENT_HARNESS_TOKENS_FILE", value_name = "FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// PEM certificate chain for TLS
+    #[arg(long, env = "AGENT_HARNESS_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS
+    #[arg(long, env = "AGENT_HARNESS_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: require client certificates signed by it (mutual TLS)
+    #[arg(long, env = "AGENT_HARNESS_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Allow a non-loopback listen address with no tokens configured (logs a warning)
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_INSECURE_ALLOW_NON_LOOPBACK",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub insecure_allow_non_loopback: Option<bool>,
+    /// Log format [default: text]
+    #[arg(long, env = "AGENT_HARNESS_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// SQLite synchronous mode [default: normal]
+    #[arg(long, env = "AGENT_HARNESS_SQLITE_SYNCHRONOUS", value_name = "MODE")]
+    pub sqlite_synchronous: Option<SqliteSynchronous>,
+    /// How long running turns may take to end after SIGTERM [default: 30s]
+    #[arg(long, env = "AGENT_HARNESS_DRAIN_GRACE", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub drain_grace: Option<Duration>,
+}
+
+/// The config file as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub static_files_base_url: Option<String>,
+    pub services: Option<Vec<ServiceName>>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub tokens_file: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_client_ca: Option<PathBuf>,
+    pub insecure_allow_non_loopback: Option<bool>,
+    pub log_format: Option<LogFormat>,
+    pub sqlite_synchronous: Option<SqliteSynchronous>,
+    pub drain_grace: Option<String>,
+    /// The `_meta` key marking the hidden invocation block.
+    pub invocation_meta_key: Option<String>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub profiles: BTreeMap<String, ProfileFile>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+    }
+}
+
+/// The set of served services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceSet {
+    pub sessions: bool,
+    pub translator: bool,
+    pub gateway: bool,
+}
+
+impl ServiceSet {
+    pub const ALL: Self = Self {
+        sessions: true,
+        translator: true,
+        gateway: true,
+    };
+
+    fn from_list(list: &[ServiceName]) -> Self {
+        Self {
+            sessions: list.contains(&ServiceName::Sessions),
+            translator: list.contains(&ServiceName::Translator),
+            gateway: list.contains(&ServiceName::Gateway),
+        }
+    }
+}
+
+/// TLS files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The resolved configuration of a `serve` process.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub static_files_base_url: Option<String>,
+    pub services: ServiceSet,
+    pub metrics_listen: Option<SocketAddr>,
+    pub tokens_file: Option<PathBuf>,
+    pub tls: Option<TlsFiles>,
+    pub insecure_allow_non_loopback: bool,
+    pub log_format: LogFormat,
+    pub sqlite_synchronous: SqliteSynchronous,
+    pub drain_grace: Duration,
+    pub invocation_meta_key: String,
+    pub limits: Limits,
+    pub profiles: BTreeMap<String, Arc<Profile>>,
+}
+
+impl ServeConfig {
+    /// Flags (and their env fallbacks) over the config file over defaults. `mock_program` is the
+    /// executable the built-in `mock` profile runs (normally this very binary).
+    pub fn resolve(args: ServeArgs, mock_program: PathBuf) -> anyhow::Result<Self> {
+        let file = match &args.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        Self::from_parts(args, file, mock_program)
+    }
+
+    pub fn from_parts(
+        args: ServeArgs,
+        file: FileConfig,
+        mock_program: PathBuf,
+    ) -> anyhow::Result<Self> {
+        let services = args
+            .services
+            .or(file.services)
+            .map(|list| ServiceSet::from_list(&list))
+            .unwrap_or(ServiceSet::ALL);
+        if services == ServiceSet::from_list(&[]) {
+            anyhow::bail!("services is empty: name at least one of sessions, translator, gateway");
+        }
+        let tls_cert = args.tls_cert.or(file.tls_cert);
+        let tls_key = args.tls_key.or(file.tls_key);
+        let tls_client_ca = args.tls_client_ca.or(file.tls_client_ca);
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: tls_client_ca,
+            }),
+            (None, None) if tls_client_ca.is_none() => None,
+            _ => anyhow::bail!(
+                "TLS needs both tls_cert and tls_key (and tls_client_ca only with them)"
+            ),
+        };
+        let drain_grace = match (args.drain_grace, file.drain_grace) {
+            (Some(grace), _) => grace,
+            (None, Some(text)) => profile::parse_duration("drain_grace", &text)?,
+            (None, None) => DEFAULT_DRAIN_GRACE,
+        };
+        let static_files_base_url = args.static_files_base_url.or(file.static_files_base_url);
+        if let Some(url) = &static_files_base_url {
+            let parsed = url::Url::parse(url)
+                .with_context(|| format!("static_files_base_url {url:?} is not a URL"))?;
+            if !matches!(parsed.scheme(), "https" | "http") {
+                anyhow::bail!("static_files_base_url {url:?} must use https or http");
+            }
+        }
+        let tokens_file = args.tokens_file.or(file.tokens_file);
+
+        let mut profiles = BTreeMap::new();
+        profiles.insert(
+            MOCK_PROFILE.to_owned(),
+            Arc::new(Profile::builtin_mock(mock_program)),
+        );
+        for (name, profile) in file.profiles {
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                anyhow::bail!(
+                    "profile name {name:?} may hold only letters, digits, '-', '_' and '.'"
+                );
+            }
+            let profile = Profile::from_file(&name, profile)?;
+            // With real principals, a runtime's working directory must be fenced in. (The
+            // built-in mock profile, unless redefined here, then refuses every cwd.)
+            if tokens_file.is_some() && profile.allowed_cwd_roots.is_none() {
+                anyhow::bail!(
+                    "profiles.{name}.allowed_cwd_roots is required once tokens_file is set"
+                );
+            }
+            profiles.insert(name, Arc::new(profile));
+        }
+
+        Ok(Self {
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            static_files_base_url,
+            services,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            tokens_file,
+            tls,
+            insecure_allow_non_loopback: args
+                .insecure_allow_non_loopback
+                .or(file.insecure_allow_non_loopback)
+                .unwrap_or(false),
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            sqlite_synchronous: args
+                .sqlite_synchronous
+                .or(file.sqlite_synchronous)
+                .unwrap_or_default(),
+            drain_grace,
+            invocation_meta_key: file
+                .invocation_meta_key
+                .unwrap_or_else(|| invocation::DEFAULT_META_KEY.to_owned()),
+            limits: file.limits,
+            profiles,
+        })
+    }
+
+    /// A configuration for tests and embedding: defaults, listening on an ephemeral loopback port.
+    pub fn for_tests(data_dir: PathBuf, mock_program: PathBuf) -> Self {
+        let args = ServeArgs {
+            listen: Some("127.0.0.1:0".parse().expect("valid")),
+            data_dir: Some(data_dir),
+            ..Default::default()
+        };
+        Self::from_parts(args, FileConfig::default(), mock_program).expect("defaults are valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(args: ServeArgs, file: &str) -> anyhow::Result<ServeConfig> {
+        let file: FileConfig = toml::from_str(file)?;
+        ServeConfig::from_parts(args, file, "/bin/true".into())
+    }
+
+    #[test]
+    fn defaults_serve_everything_on_loopback_with_the_mock_profile() {
+        let config = resolve(ServeArgs::default(), "").unwrap();
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(config.data_dir, PathBuf::from("./data"));
+        assert_eq!(config.services, ServiceSet::ALL);
+        assert!(config.profiles.contains_key("mock"));
+        assert_eq!(config.invocation_meta_key, "macro/invocation-context");
+        assert_eq!(config.limits, Limits::default());
+    }
+
+    #[test]
+    fn a_flag_overrides_the_file() {
+        let args = ServeArgs {
+            listen: Some("127.0.0.1:7000".parse().unwrap()),
+            ..Default::default()
+        };
+        let config = resolve(args, "listen = \"127.0.0.1:6000\"\ndata_dir = \"/srv\"").unwrap();
+        assert_eq!(config.listen.port(), 7000);
+        assert_eq!(config.data_dir, PathBuf::from("/srv"));
+    }
+
+    #[test]
+    fn an_unknown_top_level_key_is_an_error_naming_it() {
+        let err = resolve(ServeArgs::default(), "lissten = \"x\"").unwrap_err();
+        assert!(format!("{err:#}").contains("lissten"), "{err:#}");
+    }
+
+    #[test]
+    fn profiles_and_limits_come_from_the_file() {
+        let config = resolve(
+            ServeArgs::default(),
+            r#"
+            drain_grace = "5s"
+            services = ["translator"]
+            [limits]
+            queued_actions = 10
+            [profiles.claude]
+            command = "npx"
+            args = ["@agentclientprotocol/claude-agent-acp"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.drain_grace, Duration::from_secs(5));
+        assert!(config.services.translator && !config.services.sessions);
+        assert_eq!(config.limits.queued_actions, 10);
+        assert_eq!(config.limits.attachments, 32);
+        assert_eq!(config.profiles["claude"].args.len(), 1);
+    }
+
+    #[test]
+    fn tokens_require_every_profile_to_fence_its_cwd() {
+        let args = ServeArgs {
+            tokens_file: Some("/etc/tokens.toml".into()),
+            ..Default::default()
+        };
+        resolve(args.clone(), "").unwrap();
+        let err = resolve(args, "[profiles.p]\ncommand = \"x\"").unwrap_err();
+        assert!(err.to_string().contains("allowed_cwd_roots"), "{err}");
+    }
+
+    #[test]
+    fn half_a_tls_configuration_is_refused() {
+        let args = ServeArgs {
+            tls_cert: Some("/c.pem".into()),
+            ..Default::default()
+        };
+        assert!(resolve(args, "").is_err());
+    }
+
+    #[test]
+    fn a_static_files_base_url_must_be_http() {
+        assert!(
+            resolve(
+                ServeArgs::default(),
+                "static_files_base_url = \"file:///x\""
+            )
+            .is_err()
+        );
+        assert!(
+            resolve(
+                ServeArgs::default(),
+                "static_files_base_url = \"https://s/\""
+            )
+            .is_ok()
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! Who is calling (SPEC §11). Extracted from each request by the transport and passed into every
+//! operation.
+
+/// What kind of caller a principal is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PrincipalKind {
+    /// A person.
+    User,
+    /// A program acting for people (it names them in `x-acting-user`).
+    Service,
+    /// The only principal when no tokens are configured: it has both user and service rights.
+    Local,
+}
+
+impl PrincipalKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Service => "service",
+            Self::Local => "local",
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Principal {
+    pub id: String,
+    pub kind: PrincipalKind,
+    /// For services (and `local`): the user named in `x-acting-user`.
+    pub acting_user: Option<String>,
+}
+
+/// The id of the no-token principal.
+pub const LOCAL_PRINCIPAL: &str = "local";
+
+impl Principal {
+    pub fn local() -> Self {
+        Self {
+            id: LOCAL_PRINCIPAL.to_owned(),
+            kind: PrincipalKind::Local,
+            acting_user: None,
+        }
+    }
+
+    pub fn user(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            kind: PrincipalKind::User,
+            acting_user: None,
+        }
+    }
+
+    pub fn service(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            kind: PrincipalKind::Service,
+            acting_user: None,
+        }
+    }
+
+    /// Who the caller acts as: the acting user for a service that names one, else itself. This
+    /// is recorded as `actor`, and as `owner` of a session it creates.
+    pub fn actor(&self) -> &str {
+        self.acting_user.as_deref().unwrap_or(&self.id)
+    }
+
+    /// `context` (a trigger) may come only from services.
+    pub fn may_send_context(&self) -> bool {
+        matches!(self.kind, PrincipalKind::Service | PrincipalKind::Local)
+    }
+
+    /// Permission and elicitation answers may come only from a person.
+    pub fn may_answer(&self) -> bool {
+        matches!(self.kind, PrincipalKind::User | PrincipalKind::Local)
+    }
+
+    /// Whether the caller may see and drive a session with this owner and these editors.
+    pub fn may_access(&self, owner: &str, editors: &[String]) -> bool {
+        if self.kind == PrincipalKind::Local {
+            return true;
+        }
+        let actor = self.actor();
+        owner == actor || editors.iter().any(|editor| editor == actor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_acts_as_the_user_it_names() {
+        let mut service = Principal::service("ci-bot");
+        assert_eq!(service.actor(), "ci-bot");
+        service.acting_user = Some("ada".into());
+        assert_eq!(service.actor(), "ada");
+        assert!(service.may_access("ada", &[]));
+        assert!(!service.may_access("bob", &[]));
+    }
+
+    #[test]
+    fn only_services_send_context_and_only_people_answer() {
+        assert!(Principal::service("s").may_send_context());
+        assert!(!Principal::user("u").may_send_context());
+        assert!(Principal::user("u").may_answer());
+        assert!(!Principal::service("s").may_answer());
+        let local = Principal::local();
+        assert!(local.may_send_context() && local.may_answer());
+    }
+
+    #[test]
+    fn owners_and_editors_may_access_a_session_and_nobody_else() {
+        let editors = vec!["eve".to_owned()];
+        assert!(Principal::user("ada").may_access("ada", &editors));
+        assert!(Principal::user("eve").may_access("ada", &editors));
+        assert!(!Principal::user("bob").may_access("ada", &editors));
+        assert!(Principal::local().may_access("ada", &[]));
+    }
+}

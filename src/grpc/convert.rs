@@ -1,0 +1,365 @@
+//! Every conversion between proto messages and domain types, in one place. Decoding validates
+//! shape (missing oneofs, bad ids) and answers INVALID_ARGUMENT naming the field.
+
+use std::{
+    collections::BTreeMap,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use prost_types::{Struct, Timestamp, value::Kind};
+use serde_json::{Map, Number, Value};
+
+use crate::{
+    domain::{
+        Action, ActionId, ElicitationAnswer, ElicitationValue, Error, JsonRpcId, PermissionAnswer,
+        PromptAction, PromptAttachment, Result,
+        origin::{ChannelAttachment, ChannelMessage, Origin, TaskAssignment},
+    },
+    pb::v1 as pb,
+    translate::{SkipReason, Translation},
+};
+
+fn missing(field: &str) -> Error {
+    Error::invalid(format!("{field} is required"))
+}
+
+pub fn timestamp(time: SystemTime) -> Timestamp {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    Timestamp {
+        seconds: since.as_secs() as i64,
+        nanos: since.subsec_nanos() as i32,
+    }
+}
+
+// ---- actions -------------------------------------------------------------------------------
+
+pub fn attachment_from_pb(a: pb::PromptAttachment) -> PromptAttachment {
+    PromptAttachment {
+        uri: a.uri,
+        name: a.name,
+        mime_type: a.mime_type,
+        size: a.size,
+    }
+}
+
+pub fn attachment_to_pb(a: &PromptAttachment) -> pb::PromptAttachment {
+    pb::PromptAttachment {
+        uri: a.uri.clone(),
+        name: a.name.clone(),
+        mime_type: a.mime_type.clone(),
+        size: a.size,
+    }
+}
+
+pub fn prompt_from_pb(p: pb::PromptAction) -> PromptAction {
+    PromptAction {
+        prompt: p.prompt,
+        attachments: p.attachments.into_iter().map(attachment_from_pb).collect(),
+    }
+}
+
+pub fn prompt_to_pb(p: &PromptAction) -> pb::PromptAction {
+    pb::PromptAction {
+        prompt: p.prompt.clone(),
+        attachments: p.attachments.iter().map(attachment_to_pb).collect(),
+    }
+}
+
+pub fn jsonrpc_id_from_pb(id: Option<pb::JsonRpcId>, field: &str) -> Result<JsonRpcId> {
+    match id.and_then(|id| id.id) {
+        Some(pb::json_rpc_id::Id::Number(n)) => Ok(JsonRpcId::Number(n)),
+        Some(pb::json_rpc_id::Id::Text(text)) => Ok(JsonRpcId::Text(text)),
+        None => Err(missing(field)),
+    }
+}
+
+pub fn jsonrpc_id_to_pb(id: &JsonRpcId) -> pb::JsonRpcId {
+    pb::JsonRpcId {
+        id: Some(match id {
+            JsonRpcId::Number(n) => pb::json_rpc_id::Id::Number(*n),
+            JsonRpcId::Text(text) => pb::json_rpc_id::Id::Text(text.clone()),
+        }),
+    }
+}
+
+fn elicitation_value_from_pb(key: &str, value: pb::ElicitationValue) -> Result<ElicitationValue> {
+    use pb::elicitation_value::Kind as K;
+    Ok(match value.kind {
+        Some(K::Text(text)) => ElicitationValue::Text(text),
+        Some(K::Flag(flag)) => ElicitationValue::Flag(flag),
+        Some(K::Integer(n)) => ElicitationValue::Integer(n),
+        Some(K::Number(n)) if n.is_finite() => ElicitationValue::Number(n),
+        Some(K::Number(_)) => {
+            return Err(Error::invalid(format!(
+                "respond_elicitation.accept.content[{key:?}] is not a finite number"
+            )));
+        }
+        Some(K::Strings(list)) => ElicitationValue::Strings(list.values),
+        None => {
+            return Err(missing(&format!(
+                "respond_elicitation.accept.content[{key:?}]"
+            )));
+        }
+    })
+}
+
+/// A decoded `ControlRequest`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlInput {
+    pub session_id: String,
+    pub action_id: Option<ActionId>,
+    pub context: Option<Map<String, Value>>,
+    pub interrupt: bool,
+    pub action: Action,
+}
+
+pub fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
+    use pb::control_request::Action as A;
+    let action = match request.action.ok_or_else(|| missing("action"))? {
+        A::Prompt(prompt) => Action::Prompt(prompt_from_pb(prompt)),
+        A::SetModel(set) => Action::SetModel { model: set.model },
+        A::SetConfigOption(set) => Action::SetConfigOption {
+            config_id: set.config_id,
+            value: set.value,
+        },
+        A::Compact(_) => Action::Compact,
+        A::Stop(stop) => Action::Stop {
+            clear_queue: stop.clear_queue,
+        },
+        A::RespondElicitation(respond) => {
+            use pb::respond_elicitation_action::Answer;
+            let request_id =
+                jsonrpc_id_from_pb(respond.request_id, "respond_elicitation.request_id")?;
+            let answer = match respond
+                .answer
+                .ok_or_else(|| missing("respond_elicitation.answer"))?
+            {
+                Answer::Accept(accept) => ElicitationAnswer::Accept {
+                    content: accept
+                        .content
+                        .into_iter()
+                        .map(|(key, value)| {
+                            let value = elicitation_value_from_pb(&key, value)?;
+                            Ok((key, value))
+                        })
+                        .collect::<Result<BTreeMap<_, _>>>()?,
+                },
+                Answer::Decline(_) => ElicitationAnswer::Decline,
+                Answer::Cancel(_) => ElicitationAnswer::Cancel,
+            };
+            Action::RespondElicitation { request_id, answer }
+        }
+        A::RespondToPermission(respond) => {
+            use pb::respond_to_permission_action::Outcome;
+            let request_id =
+                jsonrpc_id_from_pb(respond.request_id, "respond_to_permission.request_id")?;
+            let answer = match respond
+                .outcome
+                .ok_or_else(|| missing("respond_to_permission.outcome"))?
+            {
+                Outcome::SelectedOptionId(option_id) => PermissionAnswer::Selected { option_id },
+                Outcome::Cancelled(_) => PermissionAnswer::Cancelled,
+            };
+            Action::RespondToPermission { request_id, answer }
+        }
+    };
+    let interrupt = match pb::Delivery::try_from(request.delivery) {
+        Ok(pb::Delivery::Unspecified | pb::Delivery::Queue) => false,
+        Ok(pb::Delivery::Interrupt) => true,
+        Err(_) => {
+            return Err(Error::invalid(format!(
+                "delivery {} is not a Delivery value",
+                request.delivery
+            )));
+        }
+    };
+    let action_id = request
+        .action_id
+        .as_deref()
+        .map(ActionId::parse_v7)
+        .transpose()?;
+    Ok(ControlInput {
+        session_id: request.session_id,
+        action_id,
+        context: request.context.map(struct_to_json),
+        interrupt,
+        action,
+    })
+}
+
+// ---- JSON <-> google.protobuf.Struct ------------------------------------------------------
+
+pub fn struct_to_json(s: Struct) -> Map<String, Value> {
+    s.fields
+        .into_iter()
+        .map(|(key, value)| (key, value_to_json(value)))
+        .collect()
+}
+
+fn value_to_json(value: prost_types::Value) -> Value {
+    match value.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::BoolValue(b)) => Value::Bool(b),
+        // Struct numbers are doubles; integral ones print as integers, as proto JSON does.
+        Some(Kind::NumberValue(n)) => {
+            if n.fract() == 0.0 && n.abs() < 9.007_199_254_740_992e15 {
+                Value::Number(Number::from(n as i64))
+            } else {
+                Number::from_f64(n).map_or(Value::Null, Value::Number)
+            }
+        }
+        Some(Kind::StringValue(s)) => Value::String(s),
+        Some(Kind::ListValue(list)) => {
+            Value::Array(list.values.into_iter().map(value_to_json).collect())
+        }
+        Some(Kind::StructValue(s)) => Value::Object(struct_to_json(s)),
+    }
+}
+
+// ---- channel messages and translation -----------------------------------------------------
+
+pub fn channel_message_from_pb(m: pb::ChannelMessage) -> ChannelMessage {
+    ChannelMessage {
+        message_id: m.message_id,
+        channel_id: m.channel_id,
+        thread_id: m.thread_id,
+        sender_id: m.sender_id,
+        content: m.content,
+        attachments: m
+            .attachments
+            .into_iter()
+            .map(|a| ChannelAttachment::new(a.entity_type, a.entity_id))
+            .collect(),
+    }
+}
+
+pub fn origin_from_pb(origin: pb::create_session_request::Origin) -> Origin {
+    use pb::create_session_request::Origin as O;
+    match origin {
+        O::Mention(message) => Origin::Mention(channel_message_from_pb(message)),
+        O::TaskAssignment(task) => Origin::TaskAssignment(TaskAssignment {
+            prompt: task.prompt,
+            assigned_by: task.assigned_by,
+        }),
+    }
+}
+
+pub fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse {
+    pb::TranslateChannelMessageResponse {
+        prompt: Some(prompt_to_pb(&t.prompt)),
+        skipped: t
+            .skipped
+            .iter()
+            .map(|s| pb::SkippedAttachment {
+                index: s.index,
+                entity_type: s.entity_type.clone(),
+                reason: match s.reason {
+                    SkipReason::UnsupportedType => pb::SkipReason::UnsupportedType,
+                    SkipReason::InvalidEntityId => pb::SkipReason::InvalidEntityId,
+                } as i32,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control(action: pb::control_request::Action) -> pb::ControlRequest {
+        pb::ControlRequest {
+            session_id: "s".into(),
+            action: Some(action),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_control_request_without_an_action_is_invalid() {
+        let err = control_from_pb(pb::ControlRequest::default()).unwrap_err();
+        assert_eq!(err.code, crate::domain::ErrorCode::InvalidArgument);
+        assert!(err.message.contains("action"));
+    }
+
+    #[test]
+    fn a_non_v7_action_id_is_invalid() {
+        let mut request = control(pb::control_request::Action::Compact(pb::CompactAction {}));
+        request.action_id = Some("6f1c1c1e-8d3b-4d51-9a47-2f7bb8c1a0d2".into());
+        assert!(control_from_pb(request).is_err());
+    }
+
+    #[test]
+    fn an_answer_without_a_request_id_is_invalid() {
+        let request = control(pb::control_request::Action::RespondToPermission(
+            pb::RespondToPermissionAction {
+                request_id: None,
+                outcome: Some(pb::respond_to_permission_action::Outcome::Cancelled(
+                    pb::PermissionCancelled {},
+                )),
+            },
+        ));
+        assert!(
+            control_from_pb(request)
+                .unwrap_err()
+                .message
+                .contains("request_id")
+        );
+    }
+
+    #[test]
+    fn the_agents_id_keeps_its_shape_through_decoding() {
+        let request = control(pb::control_request::Action::RespondToPermission(
+            pb::RespondToPermissionAction {
+                request_id: Some(pb::JsonRpcId {
+                    id: Some(pb::json_rpc_id::Id::Number(7)),
+                }),
+                outcome: Some(pb::respond_to_permission_action::Outcome::SelectedOptionId(
+                    "allow".into(),
+                )),
+            },
+        ));
+        let input = control_from_pb(request).unwrap();
+        assert_eq!(
+            input.action,
+            Action::RespondToPermission {
+                request_id: JsonRpcId::Number(7),
+                answer: PermissionAnswer::Selected {
+                    option_id: "allow".into()
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn struct_numbers_that_are_integral_become_json_integers() {
+        let s = Struct {
+            fields: [
+                (
+                    "n".to_owned(),
+                    prost_types::Value {
+                        kind: Some(Kind::NumberValue(3.0)),
+                    },
+                ),
+                (
+                    "f".to_owned(),
+                    prost_types::Value {
+                        kind: Some(Kind::NumberValue(1.5)),
+                    },
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        assert_eq!(
+            Value::Object(struct_to_json(s)).to_string(),
+            r#"{"f":1.5,"n":3}"#
+        );
+    }
+
+    #[test]
+    fn an_unknown_delivery_value_is_invalid() {
+        let mut request = control(pb::control_request::Action::Compact(pb::CompactAction {}));
+        request.delivery = 9;
+        assert!(control_from_pb(request).is_err());
+    }
+}

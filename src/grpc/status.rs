@@ -1,0 +1,245 @@
+//! The one table from domain errors to gRPC statuses (SPEC §3.9). Every status carries a
+//! `google.rpc.ErrorInfo` (domain `agent-harness`, reason = the stable code) so clients branch
+//! on codes, never on text.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::domain::error::{Error, ErrorCode};
+
+/// `ErrorInfo.domain` of every error.
+pub const ERROR_DOMAIN: &str = "agent-harness";
+
+/// How long a client should wait before retrying a DRAINING refusal.
+pub const DRAINING_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The gRPC code for each reason.
+pub fn grpc_code(code: ErrorCode) -> Code {
+    use ErrorCode::*;
+    match code {
+        InvalidArgument
+        | LimitExceeded
+        | ModelNotAdvertised
+        | ConfigOptionUnknown
+        | PermissionOptionUnknown
+        | EmptyPrompt => Code::InvalidArgument,
+        SessionNotFound | QueuedActionNotFound | ProfileNotFound => Code::NotFound,
+        SessionExists | ActionIdConflict => Code::AlreadyExists,
+        RuntimeDisconnected
+        | SessionClosed
+        | PermissionNotPending
+        | ElicitationNotPending
+        | NotEditable
+        | RuntimeAuthRequired
+        | NotConfigured => Code::FailedPrecondition,
+        QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes => {
+            Code::ResourceExhausted
+        }
+        RuntimeStartFailed | Draining => Code::Unavailable,
+        Unauthenticated => Code::Unauthenticated,
+        ContextNotAllowed | Forbidden => Code::PermissionDenied,
+        OffsetOutOfRange => Code::OutOfRange,
+        Unimplemented => Code::Unimplemented,
+        Internal => Code::Internal,
+    }
+}
+
+/// Builds the status for an error.
+pub fn to_status(error: &Error) -> Status {
+    let metadata: std::collections::HashMap<String, String> = error
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut details = ErrorDetails::with_error_info(error.code.reason(), ERROR_DOMAIN, metadata);
+    if error.code == ErrorCode::Draining {
+        details.set_retry_info(Some(DRAINING_RETRY_DELAY));
+    }
+    Status::with_error_details(grpc_code(error.code), error.message.clone(), details)
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Self {
+        to_status(&error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC §3.9, row by row: (code, gRPC code, reason).
+    const TABLE: &[(ErrorCode, Code, &str)] = &[
+        (
+            ErrorCode::InvalidArgument,
+            Code::InvalidArgument,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            ErrorCode::LimitExceeded,
+            Code::InvalidArgument,
+            "LIMIT_EXCEEDED",
+        ),
+        (
+            ErrorCode::SessionNotFound,
+            Code::NotFound,
+            "SESSION_NOT_FOUND",
+        ),
+        (
+            ErrorCode::QueuedActionNotFound,
+            Code::NotFound,
+            "QUEUED_ACTION_NOT_FOUND",
+        ),
+        (
+            ErrorCode::ProfileNotFound,
+            Code::NotFound,
+            "PROFILE_NOT_FOUND",
+        ),
+        (
+            ErrorCode::ModelNotAdvertised,
+            Code::InvalidArgument,
+            "MODEL_NOT_ADVERTISED",
+        ),
+        (
+            ErrorCode::ConfigOptionUnknown,
+            Code::InvalidArgument,
+            "CONFIG_OPTION_UNKNOWN",
+        ),
+        (
+            ErrorCode::SessionExists,
+            Code::AlreadyExists,
+            "SESSION_EXISTS",
+        ),
+        (
+            ErrorCode::ActionIdConflict,
+            Code::AlreadyExists,
+            "ACTION_ID_CONFLICT",
+        ),
+        (
+            ErrorCode::RuntimeDisconnected,
+            Code::FailedPrecondition,
+            "RUNTIME_DISCONNECTED",
+        ),
+        (
+            ErrorCode::SessionClosed,
+            Code::FailedPrecondition,
+            "SESSION_CLOSED",
+        ),
+        (
+            ErrorCode::PermissionNotPending,
+            Code::FailedPrecondition,
+            "PERMISSION_NOT_PENDING",
+        ),
+        (
+            ErrorCode::ElicitationNotPending,
+            Code::FailedPrecondition,
+            "ELICITATION_NOT_PENDING",
+        ),
+        (
+            ErrorCode::PermissionOptionUnknown,
+            Code::InvalidArgument,
+            "PERMISSION_OPTION_UNKNOWN",
+        ),
+        (
+            ErrorCode::NotEditable,
+            Code::FailedPrecondition,
+            "NOT_EDITABLE",
+        ),
+        (
+            ErrorCode::EmptyPrompt,
+            Code::InvalidArgument,
+            "EMPTY_PROMPT",
+        ),
+        (ErrorCode::QueueFull, Code::ResourceExhausted, "QUEUE_FULL"),
+        (
+            ErrorCode::TooManySessions,
+            Code::ResourceExhausted,
+            "TOO_MANY_SESSIONS",
+        ),
+        (
+            ErrorCode::TooManySubscribers,
+            Code::ResourceExhausted,
+            "TOO_MANY_SUBSCRIBERS",
+        ),
+        (
+            ErrorCode::TooManyRuntimes,
+            Code::ResourceExhausted,
+            "TOO_MANY_RUNTIMES",
+        ),
+        (
+            ErrorCode::RuntimeStartFailed,
+            Code::Unavailable,
+            "RUNTIME_START_FAILED",
+        ),
+        (
+            ErrorCode::RuntimeAuthRequired,
+            Code::FailedPrecondition,
+            "RUNTIME_AUTH_REQUIRED",
+        ),
+        (
+            ErrorCode::Unauthenticated,
+            Code::Unauthenticated,
+            "UNAUTHENTICATED",
+        ),
+        (
+            ErrorCode::ContextNotAllowed,
+            Code::PermissionDenied,
+            "CONTEXT_NOT_ALLOWED",
+        ),
+        (ErrorCode::Forbidden, Code::PermissionDenied, "FORBIDDEN"),
+        (ErrorCode::Draining, Code::Unavailable, "DRAINING"),
+        (
+            ErrorCode::OffsetOutOfRange,
+            Code::OutOfRange,
+            "OFFSET_OUT_OF_RANGE",
+        ),
+        (
+            ErrorCode::NotConfigured,
+            Code::FailedPrecondition,
+            "NOT_CONFIGURED",
+        ),
+        (
+            ErrorCode::Unimplemented,
+            Code::Unimplemented,
+            "UNIMPLEMENTED",
+        ),
+        (ErrorCode::Internal, Code::Internal, "INTERNAL"),
+    ];
+
+    #[test]
+    fn every_row_of_the_error_table_maps_to_its_code_and_reason_with_error_info() {
+        assert_eq!(TABLE.len(), ErrorCode::ALL.len(), "every code has a row");
+        for &(code, grpc, reason) in TABLE {
+            let status = to_status(&Error::new(code, "why").with("k", "v"));
+            assert_eq!(status.code(), grpc, "{reason}");
+            assert_eq!(status.message(), "why");
+            let info = status.get_details_error_info().expect("ErrorInfo detail");
+            assert_eq!(info.reason, reason);
+            assert_eq!(info.domain, "agent-harness");
+            assert_eq!(info.metadata.get("k").map(String::as_str), Some("v"));
+        }
+    }
+
+    #[test]
+    fn draining_tells_the_client_to_retry_after_one_second() {
+        let status = to_status(&Error::new(ErrorCode::Draining, "draining"));
+        let retry = status.get_details_retry_info().expect("RetryInfo detail");
+        assert_eq!(retry.retry_delay, Some(Duration::from_secs(1)));
+        let other = to_status(&Error::new(ErrorCode::QueueFull, "full"));
+        assert!(other.get_details_retry_info().is_none());
+    }
+
+    #[test]
+    fn reasons_match_the_proto_error_reason_enum() {
+        use crate::pb::v1::ErrorReason;
+        for code in ErrorCode::ALL {
+            let name = format!("ERROR_REASON_{}", code.reason());
+            assert!(
+                ErrorReason::from_str_name(&name).is_some(),
+                "{name} is missing from errors.proto"
+            );
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! agent-harness: a gRPC service that bridges callers to coding agents speaking ACP.
+//!
+//! The layout follows the data flow of SPEC §2:
+//! - [`domain`]: actions, ids, attachments, ACP frames, queue rules, limits — pure, no I/O;
+//! - [`translate`]: channel messages → prompt attachments;
+//! - [`config`]: flags, env, config file, runtime profiles;
+//! - [`grpc`]: thin tonic services, conversions, the error table, authentication;
+//! - [`app`]: the composition root that wires them and serves.
+
+pub mod app;
+pub mod config;
+pub mod domain;
+pub mod grpc;
+pub mod pb;
+pub mod translate;

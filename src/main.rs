@@ -1,0 +1,68 @@
+//! The `agent-harness` command: `serve` runs the gRPC service.
+
+use clap::{Parser, Subcommand};
+
+use agent_harness::{
+    app,
+    config::{LogFormat, ServeArgs, ServeConfig},
+};
+
+#[derive(Parser)]
+#[command(
+    name = "agent-harness",
+    version,
+    about = "gRPC bridge to coding agents speaking ACP"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gRPC API (SQLite in the data dir and the built-in `mock` profile by default).
+    Serve(ServeArgs),
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn wait_for_stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            let program = std::env::current_exe()?;
+            let config = ServeConfig::resolve(args, program)?;
+            init_tracing(config.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let server = app::start(config).await?;
+                let signal = wait_for_stop_signal().await;
+                tracing::info!(signal, "stopping");
+                server.shutdown().await?;
+                tracing::info!("stopped");
+                Ok(())
+            })
+        }
+    }
+}
