@@ -12,4 +12,5 @@ pub mod config;
 pub mod domain;
 pub mod grpc;
 pub mod pb;
+pub mod store;
 pub mod translate;

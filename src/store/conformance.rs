@@ -1,0 +1,2 @@
+//! The storage conformance suite: written once, run against every backend.
+//! (Filled in with the SQLite backend.)

@@ -1,0 +1,205 @@
+//! An in-memory [`Store`]: no durability, for unit tests of the layers above and as a second
+//! backend the conformance suite runs against.
+
+use std::{collections::HashMap, sync::Mutex};
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::{ActionRecord, Batch, LogEntry, QueueOp, SessionQuery, Store};
+use crate::domain::{
+    ActionId, Error, ErrorCode, Result, queue::QueuedEntry, session::SessionRecord,
+    session::SessionStatus,
+};
+
+#[derive(Default)]
+struct SessionData {
+    record: Option<SessionRecord>,
+    log: Vec<LogEntry>,
+    queue: Vec<QueuedEntry>,
+    actions: HashMap<ActionId, ActionRecord>,
+}
+
+#[derive(Default)]
+pub struct MemoryStore {
+    sessions: Mutex<HashMap<Uuid, SessionData>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn apply(data: &mut SessionData, batch: Batch) -> Result<()> {
+    let head = data.log.last().map_or(0, |e| e.offset);
+    for (i, entry) in batch.entries.iter().enumerate() {
+        if entry.offset != head + 1 + i as u64 {
+            return Err(Error::internal(format!(
+                "log offsets must continue densely from {head}: got {}",
+                entry.offset
+            )));
+        }
+    }
+    for action in &batch.new_actions {
+        if data.actions.contains_key(&action.action_id) {
+            return Err(Error::new(
+                ErrorCode::ActionIdConflict,
+                format!("action id {} is already recorded", action.action_id),
+            ));
+        }
+    }
+    let mut queue = data.queue.clone();
+    for op in batch.queue {
+        match op {
+            QueueOp::PushBack(entry) => queue.push(entry),
+            QueueOp::PushFront(entry) => queue.insert(0, entry),
+            QueueOp::Update(entry) => {
+                if let Some(slot) = queue.iter_mut().find(|e| e.action_id == entry.action_id) {
+                    *slot = entry;
+                }
+            }
+            QueueOp::Remove(id) => queue.retain(|e| e.action_id != id),
+            QueueOp::Clear => queue.clear(),
+        }
+    }
+    data.queue = queue;
+    data.log.extend(batch.entries);
+    for action in batch.new_actions {
+        data.actions.insert(action.action_id, action);
+    }
+    for (id, state) in batch.action_states {
+        if let Some(record) = data.actions.get_mut(&id) {
+            record.state = state;
+        }
+    }
+    if let Some(record) = batch.session {
+        data.record = Some(record);
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn create_session(&self, record: &SessionRecord) -> Result<()> {
+        let mut sessions = self.sessions.lock().expect("not poisoned");
+        if sessions.contains_key(&record.id) {
+            return Err(Error::new(
+                ErrorCode::SessionExists,
+                format!("session {} already exists", record.id),
+            ));
+        }
+        sessions.insert(
+            record.id,
+            SessionData {
+                record: Some(record.clone()),
+                ..Default::default()
+            },
+        );
+        Ok(())
+    }
+
+    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()> {
+        let mut sessions = self.sessions.lock().expect("not poisoned");
+        let data = sessions
+            .get_mut(&session_id)
+            .ok_or_else(|| Error::session_not_found(&session_id.to_string()))?;
+        apply(data, batch)
+    }
+
+    async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        Ok(sessions.get(&session_id).and_then(|d| d.record.clone()))
+    }
+
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>> {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        let mut records: Vec<SessionRecord> = sessions
+            .values()
+            .filter_map(|d| d.record.clone())
+            .filter(|r| {
+                query
+                    .owner_or_editor
+                    .as_ref()
+                    .is_none_or(|p| &r.owner == p || r.editors.contains(p))
+                    && (query.statuses.is_empty() || query.statuses.contains(&r.status))
+                    && query.labels.iter().all(|(k, v)| r.labels.get(k) == Some(v))
+                    && query
+                        .after
+                        .is_none_or(|(at, id)| (r.created_at, r.id) < (at, id))
+            })
+            .collect();
+        records.sort_by(|a, b| (b.created_at, b.id).cmp(&(a.created_at, a.id)));
+        records.truncate(query.page_size);
+        Ok(records)
+    }
+
+    async fn count_live_sessions(&self, owner: &str) -> Result<u64> {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        Ok(sessions
+            .values()
+            .filter_map(|d| d.record.as_ref())
+            .filter(|r| r.owner == owner && r.status != SessionStatus::Closed)
+            .count() as u64)
+    }
+
+    async fn open_sessions(&self) -> Result<Vec<SessionRecord>> {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        Ok(sessions
+            .values()
+            .filter_map(|d| d.record.clone())
+            .filter(|r| r.status != SessionStatus::Closed)
+            .collect())
+    }
+
+    async fn delete_session(&self, session_id: Uuid) -> Result<bool> {
+        Ok(self
+            .sessions
+            .lock()
+            .expect("not poisoned")
+            .remove(&session_id)
+            .is_some())
+    }
+
+    async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>> {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        Ok(sessions
+            .get(&session_id)
+            .map(|d| {
+                d.log
+                    .iter()
+                    .filter(|e| e.offset > after)
+                    .take(limit)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn head_offset(&self, session_id: Uuid) -> Result<u64> {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        Ok(sessions
+            .get(&session_id)
+            .and_then(|d| d.log.last())
+            .map_or(0, |e| e.offset))
+    }
+
+    async fn load_queue(&self, session_id: Uuid) -> Result<Vec<QueuedEntry>> {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        Ok(sessions
+            .get(&session_id)
+            .map(|d| d.queue.clone())
+            .unwrap_or_default())
+    }
+
+    async fn find_action(
+        &self,
+        session_id: Uuid,
+        action_id: ActionId,
+    ) -> Result<Option<ActionRecord>> {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        Ok(sessions
+            .get(&session_id)
+            .and_then(|d| d.actions.get(&action_id).cloned()))
+    }
+}

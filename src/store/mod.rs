@@ -1,0 +1,231 @@
+//! Durable storage of sessions, their logs, queues and action ids (SPEC §9.1, §9.2, §6).
+//!
+//! One [`Store`] trait, written once and implemented per backend: the embedded default on SQLite
+//! ([`sqlite`]) and an in-memory one for unit tests ([`memory`]). The same conformance suite
+//! ([`conformance`]) runs against every backend.
+//!
+//! Every change to a session is one [`Batch`], applied atomically: log entries (offsets assigned
+//! by the session actor, dense and gap-free), queue operations, new action ids and the session
+//! record. So taking the head of the queue and appending its frame is one transaction, and a
+//! Control reply is sent only after its batch is durable.
+
+pub mod conformance;
+pub mod memory;
+
+use std::{collections::BTreeMap, time::SystemTime};
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::domain::{
+    ActionId, Result,
+    queue::QueuedEntry,
+    session::{SessionRecord, SessionStatus},
+};
+
+/// Which way a logged frame travelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    ToRuntime,
+    FromRuntime,
+    Event,
+}
+
+impl Direction {
+    pub fn as_i64(self) -> i64 {
+        match self {
+            Self::ToRuntime => 1,
+            Self::FromRuntime => 2,
+            Self::Event => 3,
+        }
+    }
+
+    pub fn from_i64(value: i64) -> Option<Self> {
+        match value {
+            1 => Some(Self::ToRuntime),
+            2 => Some(Self::FromRuntime),
+            3 => Some(Self::Event),
+            _ => None,
+        }
+    }
+}
+
+/// One log entry: a frame exchanged with the runtime (its exact JSON text) or a harness event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    pub offset: u64,
+    pub direction: Direction,
+    pub json: String,
+    pub actor: String,
+    pub action_id: Option<ActionId>,
+    pub epoch: u32,
+    pub created_at: SystemTime,
+}
+
+/// Where an action id stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActionState {
+    /// Waiting in the queue.
+    Queued,
+    /// Its frame is in the log (and went, or is going, to the runtime).
+    Sent,
+    /// Removed from the queue before dispatch (by RemoveQueuedAction or a clearing stop).
+    Removed,
+}
+
+impl ActionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Sent => "sent",
+            Self::Removed => "removed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "queued" => Some(Self::Queued),
+            "sent" => Some(Self::Sent),
+            "removed" => Some(Self::Removed),
+            _ => None,
+        }
+    }
+}
+
+/// An action id as recorded: unique per session forever (SPEC §5.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionRecord {
+    pub action_id: ActionId,
+    /// Canonical JSON of the request as first received (action and context), so a re-send can be
+    /// told apart from a different action with the same id. Never changed by edits.
+    pub fingerprint: String,
+    pub state: ActionState,
+    pub created_at: SystemTime,
+}
+
+/// One change to a session's queue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueueOp {
+    /// Append at the back.
+    PushBack(QueuedEntry),
+    /// Put in front of everything (an interrupt).
+    PushFront(QueuedEntry),
+    /// Replace an entry's content in place (an edit): same id, same position.
+    Update(QueuedEntry),
+    /// Remove one entry (dispatch, or RemoveQueuedAction).
+    Remove(ActionId),
+    /// Remove every entry.
+    Clear,
+}
+
+/// One atomic change to one session.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    /// Appended in order; the first offset must be the session's head + 1, then dense.
+    pub entries: Vec<LogEntry>,
+    pub queue: Vec<QueueOp>,
+    /// New action ids; an id already recorded for the session fails the whole batch.
+    pub new_actions: Vec<ActionRecord>,
+    /// State changes of recorded action ids.
+    pub action_states: Vec<(ActionId, ActionState)>,
+    /// The session record as it now stands (replaces the stored one).
+    pub session: Option<SessionRecord>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+            && self.queue.is_empty()
+            && self.new_actions.is_empty()
+            && self.action_states.is_empty()
+            && self.session.is_none()
+    }
+}
+
+/// A page request over sessions, newest first. `owner_or_editor`: only sessions this principal
+/// owns or edits (`None`: all, for the `local` principal).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionQuery {
+    pub owner_or_editor: Option<String>,
+    pub statuses: Vec<SessionStatus>,
+    /// Every pair must match exactly.
+    pub labels: BTreeMap<String, String>,
+    pub page_size: usize,
+    /// Resume after this (created_at, id) position, exclusive.
+    pub after: Option<(SystemTime, Uuid)>,
+}
+
+/// The storage of the harness.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Stores a new session with an empty log. SESSION_EXISTS if the id is taken.
+    async fn create_session(&self, record: &SessionRecord) -> Result<()>;
+
+    /// Applies a batch atomically and durably (SPEC §9.2) before returning. A batch whose first
+    /// offset is not head + 1, or that records an existing action id, fails whole and changes
+    /// nothing.
+    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()>;
+
+    async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>>;
+
+    /// A page of sessions, newest first (by `created_at`, then id).
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>>;
+
+    /// Sessions owned by `owner` that are not closed.
+    async fn count_live_sessions(&self, owner: &str) -> Result<u64>;
+
+    /// Every session that is not closed, for recovery after a restart.
+    async fn open_sessions(&self) -> Result<Vec<SessionRecord>>;
+
+    /// Deletes a session with its log, queue and action ids. Whether it existed.
+    async fn delete_session(&self, session_id: Uuid) -> Result<bool>;
+
+    /// Up to `limit` entries with offset > `after`, in order.
+    async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>>;
+
+    /// The offset of the newest entry (0 for an empty log).
+    async fn head_offset(&self, session_id: Uuid) -> Result<u64>;
+
+    /// The queue, next first.
+    async fn load_queue(&self, session_id: Uuid) -> Result<Vec<QueuedEntry>>;
+
+    async fn find_action(
+        &self,
+        session_id: Uuid,
+        action_id: ActionId,
+    ) -> Result<Option<ActionRecord>>;
+}
+
+/// The stored JSON form of a queued entry's work (`{"type":"prompt",…}` or `{"type":"compact"}`).
+pub fn work_to_json(entry: &QueuedEntry) -> String {
+    serde_json::to_string(&entry.work.to_action()).expect("actions serialise")
+}
+
+/// Reads back [`work_to_json`].
+pub fn work_from_json(text: &str) -> Result<crate::domain::queue::QueuedWork> {
+    let action: crate::domain::Action = serde_json::from_str(text).map_err(|e| {
+        crate::domain::Error::internal(format!("stored queue entry is corrupt: {e}"))
+    })?;
+    crate::domain::queue::QueuedWork::from_action(&action).ok_or_else(|| {
+        crate::domain::Error::internal("stored queue entry is not a prompt or compact")
+    })
+}
+
+/// The stored JSON form of a `context`.
+pub fn context_to_json(context: &Option<Map<String, Value>>) -> Option<String> {
+    context
+        .as_ref()
+        .map(|c| Value::Object(c.clone()).to_string())
+}
+
+/// Microseconds since the Unix epoch, the stored form of times.
+pub fn to_micros(time: SystemTime) -> i64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+pub fn from_micros(micros: i64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(micros.max(0) as u64)
+}
