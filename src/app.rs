@@ -12,7 +12,11 @@ use tonic::{
 };
 use tonic_health::ServingStatus;
 
+use std::sync::atomic::AtomicBool;
+use tokio::sync::Semaphore;
+
 use crate::{
+    acp::process::RuntimeRegistry,
     config::ServeConfig,
     grpc::{
         auth::Authenticator, gateway::GatewayService, sessions::SessionsService,
@@ -26,6 +30,8 @@ use crate::{
             runtime_gateway_service_server::RuntimeGatewayServiceServer,
         },
     },
+    session::{EngineContext, Sessions},
+    store::{Store, memory::MemoryStore},
     translate::Translator,
 };
 
@@ -70,6 +76,25 @@ fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The session engine over the configured store.
+async fn open_sessions(config: &ServeConfig) -> anyhow::Result<Sessions> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let ctx = Arc::new(EngineContext {
+        store,
+        limits: Arc::new(config.limits.clone()),
+        profiles: config.profiles.clone(),
+        registry: RuntimeRegistry::open(&config.data_dir).context("runtime registry")?,
+        runtime_slots: Arc::new(Semaphore::new(config.limits.live_runtimes)),
+        meta_key: config.invocation_meta_key.clone(),
+        translator: Translator::new(config.static_files_base_url.as_deref()),
+        tokens_configured: config.tokens_file.is_some(),
+        draining: AtomicBool::new(false),
+    });
+    Ok(Sessions::open(ctx).await?)
+}
+
 /// Binds the listener, builds every part and starts serving in the background.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     refuses_insecure_listen(&config)?;
@@ -85,8 +110,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     let mut served: Vec<&'static str> = Vec::new();
     let max_message = config.limits.grpc_message_bytes;
 
-    if config.services.sessions {
-        let service = AgentSessionServiceServer::new(SessionsService)
+    let sessions = if config.services.sessions {
+        Some(Arc::new(open_sessions(&config).await?))
+    } else {
+        None
+    };
+    if let Some(sessions) = &sessions {
+        let service = AgentSessionServiceServer::new(SessionsService::new(sessions.clone()))
             .max_decoding_message_size(max_message)
             .max_encoding_message_size(max_message);
         routes.add_service(InterceptedService::new(service, auth.clone()));

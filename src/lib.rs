@@ -7,10 +7,12 @@
 //! - [`grpc`]: thin tonic services, conversions, the error table, authentication;
 //! - [`app`]: the composition root that wires them and serves.
 
+pub mod acp;
 pub mod app;
 pub mod config;
 pub mod domain;
 pub mod grpc;
 pub mod pb;
+pub mod session;
 pub mod store;
 pub mod translate;

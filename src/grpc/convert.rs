@@ -363,3 +363,115 @@ mod tests {
         assert!(control_from_pb(request).is_err());
     }
 }
+
+// ---- sessions, queue, log -----------------------------------------------------------------
+
+pub fn session_status_to_pb(status: crate::domain::session::SessionStatus) -> pb::SessionStatus {
+    use crate::domain::session::SessionStatus as S;
+    match status {
+        S::Starting => pb::SessionStatus::Starting,
+        S::Idle => pb::SessionStatus::Idle,
+        S::Running => pb::SessionStatus::Running,
+        S::AwaitingInput => pb::SessionStatus::AwaitingInput,
+        S::Suspended => pb::SessionStatus::Suspended,
+        S::Disconnected => pb::SessionStatus::Disconnected,
+        S::Closed => pb::SessionStatus::Closed,
+    }
+}
+
+pub fn session_status_from_pb(value: i32) -> Result<crate::domain::session::SessionStatus> {
+    use crate::domain::session::SessionStatus as S;
+    match pb::SessionStatus::try_from(value) {
+        Ok(pb::SessionStatus::Starting) => Ok(S::Starting),
+        Ok(pb::SessionStatus::Idle) => Ok(S::Idle),
+        Ok(pb::SessionStatus::Running) => Ok(S::Running),
+        Ok(pb::SessionStatus::AwaitingInput) => Ok(S::AwaitingInput),
+        Ok(pb::SessionStatus::Suspended) => Ok(S::Suspended),
+        Ok(pb::SessionStatus::Disconnected) => Ok(S::Disconnected),
+        Ok(pb::SessionStatus::Closed) => Ok(S::Closed),
+        Ok(pb::SessionStatus::Unspecified) | Err(_) => Err(Error::invalid(format!(
+            "statuses holds {value}, which is not a session status"
+        ))),
+    }
+}
+
+pub fn session_to_pb(
+    record: &crate::domain::session::SessionRecord,
+    head: u64,
+) -> pb::AgentSession {
+    pb::AgentSession {
+        id: record.id_string(),
+        name: record.name.clone(),
+        owner: record.owner.clone(),
+        profile: record.profile.clone(),
+        cwd: record.cwd.clone(),
+        model: record.model.clone(),
+        acp_session_id: record.acp_session_id.clone(),
+        status: session_status_to_pb(record.status) as i32,
+        status_reason: record.status_reason.clone(),
+        created_at: Some(timestamp(record.created_at)),
+        updated_at: Some(timestamp(record.updated_at)),
+        labels: record.labels.clone().into_iter().collect(),
+        profile_fingerprint: record.profile_fingerprint.clone(),
+        editors: record.editors.clone(),
+        head_offset: head,
+    }
+}
+
+pub fn create_from_pb(request: pb::CreateSessionRequest) -> crate::session::manager::CreateInput {
+    crate::session::manager::CreateInput {
+        session_id: request.session_id,
+        profile: request.profile,
+        cwd: request.cwd,
+        model: request.model,
+        name: request.name,
+        origin: request.origin.map(origin_from_pb),
+        labels: request.labels.into_iter().collect(),
+        editors: request.editors,
+    }
+}
+
+pub fn queued_to_pb(entry: &crate::domain::queue::QueuedEntry) -> pb::QueuedAction {
+    use crate::domain::queue::QueuedWork;
+    let (kind, prompt, attachments) = match &entry.work {
+        QueuedWork::Prompt(p) => (
+            pb::QueuedActionKind::Prompt,
+            Some(p.prompt.clone()),
+            p.attachments.iter().map(attachment_to_pb).collect(),
+        ),
+        QueuedWork::Compact => (pb::QueuedActionKind::Compact, None, Vec::new()),
+    };
+    pb::QueuedAction {
+        action_id: entry.action_id.to_string(),
+        kind: kind as i32,
+        prompt,
+        attachments,
+        actor: entry.actor.clone(),
+        created_at: Some(timestamp(entry.created_at)),
+    }
+}
+
+pub fn queue_to_pb<'a>(
+    entries: impl IntoIterator<Item = &'a crate::domain::queue::QueuedEntry>,
+) -> pb::GetQueueResponse {
+    pb::GetQueueResponse {
+        entries: entries.into_iter().map(queued_to_pb).collect(),
+    }
+}
+
+pub fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
+    use crate::store::Direction;
+    pb::LogEntry {
+        offset: entry.offset,
+        direction: match entry.direction {
+            Direction::ToRuntime => pb::LogDirection::ToRuntime,
+            Direction::FromRuntime => pb::LogDirection::FromRuntime,
+            Direction::Event => pb::LogDirection::Event,
+        } as i32,
+        json: entry.json.clone(),
+        actor: entry.actor.clone(),
+        action_id: entry.action_id.map(|id| id.to_string()),
+        epoch: entry.epoch,
+        created_at: Some(timestamp(entry.created_at)),
+    }
+}

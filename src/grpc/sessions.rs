@@ -1,25 +1,26 @@
-//! `AgentSessionService`.
+//! `AgentSessionService`: each handler authenticates, decodes, calls the session registry, and
+//! encodes. No behaviour lives here.
 
-use std::pin::Pin;
+use std::{pin::Pin, sync::Arc};
 
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use super::auth;
+use super::{auth, convert};
 use crate::{
     domain::{Error, ErrorCode},
     pb::v1::{self as pb, agent_session_service_server::AgentSessionService},
+    session::{ControlStatus, Sessions, manager::ListInput},
 };
 
-#[derive(Debug, Default)]
-pub struct SessionsService;
+pub struct SessionsService {
+    sessions: Arc<Sessions>,
+}
 
-fn unimplemented<T>(rpc: &str) -> Result<T, Status> {
-    Err(Error::new(
-        ErrorCode::Unimplemented,
-        format!("AgentSessionService.{rpc} is not built yet"),
-    )
-    .into())
+impl SessionsService {
+    pub fn new(sessions: Arc<Sessions>) -> Self {
+        Self { sessions }
+    }
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -31,74 +32,185 @@ impl AgentSessionService for SessionsService {
 
     async fn create_session(
         &self,
-        r: Request<pb::CreateSessionRequest>,
+        request: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
-        auth::principal(&r)?;
-        unimplemented("CreateSession")
+        let principal = auth::principal(&request)?;
+        let traceparent = auth::traceparent(&request);
+        let input = convert::create_from_pb(request.into_inner());
+        let created = self.sessions.create(&principal, input, traceparent).await?;
+        Ok(Response::new(pb::CreateSessionResponse {
+            session: Some(convert::session_to_pb(&created.record, created.head)),
+            first_action_id: created.first_action_id.map(|id| id.to_string()),
+        }))
     }
+
     async fn get_session(
         &self,
-        r: Request<pb::GetSessionRequest>,
+        request: Request<pb::GetSessionRequest>,
     ) -> Reply<pb::GetSessionResponse> {
-        auth::principal(&r)?;
-        unimplemented("GetSession")
+        let principal = auth::principal(&request)?;
+        let (record, head) = self
+            .sessions
+            .get(&principal, &request.get_ref().session_id)
+            .await?;
+        Ok(Response::new(pb::GetSessionResponse {
+            session: Some(convert::session_to_pb(&record, head)),
+        }))
     }
+
     async fn list_sessions(
         &self,
-        r: Request<pb::ListSessionsRequest>,
+        request: Request<pb::ListSessionsRequest>,
     ) -> Reply<pb::ListSessionsResponse> {
-        auth::principal(&r)?;
-        unimplemented("ListSessions")
+        let principal = auth::principal(&request)?;
+        let request = request.into_inner();
+        let input = ListInput {
+            page_size: request.page_size,
+            page_token: request.page_token,
+            statuses: request
+                .statuses
+                .into_iter()
+                .map(convert::session_status_from_pb)
+                .collect::<Result<_, _>>()?,
+            labels: request.labels.into_iter().collect(),
+        };
+        let (page, next_page_token) = self.sessions.list(&principal, input).await?;
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: page
+                .iter()
+                .map(|(record, head)| convert::session_to_pb(record, *head))
+                .collect(),
+            next_page_token,
+        }))
     }
+
     async fn close_session(
         &self,
-        r: Request<pb::CloseSessionRequest>,
+        request: Request<pb::CloseSessionRequest>,
     ) -> Reply<pb::CloseSessionResponse> {
-        auth::principal(&r)?;
-        unimplemented("CloseSession")
+        let principal = auth::principal(&request)?;
+        let (record, head) = self
+            .sessions
+            .close(&principal, &request.get_ref().session_id)
+            .await?;
+        Ok(Response::new(pb::CloseSessionResponse {
+            session: Some(convert::session_to_pb(&record, head)),
+        }))
     }
+
     async fn delete_session(
         &self,
-        r: Request<pb::DeleteSessionRequest>,
+        request: Request<pb::DeleteSessionRequest>,
     ) -> Reply<pb::DeleteSessionResponse> {
-        auth::principal(&r)?;
-        unimplemented("DeleteSession")
+        let principal = auth::principal(&request)?;
+        self.sessions
+            .delete(&principal, &request.get_ref().session_id)
+            .await?;
+        Ok(Response::new(pb::DeleteSessionResponse {}))
     }
-    async fn control(&self, r: Request<pb::ControlRequest>) -> Reply<pb::ControlResponse> {
-        auth::principal(&r)?;
-        unimplemented("Control")
+
+    async fn control(&self, request: Request<pb::ControlRequest>) -> Reply<pb::ControlResponse> {
+        let principal = auth::principal(&request)?;
+        let traceparent = auth::traceparent(&request);
+        let input = convert::control_from_pb(request.into_inner())?;
+        let outcome = self
+            .sessions
+            .control(&principal, input, traceparent)
+            .await?;
+        let (status, queue_position) = match outcome.status {
+            ControlStatus::Sent => (pb::ControlStatus::Sent, 0),
+            ControlStatus::Queued(position) => (pb::ControlStatus::Queued, position),
+        };
+        Ok(Response::new(pb::ControlResponse {
+            action_id: outcome.action_id.to_string(),
+            status: status as i32,
+            queue_position,
+        }))
     }
-    async fn get_queue(&self, r: Request<pb::GetQueueRequest>) -> Reply<pb::GetQueueResponse> {
-        auth::principal(&r)?;
-        unimplemented("GetQueue")
+
+    async fn get_queue(
+        &self,
+        request: Request<pb::GetQueueRequest>,
+    ) -> Reply<pb::GetQueueResponse> {
+        let principal = auth::principal(&request)?;
+        let entries = self
+            .sessions
+            .get_queue(&principal, &request.get_ref().session_id)
+            .await?;
+        Ok(Response::new(convert::queue_to_pb(&entries)))
     }
+
     async fn edit_queued_prompt(
         &self,
-        r: Request<pb::EditQueuedPromptRequest>,
+        request: Request<pb::EditQueuedPromptRequest>,
     ) -> Reply<pb::EditQueuedPromptResponse> {
-        auth::principal(&r)?;
-        unimplemented("EditQueuedPrompt")
+        let principal = auth::principal(&request)?;
+        let request = request.into_inner();
+        let entry = self
+            .sessions
+            .edit_queued(
+                &principal,
+                &request.session_id,
+                &request.action_id,
+                request.prompt,
+            )
+            .await?;
+        Ok(Response::new(pb::EditQueuedPromptResponse {
+            entry: Some(convert::queued_to_pb(&entry)),
+        }))
     }
+
     async fn remove_queued_action(
         &self,
-        r: Request<pb::RemoveQueuedActionRequest>,
+        request: Request<pb::RemoveQueuedActionRequest>,
     ) -> Reply<pb::RemoveQueuedActionResponse> {
-        auth::principal(&r)?;
-        unimplemented("RemoveQueuedAction")
+        let principal = auth::principal(&request)?;
+        let request = request.get_ref();
+        self.sessions
+            .remove_queued(&principal, &request.session_id, &request.action_id)
+            .await?;
+        Ok(Response::new(pb::RemoveQueuedActionResponse {}))
     }
-    async fn read_log(&self, r: Request<pb::ReadLogRequest>) -> Reply<pb::ReadLogResponse> {
-        auth::principal(&r)?;
-        unimplemented("ReadLog")
+
+    async fn read_log(&self, request: Request<pb::ReadLogRequest>) -> Reply<pb::ReadLogResponse> {
+        let principal = auth::principal(&request)?;
+        let request = request.get_ref();
+        let (entries, head_offset) = self
+            .sessions
+            .read_log(
+                &principal,
+                &request.session_id,
+                request.after_offset,
+                request.limit,
+            )
+            .await?;
+        Ok(Response::new(pb::ReadLogResponse {
+            entries: entries.iter().map(convert::log_entry_to_pb).collect(),
+            head_offset,
+        }))
     }
+
     async fn get_transcript(
         &self,
-        r: Request<pb::GetTranscriptRequest>,
+        request: Request<pb::GetTranscriptRequest>,
     ) -> Reply<pb::GetTranscriptResponse> {
-        auth::principal(&r)?;
-        unimplemented("GetTranscript")
+        auth::principal(&request)?;
+        Err(Error::new(
+            ErrorCode::Unimplemented,
+            "AgentSessionService.GetTranscript is not built yet",
+        )
+        .into())
     }
-    async fn subscribe(&self, r: Request<pb::SubscribeRequest>) -> Reply<Self::SubscribeStream> {
-        auth::principal(&r)?;
-        unimplemented("Subscribe")
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Reply<Self::SubscribeStream> {
+        auth::principal(&request)?;
+        Err(Error::new(
+            ErrorCode::Unimplemented,
+            "AgentSessionService.Subscribe is not built yet",
+        )
+        .into())
     }
 }

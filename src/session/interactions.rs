@@ -1,0 +1,249 @@
+//! Requests the agent made of a person, held until answered (SPEC §7): permission requests (any
+//! number) and at most one session-scoped elicitation. Pure bookkeeping; the actor does the I/O.
+
+use serde_json::Value;
+
+use crate::domain::{
+    Error, ErrorCode, JsonRpcId, PermissionAnswer, Result, action::ElicitationAnswer,
+};
+
+/// A permission option as the agent offered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfferedOption {
+    pub option_id: String,
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPermission {
+    pub id: JsonRpcId,
+    pub options: Vec<OfferedOption>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldElicitation {
+    pub id: JsonRpcId,
+}
+
+/// Everything currently held for a person, in arrival order.
+#[derive(Debug, Default, Clone)]
+pub struct Held {
+    pub permissions: Vec<HeldPermission>,
+    pub elicitation: Option<HeldElicitation>,
+}
+
+impl Held {
+    pub fn is_empty(&self) -> bool {
+        self.permissions.is_empty() && self.elicitation.is_none()
+    }
+
+    /// The ids of every held request, for metadata.
+    pub fn ids(&self) -> Vec<JsonRpcId> {
+        self.permissions
+            .iter()
+            .map(|p| p.id.clone())
+            .chain(self.elicitation.iter().map(|e| e.id.clone()))
+            .collect()
+    }
+
+    pub fn clear(&mut self) {
+        self.permissions.clear();
+        self.elicitation = None;
+    }
+
+    /// Checks an answer to a permission request against what is held and offered.
+    pub fn check_permission_answer(&self, id: &JsonRpcId, answer: &PermissionAnswer) -> Result<()> {
+        let held = self
+            .permissions
+            .iter()
+            .find(|p| &p.id == id)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorCode::PermissionNotPending,
+                    format!("no permission request {id} is pending"),
+                )
+            })?;
+        if let PermissionAnswer::Selected { option_id } = answer
+            && !held.options.iter().any(|o| &o.option_id == option_id)
+        {
+            let offered: Vec<&str> = held.options.iter().map(|o| o.option_id.as_str()).collect();
+            return Err(Error::new(
+                ErrorCode::PermissionOptionUnknown,
+                format!(
+                    "option {option_id:?} was not offered for permission request {id}; offered: {}",
+                    offered.join(", ")
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn check_elicitation_answer(
+        &self,
+        id: &JsonRpcId,
+        _answer: &ElicitationAnswer,
+    ) -> Result<()> {
+        match &self.elicitation {
+            Some(held) if &held.id == id => Ok(()),
+            _ => Err(Error::new(
+                ErrorCode::ElicitationNotPending,
+                format!("no elicitation {id} is pending"),
+            )),
+        }
+    }
+
+    /// Releases a held request by id; whether it was held, and as what.
+    pub fn release(&mut self, id: &JsonRpcId) -> Option<Released> {
+        if let Some(index) = self.permissions.iter().position(|p| &p.id == id) {
+            self.permissions.remove(index);
+            return Some(Released::Permission);
+        }
+        if self.elicitation.as_ref().is_some_and(|e| &e.id == id) {
+            self.elicitation = None;
+            return Some(Released::Elicitation);
+        }
+        None
+    }
+}
+
+/// What kind of request was released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    Permission,
+    Elicitation,
+}
+
+/// Reads the options of a `session/request_permission`.
+pub fn offered_options(params: &Value) -> Vec<OfferedOption> {
+    params
+        .get("options")
+        .and_then(Value::as_array)
+        .map(|options| {
+            options
+                .iter()
+                .filter_map(|o| {
+                    Some(OfferedOption {
+                        option_id: o.get("optionId")?.as_str()?.to_owned(),
+                        kind: o
+                            .get("kind")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned(),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The auto-accept policy's answer: the first `allow_always` option, else `allow_once`, else
+/// cancelled.
+pub fn auto_accept(options: &[OfferedOption]) -> PermissionAnswer {
+    ["allow_always", "allow_once"]
+        .iter()
+        .find_map(|kind| options.iter().find(|o| o.kind == *kind))
+        .map(|o| PermissionAnswer::Selected {
+            option_id: o.option_id.clone(),
+        })
+        .unwrap_or(PermissionAnswer::Cancelled)
+}
+
+/// Why an elicitation is refused at once, if it is.
+pub fn elicitation_refusal(params: &Value, held: &Held) -> Option<&'static str> {
+    if params.get("sessionId").is_none() || params.get("requestId").is_some() {
+        return Some("request-scoped elicitation is not supported; use session scope");
+    }
+    if held.elicitation.is_some() {
+        return Some("another elicitation is already pending for this session");
+    }
+    match params.get("mode").and_then(Value::as_str) {
+        Some("form" | "url") => None,
+        _ => Some("unsupported elicitation mode; use form or url"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn options() -> Vec<OfferedOption> {
+        offered_options(&json!({"options": [
+            {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+            {"optionId": "always", "name": "Always", "kind": "allow_always"},
+            {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+        ]}))
+    }
+
+    #[test]
+    fn auto_accept_prefers_allow_always_then_allow_once_then_cancels() {
+        assert_eq!(
+            auto_accept(&options()),
+            PermissionAnswer::Selected {
+                option_id: "always".into()
+            }
+        );
+        let once: Vec<_> = options()
+            .into_iter()
+            .filter(|o| o.kind != "allow_always")
+            .collect();
+        assert_eq!(
+            auto_accept(&once),
+            PermissionAnswer::Selected {
+                option_id: "allow".into()
+            }
+        );
+        let rejects: Vec<_> = options()
+            .into_iter()
+            .filter(|o| o.kind.starts_with("reject"))
+            .collect();
+        assert_eq!(auto_accept(&rejects), PermissionAnswer::Cancelled);
+    }
+
+    #[test]
+    fn an_answer_must_name_a_held_request_and_an_offered_option() {
+        let mut held = Held::default();
+        held.permissions.push(HeldPermission {
+            id: JsonRpcId::Number(7),
+            options: options(),
+        });
+        let select = |o: &str| PermissionAnswer::Selected {
+            option_id: o.into(),
+        };
+        held.check_permission_answer(&JsonRpcId::Number(7), &select("allow"))
+            .unwrap();
+        assert_eq!(
+            held.check_permission_answer(&JsonRpcId::Text("7".into()), &select("allow"))
+                .unwrap_err()
+                .code,
+            ErrorCode::PermissionNotPending
+        );
+        assert_eq!(
+            held.check_permission_answer(&JsonRpcId::Number(7), &select("nope"))
+                .unwrap_err()
+                .code,
+            ErrorCode::PermissionOptionUnknown
+        );
+        assert_eq!(
+            held.release(&JsonRpcId::Number(7)),
+            Some(Released::Permission)
+        );
+        assert_eq!(held.release(&JsonRpcId::Number(7)), None);
+    }
+
+    #[test]
+    fn request_scoped_and_second_elicitations_are_refused() {
+        let mut held = Held::default();
+        let form = json!({"sessionId": "s", "mode": "form", "message": "m", "requestedSchema": {}});
+        assert_eq!(elicitation_refusal(&form, &held), None);
+        assert!(elicitation_refusal(&json!({"requestId": 1, "mode": "form"}), &held).is_some());
+        held.elicitation = Some(HeldElicitation {
+            id: JsonRpcId::Number(1),
+        });
+        assert!(
+            elicitation_refusal(&form, &held)
+                .unwrap()
+                .contains("already pending")
+        );
+    }
+}

@@ -1,0 +1,180 @@
+//! The session engine: one actor (task) per agent session owning its runtime I/O, turn state,
+//! queue and held interactions ([`actor`]), and the registry that creates, finds and authorises
+//! sessions ([`manager`]).
+
+pub mod actor;
+pub mod interactions;
+pub mod manager;
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    },
+};
+
+use tokio::sync::{Semaphore, broadcast, mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::{
+    acp::process::RuntimeRegistry,
+    config::Profile,
+    domain::{
+        ActionId, Principal, Result,
+        limits::Limits,
+        queue::QueuedEntry,
+        session::{SessionRecord, SessionStatus},
+    },
+    grpc::convert::ControlInput,
+    store::{LogEntry, Store},
+    translate::Translator,
+};
+
+pub use manager::Sessions;
+
+/// Live events of one session, for subscribers. Entries are broadcast only after they are in the
+/// log; queue and status events are full snapshots, so a subscriber that missed some can resync.
+#[derive(Debug, Clone)]
+pub enum SessionEvent {
+    Entry(Arc<LogEntry>),
+    Queue(Arc<Vec<QueuedEntry>>),
+    Status {
+        status: SessionStatus,
+        reason: String,
+    },
+    /// The session was deleted: streams end NOT_FOUND.
+    Deleted,
+}
+
+/// Capacity of a session's live event feed; a subscriber further behind reads the log instead.
+pub const EVENT_FEED_CAPACITY: usize = 512;
+
+/// What every session shares with the rest of the harness.
+pub struct EngineContext {
+    pub store: Arc<dyn Store>,
+    pub limits: Arc<Limits>,
+    pub profiles: BTreeMap<String, Arc<Profile>>,
+    pub registry: RuntimeRegistry,
+    /// One permit per live runtime process (SPEC §8: the live-runtime cap).
+    pub runtime_slots: Arc<Semaphore>,
+    pub meta_key: String,
+    pub translator: Translator,
+    /// Whether tokens are configured (then a profile without allowed cwd roots refuses all).
+    pub tokens_configured: bool,
+    /// Set on SIGTERM: new sessions and turn-occupying actions are refused with DRAINING.
+    pub draining: AtomicBool,
+}
+
+impl EngineContext {
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// The part of a session anyone may read without asking its actor.
+pub struct Shared {
+    pub id: Uuid,
+    pub owner: String,
+    pub editors: Vec<String>,
+    record: Mutex<SessionRecord>,
+    head: AtomicU64,
+    pub events: broadcast::Sender<SessionEvent>,
+    pub subscribers: AtomicUsize,
+}
+
+impl Shared {
+    fn new(record: SessionRecord, head: u64) -> Self {
+        Self {
+            id: record.id,
+            owner: record.owner.clone(),
+            editors: record.editors.clone(),
+            record: Mutex::new(record),
+            head: AtomicU64::new(head),
+            events: broadcast::channel(EVENT_FEED_CAPACITY).0,
+            subscribers: AtomicUsize::new(0),
+        }
+    }
+
+    /// The session record as it stands, with its head offset.
+    pub fn snapshot(&self) -> (SessionRecord, u64) {
+        let record = self.record.lock().expect("not poisoned").clone();
+        (record, self.head())
+    }
+
+    pub fn status(&self) -> SessionStatus {
+        self.record.lock().expect("not poisoned").status
+    }
+
+    pub fn head(&self) -> u64 {
+        self.head.load(Ordering::Acquire)
+    }
+
+    fn set_record(&self, record: &SessionRecord) {
+        *self.record.lock().expect("not poisoned") = record.clone();
+    }
+
+    fn set_head(&self, head: u64) {
+        self.head.store(head, Ordering::Release);
+    }
+}
+
+/// What a Control did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlStatus {
+    Sent,
+    Queued(u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlOutcome {
+    pub action_id: ActionId,
+    pub status: ControlStatus,
+}
+
+type Reply<T> = oneshot::Sender<Result<T>>;
+
+/// Requests to a session actor.
+pub(crate) enum Command {
+    Control {
+        principal: Principal,
+        input: ControlInput,
+        traceparent: Option<String>,
+        reply: Reply<ControlOutcome>,
+    },
+    GetQueue {
+        reply: Reply<Vec<QueuedEntry>>,
+    },
+    EditQueued {
+        principal: Principal,
+        action_id: ActionId,
+        text: String,
+        reply: Reply<QueuedEntry>,
+    },
+    RemoveQueued {
+        action_id: ActionId,
+        reply: Reply<()>,
+    },
+    Close {
+        reply: Reply<SessionRecord>,
+    },
+    Delete {
+        reply: Reply<()>,
+    },
+}
+
+/// A cheap, cloneable way to reach one session.
+#[derive(Clone)]
+pub struct SessionHandle {
+    pub shared: Arc<Shared>,
+    commands: mpsc::Sender<Command>,
+}
+
+impl SessionHandle {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || crate::domain::Error::session_not_found(&self.shared.id.to_string());
+        self.commands.send(make(tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+}
