@@ -18,50 +18,12 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+pub use crate::domain::log::{Direction, LogEntry};
 use crate::domain::{
     ActionId, Result,
     queue::QueuedEntry,
     session::{SessionRecord, SessionStatus},
 };
-
-/// Which way a logged frame travelled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    ToRuntime,
-    FromRuntime,
-    Event,
-}
-
-impl Direction {
-    pub fn as_i64(self) -> i64 {
-        match self {
-            Self::ToRuntime => 1,
-            Self::FromRuntime => 2,
-            Self::Event => 3,
-        }
-    }
-
-    pub fn from_i64(value: i64) -> Option<Self> {
-        match value {
-            1 => Some(Self::ToRuntime),
-            2 => Some(Self::FromRuntime),
-            3 => Some(Self::Event),
-            _ => None,
-        }
-    }
-}
-
-/// One log entry: a frame exchanged with the runtime (its exact JSON text) or a harness event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogEntry {
-    pub offset: u64,
-    pub direction: Direction,
-    pub json: String,
-    pub actor: String,
-    pub action_id: Option<ActionId>,
-    pub epoch: u32,
-    pub created_at: SystemTime,
-}
 
 /// Where an action id stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

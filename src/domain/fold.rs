@@ -1,0 +1,1256 @@
+//! The fold (SPEC §9.3): a pure, deterministic, incremental function from a session's ordered log
+//! entries to the transcript people read — messages and session metadata. The same entries always
+//! give the same transcript; folding is incremental so live subscribers pay per entry.
+//!
+//! Shape of the transcript: every action that has a frame of its own (prompt, compact, setModel,
+//! setConfigOption, stop) opens a numbered turn with a user message `"{turn}:user"` whose
+//! `request_id` is the action id. A prompt's message holds the user's text (the hidden block left
+//! out) and its attachments read back from the frame; the others hold a control part. Agent output
+//! of a running prompt or compact goes to that turn's `"{turn}:agent"` message. Answers update the
+//! permission and elicitation parts they answer.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::{
+    Action, ActionId, JsonRpcId, PromptAttachment, acp_frames,
+    action::{ElicitationAnswer, PermissionAnswer},
+    log::{Direction, LogEntry},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Agent,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    EndTurn,
+    MaxTokens,
+    MaxTurnRequests,
+    Refusal,
+    Cancelled,
+    Failed,
+}
+
+impl StopReason {
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "end_turn" => Some(Self::EndTurn),
+            "max_tokens" => Some(Self::MaxTokens),
+            "max_turn_requests" => Some(Self::MaxTurnRequests),
+            "refusal" => Some(Self::Refusal),
+            "cancelled" => Some(Self::Cancelled),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Pending,
+    Accepted,
+    Rejected,
+    Selected,
+    Cancelled,
+    Declined,
+    Completed,
+    Errored,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlKind {
+    SetModel,
+    SetConfigOption,
+    Compact,
+    Stop,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolPart {
+    pub tool_call_id: String,
+    pub title: String,
+    pub kind: String,
+    pub status: String,
+    pub content_json: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanEntry {
+    pub content: String,
+    pub priority: String,
+    pub status: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionOption {
+    pub option_id: String,
+    pub name: String,
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionPart {
+    pub request_id: JsonRpcId,
+    pub tool_call_json: String,
+    pub options: Vec<PermissionOption>,
+    pub outcome: Outcome,
+    pub selected_option_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElicitationPart {
+    pub request_id: JsonRpcId,
+    pub message: String,
+    pub request_json: String,
+    pub outcome: Outcome,
+    pub answer_json: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPart {
+    pub kind: ControlKind,
+    pub value: String,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Text(String),
+    Thought(String),
+    Attachment(PromptAttachment),
+    Tool(ToolPart),
+    Plan(Vec<PlanEntry>),
+    Permission(PermissionPart),
+    Elicitation(ElicitationPart),
+    Control(ControlPart),
+    /// Any other ACP content block: its type and its whole JSON.
+    Content {
+        kind: String,
+        json: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub id: String,
+    pub turn: u32,
+    pub role: Role,
+    pub request_id: Option<ActionId>,
+    pub parts: Vec<Part>,
+    pub stop_reason: Option<StopReason>,
+    pub error: Option<String>,
+    pub actor: String,
+    pub first_offset: u64,
+    pub last_offset: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelOption {
+    pub value: String,
+    pub name: String,
+    pub description: Option<String>,
+}
+
+/// Session metadata derived from the log (the live status comes from the session itself).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Metadata {
+    pub model: String,
+    pub models: Vec<ModelOption>,
+    pub config_options_json: String,
+    pub available_commands_json: String,
+    pub pending_interactions: Vec<JsonRpcId>,
+}
+
+/// Where to find a part the agent may update later.
+#[derive(Debug, Clone, Copy)]
+struct PartRef {
+    message: usize,
+    part: usize,
+}
+
+/// The fold's state: the transcript so far plus what later entries refer to.
+#[derive(Debug, Clone)]
+pub struct Fold {
+    meta_key: String,
+    messages: Vec<Message>,
+    index: HashMap<String, usize>,
+    turns: u32,
+    /// Turn number of each action with a frame of its own.
+    turn_of: HashMap<ActionId, u32>,
+    /// The prompt or compact whose response has not arrived.
+    open_turn: Option<u32>,
+    /// The last prompt or compact turn, for agent output that arrives between turns.
+    last_prompt_turn: Option<u32>,
+    permissions: HashMap<JsonRpcId, PartRef>,
+    elicitations: HashMap<JsonRpcId, PartRef>,
+    /// Requests the harness made whose replies replay history (`session/load`), by id text.
+    replaying: Option<String>,
+    config_options: Vec<Value>,
+    metadata: Metadata,
+    head: u64,
+}
+
+impl Fold {
+    pub fn new(meta_key: impl Into<String>) -> Self {
+        Self {
+            meta_key: meta_key.into(),
+            messages: Vec::new(),
+            index: HashMap::new(),
+            turns: 0,
+            turn_of: HashMap::new(),
+            open_turn: None,
+            last_prompt_turn: None,
+            permissions: HashMap::new(),
+            elicitations: HashMap::new(),
+            replaying: None,
+            config_options: Vec::new(),
+            metadata: Metadata::default(),
+            head: 0,
+        }
+    }
+
+    /// Folds a whole log.
+    pub fn of<'a>(meta_key: &str, entries: impl IntoIterator<Item = &'a LogEntry>) -> Self {
+        let mut fold = Self::new(meta_key);
+        for entry in entries {
+            fold.apply(entry);
+        }
+        fold
+    }
+
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    pub fn message(&self, id: &str) -> Option<&Message> {
+        self.index.get(id).map(|&i| &self.messages[i])
+    }
+
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// The offset of the last entry folded.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// How many turns the transcript holds.
+    pub fn turns(&self) -> u32 {
+        self.turns
+    }
+
+    /// The messages of turns `from..=to`, oldest first.
+    pub fn turn_range(&self, from: u32, to: u32) -> impl Iterator<Item = &Message> {
+        self.messages
+            .iter()
+            .filter(move |m| m.turn >= from && m.turn <= to)
+    }
+
+    /// Folds one entry; returns the ids of the messages it changed, in order.
+    pub fn apply(&mut self, entry: &LogEntry) -> Vec<String> {
+        self.head = self.head.max(entry.offset);
+        let Ok(frame) = serde_json::from_str::<Value>(&entry.json) else {
+            return Vec::new();
+        };
+        let mut changed = Changed::default();
+        match entry.direction {
+            Direction::ToRuntime => self.outbound(entry, &frame, &mut changed),
+            Direction::FromRuntime => self.inbound(entry, &frame, &mut changed),
+            Direction::Event => self.event(entry, &frame, &mut changed),
+        }
+        self.metadata.pending_interactions = self.pending_interactions();
+        changed.ids
+    }
+
+    fn pending_interactions(&self) -> Vec<JsonRpcId> {
+        let mut pending: Vec<(u64, JsonRpcId)> = self
+            .permissions
+            .iter()
+            .filter(|(_, r)| {
+                matches!(&self.messages[r.message].parts[r.part], Part::Permission(p) if p.outcome == Outcome::Pending)
+            })
+            .chain(self.elicitations.iter().filter(|(_, r)| {
+                matches!(&self.messages[r.message].parts[r.part], Part::Elicitation(e) if e.outcome == Outcome::Pending)
+            }))
+            .map(|(id, r)| (self.messages[r.message].first_offset * 1000 + r.part as u64, id.clone()))
+            .collect();
+        pending.sort();
+        pending.into_iter().map(|(_, id)| id).collect()
+    }
+
+    // ---- messages ------------------------------------------------------------------------------
+
+    fn upsert(&mut self, turn: u32, role: Role, entry: &LogEntry, actor: &str) -> usize {
+        let id = format!(
+            "{turn}:{}",
+            match role {
+                Role::User => "user",
+                Role::Agent => "agent",
+            }
+        );
+        if let Some(&i) = self.index.get(&id) {
+            let message = &mut self.messages[i];
+            message.last_offset = message.last_offset.max(entry.offset);
+            return i;
+        }
+        self.messages.push(Message {
+            id: id.clone(),
+            turn,
+            role,
+            request_id: None,
+            parts: Vec::new(),
+            stop_reason: None,
+            error: None,
+            actor: actor.to_owned(),
+            first_offset: entry.offset,
+            last_offset: entry.offset,
+        });
+        let i = self.messages.len() - 1;
+        self.index.insert(id, i);
+        i
+    }
+
+    /// The agent message output belongs to now.
+    fn agent_message(&mut self, entry: &LogEntry) -> usize {
+        let turn = self.open_turn.or(self.last_prompt_turn).unwrap_or(0);
+        self.upsert(turn, Role::Agent, entry, &entry.actor)
+    }
+
+    fn new_turn(&mut self, action_id: Option<ActionId>, entry: &LogEntry) -> (u32, usize) {
+        self.turns += 1;
+        let turn = self.turns;
+        if let Some(action_id) = action_id {
+            self.turn_of.insert(action_id, turn);
+        }
+        let i = self.upsert(turn, Role::User, entry, &entry.actor);
+        self.messages[i].request_id = action_id;
+        (turn, i)
+    }
+
+    fn control_part_mut(&mut self, action_id: &ActionId) -> Option<(usize, &mut ControlPart)> {
+        let turn = *self.turn_of.get(action_id)?;
+        let &i = self.index.get(&format!("{turn}:user"))?;
+        self.messages[i]
+            .parts
+            .iter_mut()
+            .find_map(|p| match p {
+                Part::Control(c) => Some(c),
+                _ => None,
+            })
+            .map(|c| (i, c))
+    }
+
+    // ---- outbound frames -----------------------------------------------------------------------
+
+    fn outbound(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
+        let model_id = acp_frames::model_config_id(&self.config_options).to_owned();
+        if frame.get("method").and_then(Value::as_str) == Some("session/load") {
+            // Its reply replays history as updates: those add nothing.
+            self.replaying = frame.get("id").map(Value::to_string);
+            return;
+        }
+        let action = acp_frames::recognise_outbound(frame, &model_id, &self.meta_key);
+        let action_id = entry
+            .action_id
+            .or_else(|| frame.get("id").and_then(ActionId::from_jsonrpc_id));
+        match action {
+            Some(Action::Prompt(prompt)) => {
+                let (turn, i) = self.new_turn(action_id, entry);
+                let message = &mut self.messages[i];
+                if !prompt.prompt.is_empty() {
+                    message.parts.push(Part::Text(prompt.prompt));
+                }
+                message
+                    .parts
+                    .extend(prompt.attachments.into_iter().map(Part::Attachment));
+                self.open_turn = Some(turn);
+                self.last_prompt_turn = Some(turn);
+                changed.push(&self.messages[i].id);
+            }
+            Some(Action::Compact) => {
+                let (turn, i) = self.new_turn(action_id, entry);
+                self.messages[i].parts.push(Part::Control(ControlPart {
+                    kind: ControlKind::Compact,
+                    value: String::new(),
+                    outcome: Outcome::Pending,
+                }));
+                self.open_turn = Some(turn);
+                self.last_prompt_turn = Some(turn);
+                changed.push(&self.messages[i].id);
+            }
+            Some(Action::SetModel { model }) => self.control_turn(
+                action_id,
+                entry,
+                ControlKind::SetModel,
+                model,
+                Outcome::Pending,
+                changed,
+            ),
+            Some(Action::SetConfigOption { config_id, value }) => self.control_turn(
+                action_id,
+                entry,
+                ControlKind::SetConfigOption,
+                format!("{config_id}={value}"),
+                Outcome::Pending,
+                changed,
+            ),
+            Some(Action::Stop { .. }) => self.control_turn(
+                action_id,
+                entry,
+                ControlKind::Stop,
+                String::new(),
+                Outcome::Accepted,
+                changed,
+            ),
+            Some(Action::RespondToPermission { request_id, answer }) => {
+                self.answer_permission(&request_id, &answer, entry, changed)
+            }
+            Some(Action::RespondElicitation { request_id, answer }) => {
+                let answer_json = serde_json::to_string(&answer).unwrap_or_default();
+                let outcome = match answer {
+                    ElicitationAnswer::Accept { .. } => Outcome::Accepted,
+                    ElicitationAnswer::Decline => Outcome::Declined,
+                    ElicitationAnswer::Cancel => Outcome::Cancelled,
+                };
+                self.answer_elicitation(&request_id, outcome, answer_json, entry, changed);
+            }
+            None => {
+                // An error the harness sent in reply to an agent request it refused.
+                if frame.get("error").is_some()
+                    && let Some(id) = frame.get("id").and_then(JsonRpcId::from_json)
+                {
+                    let error = frame["error"].to_string();
+                    self.answer_elicitation(&id, Outcome::Errored, error, entry, changed);
+                }
+            }
+        }
+    }
+
+    fn control_turn(
+        &mut self,
+        action_id: Option<ActionId>,
+        entry: &LogEntry,
+        kind: ControlKind,
+        value: String,
+        outcome: Outcome,
+        changed: &mut Changed,
+    ) {
+        // A stop's second frame (held answers, then the cancel) belongs to its one message.
+        if let Some(action_id) = action_id
+            && self.turn_of.contains_key(&action_id)
+        {
+            return;
+        }
+        let (_, i) = self.new_turn(action_id, entry);
+        self.messages[i].parts.push(Part::Control(ControlPart {
+            kind,
+            value,
+            outcome,
+        }));
+        changed.push(&self.messages[i].id);
+    }
+
+    fn answer_permission(
+        &mut self,
+        request_id: &JsonRpcId,
+        answer: &PermissionAnswer,
+        entry: &LogEntry,
+        changed: &mut Changed,
+    ) {
+        let Some(&at) = self.permissions.get(request_id) else {
+            return;
+        };
+        let message = &mut self.messages[at.message];
+        if let Part::Permission(part) = &mut message.parts[at.part] {
+            match answer {
+                PermissionAnswer::Selected { option_id } => {
+                    part.outcome = Outcome::Selected;
+                    part.selected_option_id = Some(option_id.clone());
+                }
+                PermissionAnswer::Cancelled => part.outcome = Outcome::Cancelled,
+            }
+            message.last_offset = message.last_offset.max(entry.offset);
+            changed.push(&message.id);
+        }
+    }
+
+    fn answer_elicitation(
+        &mut self,
+        request_id: &JsonRpcId,
+        outcome: Outcome,
+        answer_json: String,
+        entry: &LogEntry,
+        changed: &mut Changed,
+    ) {
+        let Some(&at) = self.elicitations.get(request_id) else {
+            return;
+        };
+        let message = &mut self.messages[at.message];
+        if let Part::Elicitation(part) = &mut message.parts[at.part] {
+            part.outcome = outcome;
+            part.answer_json = answer_json;
+            message.last_offset = message.last_offset.max(entry.offset);
+            changed.push(&message.id);
+        }
+    }
+
+    // ---- inbound frames ------------------------------------------------------------------------
+
+    fn inbound(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
+        let method = frame.get("method").and_then(Value::as_str);
+        let id = frame.get("id");
+        match (method, id) {
+            (Some("session/update"), None) => {
+                if self.replaying.is_some() {
+                    return; // a session/load replay: the log already holds this history
+                }
+                if let Some(update) = frame.pointer("/params/update") {
+                    self.update(update, entry, changed);
+                }
+            }
+            (Some("elicitation/complete"), None) => {
+                let Some(elicitation_id) = frame
+                    .pointer("/params/elicitationId")
+                    .and_then(Value::as_str)
+                else {
+                    return;
+                };
+                let found = self.elicitations.iter().find_map(|(id, at)| {
+                    match &self.messages[at.message].parts[at.part] {
+                        Part::Elicitation(e)
+                            if serde_json::from_str::<Value>(&e.request_json)
+                                .ok()
+                                .and_then(|r| r.get("elicitationId").cloned())
+                                == Some(Value::from(elicitation_id)) =>
+                        {
+                            Some(id.clone())
+                        }
+                        _ => None,
+                    }
+                });
+                if let Some(id) = found {
+                    self.answer_elicitation(&id, Outcome::Completed, String::new(), entry, changed);
+                    if let Some(&at) = self.elicitations.get(&id)
+                        && let Part::Elicitation(part) =
+                            &mut self.messages[at.message].parts[at.part]
+                        && part.answer_json.is_empty()
+                    {
+                        part.answer_json = "{\"completed\":true}".into();
+                    }
+                }
+            }
+            (Some("session/request_permission"), Some(id)) => {
+                let Some(request_id) = JsonRpcId::from_json(id) else {
+                    return;
+                };
+                let params = frame.get("params").cloned().unwrap_or(Value::Null);
+                let options = params
+                    .get("options")
+                    .and_then(Value::as_array)
+                    .map(|options| {
+                        options
+                            .iter()
+                            .map(|o| PermissionOption {
+                                option_id: str_field(o, "optionId"),
+                                name: str_field(o, "name"),
+                                kind: str_field(o, "kind"),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let i = self.agent_message(entry);
+                self.messages[i]
+                    .parts
+                    .push(Part::Permission(PermissionPart {
+                        request_id: request_id.clone(),
+                        tool_call_json: params
+                            .get("toolCall")
+                            .map(Value::to_string)
+                            .unwrap_or_default(),
+                        options,
+                        outcome: Outcome::Pending,
+                        selected_option_id: None,
+                    }));
+                let at = PartRef {
+                    message: i,
+                    part: self.messages[i].parts.len() - 1,
+                };
+                self.permissions.insert(request_id, at);
+                changed.push(&self.messages[i].id);
+            }
+            (Some("elicitation/create"), Some(id)) => {
+                let Some(request_id) = JsonRpcId::from_json(id) else {
+                    return;
+                };
+                let params = frame.get("params").cloned().unwrap_or(Value::Null);
+                let i = self.agent_message(entry);
+                self.messages[i]
+                    .parts
+                    .push(Part::Elicitation(ElicitationPart {
+                        request_id: request_id.clone(),
+                        message: str_field(&params, "message"),
+                        request_json: params.to_string(),
+                        outcome: Outcome::Pending,
+                        answer_json: String::new(),
+                    }));
+                let at = PartRef {
+                    message: i,
+                    part: self.messages[i].parts.len() - 1,
+                };
+                self.elicitations.insert(request_id, at);
+                changed.push(&self.messages[i].id);
+            }
+            (None, Some(id)) => self.response(id, frame, entry, changed),
+            _ => {}
+        }
+    }
+
+    fn response(&mut self, id: &Value, frame: &Value, entry: &LogEntry, changed: &mut Changed) {
+        if self.replaying.as_deref() == Some(id.to_string().as_str()) {
+            self.replaying = None;
+        }
+        if let Some(options) = frame
+            .pointer("/result/configOptions")
+            .and_then(Value::as_array)
+        {
+            self.adopt_config_options(options.clone());
+        }
+        let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
+            return;
+        };
+        let Some(&turn) = self.turn_of.get(&action_id) else {
+            return;
+        };
+        let error = frame.get("error").map(|e| {
+            e.get("message")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .unwrap_or_else(|| e.to_string())
+        });
+        // A control's reply: accepted or rejected. A compact's also ends its turn.
+        if let Some((i, control)) = self.control_part_mut(&action_id) {
+            control.outcome = if error.is_some() {
+                Outcome::Rejected
+            } else {
+                Outcome::Accepted
+            };
+            let is_compact = control.kind == ControlKind::Compact;
+            let message = &mut self.messages[i];
+            message.last_offset = message.last_offset.max(entry.offset);
+            changed.push(&message.id);
+            if !is_compact {
+                return;
+            }
+        }
+        // A prompt's or compact's reply ends its turn.
+        let stop_reason = match &error {
+            Some(_) => Some(StopReason::Failed),
+            None => frame
+                .pointer("/result/stopReason")
+                .and_then(Value::as_str)
+                .and_then(StopReason::parse)
+                .or(Some(StopReason::EndTurn)),
+        };
+        self.close_turn(turn, stop_reason, error, entry, changed);
+    }
+
+    fn close_turn(
+        &mut self,
+        turn: u32,
+        stop_reason: Option<StopReason>,
+        error: Option<String>,
+        entry: &LogEntry,
+        changed: &mut Changed,
+    ) {
+        let i = self.upsert(turn, Role::Agent, entry, "runtime");
+        let message = &mut self.messages[i];
+        if message.stop_reason.is_none() {
+            message.stop_reason = stop_reason;
+            message.error = error;
+        }
+        // Requests of the turn still held are released with it.
+        for part in &mut message.parts {
+            match part {
+                Part::Permission(p) if p.outcome == Outcome::Pending => {
+                    p.outcome = Outcome::Cancelled
+                }
+                Part::Elicitation(e) if e.outcome == Outcome::Pending => {
+                    e.outcome = Outcome::Cancelled
+                }
+                _ => {}
+            }
+        }
+        changed.push(&message.id);
+        if self.open_turn == Some(turn) {
+            self.open_turn = None;
+        }
+    }
+
+    fn update(&mut self, update: &Value, entry: &LogEntry, changed: &mut Changed) {
+        match update.get("sessionUpdate").and_then(Value::as_str) {
+            Some("agent_message_chunk") => {
+                let Some(content) = update.get("content") else {
+                    return;
+                };
+                let i = self.agent_message(entry);
+                push_content(&mut self.messages[i].parts, content, false);
+                changed.push(&self.messages[i].id);
+            }
+            Some("agent_thought_chunk") => {
+                let Some(content) = update.get("content") else {
+                    return;
+                };
+                let i = self.agent_message(entry);
+                push_content(&mut self.messages[i].parts, content, true);
+                changed.push(&self.messages[i].id);
+            }
+            Some(kind @ ("tool_call" | "tool_call_update")) => {
+                let tool_call_id = str_field(update, "toolCallId");
+                let i = self.agent_message(entry);
+                let parts = &mut self.messages[i].parts;
+                let existing = parts.iter_mut().find_map(|p| match p {
+                    Part::Tool(t) if t.tool_call_id == tool_call_id => Some(t),
+                    _ => None,
+                });
+                let tool = match existing {
+                    Some(tool) => tool,
+                    None => {
+                        parts.push(Part::Tool(ToolPart {
+                            tool_call_id,
+                            title: String::new(),
+                            kind: if kind == "tool_call" {
+                                "other".into()
+                            } else {
+                                String::new()
+                            },
+                            status: if kind == "tool_call" {
+                                "pending".into()
+                            } else {
+                                String::new()
+                            },
+                            content_json: "[]".into(),
+                        }));
+                        let Some(Part::Tool(tool)) = parts.last_mut() else {
+                            unreachable!()
+                        };
+                        tool
+                    }
+                };
+                if let Some(title) = update.get("title").and_then(Value::as_str) {
+                    tool.title = title.to_owned();
+                }
+                if let Some(kind) = update.get("kind").and_then(Value::as_str) {
+                    tool.kind = kind.to_owned();
+                }
+                if let Some(status) = update.get("status").and_then(Value::as_str) {
+                    tool.status = status.to_owned();
+                }
+                if let Some(content) = update.get("content").filter(|c| !c.is_null()) {
+                    tool.content_json = content.to_string();
+                }
+                changed.push(&self.messages[i].id);
+            }
+            Some("plan") => {
+                let entries = update
+                    .get("entries")
+                    .and_then(Value::as_array)
+                    .map(|entries| {
+                        entries
+                            .iter()
+                            .map(|e| PlanEntry {
+                                content: str_field(e, "content"),
+                                priority: str_field(e, "priority"),
+                                status: str_field(e, "status"),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let i = self.agent_message(entry);
+                let parts = &mut self.messages[i].parts;
+                match parts.iter_mut().find(|p| matches!(p, Part::Plan(_))) {
+                    Some(plan) => *plan = Part::Plan(entries),
+                    None => parts.push(Part::Plan(entries)),
+                }
+                changed.push(&self.messages[i].id);
+            }
+            Some("available_commands_update") => {
+                if let Some(commands) = update.get("availableCommands") {
+                    self.metadata.available_commands_json = commands.to_string();
+                }
+            }
+            Some("config_option_update") => {
+                if let Some(options) = update.get("configOptions").and_then(Value::as_array) {
+                    self.adopt_config_options(options.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn adopt_config_options(&mut self, options: Vec<Value>) {
+        self.metadata.config_options_json = Value::Array(options.clone()).to_string();
+        self.config_options = options;
+        let model_id = acp_frames::model_config_id(&self.config_options);
+        let model_option = self
+            .config_options
+            .iter()
+            .find(|o| o.get("id").and_then(Value::as_str) == Some(model_id));
+        match model_option {
+            Some(option) => {
+                self.metadata.model = str_field(option, "currentValue");
+                self.metadata.models = model_values(option);
+            }
+            None => {
+                self.metadata.model.clear();
+                self.metadata.models.clear();
+            }
+        }
+    }
+
+    // ---- harness events ------------------------------------------------------------------------
+
+    fn event(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
+        let event = frame
+            .get("event")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let closes_turn = matches!(event, "fault" | "session_closed" | "harness_restarted");
+        if !closes_turn {
+            if event == "runtime_started" {
+                // A new connection: nothing of the old one is pending any more.
+                self.replaying = None;
+            }
+            return;
+        }
+        let detail = match event {
+            "fault" => frame
+                .get("detail")
+                .and_then(Value::as_str)
+                .unwrap_or("runtime fault")
+                .to_owned(),
+            "session_closed" => "session closed".to_owned(),
+            _ => "harness restarted".to_owned(),
+        };
+        let turn = frame
+            .get("failed_turn")
+            .and_then(|t| t.as_str())
+            .and_then(ActionId::from_stored)
+            .and_then(|id| self.turn_of.get(&id).copied())
+            .or(self.open_turn);
+        if let Some(turn) = turn {
+            self.close_turn(turn, Some(StopReason::Failed), Some(detail), entry, changed);
+        }
+        self.replaying = None;
+        self.open_turn = None;
+    }
+}
+
+/// Message ids changed by one entry, each once, in order.
+#[derive(Default)]
+struct Changed {
+    ids: Vec<String>,
+}
+
+impl Changed {
+    fn push(&mut self, id: &str) {
+        if !self.ids.iter().any(|i| i == id) {
+            self.ids.push(id.to_owned());
+        }
+    }
+}
+
+fn str_field(value: &Value, key: &str) -> String {
+    value
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Appends a content block: text continues the last text (or thought) part; other block types
+/// become content parts.
+fn push_content(parts: &mut Vec<Part>, content: &Value, thought: bool) {
+    let kind = content
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if kind == "text" {
+        let text = content
+            .get("text")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match (parts.last_mut(), thought) {
+            (Some(Part::Text(last)), false) | (Some(Part::Thought(last)), true) => {
+                last.push_str(text)
+            }
+            _ => parts.push(if thought {
+                Part::Thought(text.to_owned())
+            } else {
+                Part::Text(text.to_owned())
+            }),
+        }
+    } else {
+        parts.push(Part::Content {
+            kind: kind.to_owned(),
+            json: content.to_string(),
+        });
+    }
+}
+
+fn model_values(option: &Value) -> Vec<ModelOption> {
+    fn collect(options: &Value, out: &mut Vec<ModelOption>) {
+        for option in options.as_array().into_iter().flatten() {
+            if let Some(value) = option.get("value").and_then(Value::as_str) {
+                out.push(ModelOption {
+                    value: value.to_owned(),
+                    name: str_field(option, "name"),
+                    description: option
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                });
+            } else if let Some(group) = option.get("options") {
+                collect(group, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(options) = option.get("options") {
+        collect(options, &mut out);
+    }
+    out
+}
+
+/// Pages of a transcript by turns.
+pub fn page_turns(total: u32, after_turn: u32, page_size: u32) -> Option<(u32, u32)> {
+    let from = after_turn + 1;
+    (from <= total).then(|| (from, (after_turn + page_size).min(total)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{
+        PromptAction,
+        acp_frames::{self, PromptOptions},
+        invocation::DEFAULT_META_KEY,
+    };
+
+    /// Builds a log the way the harness writes one.
+    #[derive(Default)]
+    struct Log {
+        entries: Vec<LogEntry>,
+    }
+
+    impl Log {
+        fn push(
+            &mut self,
+            direction: Direction,
+            frame: Value,
+            action_id: Option<ActionId>,
+        ) -> &mut Self {
+            self.entries.push(LogEntry {
+                offset: self.entries.len() as u64 + 1,
+                direction,
+                json: frame.to_string(),
+                actor: match direction {
+                    Direction::FromRuntime => "runtime".into(),
+                    _ => "ada".into(),
+                },
+                action_id,
+                epoch: 1,
+                created_at: SystemTime::UNIX_EPOCH,
+            });
+            self
+        }
+        fn out(&mut self, frame: Value, action_id: Option<ActionId>) -> &mut Self {
+            self.push(Direction::ToRuntime, frame, action_id)
+        }
+        fn inc(&mut self, frame: Value) -> &mut Self {
+            self.push(Direction::FromRuntime, frame, None)
+        }
+        fn event(&mut self, frame: Value) -> &mut Self {
+            self.push(Direction::Event, frame, None)
+        }
+        fn prompt(&mut self, action_id: ActionId, prompt: &PromptAction) -> &mut Self {
+            let frame =
+                acp_frames::prompt_request(&action_id, "s", prompt, PromptOptions::default());
+            self.out(frame, Some(action_id))
+        }
+        fn chunk(&mut self, text: &str) -> &mut Self {
+            self.update(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}))
+        }
+        fn update(&mut self, update: Value) -> &mut Self {
+            self.inc(json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s", "update": update}}))
+        }
+        fn end(&mut self, action_id: ActionId, reason: &str) -> &mut Self {
+            self.inc(json!({"jsonrpc": "2.0", "id": action_id.to_string(), "result": {"stopReason": reason}}))
+        }
+        fn fold(&self) -> Fold {
+            Fold::of(DEFAULT_META_KEY, &self.entries)
+        }
+    }
+
+    fn model_options(current: &str) -> Value {
+        json!([{"id": "model", "name": "Model", "category": "model", "type": "select", "currentValue": current,
+                "options": [{"value": "fast", "name": "Fast"}, {"value": "smart", "name": "Smart", "description": "d"}]}])
+    }
+
+    #[test]
+    fn a_prompt_becomes_a_user_message_with_its_text_then_its_attachments_and_no_hidden_block() {
+        let id = ActionId::mint();
+        let prompt = PromptAction::with_attachments(
+            "look <m-agent-context here",
+            vec![
+                PromptAttachment::new("https://x/1", "a.png")
+                    .mime_type("image/png")
+                    .size(3),
+                PromptAttachment::new("https://x/2", "b.pdf"),
+            ],
+        );
+        let fold = Log::default().prompt(id, &prompt).fold();
+        let user = fold.message("1:user").unwrap();
+        assert_eq!(user.request_id, Some(id));
+        assert_eq!(user.role, Role::User);
+        assert_eq!(user.actor, "ada");
+        assert_eq!(
+            user.parts,
+            vec![
+                Part::Text("look <m-agent-context here".into()),
+                Part::Attachment(prompt.attachments[0].clone()),
+                Part::Attachment(prompt.attachments[1].clone()),
+            ]
+        );
+        assert!(!format!("{:?}", fold.messages()).contains("invocation"));
+    }
+
+    #[test]
+    fn agent_output_folds_into_the_turns_agent_message_and_the_response_sets_the_stop_reason() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        log.prompt(id, &PromptAction::text("hi"))
+            .chunk("Hel")
+            .chunk("lo")
+            .update(json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": "hmm"}}))
+            .update(json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Run", "kind": "execute", "status": "pending"}))
+            .update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed",
+                           "content": [{"type": "content", "content": {"type": "text", "text": "done"}}]}))
+            .update(json!({"sessionUpdate": "plan", "entries": [{"content": "a", "priority": "high", "status": "pending"}]}))
+            .update(json!({"sessionUpdate": "plan", "entries": [{"content": "a", "priority": "high", "status": "completed"}]}))
+            .update(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "image", "data": "AA==", "mimeType": "image/png"}}))
+            .end(id, "end_turn");
+        let fold = log.fold();
+        let agent = fold.message("1:agent").unwrap();
+        assert_eq!(agent.stop_reason, Some(StopReason::EndTurn));
+        assert_eq!(agent.parts[0], Part::Text("Hello".into()));
+        assert_eq!(agent.parts[1], Part::Thought("hmm".into()));
+        let Part::Tool(tool) = &agent.parts[2] else {
+            panic!("{:?}", agent.parts)
+        };
+        assert_eq!(
+            (tool.title.as_str(), tool.status.as_str()),
+            ("Run", "completed")
+        );
+        assert!(tool.content_json.contains("done"));
+        assert_eq!(
+            agent.parts[3],
+            Part::Plan(vec![PlanEntry {
+                content: "a".into(),
+                priority: "high".into(),
+                status: "completed".into()
+            }])
+        );
+        assert!(matches!(&agent.parts[4], Part::Content { kind, .. } if kind == "image"));
+        assert_eq!(agent.parts.len(), 5);
+        assert_eq!((agent.first_offset, agent.last_offset), (2, 10));
+    }
+
+    #[test]
+    fn an_error_response_fails_the_turn_with_its_message() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        log.prompt(id, &PromptAction::text("hi"))
+            .inc(json!({"jsonrpc": "2.0", "id": id.to_string(), "error": {"code": -32603, "message": "boom"}}));
+        let agent = log.fold().message("1:agent").cloned().unwrap();
+        assert_eq!(agent.stop_reason, Some(StopReason::Failed));
+        assert_eq!(agent.error.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn a_fault_or_restart_event_closes_the_open_turn_as_failed() {
+        for (event, error) in [
+            (
+                json!({"event": "fault", "kind": "exit", "detail": "runtime exited with code 3"}),
+                "runtime exited with code 3",
+            ),
+            (json!({"event": "harness_restarted"}), "harness restarted"),
+        ] {
+            let id = ActionId::mint();
+            let mut log = Log::default();
+            log.prompt(id, &PromptAction::text("hi"))
+                .chunk("partial")
+                .event(event);
+            let agent = log.fold().message("1:agent").cloned().unwrap();
+            assert_eq!(agent.stop_reason, Some(StopReason::Failed));
+            assert_eq!(agent.error.as_deref(), Some(error));
+        }
+    }
+
+    #[test]
+    fn permission_and_elicitation_parts_carry_their_outcomes() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        log.prompt(id, &PromptAction::text("hi"))
+            .inc(json!({"jsonrpc": "2.0", "id": 7, "method": "session/request_permission", "params": {
+                "sessionId": "s", "toolCall": {"toolCallId": "t"},
+                "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"}]}}))
+            .inc(json!({"jsonrpc": "2.0", "id": "e1", "method": "elicitation/create", "params": {
+                "sessionId": "s", "mode": "url", "elicitationId": "el-1", "url": "https://x", "message": "Sign in"}}));
+        let fold = log.fold();
+        assert_eq!(
+            fold.metadata().pending_interactions,
+            vec![JsonRpcId::Number(7), JsonRpcId::Text("e1".into())]
+        );
+        log.out(acp_frames::permission_response(&JsonRpcId::Number(7), &PermissionAnswer::Selected { option_id: "allow".into() }), None)
+            .out(acp_frames::elicitation_response(&JsonRpcId::Text("e1".into()), &ElicitationAnswer::Accept { content: Default::default() }), None)
+            .inc(json!({"jsonrpc": "2.0", "method": "elicitation/complete", "params": {"elicitationId": "el-1"}}));
+        let fold = log.fold();
+        let agent = fold.message("1:agent").unwrap();
+        let Part::Permission(permission) = &agent.parts[0] else {
+            panic!()
+        };
+        assert_eq!(permission.outcome, Outcome::Selected);
+        assert_eq!(permission.selected_option_id.as_deref(), Some("allow"));
+        assert_eq!(permission.options[0].kind, "allow_once");
+        let Part::Elicitation(elicitation) = &agent.parts[1] else {
+            panic!()
+        };
+        assert_eq!(elicitation.outcome, Outcome::Completed);
+        assert_eq!(elicitation.message, "Sign in");
+        assert!(fold.metadata().pending_interactions.is_empty());
+    }
+
+    #[test]
+    fn requests_still_held_when_the_turn_ends_are_released_as_cancelled() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        log.prompt(id, &PromptAction::text("hi"))
+            .inc(json!({"jsonrpc": "2.0", "id": 1, "method": "session/request_permission", "params": {"options": []}}))
+            .end(id, "cancelled");
+        let fold = log.fold();
+        let Part::Permission(p) = &fold.message("1:agent").unwrap().parts[0] else {
+            panic!()
+        };
+        assert_eq!(p.outcome, Outcome::Cancelled);
+        assert_eq!(
+            fold.message("1:agent").unwrap().stop_reason,
+            Some(StopReason::Cancelled)
+        );
+    }
+
+    #[test]
+    fn controls_are_user_messages_whose_outcome_follows_the_runtimes_reply() {
+        let (model_ok, model_bad, stop, compact) = (
+            ActionId::mint(),
+            ActionId::mint(),
+            ActionId::mint(),
+            ActionId::mint(),
+        );
+        let mut log = Log::default();
+        log.inc(json!({"jsonrpc": "2.0", "id": "harness:1:1", "result": {"sessionId": "s", "configOptions": model_options("fast")}}))
+            .out(acp_frames::set_config_option_request(&model_ok, "s", "model", &acp_frames::ConfigValue::Id("smart".into())), Some(model_ok))
+            .inc(json!({"jsonrpc": "2.0", "id": model_ok.to_string(), "result": {"configOptions": model_options("smart")}}))
+            .out(acp_frames::set_config_option_request(&model_bad, "s", "model", &acp_frames::ConfigValue::Id("fast".into())), Some(model_bad))
+            .inc(json!({"jsonrpc": "2.0", "id": model_bad.to_string(), "error": {"code": -32602, "message": "no"}}))
+            .out(acp_frames::cancel_notification("s"), Some(stop))
+            .out(acp_frames::compact_request(&compact, "s"), Some(compact))
+            .end(compact, "end_turn");
+        let fold = log.fold();
+        let control = |id: &str| match &fold.message(id).unwrap().parts[0] {
+            Part::Control(c) => c.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            control("1:user"),
+            ControlPart {
+                kind: ControlKind::SetModel,
+                value: "smart".into(),
+                outcome: Outcome::Accepted
+            }
+        );
+        assert_eq!(control("2:user").outcome, Outcome::Rejected);
+        assert_eq!(
+            control("3:user"),
+            ControlPart {
+                kind: ControlKind::Stop,
+                value: String::new(),
+                outcome: Outcome::Accepted
+            }
+        );
+        assert_eq!(control("4:user").kind, ControlKind::Compact);
+        assert_eq!(control("4:user").outcome, Outcome::Accepted);
+        assert_eq!(
+            fold.message("4:agent").unwrap().stop_reason,
+            Some(StopReason::EndTurn)
+        );
+        assert_eq!(fold.message("2:user").unwrap().request_id, Some(model_bad));
+        // A rejected change never moves the model.
+        assert_eq!(fold.metadata().model, "smart");
+        assert_eq!(fold.metadata().models.len(), 2);
+        assert_eq!(fold.metadata().models[1].description.as_deref(), Some("d"));
+    }
+
+    #[test]
+    fn a_session_load_replay_adds_nothing() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        log.prompt(id, &PromptAction::text("hi"))
+            .chunk("answer")
+            .end(id, "end_turn");
+        let before = log.fold().messages().to_vec();
+        log.event(json!({"event": "runtime_started", "epoch": 2}))
+            .out(acp_frames::reopen_session_request(json!("harness:2:1"), acp_frames::ReopenMethod::Load, "s", "/"), None)
+            .update(json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "hi"}}))
+            .chunk("answer")
+            .inc(json!({"jsonrpc": "2.0", "id": "harness:2:1", "result": {}}));
+        assert_eq!(log.fold().messages(), before.as_slice());
+    }
+
+    #[test]
+    fn folding_the_same_frames_twice_or_one_by_one_gives_identical_output() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        log.prompt(id, &PromptAction::text("hi"))
+            .chunk("a")
+            .chunk("b")
+            .end(id, "end_turn");
+        let once = log.fold();
+        let twice = log.fold();
+        assert_eq!(once.messages(), twice.messages());
+        assert_eq!(once.metadata(), twice.metadata());
+        let mut incremental = Fold::new(DEFAULT_META_KEY);
+        let mut changed = Vec::new();
+        for entry in &log.entries {
+            changed.push(incremental.apply(entry));
+        }
+        assert_eq!(incremental.messages(), once.messages());
+        assert_eq!(changed[0], vec!["1:user".to_owned()]);
+        assert_eq!(changed[1], vec!["1:agent".to_owned()]);
+        assert_eq!(incremental.head(), 4);
+    }
+
+    #[test]
+    fn turns_page_oldest_first() {
+        assert_eq!(page_turns(5, 0, 2), Some((1, 2)));
+        assert_eq!(page_turns(5, 4, 2), Some((5, 5)));
+        assert_eq!(page_turns(5, 5, 2), None);
+    }
+}
