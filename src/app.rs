@@ -91,6 +91,7 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<Sessions> {
         translator: Translator::new(config.static_files_base_url.as_deref()),
         tokens_configured: config.tokens_file.is_some(),
         draining: AtomicBool::new(false),
+        streams: tokio::sync::watch::channel(Default::default()).0,
     });
     Ok(Sessions::open(ctx).await?)
 }

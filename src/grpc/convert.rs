@@ -475,3 +475,173 @@ pub fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
         created_at: Some(timestamp(entry.created_at)),
     }
 }
+
+// ---- transcript and streams ---------------------------------------------------------------
+
+fn outcome_to_pb(outcome: crate::domain::fold::Outcome) -> pb::InteractionOutcome {
+    use crate::domain::fold::Outcome as O;
+    match outcome {
+        O::Pending => pb::InteractionOutcome::Pending,
+        O::Accepted => pb::InteractionOutcome::Accepted,
+        O::Rejected => pb::InteractionOutcome::Rejected,
+        O::Selected => pb::InteractionOutcome::Selected,
+        O::Cancelled => pb::InteractionOutcome::Cancelled,
+        O::Declined => pb::InteractionOutcome::Declined,
+        O::Completed => pb::InteractionOutcome::Completed,
+        O::Errored => pb::InteractionOutcome::Errored,
+    }
+}
+
+fn part_to_pb(part: &crate::domain::fold::Part) -> pb::Part {
+    use crate::domain::fold::{ControlKind, Part};
+    use pb::part::Kind;
+    let kind = match part {
+        Part::Text(text) => Kind::Text(pb::TextPart { text: text.clone() }),
+        Part::Thought(text) => Kind::Thought(pb::TextPart { text: text.clone() }),
+        Part::Attachment(a) => Kind::Attachment(attachment_to_pb(a)),
+        Part::Tool(t) => Kind::Tool(pb::ToolPart {
+            tool_call_id: t.tool_call_id.clone(),
+            title: t.title.clone(),
+            kind: t.kind.clone(),
+            status: t.status.clone(),
+            content_json: t.content_json.clone(),
+        }),
+        Part::Plan(entries) => Kind::Plan(pb::PlanPart {
+            entries: entries
+                .iter()
+                .map(|e| pb::PlanEntry {
+                    content: e.content.clone(),
+                    priority: e.priority.clone(),
+                    status: e.status.clone(),
+                })
+                .collect(),
+        }),
+        Part::Permission(p) => Kind::Permission(pb::PermissionPart {
+            request_id: Some(jsonrpc_id_to_pb(&p.request_id)),
+            tool_call_json: p.tool_call_json.clone(),
+            options: p
+                .options
+                .iter()
+                .map(|o| pb::PermissionOption {
+                    option_id: o.option_id.clone(),
+                    name: o.name.clone(),
+                    kind: o.kind.clone(),
+                })
+                .collect(),
+            outcome: outcome_to_pb(p.outcome) as i32,
+            selected_option_id: p.selected_option_id.clone(),
+        }),
+        Part::Elicitation(e) => Kind::Elicitation(pb::ElicitationPart {
+            request_id: Some(jsonrpc_id_to_pb(&e.request_id)),
+            message: e.message.clone(),
+            request_json: e.request_json.clone(),
+            outcome: outcome_to_pb(e.outcome) as i32,
+            answer_json: e.answer_json.clone(),
+        }),
+        Part::Control(c) => Kind::Control(pb::ControlPart {
+            kind: match c.kind {
+                ControlKind::SetModel => pb::ControlKind::SetModel,
+                ControlKind::SetConfigOption => pb::ControlKind::SetConfigOption,
+                ControlKind::Compact => pb::ControlKind::Compact,
+                ControlKind::Stop => pb::ControlKind::Stop,
+            } as i32,
+            value: c.value.clone(),
+            outcome: outcome_to_pb(c.outcome) as i32,
+        }),
+        Part::Content { kind, json } => Kind::Content(pb::ContentPart {
+            r#type: kind.clone(),
+            json: json.clone(),
+        }),
+    };
+    pb::Part { kind: Some(kind) }
+}
+
+pub fn message_to_pb(m: &crate::domain::fold::Message) -> pb::Message {
+    use crate::domain::fold::{Role, StopReason};
+    pb::Message {
+        id: m.id.clone(),
+        turn: m.turn,
+        role: match m.role {
+            Role::User => pb::MessageRole::User,
+            Role::Agent => pb::MessageRole::Agent,
+        } as i32,
+        request_id: m.request_id.map(|id| id.to_string()),
+        parts: m.parts.iter().map(part_to_pb).collect(),
+        stop_reason: m.stop_reason.map(|r| {
+            let reason = match r {
+                StopReason::EndTurn => pb::StopReason::EndTurn,
+                StopReason::MaxTokens => pb::StopReason::MaxTokens,
+                StopReason::MaxTurnRequests => pb::StopReason::MaxTurnRequests,
+                StopReason::Refusal => pb::StopReason::Refusal,
+                StopReason::Cancelled => pb::StopReason::Cancelled,
+                StopReason::Failed => pb::StopReason::Failed,
+            };
+            reason as i32
+        }),
+        error: m.error.clone(),
+        actor: m.actor.clone(),
+        first_offset: m.first_offset,
+        last_offset: m.last_offset,
+    }
+}
+
+pub fn metadata_to_pb(
+    metadata: &crate::domain::fold::Metadata,
+    status: crate::domain::session::SessionStatus,
+) -> pb::SessionMetadata {
+    pb::SessionMetadata {
+        model: metadata.model.clone(),
+        models: metadata
+            .models
+            .iter()
+            .map(|m| pb::ModelOption {
+                value: m.value.clone(),
+                name: m.name.clone(),
+                description: m.description.clone(),
+            })
+            .collect(),
+        config_options_json: metadata.config_options_json.clone(),
+        available_commands_json: metadata.available_commands_json.clone(),
+        status: session_status_to_pb(status) as i32,
+        pending_interactions: metadata
+            .pending_interactions
+            .iter()
+            .map(jsonrpc_id_to_pb)
+            .collect(),
+    }
+}
+
+pub fn view_from_pb(value: i32) -> Result<crate::session::subscribe::View> {
+    use crate::session::subscribe::View;
+    match pb::SubscribeView::try_from(value) {
+        Ok(pb::SubscribeView::Unspecified | pb::SubscribeView::All) => Ok(View::All),
+        Ok(pb::SubscribeView::Log) => Ok(View::Log),
+        Ok(pb::SubscribeView::Messages) => Ok(View::Messages),
+        Err(_) => Err(Error::invalid(format!(
+            "view {value} is not a SubscribeView"
+        ))),
+    }
+}
+
+pub fn stream_event_to_pb(
+    offset: u64,
+    event: &crate::session::subscribe::StreamEvent,
+) -> pb::SubscribeResponse {
+    use crate::session::subscribe::StreamEvent as E;
+    use pb::subscribe_response::Event;
+    let event = match event {
+        E::Entry(entry) => Event::Entry(log_entry_to_pb(entry)),
+        E::Message(message) => Event::Message(message_to_pb(message)),
+        E::Queue(queue) => Event::Queue(queue_to_pb(queue.iter())),
+        E::Status { status, reason } => Event::Status(pb::SessionStatusChange {
+            status: session_status_to_pb(*status) as i32,
+            reason: reason.clone(),
+        }),
+        E::CaughtUp { head } => Event::CaughtUp(pb::CaughtUp { head_offset: *head }),
+        E::Heartbeat { head } => Event::Heartbeat(pb::Heartbeat { head_offset: *head }),
+    };
+    pb::SubscribeResponse {
+        offset,
+        event: Some(event),
+    }
+}

@@ -3,12 +3,12 @@
 
 use std::{pin::Pin, sync::Arc};
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{auth, convert};
 use crate::{
-    domain::{Error, ErrorCode},
     pb::v1::{self as pb, agent_session_service_server::AgentSessionService},
     session::{ControlStatus, Sessions, manager::ListInput},
 };
@@ -194,23 +194,47 @@ impl AgentSessionService for SessionsService {
         &self,
         request: Request<pb::GetTranscriptRequest>,
     ) -> Reply<pb::GetTranscriptResponse> {
-        auth::principal(&request)?;
-        Err(Error::new(
-            ErrorCode::Unimplemented,
-            "AgentSessionService.GetTranscript is not built yet",
-        )
-        .into())
+        let principal = auth::principal(&request)?;
+        let request = request.get_ref();
+        let transcript = self
+            .sessions
+            .transcript(
+                &principal,
+                &request.session_id,
+                request.page_size,
+                &request.page_token,
+            )
+            .await?;
+        Ok(Response::new(pb::GetTranscriptResponse {
+            messages: transcript
+                .messages
+                .iter()
+                .map(convert::message_to_pb)
+                .collect(),
+            metadata: Some(convert::metadata_to_pb(
+                &transcript.metadata,
+                transcript.status,
+            )),
+            head_offset: transcript.head,
+            next_page_token: transcript.next_page_token,
+        }))
     }
 
     async fn subscribe(
         &self,
         request: Request<pb::SubscribeRequest>,
     ) -> Reply<Self::SubscribeStream> {
-        auth::principal(&request)?;
-        Err(Error::new(
-            ErrorCode::Unimplemented,
-            "AgentSessionService.Subscribe is not built yet",
-        )
-        .into())
+        let principal = auth::principal(&request)?;
+        let request = request.get_ref();
+        let view = convert::view_from_pb(request.view)?;
+        let events = self
+            .sessions
+            .subscribe(&principal, &request.session_id, request.after_offset, view)
+            .await?;
+        let stream = ReceiverStream::new(events).map(|item| match item {
+            Ok((offset, event)) => Ok(convert::stream_event_to_pb(offset, &event)),
+            Err(error) => Err(Status::from(error)),
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -5,6 +5,7 @@
 pub mod actor;
 pub mod interactions;
 pub mod manager;
+pub mod subscribe;
 
 use std::{
     collections::BTreeMap,
@@ -64,6 +65,8 @@ pub struct EngineContext {
     pub tokens_configured: bool,
     /// Set on SIGTERM: new sessions and turn-occupying actions are refused with DRAINING.
     pub draining: AtomicBool,
+    /// Tells every open stream when the harness ends them all.
+    pub streams: tokio::sync::watch::Sender<subscribe::StreamStop>,
 }
 
 impl EngineContext {
@@ -171,6 +174,13 @@ pub struct SessionHandle {
 }
 
 impl SessionHandle {
+    /// The queue as it stands (empty if the session is gone).
+    pub async fn queue_snapshot(&self) -> Vec<QueuedEntry> {
+        self.ask(|reply| Command::GetQueue { reply })
+            .await
+            .unwrap_or_default()
+    }
+
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T> {
         let (tx, rx) = oneshot::channel();
         let gone = || crate::domain::Error::session_not_found(&self.shared.id.to_string());

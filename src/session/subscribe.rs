@@ -1,0 +1,309 @@
+//! Subscribe (SPEC §9.4): register for live events first, replay the log from `after_offset + 1`
+//! in bounded pages, send `caught_up`, then stream live. A subscriber that falls behind the live
+//! feed is moved back to reading the log — never an unbounded buffer, never a silent gap: within
+//! one stream every offset arrives once, in order. Each subscriber runs in its own task, so a slow
+//! one never slows the session.
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use tokio::{
+    sync::{broadcast, mpsc, watch},
+    time::{Instant, sleep_until},
+};
+
+use super::{SessionEvent, SessionHandle};
+use crate::domain::{
+    Error, ErrorCode, Result,
+    fold::{Fold, Message},
+    log::LogEntry,
+    queue::QueuedEntry,
+    session::SessionStatus,
+};
+
+/// What a subscriber asked to see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    All,
+    Log,
+    Messages,
+}
+
+impl View {
+    fn entries(self) -> bool {
+        matches!(self, Self::All | Self::Log)
+    }
+    fn messages(self) -> bool {
+        matches!(self, Self::All | Self::Messages)
+    }
+}
+
+/// One event of a stream, with the log offset it reflects.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    Entry(Arc<LogEntry>),
+    Message(Box<Message>),
+    Queue(Arc<Vec<QueuedEntry>>),
+    Status {
+        status: SessionStatus,
+        reason: String,
+    },
+    CaughtUp {
+        head: u64,
+    },
+    Heartbeat {
+        head: u64,
+    },
+}
+
+/// Items of a stream: events, or the error that ends it.
+pub type StreamItem = std::result::Result<(u64, StreamEvent), Error>;
+
+/// Entries read from the log per page while catching up.
+pub const REPLAY_PAGE: usize = 1000;
+/// Events buffered per subscriber before the network takes them.
+pub const STREAM_BUFFER: usize = 256;
+/// Live message snapshots are sent at most this often per message.
+pub const MESSAGE_COALESCE: Duration = Duration::from_millis(50);
+/// A heartbeat is sent after this long without any other event.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Why the harness ends every stream (draining, or a revoked token).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StreamStop {
+    #[default]
+    Open,
+    Draining,
+}
+
+/// Starts a subscription task; the receiver is the stream.
+pub(crate) fn start(
+    handle: SessionHandle,
+    store: Arc<dyn crate::store::Store>,
+    meta_key: String,
+    after: u64,
+    view: View,
+    stop: watch::Receiver<StreamStop>,
+    max_subscribers: usize,
+) -> Result<mpsc::Receiver<StreamItem>> {
+    let shared = handle.shared.clone();
+    let count = shared.subscribers.fetch_add(1, Ordering::AcqRel) + 1;
+    let guard = SubscriberGuard(handle.clone());
+    if count > max_subscribers {
+        return Err(Error::new(
+            ErrorCode::TooManySubscribers,
+            format!(
+                "session {} has its maximum of {max_subscribers} subscribers",
+                shared.id
+            ),
+        )
+        .with("max", max_subscribers));
+    }
+    let head = shared.head();
+    if after > head {
+        return Err(super::manager::offset_out_of_range(after, head));
+    }
+    // Registration first, so nothing appended from now on can be missed.
+    let live = shared.events.subscribe();
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let subscription = Subscription {
+        handle,
+        store,
+        tx,
+        live,
+        view,
+        last: after,
+        fold: view.messages().then(|| Fold::new(meta_key)),
+        dirty: BTreeSet::new(),
+        next_heartbeat: Instant::now() + HEARTBEAT,
+        stop,
+        _guard: guard,
+    };
+    tokio::spawn(subscription.run());
+    Ok(rx)
+}
+
+struct SubscriberGuard(SessionHandle);
+
+impl Drop for SubscriberGuard {
+    fn drop(&mut self) {
+        self.0.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct Subscription {
+    handle: SessionHandle,
+    store: Arc<dyn crate::store::Store>,
+    tx: mpsc::Sender<StreamItem>,
+    live: broadcast::Receiver<SessionEvent>,
+    view: View,
+    /// The last offset delivered (or folded, for the messages view).
+    last: u64,
+    fold: Option<Fold>,
+    /// Messages changed since their last snapshot.
+    dirty: BTreeSet<String>,
+    next_heartbeat: Instant,
+    stop: watch::Receiver<StreamStop>,
+    _guard: SubscriberGuard,
+}
+
+/// The client went away, or the stream was ended.
+struct Gone;
+
+impl Subscription {
+    async fn run(mut self) {
+        let _ = self.serve().await;
+    }
+
+    async fn serve(&mut self) -> std::result::Result<(), Gone> {
+        if let Some(mut fold) = self.fold.take() {
+            // The fold state as of `after_offset`: folded, not sent.
+            let mut at = 0;
+            while at < self.last {
+                let limit = REPLAY_PAGE.min((self.last - at) as usize);
+                let page = match self.store.read_log(self.handle.shared.id, at, limit).await {
+                    Ok(page) => page,
+                    Err(e) => return Err(self.fail_now(e)),
+                };
+                if page.is_empty() {
+                    break;
+                }
+                for entry in &page {
+                    fold.apply(entry);
+                }
+                at = page.last().map_or(self.last, |e| e.offset);
+            }
+            self.fold = Some(fold);
+        }
+        self.catch_up().await?;
+        self.flush_messages().await?;
+        let (record, _) = self.handle.shared.snapshot();
+        self.send(StreamEvent::Status {
+            status: record.status,
+            reason: record.status_reason,
+        })
+        .await?;
+        let queue = self.handle.queue_snapshot().await;
+        self.send(StreamEvent::Queue(Arc::new(queue))).await?;
+        self.send(StreamEvent::CaughtUp { head: self.last }).await?;
+        self.live().await
+    }
+
+    fn fail_now(&self, error: Error) -> Gone {
+        let _ = self.tx.try_send(Err(error));
+        Gone
+    }
+
+    async fn send(&mut self, event: StreamEvent) -> std::result::Result<(), Gone> {
+        self.next_heartbeat = Instant::now() + HEARTBEAT;
+        self.tx.send(Ok((self.last, event))).await.map_err(|_| Gone)
+    }
+
+    /// Reads the log from `last + 1` up to the head, in bounded pages.
+    async fn catch_up(&mut self) -> std::result::Result<(), Gone> {
+        loop {
+            let page = self
+                .store
+                .read_log(self.handle.shared.id, self.last, REPLAY_PAGE)
+                .await
+                .map_err(|e| self.fail_now(e))?;
+            let full = page.len() == REPLAY_PAGE;
+            for entry in page {
+                self.deliver(Arc::new(entry)).await?;
+            }
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn deliver(&mut self, entry: Arc<LogEntry>) -> std::result::Result<(), Gone> {
+        debug_assert_eq!(entry.offset, self.last + 1);
+        self.last = entry.offset;
+        if let Some(fold) = &mut self.fold {
+            self.dirty.extend(fold.apply(&entry));
+        }
+        if self.view.entries() {
+            self.send(StreamEvent::Entry(entry)).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush_messages(&mut self) -> std::result::Result<(), Gone> {
+        let Some(fold) = &self.fold else {
+            return Ok(());
+        };
+        let snapshots: Vec<Message> = std::mem::take(&mut self.dirty)
+            .iter()
+            .filter_map(|id| fold.message(id).cloned())
+            .collect();
+        for message in snapshots {
+            self.send(StreamEvent::Message(Box::new(message))).await?;
+        }
+        Ok(())
+    }
+
+    async fn live(&mut self) -> std::result::Result<(), Gone> {
+        let mut flush_at: Option<Instant> = None;
+        loop {
+            let heartbeat = self.next_heartbeat;
+            tokio::select! {
+                event = self.live.recv() => match event {
+                    Ok(SessionEvent::Entry(entry)) => {
+                        if entry.offset <= self.last {
+                            continue; // already read from the log
+                        }
+                        if entry.offset > self.last + 1 {
+                            self.catch_up().await?; // a gap: the log has it
+                            continue;
+                        }
+                        self.deliver(entry).await?;
+                    }
+                    Ok(SessionEvent::Queue(queue)) => self.send(StreamEvent::Queue(queue)).await?,
+                    Ok(SessionEvent::Status { status, reason }) => {
+                        self.send(StreamEvent::Status { status, reason }).await?
+                    }
+                    Ok(SessionEvent::Deleted) => {
+                        let _ = self.tx.send(Err(Error::session_not_found(&self.handle.shared.id.to_string()))).await;
+                        return Err(Gone);
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        // Fell behind the live feed: back to the log, then on with the feed.
+                        self.catch_up().await?;
+                        let (record, _) = self.handle.shared.snapshot();
+                        self.send(StreamEvent::Status { status: record.status, reason: record.status_reason }).await?;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Err(Gone),
+                },
+                _ = sleep_until(heartbeat) => {
+                    let head = self.handle.shared.head().max(self.last);
+                    self.send(StreamEvent::Heartbeat { head }).await?;
+                }
+                _ = sleep_until_opt(flush_at) => {
+                    flush_at = None;
+                    self.flush_messages().await?;
+                }
+                _ = self.stop.changed() => {
+                    if *self.stop.borrow() == StreamStop::Draining {
+                        let _ = self.tx.send(Err(Error::new(ErrorCode::Draining, "the server is draining; resubscribe elsewhere from your last offset"))).await;
+                        return Err(Gone);
+                    }
+                }
+                _ = self.tx.closed() => return Err(Gone),
+            }
+            if !self.dirty.is_empty() && flush_at.is_none() {
+                flush_at = Some(Instant::now() + MESSAGE_COALESCE);
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
