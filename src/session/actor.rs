@@ -141,6 +141,8 @@ pub(crate) struct Resume {
     pub head: u64,
     pub epoch: u32,
     pub queue: Vec<QueuedEntry>,
+    /// Loaded at harness start: its runtime died with the previous harness process.
+    pub after_restart: bool,
 }
 
 impl Actor {
@@ -154,6 +156,7 @@ impl Actor {
         let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
         let (runtime_tx, runtime_rx) = mpsc::channel(RUNTIME_CAPACITY);
         let shared = Arc::new(Shared::new(resume.record.clone(), resume.head));
+        let after_restart = resume.after_restart;
         let actor = Actor {
             ctx,
             shared: shared.clone(),
@@ -174,14 +177,17 @@ impl Actor {
             idle_deadline: None,
             finished: false,
         };
-        tokio::spawn(actor.run(purpose));
+        tokio::spawn(actor.run(after_restart, purpose));
         SessionHandle {
             shared,
             commands: commands_tx,
         }
     }
 
-    async fn run(mut self, purpose: Option<StartPurpose>) {
+    async fn run(mut self, after_restart: bool, purpose: Option<StartPurpose>) {
+        if after_restart {
+            self.recover().await;
+        }
         if let Some(purpose) = purpose {
             self.start_runtime(purpose).await;
         }
@@ -215,6 +221,45 @@ impl Actor {
         }
         if let Some(mut conn) = self.conn.take() {
             conn.killer.kill();
+        }
+    }
+
+    /// After a harness restart (SPEC §8): a turn that was in flight is closed in the log as
+    /// FAILED ("harness restarted") and never re-sent; a session with queued work reopens at once
+    /// and drains; the rest are SUSPENDED and reopen on demand.
+    async fn recover(&mut self) {
+        if !self.record.status.has_runtime() {
+            return;
+        }
+        let turn_in_flight = matches!(
+            self.record.status,
+            SessionStatus::Running | SessionStatus::AwaitingInput
+        );
+        let mut out = Out::default();
+        if turn_in_flight {
+            self.log_event(
+                &mut out,
+                json!({"event": "harness_restarted", "epoch": self.epoch,
+                       "detail": "the harness restarted during the turn; it is not re-sent"}),
+                None,
+            );
+        }
+        if self.record.acp_session_id.is_empty() {
+            self.record.status = SessionStatus::Disconnected;
+            self.record.status_reason =
+                "harness restarted before the runtime finished starting".to_owned();
+        } else {
+            self.record.status = SessionStatus::Suspended;
+            self.record.status_reason = "harness restarted".to_owned();
+        }
+        self.touch(&mut out);
+        if let Err(error) = self.flush(out).await {
+            tracing::error!(session = %self.record.id, %error, "could not record the restart");
+            return;
+        }
+        if !self.queue.is_empty() && (self.record.can_resume || self.record.can_load) {
+            tracing::info!(session = %self.record.id, queued = self.queue.len(), "reopening to drain the queue");
+            self.start_runtime(StartPurpose::Reopen).await;
         }
     }
 

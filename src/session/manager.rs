@@ -88,7 +88,7 @@ impl Sessions {
         };
         for record in ctx.store.open_sessions().await? {
             let id = record.id;
-            let handle = sessions.resume(record).await?;
+            let handle = sessions.resume(record, true).await?;
             sessions
                 .handles
                 .write()
@@ -102,8 +102,9 @@ impl Sessions {
         &self.ctx
     }
 
-    /// Brings back the actor of a stored session, without a runtime.
-    async fn resume(&self, mut record: SessionRecord) -> Result<SessionHandle> {
+    /// Brings back the actor of a stored session, without a runtime (`after_restart`: loaded
+    /// at harness start, so its runtime died with the previous process).
+    async fn resume(&self, record: SessionRecord, after_restart: bool) -> Result<SessionHandle> {
         let store = &self.ctx.store;
         let head = store.head_offset(record.id).await?;
         let epoch = match head {
@@ -115,11 +116,6 @@ impl Sessions {
                 .map_or(0, |e| e.epoch),
         };
         let queue = store.load_queue(record.id).await?;
-        if record.status.has_runtime() {
-            // Its runtime died with the previous harness process.
-            record.status = SessionStatus::Suspended;
-            record.status_reason = "harness restarted".to_owned();
-        }
         let profile = self
             .ctx
             .profiles
@@ -141,6 +137,7 @@ impl Sessions {
                 head,
                 epoch,
                 queue,
+                after_restart,
             },
             None,
         ))
@@ -163,7 +160,7 @@ impl Sessions {
                 if !principal.may_access(&record.owner, &record.editors) {
                     return Err(Error::session_not_found(session_id));
                 }
-                let handle = self.resume(record).await?;
+                let handle = self.resume(record, false).await?;
                 let mut handles = self.handles.write().expect("not poisoned");
                 handles.entry(id).or_insert(handle).clone()
             }
@@ -285,6 +282,7 @@ impl Sessions {
                 head: 0,
                 epoch: 0,
                 queue: Vec::new(),
+                after_restart: false,
             },
             Some(StartPurpose::Create {
                 ready: ready_tx,
