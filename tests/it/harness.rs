@@ -1,0 +1,196 @@
+//! A real agent-harness server, in-process on `127.0.0.1:0`, with typed clients for each service.
+//!
+//! ```ignore
+//! let h = Harness::start().await;
+//! let reply = h.translator().translate_channel_message(request).await?;
+//! h.shutdown().await;
+//! ```
+//!
+//! `Harness::start_with(|config| { … })` edits the [`ServeConfig`] before the server starts.
+//! Every test body runs inside [`bounded`], so a hang fails the test instead of the run.
+
+#![allow(dead_code)] // Not every test binary module uses every helper.
+
+use std::{future::Future, net::SocketAddr, path::Path, time::Duration};
+
+use agent_harness::{
+    app::{self, RunningServer},
+    config::ServeConfig,
+    pb::v1::{
+        agent_session_service_client::AgentSessionServiceClient,
+        channel_translator_service_client::ChannelTranslatorServiceClient,
+        runtime_gateway_service_client::RuntimeGatewayServiceClient,
+    },
+};
+use tempfile::TempDir;
+use tonic::{
+    Code, Status,
+    transport::{Channel, Endpoint},
+};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::{
+    v1::server_reflection_client::ServerReflectionClient as ReflectionV1Client,
+    v1alpha::server_reflection_client::ServerReflectionClient as ReflectionV1AlphaClient,
+};
+use tonic_types::{ErrorInfo, StatusExt};
+
+/// How long one test may take before it fails as hung.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The static files base URL every harness gets unless a test changes it.
+pub const STATIC_BASE_URL: &str = "https://static.example";
+
+/// The `ErrorInfo.domain` of every error the harness returns.
+pub const ERROR_DOMAIN: &str = "agent-harness";
+
+/// Fully-qualified names of the services a default harness serves.
+pub const SESSIONS_SERVICE: &str = "agent_harness.v1.AgentSessionService";
+pub const TRANSLATOR_SERVICE: &str = "agent_harness.v1.ChannelTranslatorService";
+pub const GATEWAY_SERVICE: &str = "agent_harness.v1.RuntimeGatewayService";
+pub const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
+
+/// Runs a test body, failing it if it takes longer than [`TEST_TIMEOUT`].
+pub async fn bounded<F: Future>(body: F) -> F::Output {
+    match tokio::time::timeout(TEST_TIMEOUT, body).await {
+        Ok(output) => output,
+        Err(_) => panic!("test did not finish within {TEST_TIMEOUT:?}"),
+    }
+}
+
+/// A running server and a connection to it.
+pub struct Harness {
+    server: Option<RunningServer>,
+    channel: Channel,
+    addr: SocketAddr,
+    config: ServeConfig,
+    data_dir: TempDir,
+}
+
+impl Harness {
+    /// A server with the default configuration: every service, the built-in `mock` profile
+    /// (this crate's own binary), a fresh data dir, and [`STATIC_BASE_URL`] for the translator.
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Like [`Harness::start`], after `configure` has edited the configuration.
+    pub async fn start_with(configure: impl FnOnce(&mut ServeConfig)) -> Self {
+        let data_dir = tempfile::Builder::new()
+            .prefix("agent-harness-it-")
+            .tempdir()
+            .expect("temporary data dir");
+        let mut config = ServeConfig::for_tests(
+            data_dir.path().to_path_buf(),
+            env!("CARGO_BIN_EXE_agent-harness").into(),
+        );
+        config.static_files_base_url = Some(STATIC_BASE_URL.to_owned());
+        configure(&mut config);
+
+        let server = app::start(config.clone()).await.expect("the server starts");
+        let addr = server.local_addr();
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .expect("valid endpoint")
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .expect("a connection to the server");
+        Self {
+            server: Some(server),
+            channel,
+            addr,
+            config,
+            data_dir,
+        }
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The configuration the server was started with.
+    pub fn config(&self) -> &ServeConfig {
+        &self.config
+    }
+
+    /// The server's (temporary) data dir.
+    pub fn data_dir(&self) -> &Path {
+        self.data_dir.path()
+    }
+
+    /// The shared connection (cheap to clone); for a client not covered below.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// A fresh connection of its own, e.g. to test what happens when one caller goes away.
+    pub async fn connect(&self) -> Channel {
+        Endpoint::from_shared(format!("http://{}", self.addr))
+            .expect("valid endpoint")
+            .connect()
+            .await
+            .expect("a connection to the server")
+    }
+
+    pub fn sessions(&self) -> AgentSessionServiceClient<Channel> {
+        AgentSessionServiceClient::new(self.channel())
+    }
+
+    pub fn translator(&self) -> ChannelTranslatorServiceClient<Channel> {
+        ChannelTranslatorServiceClient::new(self.channel())
+    }
+
+    pub fn gateway(&self) -> RuntimeGatewayServiceClient<Channel> {
+        RuntimeGatewayServiceClient::new(self.channel())
+    }
+
+    pub fn health(&self) -> HealthClient<Channel> {
+        HealthClient::new(self.channel())
+    }
+
+    pub fn reflection_v1(&self) -> ReflectionV1Client<Channel> {
+        ReflectionV1Client::new(self.channel())
+    }
+
+    pub fn reflection_v1alpha(&self) -> ReflectionV1AlphaClient<Channel> {
+        ReflectionV1AlphaClient::new(self.channel())
+    }
+
+    /// Stops the server gracefully and waits until it is down. (Dropping a harness also stops
+    /// it, without waiting.)
+    pub async fn shutdown(mut self) {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await.expect("a clean shutdown");
+        }
+    }
+}
+
+/// The `google.rpc.ErrorInfo` of an error status; panics if it has none or a foreign domain.
+pub fn error_info(status: &Status) -> ErrorInfo {
+    let info = status
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("status carries no google.rpc.ErrorInfo: {status:?}"));
+    assert_eq!(info.domain, ERROR_DOMAIN, "ErrorInfo domain of {status:?}");
+    info
+}
+
+/// The stable reason (`ErrorInfo.reason`) of an error status.
+pub fn error_reason(status: &Status) -> String {
+    error_info(status).reason
+}
+
+/// Asserts a status has the given code and `ErrorInfo.reason`.
+#[track_caller]
+pub fn assert_error(status: &Status, code: Code, reason: &str) {
+    assert_eq!(status.code(), code, "code of {status:?}");
+    assert_eq!(error_reason(status), reason, "reason of {status:?}");
+}
+
+/// Unwraps the error of a call that must fail.
+#[track_caller]
+pub fn expect_err<T: std::fmt::Debug>(result: Result<T, Status>) -> Status {
+    match result {
+        Ok(value) => panic!("expected an error status, got {value:?}"),
+        Err(status) => status,
+    }
+}

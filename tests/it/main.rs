@@ -1,0 +1,10 @@
+//! The integration suite: one test binary (to save link time) that drives a real server over a
+//! real loopback connection. `harness` starts servers and hands out clients; each other module
+//! covers one area. Run with `cargo nextest run --test it` (or `scripts/test` for everything).
+
+mod harness;
+
+mod health;
+mod reflection;
+mod services;
+mod translator;
