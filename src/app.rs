@@ -59,6 +59,13 @@ impl RunningServer {
 }
 
 fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
+    // Refused rather than silently ignored until they are built.
+    if config.tokens_file.is_some() {
+        anyhow::bail!("tokens_file is not supported yet: the server would run unauthenticated");
+    }
+    if config.tls.is_some() {
+        anyhow::bail!("TLS is not supported yet: the server would serve plaintext");
+    }
     if config.tokens_file.is_none() && !config.listen.ip().is_loopback() {
         if !config.insecure_allow_non_loopback {
             anyhow::bail!(
@@ -148,10 +155,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
 
     let mut reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // google.rpc error details, so grpcurl and buf curl decode ErrorInfo.
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
     let mut reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
     // List only what this process serves (plus health and reflection themselves).
     for name in served.iter().copied().chain(["grpc.health.v1.Health"]) {
         reflection_v1 = reflection_v1.with_service_name(name);

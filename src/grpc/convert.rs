@@ -262,108 +262,6 @@ pub fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn control(action: pb::control_request::Action) -> pb::ControlRequest {
-        pb::ControlRequest {
-            session_id: "s".into(),
-            action: Some(action),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_control_request_without_an_action_is_invalid() {
-        let err = control_from_pb(pb::ControlRequest::default()).unwrap_err();
-        assert_eq!(err.code, crate::domain::ErrorCode::InvalidArgument);
-        assert!(err.message.contains("action"));
-    }
-
-    #[test]
-    fn a_non_v7_action_id_is_invalid() {
-        let mut request = control(pb::control_request::Action::Compact(pb::CompactAction {}));
-        request.action_id = Some("6f1c1c1e-8d3b-4d51-9a47-2f7bb8c1a0d2".into());
-        assert!(control_from_pb(request).is_err());
-    }
-
-    #[test]
-    fn an_answer_without_a_request_id_is_invalid() {
-        let request = control(pb::control_request::Action::RespondToPermission(
-            pb::RespondToPermissionAction {
-                request_id: None,
-                outcome: Some(pb::respond_to_permission_action::Outcome::Cancelled(
-                    pb::PermissionCancelled {},
-                )),
-            },
-        ));
-        assert!(
-            control_from_pb(request)
-                .unwrap_err()
-                .message
-                .contains("request_id")
-        );
-    }
-
-    #[test]
-    fn the_agents_id_keeps_its_shape_through_decoding() {
-        let request = control(pb::control_request::Action::RespondToPermission(
-            pb::RespondToPermissionAction {
-                request_id: Some(pb::JsonRpcId {
-                    id: Some(pb::json_rpc_id::Id::Number(7)),
-                }),
-                outcome: Some(pb::respond_to_permission_action::Outcome::SelectedOptionId(
-                    "allow".into(),
-                )),
-            },
-        ));
-        let input = control_from_pb(request).unwrap();
-        assert_eq!(
-            input.action,
-            Action::RespondToPermission {
-                request_id: JsonRpcId::Number(7),
-                answer: PermissionAnswer::Selected {
-                    option_id: "allow".into()
-                }
-            }
-        );
-    }
-
-    #[test]
-    fn struct_numbers_that_are_integral_become_json_integers() {
-        let s = Struct {
-            fields: [
-                (
-                    "n".to_owned(),
-                    prost_types::Value {
-                        kind: Some(Kind::NumberValue(3.0)),
-                    },
-                ),
-                (
-                    "f".to_owned(),
-                    prost_types::Value {
-                        kind: Some(Kind::NumberValue(1.5)),
-                    },
-                ),
-            ]
-            .into_iter()
-            .collect(),
-        };
-        assert_eq!(
-            Value::Object(struct_to_json(s)).to_string(),
-            r#"{"f":1.5,"n":3}"#
-        );
-    }
-
-    #[test]
-    fn an_unknown_delivery_value_is_invalid() {
-        let mut request = control(pb::control_request::Action::Compact(pb::CompactAction {}));
-        request.delivery = 9;
-        assert!(control_from_pb(request).is_err());
-    }
-}
-
 // ---- sessions, queue, log -----------------------------------------------------------------
 
 pub fn session_status_to_pb(status: crate::domain::session::SessionStatus) -> pb::SessionStatus {
@@ -643,5 +541,107 @@ pub fn stream_event_to_pb(
     pb::SubscribeResponse {
         offset,
         event: Some(event),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control(action: pb::control_request::Action) -> pb::ControlRequest {
+        pb::ControlRequest {
+            session_id: "s".into(),
+            action: Some(action),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_control_request_without_an_action_is_invalid() {
+        let err = control_from_pb(pb::ControlRequest::default()).unwrap_err();
+        assert_eq!(err.code, crate::domain::ErrorCode::InvalidArgument);
+        assert!(err.message.contains("action"));
+    }
+
+    #[test]
+    fn a_non_v7_action_id_is_invalid() {
+        let mut request = control(pb::control_request::Action::Compact(pb::CompactAction {}));
+        request.action_id = Some("6f1c1c1e-8d3b-4d51-9a47-2f7bb8c1a0d2".into());
+        assert!(control_from_pb(request).is_err());
+    }
+
+    #[test]
+    fn an_answer_without_a_request_id_is_invalid() {
+        let request = control(pb::control_request::Action::RespondToPermission(
+            pb::RespondToPermissionAction {
+                request_id: None,
+                outcome: Some(pb::respond_to_permission_action::Outcome::Cancelled(
+                    pb::PermissionCancelled {},
+                )),
+            },
+        ));
+        assert!(
+            control_from_pb(request)
+                .unwrap_err()
+                .message
+                .contains("request_id")
+        );
+    }
+
+    #[test]
+    fn the_agents_id_keeps_its_shape_through_decoding() {
+        let request = control(pb::control_request::Action::RespondToPermission(
+            pb::RespondToPermissionAction {
+                request_id: Some(pb::JsonRpcId {
+                    id: Some(pb::json_rpc_id::Id::Number(7)),
+                }),
+                outcome: Some(pb::respond_to_permission_action::Outcome::SelectedOptionId(
+                    "allow".into(),
+                )),
+            },
+        ));
+        let input = control_from_pb(request).unwrap();
+        assert_eq!(
+            input.action,
+            Action::RespondToPermission {
+                request_id: JsonRpcId::Number(7),
+                answer: PermissionAnswer::Selected {
+                    option_id: "allow".into()
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn struct_numbers_that_are_integral_become_json_integers() {
+        let s = Struct {
+            fields: [
+                (
+                    "n".to_owned(),
+                    prost_types::Value {
+                        kind: Some(Kind::NumberValue(3.0)),
+                    },
+                ),
+                (
+                    "f".to_owned(),
+                    prost_types::Value {
+                        kind: Some(Kind::NumberValue(1.5)),
+                    },
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        assert_eq!(
+            Value::Object(struct_to_json(s)).to_string(),
+            r#"{"f":1.5,"n":3}"#
+        );
+    }
+
+    #[test]
+    fn an_unknown_delivery_value_is_invalid() {
+        let mut request = control(pb::control_request::Action::Compact(pb::CompactAction {}));
+        request.delivery = 9;
+        assert!(control_from_pb(request).is_err());
     }
 }

@@ -129,7 +129,7 @@ impl Store for MemoryStore {
                         .is_none_or(|(at, id)| (r.created_at, r.id) < (at, id))
             })
             .collect();
-        records.sort_by(|a, b| (b.created_at, b.id).cmp(&(a.created_at, a.id)));
+        records.sort_by_key(|r| std::cmp::Reverse((r.created_at, r.id)));
         records.truncate(query.page_size);
         Ok(records)
     }
