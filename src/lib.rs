@@ -5,12 +5,14 @@
 //! - [`translate`]: channel messages → prompt attachments;
 //! - [`config`]: flags, env, config file, runtime profiles;
 //! - [`grpc`]: thin tonic services, conversions, the error table, authentication;
-//! - [`app`]: the composition root that wires them and serves.
+//! - [`app`]: the composition root that wires them and serves;
+//! - [`mock_agent`]: `agent-harness mock-agent`, the scripted ACP agent of the `mock` profile.
 
 pub mod app;
 pub mod config;
 pub mod domain;
 pub mod grpc;
+pub mod mock_agent;
 pub mod pb;
 pub mod store;
 pub mod translate;
