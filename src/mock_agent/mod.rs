@@ -15,6 +15,9 @@ pub mod script;
 mod stdio;
 pub mod wire;
 
+#[cfg(test)]
+mod tests;
+
 use std::io::{self, Write};
 
 use tokio::{
