@@ -111,123 +111,83 @@ pub fn parse_directive(line: &str) -> Option<Directive> {
         Some((verb, rest)) => (verb, rest.trim()),
         None => (body, ""),
     };
+    Some(known(verb, rest).unwrap_or_else(|| Directive::Unknown(line.to_owned())))
+}
+
+/// A known verb with valid arguments; `None` otherwise.
+fn known(verb: &str, rest: &str) -> Option<Directive> {
     let args: Vec<&str> = rest.split_whitespace().collect();
-    let unknown = || Directive::Unknown(line.to_owned());
-    let no_args = |directive: Directive| {
-        if args.is_empty() {
-            directive
-        } else {
-            unknown()
-        }
-    };
-    let directive = match verb {
-        "chunks" => match args.as_slice() {
-            [count] => count.parse().ok().map(|count| Directive::Chunks {
-                count,
-                size: DEFAULT_CHUNK_SIZE,
-            }),
-            [count, size] => count
-                .parse()
-                .ok()
-                .zip(size.parse().ok())
-                .map(|(count, size)| Directive::Chunks { count, size }),
-            _ => None,
-        }
-        .unwrap_or_else(unknown),
-        "thought" => Directive::Thought(rest.to_owned()),
-        "tool" => match args.as_slice() {
-            [id] => Directive::Tool((*id).to_owned()),
-            _ => unknown(),
-        },
-        "plan" => {
+    let bare = |directive: Directive| args.is_empty().then_some(directive);
+    match (verb, args.as_slice()) {
+        ("chunks", [count]) => Some(Directive::Chunks {
+            count: count.parse().ok()?,
+            size: DEFAULT_CHUNK_SIZE,
+        }),
+        ("chunks", [count, size]) => Some(Directive::Chunks {
+            count: count.parse().ok()?,
+            size: size.parse().ok()?,
+        }),
+        ("thought", _) => Some(Directive::Thought(rest.to_owned())),
+        ("tool", [id]) => Some(Directive::Tool((*id).to_owned())),
+        ("plan", _) => {
             let entries: Vec<String> = rest
                 .split('|')
                 .map(str::trim)
                 .filter(|entry| !entry.is_empty())
                 .map(str::to_owned)
                 .collect();
-            if entries.is_empty() {
-                unknown()
-            } else {
-                Directive::Plan(entries)
-            }
+            (!entries.is_empty()).then_some(Directive::Plan(entries))
         }
-        "commands" => no_args(Directive::Commands),
-        "config-update" => no_args(Directive::ConfigUpdate),
-        "image" => no_args(Directive::Image),
-        "permission" => Directive::Permission {
+        ("commands", _) => bare(Directive::Commands),
+        ("config-update", _) => bare(Directive::ConfigUpdate),
+        ("image", _) => bare(Directive::Image),
+        ("permission", _) => Some(Directive::Permission {
             title: if rest.is_empty() {
                 DEFAULT_PERMISSION_TITLE.to_owned()
             } else {
                 rest.to_owned()
             },
-        },
-        "permission-twice" => no_args(Directive::PermissionTwice),
-        "cancel-permission" => no_args(Directive::CancelPermission),
-        "elicit" => match args.as_slice() {
-            [] | ["form"] => Directive::Elicit(ElicitKind::Form),
-            ["url"] => Directive::Elicit(ElicitKind::Url),
-            ["request"] => Directive::Elicit(ElicitKind::Request),
-            ["twice"] => Directive::Elicit(ElicitKind::Twice),
-            _ => unknown(),
-        },
-        "unknown-request" => no_args(Directive::UnknownRequest),
-        "sleep" => match args.as_slice() {
-            [millis] => millis
-                .parse()
-                .map(|millis| Directive::Sleep { millis })
-                .unwrap_or_else(|_| unknown()),
-            _ => unknown(),
-        },
-        "wait-cancel" => no_args(Directive::WaitCancel),
-        "ignore-cancel" => no_args(Directive::IgnoreCancel),
-        "stop" => match args.as_slice() {
-            [reason] => StopReason::parse(reason)
-                .map(Directive::Stop)
-                .unwrap_or_else(unknown),
-            _ => unknown(),
-        },
-        "error" => match rest.split_once(char::is_whitespace) {
-            Some((code, message)) => code
-                .parse()
-                .map(|code| Directive::Error {
-                    code,
-                    message: message.trim().to_owned(),
-                })
-                .unwrap_or_else(|_| unknown()),
-            None => rest
-                .parse()
-                .map(|code| Directive::Error {
-                    code,
-                    message: DEFAULT_ERROR_MESSAGE.to_owned(),
-                })
-                .unwrap_or_else(|_| unknown()),
-        },
-        "stderr" => Directive::Stderr(rest.to_owned()),
-        "crash" => match args.as_slice() {
-            [] => Directive::Crash {
-                code: DEFAULT_CRASH_CODE,
-            },
-            [code] => code
-                .parse()
-                .map(|code| Directive::Crash { code })
-                .unwrap_or_else(|_| unknown()),
-            _ => unknown(),
-        },
-        "garbage" => no_args(Directive::Garbage),
-        "long" => match args.as_slice() {
-            [bytes] => bytes
-                .parse()
-                .map(|bytes| Directive::Long { bytes })
-                .unwrap_or_else(|_| unknown()),
-            _ => unknown(),
-        },
-        "silent" => no_args(Directive::Silent),
-        "close-stdout" => no_args(Directive::CloseStdout),
-        "echo-all" => no_args(Directive::EchoAll),
-        _ => unknown(),
-    };
-    Some(directive)
+        }),
+        ("permission-twice", _) => bare(Directive::PermissionTwice),
+        ("cancel-permission", _) => bare(Directive::CancelPermission),
+        ("elicit", [] | ["form"]) => Some(Directive::Elicit(ElicitKind::Form)),
+        ("elicit", ["url"]) => Some(Directive::Elicit(ElicitKind::Url)),
+        ("elicit", ["request"]) => Some(Directive::Elicit(ElicitKind::Request)),
+        ("elicit", ["twice"]) => Some(Directive::Elicit(ElicitKind::Twice)),
+        ("unknown-request", _) => bare(Directive::UnknownRequest),
+        ("sleep", [millis]) => Some(Directive::Sleep {
+            millis: millis.parse().ok()?,
+        }),
+        ("wait-cancel", _) => bare(Directive::WaitCancel),
+        ("ignore-cancel", _) => bare(Directive::IgnoreCancel),
+        ("stop", [reason]) => StopReason::parse(reason).map(Directive::Stop),
+        ("error", [code, ..]) => {
+            let message = rest[code.len()..].trim();
+            Some(Directive::Error {
+                code: code.parse().ok()?,
+                message: if message.is_empty() {
+                    DEFAULT_ERROR_MESSAGE.to_owned()
+                } else {
+                    message.to_owned()
+                },
+            })
+        }
+        ("stderr", _) => Some(Directive::Stderr(rest.to_owned())),
+        ("crash", []) => Some(Directive::Crash {
+            code: DEFAULT_CRASH_CODE,
+        }),
+        ("crash", [code]) => Some(Directive::Crash {
+            code: code.parse().ok()?,
+        }),
+        ("garbage", _) => bare(Directive::Garbage),
+        ("long", [bytes]) => Some(Directive::Long {
+            bytes: bytes.parse().ok()?,
+        }),
+        ("silent", _) => bare(Directive::Silent),
+        ("close-stdout", _) => bare(Directive::CloseStdout),
+        ("echo-all", _) => bare(Directive::EchoAll),
+        _ => None,
+    }
 }
 
 /// The directives of a prompt's user text, in order, and the turn-wide flags they set.
