@@ -1,10 +1,12 @@
-//! The `agent-harness` command: `serve` runs the gRPC service.
+//! The `agent-harness` command: `serve` runs the gRPC service; `mock-agent` runs the scripted
+//! ACP agent of the built-in `mock` profile on stdin/stdout.
 
 use clap::{Parser, Subcommand};
 
 use agent_harness::{
     app,
     config::{LogFormat, ServeArgs, ServeConfig},
+    mock_agent::{self, MockAgentArgs},
 };
 
 #[derive(Parser)]
@@ -22,6 +24,8 @@ struct Cli {
 enum Command {
     /// Serve the gRPC API (SQLite in the data dir and the built-in `mock` profile by default).
     Serve(ServeArgs),
+    /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
+    MockAgent(MockAgentArgs),
 }
 
 fn init_tracing(format: LogFormat) {
@@ -49,6 +53,7 @@ async fn wait_for_stop_signal() -> &'static str {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::MockAgent(args) => std::process::exit(mock_agent::main(args)),
         Command::Serve(args) => {
             let program = std::env::current_exe()?;
             let config = ServeConfig::resolve(args, program)?;

@@ -1,0 +1,817 @@
+//! The agent's state machine: one task, no locks. Incoming messages arrive over a channel from
+//! the stdin reader (which keeps reading while a turn runs); a turn is an interpreter over its
+//! directives that runs until it has to wait (for a reply, a timer or a cancel) and then yields
+//! to the next message or timer.
+
+use std::{collections::HashMap, io::Write, time::Duration};
+
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncWrite, AsyncWriteExt},
+    sync::mpsc::{UnboundedReceiver, error::TryRecvError},
+    time::Instant,
+};
+
+use super::{
+    args::MockAgentArgs,
+    options::ConfigOptions,
+    script::{Directive, ElicitKind, PromptView, Script, StopReason, chunk_text},
+    wire::{self, ChunkKind},
+};
+
+/// JSON-RPC: parse error.
+pub const PARSE_ERROR: i64 = -32700;
+/// JSON-RPC: invalid request.
+pub const INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC: method not found.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// JSON-RPC: invalid params.
+pub const INVALID_PARAMS: i64 = -32602;
+/// JSON-RPC: internal error (the start-failure flags).
+pub const INTERNAL_ERROR: i64 = -32603;
+/// ACP: authentication required.
+pub const AUTH_REQUIRED: i64 = -32000;
+
+/// How long `@cancel-permission` waits for any answer.
+pub const CANCEL_PERMISSION_WAIT: Duration = Duration::from_secs(1);
+/// Pending output beyond this is written out even in the middle of a directive.
+const FLUSH_AT: usize = 64 * 1024;
+/// The output buffer is shrunk back after a burst beyond this.
+const KEEP_CAPACITY: usize = 1024 * 1024;
+
+/// What the stdin reader hands over.
+#[derive(Debug)]
+pub enum Incoming {
+    Message(Value),
+    /// A line that is not JSON.
+    Invalid,
+}
+
+/// Buffered stdout: frames are appended to `buf` and written out whenever the agent is about to
+/// wait, before it exits, and whenever more than [`FLUSH_AT`] bytes are pending.
+struct Out<W> {
+    buf: Vec<u8>,
+    /// `None` once closed (`@close-stdout`) or broken (a write failed).
+    sink: Option<W>,
+}
+
+impl<W: AsyncWrite + Unpin> Out<W> {
+    async fn flush(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        if let Some(sink) = &mut self.sink {
+            let written = async {
+                sink.write_all(&self.buf).await?;
+                sink.flush().await
+            }
+            .await;
+            if written.is_err() {
+                // Nobody reads us any more: never write again, keep draining stdin.
+                self.sink = None;
+            }
+        }
+        self.buf.clear();
+        if self.buf.capacity() > KEEP_CAPACITY {
+            self.buf.shrink_to(FLUSH_AT);
+        }
+    }
+
+    async fn flush_if_large(&mut self) {
+        if self.buf.len() >= FLUSH_AT {
+            self.flush().await;
+        }
+    }
+
+    async fn close(&mut self) {
+        self.flush().await;
+        if let Some(mut sink) = self.sink.take() {
+            let _ = sink.shutdown().await;
+        }
+    }
+}
+
+/// What one of the agent's own requests was for, so its answer can be reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Purpose {
+    Permission,
+    CancelPermission,
+    Elicitation { url_elicitation_id: Option<String> },
+    UnknownRequest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Run the next directive.
+    Ready,
+    /// `@sleep`.
+    Until(Instant),
+    /// `@wait-cancel`.
+    Cancel,
+    /// Until every outstanding request is answered (or the deadline, for `@cancel-permission`).
+    Replies { deadline: Option<Instant> },
+}
+
+/// The running prompt.
+struct Turn {
+    /// The `session/prompt` request id, answered exactly.
+    id: Value,
+    session_id: String,
+    directives: std::vec::IntoIter<Directive>,
+    ignore_cancel: bool,
+    wait: Wait,
+    outstanding: Vec<(i64, Purpose)>,
+}
+
+enum Step {
+    Continue,
+    Exit(i32),
+}
+
+pub struct Agent<W, E> {
+    args: MockAgentArgs,
+    out: Out<W>,
+    stderr: E,
+    /// Options a new (or newly seen) session starts with.
+    initial_options: ConfigOptions,
+    sessions: HashMap<String, ConfigOptions>,
+    next_session: u64,
+    next_request: i64,
+    next_elicitation: u64,
+    turn: Option<Turn>,
+    /// `@silent`: nothing is ever written again.
+    silent: bool,
+    /// Reused by `@chunks`.
+    scratch: String,
+}
+
+impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
+    pub fn new(args: MockAgentArgs, output: W, stderr: E) -> Self {
+        let initial_options = ConfigOptions::from_args(&args);
+        Self {
+            args,
+            out: Out {
+                buf: Vec::with_capacity(FLUSH_AT),
+                sink: Some(output),
+            },
+            stderr,
+            initial_options,
+            sessions: HashMap::new(),
+            next_session: 1,
+            next_request: 1,
+            next_elicitation: 1,
+            turn: None,
+            silent: false,
+            scratch: String::new(),
+        }
+    }
+
+    /// Serves until stdin closes (0) or a directive exits (its code). Once stdin has closed, the
+    /// running turn still runs what needs no input (timers included), then the agent exits.
+    pub async fn serve(mut self, incoming: &mut UnboundedReceiver<Incoming>) -> i32 {
+        let mut input_open = true;
+        loop {
+            if self.silent || self.out.sink.is_none() {
+                // Nothing can be written any more: keep the pipe drained until it closes.
+                self.out.buf.clear();
+                while incoming.recv().await.is_some() {}
+                return 0;
+            }
+            if input_open {
+                match incoming.try_recv() {
+                    Ok(message) => {
+                        self.handle(message);
+                        continue;
+                    }
+                    Err(TryRecvError::Disconnected) => input_open = false,
+                    Err(TryRecvError::Empty) => {}
+                }
+            }
+            if self.turn.as_ref().is_some_and(|t| t.wait == Wait::Ready) {
+                if let Step::Exit(code) = self.step().await {
+                    return code;
+                }
+                self.out.flush_if_large().await;
+                continue;
+            }
+            self.out.flush().await;
+            let deadline = self.turn.as_ref().and_then(|turn| match turn.wait {
+                Wait::Until(at) => Some(at),
+                Wait::Replies { deadline } => deadline,
+                Wait::Ready | Wait::Cancel => None,
+            });
+            if !input_open {
+                match deadline {
+                    Some(at) => {
+                        tokio::time::sleep_until(at).await;
+                        self.on_deadline();
+                        continue;
+                    }
+                    None => return 0,
+                }
+            }
+            tokio::select! {
+                message = incoming.recv() => match message {
+                    Some(message) => self.handle(message),
+                    None => input_open = false,
+                },
+                () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    self.on_deadline();
+                }
+            }
+        }
+    }
+
+    fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.out.buf
+    }
+
+    fn handle(&mut self, message: Incoming) {
+        let Incoming::Message(message) = message else {
+            wire::error(self.buf(), &Value::Null, PARSE_ERROR, "Parse error");
+            return;
+        };
+        let params = message.get("params").unwrap_or(&Value::Null);
+        match (
+            message.get("method").and_then(Value::as_str),
+            message.get("id"),
+        ) {
+            (Some(method), Some(id)) => self.on_request(method, id, params),
+            (Some(method), None) => self.on_notification(method, params),
+            (None, Some(id))
+                if message.get("result").is_some() || message.get("error").is_some() =>
+            {
+                self.on_response(id, &message);
+            }
+            (None, id) => wire::error(
+                self.buf(),
+                id.unwrap_or(&Value::Null),
+                INVALID_REQUEST,
+                "Invalid Request: neither a request, a notification nor a response",
+            ),
+        }
+    }
+
+    fn session_options(&mut self, session_id: &str) -> &mut ConfigOptions {
+        if !self.sessions.contains_key(session_id) {
+            self.sessions
+                .insert(session_id.to_owned(), self.initial_options.clone());
+        }
+        self.sessions.get_mut(session_id).expect("just inserted")
+    }
+
+    /// `{sessionId?, configOptions?}` for a session; the options are left out when there are none.
+    fn session_result(&mut self, session_id: &str, with_id: bool) -> Value {
+        let mut result = serde_json::Map::new();
+        if with_id {
+            result.insert("sessionId".into(), session_id.into());
+        }
+        let options = self.session_options(session_id);
+        if !options.is_empty() {
+            result.insert("configOptions".into(), options.to_json());
+        }
+        Value::Object(result)
+    }
+
+    fn on_request(&mut self, method: &str, id: &Value, params: &Value) {
+        match method {
+            "initialize" => {
+                if self.args.hang_initialize {
+                    // Never answered.
+                    return;
+                }
+                if self.args.fail_initialize {
+                    wire::error(
+                        self.buf(),
+                        id,
+                        INTERNAL_ERROR,
+                        "mock agent: initialize failed (--fail-initialize)",
+                    );
+                } else {
+                    let result = self.initialize_result();
+                    wire::response(self.buf(), id, &result);
+                }
+            }
+            "session/new" => {
+                if self.args.auth_required {
+                    wire::error(self.buf(), id, AUTH_REQUIRED, "authentication required");
+                } else if self.args.fail_new_session {
+                    wire::error(
+                        self.buf(),
+                        id,
+                        INTERNAL_ERROR,
+                        "mock agent: session/new failed (--fail-new-session)",
+                    );
+                } else {
+                    let session_id = format!("mock-session-{}", self.next_session);
+                    self.next_session += 1;
+                    let result = self.session_result(&session_id, true);
+                    wire::response(self.buf(), id, &result);
+                }
+            }
+            "session/load" if self.args.load => {
+                let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
+                    return self.invalid_params(id, "params.sessionId must be a string");
+                };
+                let buf = &mut self.out.buf;
+                wire::text_chunk(
+                    buf,
+                    session_id,
+                    ChunkKind::User,
+                    "(replayed) earlier prompt",
+                );
+                wire::text_chunk(
+                    buf,
+                    session_id,
+                    ChunkKind::Agent,
+                    "(replayed) earlier answer",
+                );
+                let result = self.session_result(session_id, false);
+                wire::response(self.buf(), id, &result);
+            }
+            "session/resume" if self.args.resume => {
+                let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
+                    return self.invalid_params(id, "params.sessionId must be a string");
+                };
+                let result = self.session_result(session_id, false);
+                wire::response(self.buf(), id, &result);
+            }
+            "session/set_config_option" => {
+                let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
+                    return self.invalid_params(id, "params.sessionId must be a string");
+                };
+                let options = self.session_options(session_id);
+                match options.set(params) {
+                    Ok(()) => {
+                        let result = json!({"configOptions": options.to_json()});
+                        wire::response(self.buf(), id, &result);
+                    }
+                    Err(refusal) => self.invalid_params(id, &refusal),
+                }
+            }
+            "session/prompt" => self.start_turn(id, params),
+            _ => wire::error(
+                self.buf(),
+                id,
+                METHOD_NOT_FOUND,
+                &format!("Method not found: {method}"),
+            ),
+        }
+    }
+
+    fn invalid_params(&mut self, id: &Value, message: &str) {
+        wire::error(self.buf(), id, INVALID_PARAMS, message);
+    }
+
+    fn initialize_result(&self) -> Value {
+        let mut session_capabilities = serde_json::Map::new();
+        if self.args.resume {
+            session_capabilities.insert("resume".into(), json!({}));
+        }
+        json!({
+            "protocolVersion": 1,
+            "agentCapabilities": {
+                "loadSession": self.args.load,
+                "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+                "mcpCapabilities": {"http": false, "sse": false},
+                "sessionCapabilities": session_capabilities,
+            },
+            "authMethods": [],
+            "agentInfo": {
+                "name": "agent-harness-mock",
+                "title": "agent-harness mock agent",
+                "version": env!("CARGO_PKG_VERSION"),
+            },
+        })
+    }
+
+    fn on_notification(&mut self, method: &str, params: &Value) {
+        if method != "session/cancel" {
+            return;
+        }
+        let session_id = params.get("sessionId").and_then(Value::as_str);
+        let honoured = self.turn.as_ref().is_some_and(|turn| {
+            !turn.ignore_cancel && session_id == Some(turn.session_id.as_str())
+        });
+        if honoured {
+            self.end_turn(StopReason::Cancelled);
+        }
+    }
+
+    fn end_turn(&mut self, reason: StopReason) {
+        if let Some(turn) = self.turn.take() {
+            wire::stop(&mut self.out.buf, &turn.id, reason.as_str());
+        }
+    }
+
+    fn on_response(&mut self, id: &Value, message: &Value) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        let Some(id) = id.as_i64() else {
+            return;
+        };
+        let Some(index) = turn.outstanding.iter().position(|(own, _)| *own == id) else {
+            return;
+        };
+        let (_, purpose) = turn.outstanding.remove(index);
+        let session_id = turn.session_id.clone();
+        if turn.outstanding.is_empty() && matches!(turn.wait, Wait::Replies { .. }) {
+            turn.wait = Wait::Ready;
+        }
+        let error = message.get("error");
+        let result = message.get("result").unwrap_or(&Value::Null);
+        let report = match purpose {
+            Purpose::Permission => format!("permission: {}", describe_permission(error, result)),
+            Purpose::CancelPermission => {
+                format!("cancel-permission: {}", describe_permission(error, result))
+            }
+            Purpose::UnknownRequest => match error {
+                Some(error) => format!("unknown-request: error {}", error_code(error)),
+                None => format!("unknown-request: result {result}"),
+            },
+            Purpose::Elicitation { url_elicitation_id } => {
+                if let Some(elicitation_id) = url_elicitation_id
+                    && error.is_none()
+                    && result.get("action").and_then(Value::as_str) == Some("accept")
+                {
+                    wire::notification(
+                        self.buf(),
+                        "elicitation/complete",
+                        &json!({"elicitationId": elicitation_id}),
+                    );
+                }
+                format!("elicitation: {}", describe_elicitation(error, result))
+            }
+        };
+        wire::text_chunk(self.buf(), &session_id, ChunkKind::Agent, &report);
+    }
+
+    fn on_deadline(&mut self) {
+        let now = Instant::now();
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        match turn.wait {
+            Wait::Until(at) if at <= now => turn.wait = Wait::Ready,
+            Wait::Replies { deadline: Some(at) } if at <= now => {
+                let session_id = turn.session_id.clone();
+                let unanswered = std::mem::take(&mut turn.outstanding);
+                turn.wait = Wait::Ready;
+                for (_, purpose) in unanswered {
+                    let label = match purpose {
+                        Purpose::CancelPermission => "cancel-permission",
+                        Purpose::Permission => "permission",
+                        Purpose::Elicitation { .. } => "elicitation",
+                        Purpose::UnknownRequest => "unknown-request",
+                    };
+                    wire::text_chunk(
+                        &mut self.out.buf,
+                        &session_id,
+                        ChunkKind::Agent,
+                        &format!("{label}: no response"),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn start_turn(&mut self, id: &Value, params: &Value) {
+        if self.turn.is_some() {
+            return self.invalid_params(id, "a prompt is already running");
+        }
+        let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
+            return self.invalid_params(id, "params.sessionId must be a string");
+        };
+        let Some(blocks) = params.get("prompt").and_then(Value::as_array) else {
+            return self.invalid_params(id, "params.prompt must be an array of content blocks");
+        };
+        let buf = &mut self.out.buf;
+        let (user_text, has_user_text, links) = match PromptView::read(blocks) {
+            PromptView::Compact => {
+                wire::text_chunk(buf, session_id, ChunkKind::Agent, "compacted");
+                wire::stop(buf, id, StopReason::EndTurn.as_str());
+                return;
+            }
+            PromptView::Ordinary {
+                user_text,
+                has_user_text,
+                links,
+            } => (user_text, has_user_text, links),
+        };
+        if has_user_text {
+            self.scratch.clear();
+            self.scratch.push_str("echo: ");
+            self.scratch.push_str(&user_text);
+            wire::text_chunk(buf, session_id, ChunkKind::Agent, &self.scratch);
+        }
+        for link in links {
+            wire::block_chunk(buf, session_id, link);
+        }
+        let script = Script::parse(&user_text);
+        if script.echo_all {
+            for block in blocks {
+                wire::block_chunk(buf, session_id, block);
+            }
+        }
+        if script.directives.is_empty() {
+            wire::stop(buf, id, StopReason::EndTurn.as_str());
+            return;
+        }
+        self.turn = Some(Turn {
+            id: id.clone(),
+            session_id: session_id.to_owned(),
+            directives: script.directives.into_iter(),
+            ignore_cancel: script.ignore_cancel || self.args.ignore_cancel,
+            wait: Wait::Ready,
+            outstanding: Vec::new(),
+        });
+    }
+
+    fn next_request_id(&mut self) -> i64 {
+        let id = self.next_request;
+        self.next_request += 1;
+        id
+    }
+
+    /// Runs the running turn's next directive (or ends it when none is left).
+    async fn step(&mut self) -> Step {
+        let Some(mut turn) = self.turn.take() else {
+            return Step::Continue;
+        };
+        let Some(directive) = turn.directives.next() else {
+            wire::stop(&mut self.out.buf, &turn.id, StopReason::EndTurn.as_str());
+            return Step::Continue;
+        };
+        let session_id = turn.session_id.as_str();
+        match directive {
+            Directive::Chunks { count, size } => {
+                let mut text = std::mem::take(&mut self.scratch);
+                for index in 0..count {
+                    text.clear();
+                    chunk_text(index, size, &mut text);
+                    wire::text_chunk(&mut self.out.buf, session_id, ChunkKind::Agent, &text);
+                    self.out.flush_if_large().await;
+                    if self.out.sink.is_none() {
+                        break;
+                    }
+                }
+                self.scratch = text;
+            }
+            Directive::Thought(text) => {
+                wire::text_chunk(self.buf(), session_id, ChunkKind::Thought, &text);
+            }
+            Directive::Tool(tool_id) => {
+                let buf = &mut self.out.buf;
+                wire::update(
+                    buf,
+                    session_id,
+                    &json!({"sessionUpdate": "tool_call", "toolCallId": tool_id,
+                            "title": format!("Run {tool_id}"), "kind": "execute", "status": "pending"}),
+                );
+                wire::update(
+                    buf,
+                    session_id,
+                    &json!({"sessionUpdate": "tool_call_update", "toolCallId": tool_id,
+                            "status": "in_progress"}),
+                );
+                wire::update(
+                    buf,
+                    session_id,
+                    &json!({"sessionUpdate": "tool_call_update", "toolCallId": tool_id,
+                            "status": "completed",
+                            "content": [{"type": "content", "content": {"type": "text", "text": "done"}}]}),
+                );
+            }
+            Directive::Plan(entries) => {
+                let entries: Vec<Value> = entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, entry)| {
+                        json!({"content": entry, "priority": "medium",
+                               "status": if i == 0 { "in_progress" } else { "pending" }})
+                    })
+                    .collect();
+                wire::update(
+                    self.buf(),
+                    session_id,
+                    &json!({"sessionUpdate": "plan", "entries": entries}),
+                );
+            }
+            Directive::Commands => wire::update(
+                self.buf(),
+                session_id,
+                &json!({"sessionUpdate": "available_commands_update", "availableCommands": [
+                    {"name": "test", "description": "Run the tests"},
+                    {"name": "lint", "description": "Run the linter"},
+                ]}),
+            ),
+            Directive::ConfigUpdate => {
+                let options = self.session_options(session_id).to_json();
+                wire::update(
+                    self.buf(),
+                    session_id,
+                    &json!({"sessionUpdate": "config_option_update", "configOptions": options}),
+                );
+            }
+            Directive::Image => wire::block_chunk(
+                self.buf(),
+                session_id,
+                &json!({"type": "image", "mimeType": "image/png", "data": wire::PIXEL_PNG_BASE64}),
+            ),
+            Directive::Permission { title } => {
+                let id = self.request_permission(session_id, &title);
+                turn.outstanding.push((id, Purpose::Permission));
+                turn.wait = Wait::Replies { deadline: None };
+            }
+            Directive::PermissionTwice => {
+                for n in 1..=2 {
+                    let title = format!("Run mock command ({n} of 2)");
+                    let id = self.request_permission(session_id, &title);
+                    turn.outstanding.push((id, Purpose::Permission));
+                }
+                turn.wait = Wait::Replies { deadline: None };
+            }
+            Directive::CancelPermission => {
+                let id = self.request_permission(session_id, "Run mock command (withdrawn)");
+                wire::notification(self.buf(), "$/cancel_request", &json!({"requestId": id}));
+                turn.outstanding.push((id, Purpose::CancelPermission));
+                turn.wait = Wait::Replies {
+                    deadline: Some(Instant::now() + CANCEL_PERMISSION_WAIT),
+                };
+            }
+            Directive::Elicit(kind) => {
+                let count = if kind == ElicitKind::Twice { 2 } else { 1 };
+                for _ in 0..count {
+                    let (id, purpose) = self.elicit(session_id, &turn.id, kind);
+                    turn.outstanding.push((id, purpose));
+                }
+                turn.wait = Wait::Replies { deadline: None };
+            }
+            Directive::UnknownRequest => {
+                let id = self.next_request_id();
+                wire::request(
+                    self.buf(),
+                    id,
+                    "fs/read_text_file",
+                    &json!({"sessionId": session_id, "path": "/mock-agent/unknown-request.txt"}),
+                );
+                turn.outstanding.push((id, Purpose::UnknownRequest));
+                turn.wait = Wait::Replies { deadline: None };
+            }
+            Directive::Sleep { millis } => {
+                turn.wait = Wait::Until(Instant::now() + Duration::from_millis(millis));
+            }
+            Directive::WaitCancel => turn.wait = Wait::Cancel,
+            // Lifted into the turn's flags when the script was read.
+            Directive::IgnoreCancel | Directive::EchoAll => {}
+            Directive::Stop(reason) => {
+                wire::stop(self.buf(), &turn.id, reason.as_str());
+                return Step::Continue;
+            }
+            Directive::Error { code, message } => {
+                wire::error(self.buf(), &turn.id, code, &message);
+                return Step::Continue;
+            }
+            Directive::Stderr(text) => {
+                let _ = writeln!(self.stderr, "{text}");
+                let _ = self.stderr.flush();
+            }
+            Directive::Crash { code } => {
+                self.out.flush().await;
+                let _ = writeln!(
+                    self.stderr,
+                    "mock-agent: crashing on purpose (@crash), exit code {code}"
+                );
+                let _ = self.stderr.flush();
+                return Step::Exit(code);
+            }
+            Directive::Garbage => self.buf().extend_from_slice(b"this is not json\n"),
+            Directive::Long { bytes } => {
+                let mut text = String::with_capacity(bytes);
+                chunk_text(0, bytes, &mut text);
+                wire::text_chunk(self.buf(), session_id, ChunkKind::Agent, &text);
+            }
+            Directive::Silent => {
+                self.out.flush().await;
+                self.silent = true;
+                return Step::Continue;
+            }
+            Directive::CloseStdout => {
+                self.out.close().await;
+                return Step::Continue;
+            }
+            Directive::Unknown(line) => wire::text_chunk(
+                self.buf(),
+                session_id,
+                ChunkKind::Agent,
+                &format!("unknown directive: {line}"),
+            ),
+        }
+        self.turn = Some(turn);
+        Step::Continue
+    }
+
+    fn request_permission(&mut self, session_id: &str, title: &str) -> i64 {
+        let id = self.next_request_id();
+        wire::request(
+            self.buf(),
+            id,
+            "session/request_permission",
+            &json!({
+                "sessionId": session_id,
+                "toolCall": {"toolCallId": format!("mock-permission-{id}"), "title": title},
+                "options": [
+                    {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
+                    {"optionId": "allow-always", "name": "Allow always", "kind": "allow_always"},
+                    {"optionId": "reject-once", "name": "Reject once", "kind": "reject_once"},
+                    {"optionId": "reject-always", "name": "Reject always", "kind": "reject_always"},
+                ],
+            }),
+        );
+        id
+    }
+
+    fn elicit(&mut self, session_id: &str, prompt_id: &Value, kind: ElicitKind) -> (i64, Purpose) {
+        let id = self.next_request_id();
+        let form_schema = json!({
+            "type": "object",
+            "properties": {"name": {"type": "string", "title": "Name"}},
+            "required": ["name"],
+        });
+        let (params, purpose) = match kind {
+            ElicitKind::Form | ElicitKind::Twice => (
+                json!({"mode": "form", "sessionId": session_id, "message": "Please fill in",
+                       "requestedSchema": form_schema}),
+                Purpose::Elicitation {
+                    url_elicitation_id: None,
+                },
+            ),
+            ElicitKind::Request => (
+                json!({"mode": "form", "requestId": prompt_id, "message": "Please fill in",
+                       "requestedSchema": form_schema}),
+                Purpose::Elicitation {
+                    url_elicitation_id: None,
+                },
+            ),
+            ElicitKind::Url => {
+                let elicitation_id = format!("el-{}", self.next_elicitation);
+                self.next_elicitation += 1;
+                (
+                    json!({"mode": "url", "sessionId": session_id, "elicitationId": elicitation_id,
+                           "url": "https://example.com/authorize",
+                           "message": "Please authorize the mock agent"}),
+                    Purpose::Elicitation {
+                        url_elicitation_id: Some(elicitation_id),
+                    },
+                )
+            }
+        };
+        wire::request(self.buf(), id, "elicitation/create", &params);
+        (id, purpose)
+    }
+}
+
+fn error_code(error: &Value) -> String {
+    error
+        .get("code")
+        .map_or_else(|| "null".to_owned(), Value::to_string)
+}
+
+/// `selected <optionId>`, `cancelled`, `error <code>`, or `invalid <result>`.
+fn describe_permission(error: Option<&Value>, result: &Value) -> String {
+    if let Some(error) = error {
+        return format!("error {}", error_code(error));
+    }
+    let outcome = result.get("outcome");
+    match outcome
+        .and_then(|o| o.get("outcome"))
+        .and_then(Value::as_str)
+    {
+        Some("selected") => match outcome
+            .and_then(|o| o.get("optionId"))
+            .and_then(Value::as_str)
+        {
+            Some(option_id) => format!("selected {option_id}"),
+            None => format!("invalid {result}"),
+        },
+        Some("cancelled") => "cancelled".to_owned(),
+        _ => format!("invalid {result}"),
+    }
+}
+
+/// `<action>` plus ` <content-json>` when content came back, or `error <code> <message>`.
+fn describe_elicitation(error: Option<&Value>, result: &Value) -> String {
+    if let Some(error) = error {
+        let message = error.get("message").and_then(Value::as_str).unwrap_or("");
+        return format!("error {} {message}", error_code(error));
+    }
+    match result.get("action").and_then(Value::as_str) {
+        Some(action) => match result.get("content") {
+            Some(content) if !content.is_null() => format!("{action} {content}"),
+            _ => action.to_owned(),
+        },
+        None => format!("invalid {result}"),
+    }
+}
