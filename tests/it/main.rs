@@ -7,4 +7,6 @@ mod harness;
 mod health;
 mod reflection;
 mod services;
+mod sessions;
+mod support;
 mod translator;

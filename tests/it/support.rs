@@ -88,7 +88,10 @@ impl Session {
         }
     }
 
-    pub async fn control(&mut self, request: pb::ControlRequest) -> Result<pb::ControlResponse, Status> {
+    pub async fn control(
+        &mut self,
+        request: pb::ControlRequest,
+    ) -> Result<pb::ControlResponse, Status> {
         self.client.control(request).await.map(|r| r.into_inner())
     }
 
@@ -98,12 +101,16 @@ impl Session {
     }
 
     pub async fn prompt(&mut self, text: &str) -> pb::ControlResponse {
-        self.act(prompt(text)).await.expect("the prompt is accepted")
+        self.act(prompt(text))
+            .await
+            .expect("the prompt is accepted")
     }
 
     pub async fn get(&mut self) -> pb::AgentSession {
         self.client
-            .get_session(pb::GetSessionRequest { session_id: self.id.clone() })
+            .get_session(pb::GetSessionRequest {
+                session_id: self.id.clone(),
+            })
             .await
             .expect("the session is readable")
             .into_inner()
@@ -113,7 +120,9 @@ impl Session {
 
     pub async fn queue(&mut self) -> Vec<pb::QueuedAction> {
         self.client
-            .get_queue(pb::GetQueueRequest { session_id: self.id.clone() })
+            .get_queue(pb::GetQueueRequest {
+                session_id: self.id.clone(),
+            })
             .await
             .expect("the queue is readable")
             .into_inner()
@@ -167,16 +176,28 @@ impl Session {
             .await
             .expect("the session can be subscribed to")
             .into_inner();
-        Watch { stream, entries: Vec::new(), statuses: Vec::new() }
+        Watch {
+            stream,
+            entries: Vec::new(),
+            statuses: Vec::new(),
+        }
     }
 }
 
 pub fn prompt(text: &str) -> Action {
-    Action::Prompt(pb::PromptAction { prompt: text.to_owned(), attachments: Vec::new() })
+    Action::Prompt(pb::PromptAction {
+        prompt: text.to_owned(),
+        attachments: Vec::new(),
+    })
 }
 
 pub fn attachment(uri: &str, name: &str) -> pb::PromptAttachment {
-    pb::PromptAttachment { uri: uri.to_owned(), name: name.to_owned(), mime_type: None, size: None }
+    pb::PromptAttachment {
+        uri: uri.to_owned(),
+        name: name.to_owned(),
+        mime_type: None,
+        size: None,
+    }
 }
 
 pub fn stop(clear_queue: bool) -> Action {
@@ -184,7 +205,9 @@ pub fn stop(clear_queue: bool) -> Action {
 }
 
 pub fn set_model(model: &str) -> Action {
-    Action::SetModel(pb::SetModelAction { model: model.to_owned() })
+    Action::SetModel(pb::SetModelAction {
+        model: model.to_owned(),
+    })
 }
 
 pub fn permission_answer(id: pb::JsonRpcId, option: Option<&str>) -> Action {
@@ -199,7 +222,9 @@ pub fn permission_answer(id: pb::JsonRpcId, option: Option<&str>) -> Action {
 }
 
 pub fn number_id(n: i64) -> pb::JsonRpcId {
-    pb::JsonRpcId { id: Some(pb::json_rpc_id::Id::Number(n)) }
+    pb::JsonRpcId {
+        id: Some(pb::json_rpc_id::Id::Number(n)),
+    }
 }
 
 /// A session's stream, remembering everything it saw.
@@ -224,8 +249,12 @@ impl Watch {
     }
 
     /// Waits until a log entry matches (checking those already seen first); returns its frame.
-    pub async fn entry(&mut self, matches: impl Fn(&pb::LogEntry, &Value) -> bool) -> (pb::LogEntry, Value) {
-        let parsed = |e: &pb::LogEntry| serde_json::from_str::<Value>(&e.json).expect("logged JSON");
+    pub async fn entry(
+        &mut self,
+        matches: impl Fn(&pb::LogEntry, &Value) -> bool,
+    ) -> (pb::LogEntry, Value) {
+        let parsed =
+            |e: &pb::LogEntry| serde_json::from_str::<Value>(&e.json).expect("logged JSON");
         if let Some(found) = self.entries.iter().find(|e| matches(e, &parsed(e))) {
             return (found.clone(), parsed(found));
         }
@@ -247,9 +276,11 @@ impl Watch {
     /// Waits for the runtime's response to a request id.
     pub async fn response_to(&mut self, id: &str) -> Value {
         let id = id.to_owned();
-        self.entry(move |e, f| e.direction == pb::LogDirection::FromRuntime as i32 && f["id"] == id.as_str())
-            .await
-            .1
+        self.entry(move |e, f| {
+            e.direction == pb::LogDirection::FromRuntime as i32 && f["id"] == id.as_str()
+        })
+        .await
+        .1
     }
 
     /// Waits for an agent message chunk whose text contains `needle`.
@@ -257,7 +288,9 @@ impl Watch {
         let needle = needle.to_owned();
         self.entry(move |_, f| {
             f["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
-                && f["params"]["update"]["content"]["text"].as_str().is_some_and(|t| t.contains(&needle))
+                && f["params"]["update"]["content"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(&needle))
         })
         .await
         .1
@@ -267,7 +300,9 @@ impl Watch {
     pub async fn agent_request(&mut self, method: &str) -> Value {
         let method = method.to_owned();
         self.entry(move |e, f| {
-            e.direction == pb::LogDirection::FromRuntime as i32 && f["method"] == method.as_str() && f.get("id").is_some()
+            e.direction == pb::LogDirection::FromRuntime as i32
+                && f["method"] == method.as_str()
+                && f.get("id").is_some()
         })
         .await
         .1
@@ -276,9 +311,11 @@ impl Watch {
     /// Waits for a harness event (`{"event": name}`).
     pub async fn event(&mut self, name: &str) -> Value {
         let name = name.to_owned();
-        self.entry(move |e, f| e.direction == pb::LogDirection::Event as i32 && f["event"] == name.as_str())
-            .await
-            .1
+        self.entry(move |e, f| {
+            e.direction == pb::LogDirection::Event as i32 && f["event"] == name.as_str()
+        })
+        .await
+        .1
     }
 
     /// Waits until a status event announces `status`.
@@ -288,7 +325,11 @@ impl Watch {
             return;
         }
         loop {
-            let event = self.next().await.expect("the stream stays open").expect("no failure");
+            let event = self
+                .next()
+                .await
+                .expect("the stream stays open")
+                .expect("no failure");
             if let Some(Event::Status(change)) = event.event
                 && change.status == want
             {
@@ -313,12 +354,21 @@ impl Watch {
 pub fn processes_with(marker: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let zombie = stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'));
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'));
         if !zombie && String::from_utf8_lossy(&cmdline).contains(marker) {
             found.push(pid);
         }

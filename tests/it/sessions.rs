@@ -1,0 +1,503 @@
+//! Sessions (SPEC §3.3, §8, §10.2): creation with origins and models, idempotency, listing,
+//! closing, deleting, and runtimes that fail to start leaving nothing behind.
+
+use agent_harness::pb::v1::{self as pb, create_session_request::Origin};
+use serde_json::Value;
+use tonic::Code;
+
+use crate::{
+    harness::{Harness, assert_error, bounded, expect_err},
+    support::{Session, create_request, mock_profile, processes_with, prompt, set_model},
+};
+
+#[tokio::test]
+async fn a_created_session_is_idle_with_its_acp_session_and_advertised_model() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let created = session.created.session.clone().unwrap();
+        assert_eq!(created.status, pb::SessionStatus::Idle as i32);
+        assert_eq!(created.acp_session_id, "mock-session-1");
+        assert_eq!(created.model, "mock-fast");
+        assert_eq!(created.owner, "local");
+        assert_eq!(created.profile, "mock");
+        assert_eq!(created.profile_fingerprint.len(), 64);
+        assert_eq!(session.created.first_action_id, None);
+        // The handshake is in the log, before any prompt.
+        let methods: Vec<String> = session
+            .sent_frames()
+            .await
+            .iter()
+            .filter_map(|f| f["method"].as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(methods, ["initialize", "session/new"]);
+        let first = &session.log().await[0];
+        assert_eq!(first.direction, pb::LogDirection::Event as i32);
+        assert!(first.json.contains("runtime_started"));
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_prompt_is_sent_logged_and_answered_and_the_session_is_named_after_it() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        let reply = session.prompt("fix the flaky test\nsecond line").await;
+        assert_eq!(reply.status, pb::ControlStatus::Sent as i32);
+        let response = watch.response_to(&reply.action_id).await;
+        assert_eq!(response["result"]["stopReason"], "end_turn");
+        let echoed = watch.chunk("echo: fix the flaky test").await;
+        assert!(echoed.is_object());
+        let got = session.get().await;
+        assert_eq!(got.name, "fix the flaky test");
+        // The SENT frame is in the log with the action id on it.
+        let log = session.log().await;
+        let sent = log
+            .iter()
+            .find(|e| {
+                e.action_id.as_deref() == Some(reply.action_id.as_str())
+                    && e.direction == pb::LogDirection::ToRuntime as i32
+            })
+            .expect("the prompt frame is logged");
+        let frame: Value = serde_json::from_str(&sent.json).unwrap();
+        assert_eq!(frame["id"], reply.action_id);
+        assert_eq!(frame["method"], "session/prompt");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_mention_with_two_images_and_a_document_opens_with_exactly_two_resource_links_after_the_text()
+ {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut request = create_request(&h, "mock");
+        request.origin = Some(Origin::Mention(pb::ChannelMessage {
+            message_id: "m1".into(),
+            channel_id: "c1".into(),
+            content: "what is wrong in these screenshots?".into(),
+            attachments: vec![
+                pb::ChannelAttachment {
+                    entity_type: "static/image".into(),
+                    entity_id: "img-1".into(),
+                },
+                pb::ChannelAttachment {
+                    entity_type: "document".into(),
+                    entity_id: "doc-1".into(),
+                },
+                pb::ChannelAttachment {
+                    entity_type: "static/image".into(),
+                    entity_id: "img-2".into(),
+                },
+            ],
+            ..Default::default()
+        }));
+        let mut session = Session::create_with(&h, request).await;
+        let first = session
+            .created
+            .first_action_id
+            .clone()
+            .expect("the mention sent a first prompt");
+        let frames = session.sent_frames().await;
+        let prompt = frames
+            .iter()
+            .find(|f| f["id"] == first.as_str())
+            .expect("the first prompt frame");
+        assert_eq!(prompt["method"], "session/prompt");
+        let blocks = prompt["params"]["prompt"].as_array().unwrap();
+        let visible: Vec<&Value> = blocks.iter().filter(|b| b.get("_meta").is_none()).collect();
+        assert_eq!(visible.len(), 3);
+        assert_eq!(visible[0]["text"], "what is wrong in these screenshots?");
+        for (block, id) in visible[1..].iter().zip(["img-1", "img-2"]) {
+            assert_eq!(block["type"], "resource_link");
+            assert_eq!(block["uri"], format!("https://static.example/file/{id}"));
+            assert_eq!(block["name"], "image");
+            assert_eq!(block["mimeType"], "image/*");
+        }
+        assert_eq!(
+            session.get().await.name,
+            "what is wrong in these screenshots?"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_task_assignment_opens_with_its_text_only() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut request = create_request(&h, "mock");
+        request.origin = Some(Origin::TaskAssignment(pb::TaskAssignment {
+            prompt: "triage the open bugs".into(),
+            assigned_by: "ada".into(),
+        }));
+        let mut session = Session::create_with(&h, request).await;
+        let first = session
+            .created
+            .first_action_id
+            .clone()
+            .expect("a first prompt");
+        let frames = session.sent_frames().await;
+        let prompt = frames.iter().find(|f| f["id"] == first.as_str()).unwrap();
+        let blocks = prompt["params"]["prompt"].as_array().unwrap();
+        let visible: Vec<&Value> = blocks.iter().filter(|b| b.get("_meta").is_none()).collect();
+        assert_eq!(visible.len(), 1);
+        assert_eq!(
+            visible[0],
+            &serde_json::json!({"type": "text", "text": "triage the open bugs"})
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_requested_model_is_selected_at_creation_and_an_unadvertised_one_is_refused_naming_the_advertised()
+ {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut request = create_request(&h, "mock");
+        request.model = Some("mock-smart".into());
+        let mut session = Session::create_with(&h, request).await;
+        assert_eq!(
+            session.created.session.as_ref().unwrap().model,
+            "mock-smart"
+        );
+
+        let mut request = create_request(&h, "mock");
+        request.model = Some("gpt-nonexistent".into());
+        let status = expect_err(h.sessions().create_session(request).await);
+        assert_error(&status, Code::InvalidArgument, "MODEL_NOT_ADVERTISED");
+        assert!(
+            status.message().contains("mock-fast") && status.message().contains("mock-smart"),
+            "{}",
+            status.message()
+        );
+
+        let status = expect_err(session.act(set_model("gpt-nonexistent")).await);
+        assert_error(&status, Code::InvalidArgument, "MODEL_NOT_ADVERTISED");
+        // Only the one session exists: the refused creation left nothing behind.
+        let listed = h
+            .sessions()
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.sessions.len(), 1);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_runtime_that_cannot_start_is_runtime_start_failed_and_leaves_nothing_behind() {
+    bounded(async {
+        let marker = uuid::Uuid::now_v7().to_string();
+        let h = Harness::start_with(|config| {
+            mock_profile(
+                config,
+                "exits",
+                &[
+                    "--stderr-at-start",
+                    &format!("boom {marker}"),
+                    "--exit-at-start",
+                    "7",
+                ],
+            );
+            mock_profile(
+                config,
+                "fails-init",
+                &[
+                    "--stderr-at-start",
+                    &format!("init {marker}"),
+                    "--fail-initialize",
+                ],
+            );
+            mock_profile(
+                config,
+                "auth",
+                &[
+                    "--stderr-at-start",
+                    &format!("auth {marker}"),
+                    "--auth-required",
+                ],
+            );
+            mock_profile(
+                config,
+                "hangs",
+                &[
+                    "--stderr-at-start",
+                    &format!("hang {marker}"),
+                    "--hang-initialize",
+                ],
+            );
+            let mut missing = (*config.profiles["mock"]).clone();
+            missing.name = "missing".into();
+            missing.command = "/nonexistent/agent-binary".into();
+            config
+                .profiles
+                .insert("missing".into(), std::sync::Arc::new(missing));
+            // A hung handshake fails fast in this test.
+            let mut hangs = (*config.profiles["hangs"]).clone();
+            hangs.startup_timeout = std::time::Duration::from_millis(500);
+            config
+                .profiles
+                .insert("hangs".into(), std::sync::Arc::new(hangs));
+        })
+        .await;
+        for (profile, reason, tail) in [
+            ("exits", "RUNTIME_START_FAILED", Some("boom")),
+            ("fails-init", "RUNTIME_START_FAILED", Some("init")),
+            ("auth", "RUNTIME_AUTH_REQUIRED", Some("auth")),
+            ("hangs", "RUNTIME_START_FAILED", Some("hang")),
+            ("missing", "RUNTIME_START_FAILED", None),
+        ] {
+            let status = expect_err(
+                h.sessions()
+                    .create_session(create_request(&h, profile))
+                    .await,
+            );
+            let code = if reason == "RUNTIME_AUTH_REQUIRED" {
+                Code::FailedPrecondition
+            } else {
+                Code::Unavailable
+            };
+            assert_error(&status, code, reason);
+            if let Some(tail) = tail {
+                assert!(
+                    status.message().contains(&format!("{tail} {marker}")),
+                    "{profile}: {}",
+                    status.message()
+                );
+            }
+        }
+        let listed = h
+            .sessions()
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            listed.sessions.is_empty(),
+            "no session is left: {:?}",
+            listed.sessions
+        );
+        assert_eq!(
+            processes_with(&marker),
+            Vec::<u32>::new(),
+            "no runtime process is left"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_unknown_profile_a_relative_cwd_and_a_bad_session_id_are_refused() {
+    bounded(async {
+        let h = Harness::start().await;
+        let status = expect_err(
+            h.sessions()
+                .create_session(create_request(&h, "nope"))
+                .await,
+        );
+        assert_error(&status, Code::NotFound, "PROFILE_NOT_FOUND");
+        let mut request = create_request(&h, "mock");
+        request.cwd = "relative/dir".into();
+        assert_error(
+            &expect_err(h.sessions().create_session(request).await),
+            Code::InvalidArgument,
+            "INVALID_ARGUMENT",
+        );
+        let mut request = create_request(&h, "mock");
+        request.session_id = Some("not-a-uuid".into());
+        assert_error(
+            &expect_err(h.sessions().create_session(request).await),
+            Code::InvalidArgument,
+            "INVALID_ARGUMENT",
+        );
+        let mut request = create_request(&h, "mock");
+        request.name = Some("   ".into());
+        assert_error(
+            &expect_err(h.sessions().create_session(request).await),
+            Code::InvalidArgument,
+            "INVALID_ARGUMENT",
+        );
+        let status = expect_err(
+            h.sessions()
+                .get_session(pb::GetSessionRequest {
+                    session_id: uuid::Uuid::now_v7().to_string(),
+                })
+                .await,
+        );
+        assert_error(&status, Code::NotFound, "SESSION_NOT_FOUND");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_caller_minted_session_id_makes_creation_idempotent() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = uuid::Uuid::now_v7().to_string();
+        let mut request = create_request(&h, "mock");
+        request.session_id = Some(id.clone());
+        request.origin = Some(Origin::TaskAssignment(pb::TaskAssignment {
+            prompt: "hello".into(),
+            assigned_by: "a".into(),
+        }));
+        let first = h
+            .sessions()
+            .create_session(request.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        let again = h
+            .sessions()
+            .create_session(request.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(first.session.as_ref().unwrap().id, id);
+        assert_eq!(again.session.as_ref().unwrap().id, id);
+        assert_eq!(again.first_action_id, first.first_action_id);
+        request.name = Some("different".into());
+        let status = expect_err(h.sessions().create_session(request).await);
+        assert_error(&status, Code::AlreadyExists, "SESSION_EXISTS");
+        let listed = h
+            .sessions()
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.sessions.len(), 1);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn sessions_list_newest_first_in_pages_filtered_by_status_and_labels() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            let mut request = create_request(&h, "mock");
+            request
+                .labels
+                .insert("team".into(), if i == 1 { "b".into() } else { "a".into() });
+            ids.push(Session::create_with(&h, request).await.id);
+        }
+        let mut client = h.sessions();
+        let page = client
+            .list_sessions(pb::ListSessionsRequest {
+                page_size: 2,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            page.sessions
+                .iter()
+                .map(|s| s.id.clone())
+                .collect::<Vec<_>>(),
+            vec![ids[2].clone(), ids[1].clone()]
+        );
+        assert!(!page.next_page_token.is_empty());
+        let rest = client
+            .list_sessions(pb::ListSessionsRequest {
+                page_size: 2,
+                page_token: page.next_page_token,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(rest.sessions.len(), 1);
+        assert_eq!(rest.sessions[0].id, ids[0]);
+        assert!(rest.next_page_token.is_empty());
+
+        let team_a = client
+            .list_sessions(pb::ListSessionsRequest {
+                labels: [("team".to_owned(), "a".to_owned())].into_iter().collect(),
+                statuses: vec![pb::SessionStatus::Idle as i32],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(team_a.sessions.len(), 2);
+        let closed = client
+            .list_sessions(pb::ListSessionsRequest {
+                statuses: vec![pb::SessionStatus::Closed as i32],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(closed.sessions.is_empty());
+        let status = expect_err(
+            client
+                .list_sessions(pb::ListSessionsRequest {
+                    page_token: "garbage".into(),
+                    ..Default::default()
+                })
+                .await,
+        );
+        assert_error(&status, Code::InvalidArgument, "INVALID_ARGUMENT");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_closed_session_keeps_its_log_and_refuses_actions_and_a_deleted_one_is_gone() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        let reply = session.prompt("hello").await;
+        watch.response_to(&reply.action_id).await;
+        let closed = session
+            .client
+            .close_session(pb::CloseSessionRequest {
+                session_id: session.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .session
+            .unwrap();
+        assert_eq!(closed.status, pb::SessionStatus::Closed as i32);
+        assert!(!session.log().await.is_empty());
+        let status = expect_err(session.act(prompt("more")).await);
+        assert_error(&status, Code::FailedPrecondition, "SESSION_CLOSED");
+
+        session
+            .client
+            .delete_session(pb::DeleteSessionRequest {
+                session_id: session.id.clone(),
+            })
+            .await
+            .unwrap();
+        let status = expect_err(
+            session
+                .client
+                .get_session(pb::GetSessionRequest {
+                    session_id: session.id.clone(),
+                })
+                .await,
+        );
+        assert_error(&status, Code::NotFound, "SESSION_NOT_FOUND");
+        let status = expect_err(
+            session
+                .client
+                .read_log(pb::ReadLogRequest {
+                    session_id: session.id.clone(),
+                    after_offset: 0,
+                    limit: 10,
+                })
+                .await,
+        );
+        assert_error(&status, Code::NotFound, "SESSION_NOT_FOUND");
+    })
+    .await
+}
