@@ -5,6 +5,7 @@
 mod harness;
 
 mod health;
+mod queue;
 mod reflection;
 mod services;
 mod sessions;

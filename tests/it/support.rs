@@ -338,6 +338,20 @@ impl Watch {
         }
     }
 
+    /// Waits for the next status event (the session record changed after what was seen so far).
+    pub async fn next_status(&mut self) -> i32 {
+        loop {
+            let event = self
+                .next()
+                .await
+                .expect("the stream stays open")
+                .expect("no failure");
+            if let Some(Event::Status(change)) = event.event {
+                return change.status;
+            }
+        }
+    }
+
     /// Waits for the stream to end with an error.
     pub async fn end(&mut self) -> Status {
         loop {
