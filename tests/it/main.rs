@@ -7,6 +7,7 @@ mod harness;
 mod health;
 mod queue;
 mod reflection;
+mod scale;
 mod services;
 mod sessions;
 mod support;
