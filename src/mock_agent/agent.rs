@@ -633,6 +633,10 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 }
                 turn.wait = Wait::Replies { deadline: None };
             }
+            Directive::PermissionNoWait => {
+                // Asked, never awaited: an answer arriving later is ignored like any stray one.
+                self.request_permission(session_id, "Run mock command (not awaited)");
+            }
             Directive::CancelPermission => {
                 let id = self.request_permission(session_id, "Run mock command (withdrawn)");
                 wire::notification(self.buf(), "$/cancel_request", &json!({"requestId": id}));

@@ -75,6 +75,8 @@ pub enum Directive {
         title: String,
     },
     PermissionTwice,
+    /// A permission request the turn does not wait for: the turn ends with it outstanding.
+    PermissionNoWait,
     CancelPermission,
     Elicit(ElicitKind),
     UnknownRequest,
@@ -149,6 +151,7 @@ fn known(verb: &str, rest: &str) -> Option<Directive> {
             },
         }),
         ("permission-twice", _) => bare(Directive::PermissionTwice),
+        ("permission-nowait", _) => bare(Directive::PermissionNoWait),
         ("cancel-permission", _) => bare(Directive::CancelPermission),
         ("elicit", [] | ["form"]) => Some(Directive::Elicit(ElicitKind::Form)),
         ("elicit", ["url"]) => Some(Directive::Elicit(ElicitKind::Url)),
@@ -344,6 +347,7 @@ mod tests {
         );
         assert_eq!(one("@permission-twice"), Directive::PermissionTwice);
         assert_eq!(one("@cancel-permission"), Directive::CancelPermission);
+        assert_eq!(one("@permission-nowait"), Directive::PermissionNoWait);
         assert_eq!(one("@elicit"), Directive::Elicit(ElicitKind::Form));
         assert_eq!(one("@elicit form"), Directive::Elicit(ElicitKind::Form));
         assert_eq!(one("@elicit url"), Directive::Elicit(ElicitKind::Url));

@@ -5,6 +5,7 @@
 mod harness;
 
 mod health;
+mod interactions;
 mod queue;
 mod reflection;
 mod scale;
