@@ -43,6 +43,9 @@ pub const RUNTIME_ACTOR: &str = "runtime";
 pub const HARNESS_ACTOR: &str = "harness";
 /// How long to wait for a runtime's output to close after its process exited.
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
+/// How long to wait for a runtime to exit after its output closed, before calling it a closed
+/// output of a live process.
+const CLOSE_GRACE: Duration = Duration::from_millis(250);
 /// How long to wait for a dead runtime's stderr so its tail is complete.
 const STDERR_DRAIN: Duration = Duration::from_millis(500);
 /// Characters of stderr quoted in a status reason or error.
@@ -90,6 +93,9 @@ struct Conn {
     stderr: Arc<StderrTail>,
     exited: Option<oneshot::Receiver<io::Result<ExitStatus>>>,
     exit_status: Option<String>,
+    /// The reader saw the end of the runtime's output.
+    output_closed: bool,
+    /// When to stop waiting for the other half of an ending (exit, or end of output).
     exit_deadline: Option<Instant>,
     next_id: u64,
     _permit: OwnedSemaphorePermit,
@@ -469,6 +475,7 @@ impl Actor {
             stderr: spawned.stderr,
             exited: Some(spawned.exited),
             exit_status: None,
+            output_closed: false,
             exit_deadline: None,
             next_id: 0,
             _permit: permit,
@@ -893,9 +900,25 @@ impl Actor {
             Some(Err(e)) => format!("could not be waited for: {e}"),
             None => "ended".to_owned(),
         };
-        conn.exit_status = Some(text);
+        conn.exit_status = Some(text.clone());
+        if conn.output_closed {
+            return self.fault("exit", format!("runtime {text}")).await;
+        }
         // Its last lines may still be in the pipe: wait for the end of its output.
         conn.exit_deadline = Some(Instant::now() + EXIT_DRAIN);
+    }
+
+    /// The end of the runtime's output: a fault once it is clear whether the process exited.
+    fn on_output_closed(&mut self) -> Option<(&'static str, String)> {
+        let conn = self.conn.as_mut()?;
+        conn.output_closed = true;
+        match &conn.exit_status {
+            Some(exit) => Some(("exit", format!("runtime {exit}"))),
+            None => {
+                conn.exit_deadline = Some(Instant::now() + CLOSE_GRACE);
+                None
+            }
+        }
     }
 
     async fn on_deadline(&mut self) {
@@ -903,8 +926,13 @@ impl Actor {
         if let Some(conn) = &self.conn
             && conn.exit_deadline.is_some_and(|d| d <= now)
         {
-            let exit = conn.exit_status.clone().unwrap_or_default();
-            return self.fault("exit", format!("runtime {exit}")).await;
+            return match &conn.exit_status {
+                Some(exit) => self.fault("exit", format!("runtime {exit}")).await,
+                None => {
+                    self.fault("closed_output", "the runtime closed its output".to_owned())
+                        .await
+                }
+            };
         }
         if let Some((key, _)) = self.pending.iter().find(|(_, p)| p.deadline <= now) {
             let key = key.clone();
@@ -1031,18 +1059,9 @@ impl Actor {
                 self.fault(kind, detail).await;
             }
             Inbound::Closed => {
-                let exit = self
-                    .conn
-                    .as_ref()
-                    .and_then(|c| c.exit_status.clone())
-                    .map(|e| format!("runtime {e}"))
-                    .unwrap_or_else(|| "the runtime closed its output".to_owned());
-                let kind = if exit.starts_with("runtime") && !exit.contains("closed its output") {
-                    "exit"
-                } else {
-                    "closed_output"
-                };
-                self.fault(kind, exit).await;
+                if let Some((kind, detail)) = self.on_output_closed() {
+                    self.fault(kind, detail).await;
+                }
             }
             Inbound::WriteFailed(why) => {
                 self.fault(

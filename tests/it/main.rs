@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod faults;
 mod health;
 mod interactions;
 mod queue;
