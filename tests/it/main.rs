@@ -7,6 +7,7 @@ mod harness;
 mod faults;
 mod health;
 mod interactions;
+mod interop;
 mod queue;
 mod reflection;
 mod scale;
