@@ -14,6 +14,9 @@ mod rows;
 mod schema;
 mod writer;
 
+#[cfg(test)]
+mod tests;
+
 use std::{
     path::{Path, PathBuf},
     sync::{
@@ -233,6 +236,28 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| Error::internal(format!("sqlite store: a read task failed: {e}")))?
+    }
+
+    /// Tests: stops the writer until the returned sender fires (or drops), so that changes sent
+    /// meanwhile are applied as one group.
+    #[cfg(test)]
+    pub(crate) async fn pause_writer(&self) -> oneshot::Sender<()> {
+        let (paused_tx, paused_rx) = oneshot::channel();
+        let (resume_tx, resume_rx) = oneshot::channel();
+        self.send(WriteOp::Pause {
+            paused: paused_tx,
+            resume: resume_rx,
+        })
+        .await
+        .expect("writer accepts a pause");
+        paused_rx.await.expect("writer pauses");
+        resume_tx
+    }
+
+    /// Tests: how many operations wait for the writer.
+    #[cfg(test)]
+    pub(crate) fn queued_writes(&self) -> usize {
+        self.writes.max_capacity() - self.writes.capacity()
     }
 }
 

@@ -89,6 +89,12 @@ pub(super) enum WriteOp {
     Synchronous(oneshot::Sender<Result<i64>>),
     /// Finishes everything sent before, checkpoints the WAL and stops.
     Close(oneshot::Sender<Result<()>>),
+    /// Tests: holds the writer until `resume` fires, so changes pile up into one group.
+    #[cfg(test)]
+    Pause {
+        paused: oneshot::Sender<()>,
+        resume: oneshot::Receiver<()>,
+    },
 }
 
 pub(super) struct Writer {
@@ -148,6 +154,11 @@ impl Writer {
                 WriteOp::Close(reply) => {
                     let _ = reply.send(self.checkpoint());
                     return;
+                }
+                #[cfg(test)]
+                WriteOp::Pause { paused, resume } => {
+                    let _ = paused.send(());
+                    let _ = resume.blocking_recv();
                 }
             }
         }
