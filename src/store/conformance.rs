@@ -998,6 +998,25 @@ pub(crate) mod cases {
             ids_of(&store.list_sessions(&between).await.unwrap()),
             [ids[3], ids[2], ids[1], ids[0]]
         );
+        // A position between two stored microseconds (finer than stores keep times).
+        let finer = SessionQuery {
+            page_size: 10,
+            after: Some((record.created_at + Duration::from_nanos(500), Uuid::nil())),
+            ..SessionQuery::default()
+        };
+        assert_eq!(
+            ids_of(&store.list_sessions(&finer).await.unwrap()),
+            [ids[3], ids[2], ids[1], ids[0]]
+        );
+        let just_before = SessionQuery {
+            page_size: 10,
+            after: Some((record.created_at - Duration::from_nanos(500), Uuid::max())),
+            ..SessionQuery::default()
+        };
+        assert_eq!(
+            ids_of(&store.list_sessions(&just_before).await.unwrap()),
+            [ids[0]]
+        );
         let zero = SessionQuery {
             page_size: 0,
             ..SessionQuery::default()

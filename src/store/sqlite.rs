@@ -24,6 +24,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
+    time::UNIX_EPOCH,
 };
 
 use async_trait::async_trait;
@@ -343,7 +344,17 @@ fn list_sql(query: &SessionQuery) -> (String, Vec<SqlValue>) {
         ));
     }
     if let Some((created_at, id)) = &query.after {
-        params.push(SqlValue::Integer(to_micros(*created_at)));
+        // Times are stored in whole microseconds. A position between two of them is the same
+        // as "before the next microsecond, below every id".
+        let whole = created_at
+            .duration_since(UNIX_EPOCH)
+            .is_ok_and(|since| since.subsec_nanos() % 1_000 == 0);
+        let (micros, id) = if whole {
+            (to_micros(*created_at), *id)
+        } else {
+            (to_micros(*created_at) + 1, Uuid::nil())
+        };
+        params.push(SqlValue::Integer(micros));
         params.push(SqlValue::Blob(id.as_bytes().to_vec()));
         let (t, i) = (params.len() - 1, params.len());
         sql.push_str(&format!(" AND (s.created_at, s.id) < (?{t}, ?{i})"));
