@@ -1,17 +1,19 @@
 //! The storage conformance suite: written once against `Arc<dyn Store>`, run against every
-//! backend. Each case is an async function in [`cases`]; [`conformance_suite!`] turns the whole
+//! backend. Each case is an async function in `cases`; `conformance_suite!` turns the whole
 //! list into one `#[tokio::test]` per case and backend, so a failure names both, e.g.
 //! `store::conformance::sqlite::a_batch_whose_offsets_leave_a_gap_changes_nothing`.
 //!
-//! A new backend adds a constructor in [`backends`] and one `conformance_suite!` line.
+//! A new backend adds a constructor in `backends` and one `conformance_suite!` line. Everything
+//! here is compiled for tests only.
 
-#![cfg(test)]
-
+#[cfg(test)]
 use std::{future::Future, sync::Arc, time::Duration};
 
 /// Every case gets this long; a hang fails the test instead of stalling the run.
+#[cfg(test)]
 const CASE_TIMEOUT: Duration = Duration::from_secs(120);
 
+#[cfg(test)]
 async fn within(case: impl Future<Output = ()>) {
     tokio::time::timeout(CASE_TIMEOUT, case)
         .await
@@ -19,6 +21,7 @@ async fn within(case: impl Future<Output = ()>) {
 }
 
 /// A store under test and whatever keeps it alive.
+#[cfg(test)]
 pub(crate) mod backends {
     use super::*;
     use crate::{
@@ -67,6 +70,7 @@ pub(crate) mod backends {
 }
 
 /// Values the cases (and the backend-specific tests) build on.
+#[cfg(test)]
 pub(crate) mod fixtures {
     use std::{
         collections::BTreeMap,
@@ -203,6 +207,7 @@ pub(crate) mod fixtures {
 }
 
 /// The cases, each a behaviour every backend must have.
+#[cfg(test)]
 pub(crate) mod cases {
     use std::{collections::BTreeMap, time::Duration};
 
@@ -1275,6 +1280,7 @@ pub(crate) mod cases {
 }
 
 /// One `#[tokio::test]` per case for the backend `$backend`, opened by the async fn `$open`.
+#[cfg(test)]
 macro_rules! conformance_suite {
     ($backend:ident, $open:path) => {
         conformance_suite!(@cases $backend, $open;
@@ -1325,5 +1331,7 @@ macro_rules! conformance_suite {
     };
 }
 
+#[cfg(test)]
 conformance_suite!(memory, super::backends::memory);
+#[cfg(test)]
 conformance_suite!(sqlite, super::backends::sqlite);

@@ -4,11 +4,11 @@
 //!
 //! - **Writes** (`create_session`, `commit`, `delete_session`) go to a single writer thread that
 //!   owns the only write connection and group-commits whatever is waiting: many batches, one
-//!   transaction, one savepoint each, replies after `COMMIT` (see [`writer`]).
+//!   transaction, one savepoint each, replies after `COMMIT` (see `sqlite/writer.rs`).
 //! - **Reads** run on a small pool of read-only connections on tokio's blocking threads, so they
 //!   never block the async runtime and never wait behind the writer (WAL readers see the last
 //!   committed state).
-//! - **Schema**: versioned through `PRAGMA user_version` (see [`schema`]).
+//! - **Schema**: versioned through `PRAGMA user_version` (see `sqlite/schema.rs`).
 
 mod rows;
 mod schema;
