@@ -757,3 +757,99 @@ async fn throughput_of_appends_from_a_hundred_sessions_and_of_reading_a_long_log
     }
     store.close().await.unwrap();
 }
+
+/// Set (to a database path) only in the child process of the kill -9 test.
+const CRASH_CHILD_DB: &str = "AGENT_HARNESS_TEST_CRASH_CHILD_DB";
+
+/// The child half of `acknowledged_commits_survive_kill_9`: appends to ten sessions as fast as
+/// it can and prints every acknowledged offset, until it is killed. Does nothing on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of acknowledged_commits_survive_kill_9"]
+async fn crash_child_appends_until_killed() {
+    let Ok(path) = std::env::var(CRASH_CHILD_DB) else {
+        return;
+    };
+    let store = Arc::new(open(Path::new(&path)));
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let record = session("user:alice", i);
+        store.create_session(&record).await.unwrap();
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = record.id;
+            for offset in 1.. {
+                let entry = frame(offset, &format!(r#"{{"session":"{id}","n":{offset}}}"#));
+                store.commit(id, entries(vec![entry])).await.unwrap();
+                println!("acked {id} {offset}");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn acknowledged_commits_survive_kill_9() {
+    use std::{collections::HashMap, process::Stdio};
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_path(&dir);
+        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "store::sqlite::tests::crash_child_appends_until_killed",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CRASH_CHILD_DB, &path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut acked: HashMap<Uuid, u64> = HashMap::new();
+        let mut count = 0;
+        while count < 3000 {
+            let Some(line) = lines.next_line().await.unwrap() else {
+                panic!("the child stopped after {count} acknowledgements");
+            };
+            let Some(rest) = line.strip_prefix("acked ") else {
+                continue;
+            };
+            let (id, offset) = rest.split_once(' ').unwrap();
+            let (id, offset): (Uuid, u64) = (id.parse().unwrap(), offset.parse().unwrap());
+            let best = acked.entry(id).or_default();
+            *best = (*best).max(offset);
+            count += 1;
+        }
+        child.start_kill().unwrap(); // SIGKILL, mid-stream
+        child.wait().await.unwrap();
+
+        let store = open(&path);
+        assert_eq!(acked.len(), 10);
+        for (&id, &acked) in &acked {
+            let log = store.read_log(id, 0, usize::MAX).await.unwrap();
+            let head = store.head_offset(id).await.unwrap();
+            assert!(
+                head >= acked,
+                "session {id}: acknowledged {acked}, found {head}"
+            );
+            assert_eq!(log.len() as u64, head);
+            for (i, entry) in log.iter().enumerate() {
+                assert_eq!(entry.offset, i as u64 + 1);
+                assert_eq!(
+                    entry.json,
+                    format!(r#"{{"session":"{id}","n":{}}}"#, entry.offset)
+                );
+            }
+        }
+        store.close().await.unwrap();
+    })
+    .await;
+}
