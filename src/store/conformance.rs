@@ -1,2 +1,1337 @@
-//! The storage conformance suite: written once, run against every backend.
-//! (Filled in with the SQLite backend.)
+//! The storage conformance suite: written once against `Arc<dyn Store>`, run against every
+//! backend. Each case is an async function in `cases`; `conformance_suite!` turns the whole
+//! list into one `#[tokio::test]` per case and backend, so a failure names both, e.g.
+//! `store::conformance::sqlite::a_batch_whose_offsets_leave_a_gap_changes_nothing`.
+//!
+//! A new backend adds a constructor in `backends` and one `conformance_suite!` line. Everything
+//! here is compiled for tests only.
+
+#[cfg(test)]
+use std::{future::Future, sync::Arc, time::Duration};
+
+/// Every case gets this long; a hang fails the test instead of stalling the run.
+#[cfg(test)]
+const CASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[cfg(test)]
+async fn within(case: impl Future<Output = ()>) {
+    tokio::time::timeout(CASE_TIMEOUT, case)
+        .await
+        .expect("the conformance case finished within its timeout");
+}
+
+/// A store under test and whatever keeps it alive.
+#[cfg(test)]
+pub(crate) mod backends {
+    use super::*;
+    use crate::{
+        config::SqliteSynchronous,
+        store::{Store, memory::MemoryStore, sqlite::SqliteStore},
+    };
+
+    pub(crate) struct Backend {
+        pub(crate) store: Arc<dyn Store>,
+        sqlite: Option<Arc<SqliteStore>>,
+        _dir: Option<tempfile::TempDir>,
+    }
+
+    impl Backend {
+        /// Stops the backend cleanly (the SQLite writer checkpoints and exits).
+        pub(crate) async fn finish(self) {
+            if let Some(sqlite) = &self.sqlite {
+                sqlite.close().await.expect("the store closes cleanly");
+            }
+        }
+    }
+
+    pub(crate) async fn memory() -> Backend {
+        Backend {
+            store: Arc::new(MemoryStore::new()),
+            sqlite: None,
+            _dir: None,
+        }
+    }
+
+    pub(crate) async fn sqlite() -> Backend {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = Arc::new(
+            SqliteStore::open(
+                dir.path().join("agent-harness.sqlite3"),
+                SqliteSynchronous::Normal,
+            )
+            .expect("the SQLite store opens"),
+        );
+        Backend {
+            store: store.clone(),
+            sqlite: Some(store),
+            _dir: Some(dir),
+        }
+    }
+}
+
+/// Values the cases (and the backend-specific tests) build on.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::{
+        collections::BTreeMap,
+        time::{Duration, SystemTime},
+    };
+
+    use serde_json::{Map, Value, json};
+    use uuid::Uuid;
+
+    use crate::{
+        domain::{
+            ActionId, PromptAction, PromptAttachment,
+            queue::{QueuedEntry, QueuedWork},
+            session::{SessionRecord, SessionStatus},
+        },
+        store::{ActionRecord, ActionState, Batch, Direction, LogEntry, QueueOp},
+    };
+
+    /// A point in time `ms` milliseconds into the test epoch, with a sub-millisecond part so
+    /// microsecond precision is exercised (stores keep times to the microsecond).
+    pub(crate) fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_micros((1_700_000_000_000 + ms) * 1_000 + 321)
+    }
+
+    pub(crate) fn session(owner: &str, created_ms: u64) -> SessionRecord {
+        SessionRecord {
+            id: Uuid::now_v7(),
+            name: format!("work of {owner} — ünïcødé ✓"),
+            owner: owner.to_owned(),
+            profile: "mock".to_owned(),
+            cwd: "/srv/checkout".to_owned(),
+            model: "default".to_owned(),
+            acp_session_id: "acp-session-1".to_owned(),
+            status: SessionStatus::Idle,
+            status_reason: String::new(),
+            created_at: at(created_ms),
+            updated_at: at(created_ms + 5),
+            labels: BTreeMap::from([("team".to_owned(), "core".to_owned())]),
+            profile_fingerprint: "profile-fp".to_owned(),
+            editors: Vec::new(),
+            request_fingerprint: "request-fp".to_owned(),
+            can_resume: true,
+            can_load: false,
+        }
+    }
+
+    pub(crate) fn frame(offset: u64, json: &str) -> LogEntry {
+        LogEntry {
+            offset,
+            direction: Direction::FromRuntime,
+            json: json.to_owned(),
+            actor: "runtime".to_owned(),
+            action_id: None,
+            epoch: 1,
+            created_at: at(offset),
+        }
+    }
+
+    /// Entries `from..=to` with distinct small JSON bodies.
+    pub(crate) fn frames(from: u64, to: u64) -> Vec<LogEntry> {
+        (from..=to)
+            .map(|offset| {
+                frame(
+                    offset,
+                    &format!(r#"{{"jsonrpc":"2.0","method":"session/update","n":{offset}}}"#),
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) fn entries(entries: Vec<LogEntry>) -> Batch {
+        Batch {
+            entries,
+            ..Batch::default()
+        }
+    }
+
+    pub(crate) fn prompt(text: &str) -> QueuedEntry {
+        QueuedEntry {
+            action_id: ActionId::mint(),
+            work: QueuedWork::Prompt(PromptAction::text(text)),
+            context: None,
+            actor: "user:alice".to_owned(),
+            created_at: at(42),
+            traceparent: None,
+        }
+    }
+
+    pub(crate) fn rich_prompt() -> QueuedEntry {
+        let mut context = Map::new();
+        context.insert("trigger".to_owned(), json!({"kind": "review", "pr": 17}));
+        context.insert("zeta".to_owned(), Value::from("kept in order"));
+        context.insert("alpha".to_owned(), json!([1, 2.5, null, true]));
+        QueuedEntry {
+            action_id: ActionId::mint(),
+            work: QueuedWork::Prompt(PromptAction::with_attachments(
+                "look at these — 日本語 🚀",
+                vec![
+                    PromptAttachment::new("https://files.example/a.png", "a.png")
+                        .mime_type("image/png")
+                        .size(1234),
+                    PromptAttachment::new("https://files.example/notes.txt", "notes.txt"),
+                ],
+            )),
+            context: Some(context),
+            actor: "service:reviewer".to_owned(),
+            created_at: at(43),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned()),
+        }
+    }
+
+    pub(crate) fn compact() -> QueuedEntry {
+        QueuedEntry {
+            work: QueuedWork::Compact,
+            ..prompt("")
+        }
+    }
+
+    pub(crate) fn queue(ops: Vec<QueueOp>) -> Batch {
+        Batch {
+            queue: ops,
+            ..Batch::default()
+        }
+    }
+
+    pub(crate) fn action(action_id: ActionId, state: ActionState) -> ActionRecord {
+        ActionRecord {
+            action_id,
+            fingerprint: format!(r#"{{"action":{{"type":"prompt"}},"id":"{action_id}"}}"#),
+            state,
+            created_at: at(7),
+        }
+    }
+}
+
+/// The cases, each a behaviour every backend must have.
+#[cfg(test)]
+pub(crate) mod cases {
+    use std::{collections::BTreeMap, time::Duration};
+
+    use uuid::Uuid;
+
+    use super::fixtures::*;
+    use super::*;
+    use crate::{
+        domain::{
+            ActionId, ErrorCode, PromptAction,
+            queue::{QueuedEntry, QueuedWork},
+            session::SessionStatus,
+        },
+        store::{ActionState, Batch, Direction, LogEntry, QueueOp, SessionQuery, Store},
+    };
+
+    type S = Arc<dyn Store>;
+
+    async fn created(store: &S, owner: &str, created_ms: u64) -> Uuid {
+        let record = session(owner, created_ms);
+        store.create_session(&record).await.unwrap();
+        record.id
+    }
+
+    async fn whole_log(store: &S, session_id: Uuid) -> Vec<LogEntry> {
+        store.read_log(session_id, 0, usize::MAX).await.unwrap()
+    }
+
+    fn all() -> SessionQuery {
+        SessionQuery {
+            page_size: 1000,
+            ..SessionQuery::default()
+        }
+    }
+
+    fn ids_of(records: &[crate::domain::session::SessionRecord]) -> Vec<Uuid> {
+        records.iter().map(|r| r.id).collect()
+    }
+
+    pub(crate) async fn a_created_session_reads_back_exactly(store: S) {
+        let mut record = session("user:alice", 1);
+        record.labels.insert("env".to_owned(), "prod ✓".to_owned());
+        record.labels.insert("".to_owned(), "empty key".to_owned());
+        record.editors = vec!["user:zed".to_owned(), "user:bob".to_owned()];
+        record.status = SessionStatus::Starting;
+        record.status_reason = "spawning".to_owned();
+        record.can_load = true;
+        store.create_session(&record).await.unwrap();
+        assert_eq!(
+            store.get_session(record.id).await.unwrap(),
+            Some(record.clone())
+        );
+        assert_eq!(store.head_offset(record.id).await.unwrap(), 0);
+        assert!(whole_log(&store, record.id).await.is_empty());
+        assert!(store.load_queue(record.id).await.unwrap().is_empty());
+    }
+
+    pub(crate) async fn creating_a_session_with_a_taken_id_fails_with_session_exists(store: S) {
+        let first = session("user:alice", 1);
+        store.create_session(&first).await.unwrap();
+        let mut second = session("user:bob", 2);
+        second.id = first.id;
+        let err = store.create_session(&second).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::SessionExists);
+        assert_eq!(store.get_session(first.id).await.unwrap(), Some(first));
+    }
+
+    pub(crate) async fn an_unknown_session_reads_as_absent_and_empty(store: S) {
+        let unknown = Uuid::now_v7();
+        assert_eq!(store.get_session(unknown).await.unwrap(), None);
+        assert!(store.read_log(unknown, 0, 10).await.unwrap().is_empty());
+        assert_eq!(store.head_offset(unknown).await.unwrap(), 0);
+        assert!(store.load_queue(unknown).await.unwrap().is_empty());
+        assert_eq!(
+            store.find_action(unknown, ActionId::mint()).await.unwrap(),
+            None
+        );
+        assert!(store.list_sessions(&all()).await.unwrap().is_empty());
+    }
+
+    pub(crate) async fn a_batch_continuing_densely_from_the_head_is_appended(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        store.commit(id, entries(frames(1, 2))).await.unwrap();
+        store.commit(id, entries(frames(3, 3))).await.unwrap();
+        store.commit(id, entries(frames(4, 9))).await.unwrap();
+        assert_eq!(whole_log(&store, id).await, frames(1, 9));
+        assert_eq!(store.head_offset(id).await.unwrap(), 9);
+    }
+
+    pub(crate) async fn a_batch_whose_offsets_leave_a_gap_changes_nothing(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let before = store.get_session(id).await.unwrap().unwrap();
+        store.commit(id, entries(frames(1, 1))).await.unwrap();
+        let queued = prompt("never queued");
+        let mut changed = before.clone();
+        changed.status = SessionStatus::Running;
+        let batch = Batch {
+            entries: frames(3, 4),
+            queue: vec![QueueOp::PushBack(queued.clone())],
+            new_actions: vec![action(queued.action_id, ActionState::Queued)],
+            action_states: Vec::new(),
+            session: Some(changed),
+        };
+        let err = store.commit(id, batch).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(whole_log(&store, id).await, frames(1, 1));
+        assert_eq!(store.head_offset(id).await.unwrap(), 1);
+        assert!(store.load_queue(id).await.unwrap().is_empty());
+        assert_eq!(store.find_action(id, queued.action_id).await.unwrap(), None);
+        assert_eq!(store.get_session(id).await.unwrap(), Some(before));
+    }
+
+    pub(crate) async fn a_batch_that_overlaps_the_log_changes_nothing(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        store.commit(id, entries(frames(1, 2))).await.unwrap();
+        let mut overlapping = frames(2, 3);
+        overlapping[0].json = r#"{"rewritten":true}"#.to_owned();
+        let err = store.commit(id, entries(overlapping)).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::Internal);
+        let err = store.commit(id, entries(frames(1, 1))).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(whole_log(&store, id).await, frames(1, 2));
+        assert_eq!(store.head_offset(id).await.unwrap(), 2);
+    }
+
+    pub(crate) async fn a_batch_whose_offsets_are_not_dense_inside_it_changes_nothing(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let repeated = vec![frame(1, "{}"), frame(1, "{}")];
+        let skipping = vec![frame(1, "{}"), frame(3, "{}")];
+        let backwards = vec![frame(2, "{}"), frame(1, "{}")];
+        let from_zero = vec![frame(0, "{}"), frame(1, "{}")];
+        for bad in [repeated, skipping, backwards, from_zero] {
+            let err = store.commit(id, entries(bad)).await.unwrap_err();
+            assert_eq!(err.code, ErrorCode::Internal);
+        }
+        assert!(whole_log(&store, id).await.is_empty());
+        assert_eq!(store.head_offset(id).await.unwrap(), 0);
+        store.commit(id, entries(frames(1, 2))).await.unwrap();
+        assert_eq!(whole_log(&store, id).await, frames(1, 2));
+    }
+
+    pub(crate) async fn read_log_pages_by_after_and_limit_in_offset_order(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        store.commit(id, entries(frames(1, 7))).await.unwrap();
+        store.commit(id, entries(frames(8, 8))).await.unwrap();
+        store.commit(id, entries(frames(9, 25))).await.unwrap();
+        let all = frames(1, 25);
+        assert_eq!(store.read_log(id, 0, 10).await.unwrap(), all[0..10]);
+        assert_eq!(store.read_log(id, 10, 10).await.unwrap(), all[10..20]);
+        assert_eq!(store.read_log(id, 20, 10).await.unwrap(), all[20..25]);
+        assert_eq!(store.read_log(id, 7, 1).await.unwrap(), all[7..8]);
+        assert!(store.read_log(id, 25, 10).await.unwrap().is_empty());
+        assert!(store.read_log(id, 1000, 10).await.unwrap().is_empty());
+        assert!(store.read_log(id, u64::MAX, 10).await.unwrap().is_empty());
+        assert!(store.read_log(id, 3, 0).await.unwrap().is_empty());
+        assert_eq!(store.read_log(id, 0, usize::MAX).await.unwrap(), all);
+        // Paging with the last offset seen walks the whole log exactly once.
+        let mut seen = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = store.read_log(id, after, 4).await.unwrap();
+            let Some(last) = page.last() else { break };
+            after = last.offset;
+            seen.extend(page);
+        }
+        assert_eq!(seen, all);
+    }
+
+    pub(crate) async fn read_log_keeps_the_exact_json_text_and_every_field(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let action_id = ActionId::mint();
+        let large = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"text":"{}"}}}}"#,
+            "large ✓ row ".repeat(350_000)
+        );
+        assert!(large.len() > 4 << 20);
+        let written = vec![
+            LogEntry {
+                offset: 1,
+                direction: Direction::ToRuntime,
+                json: r#"{"jsonrpc":"2.0","id":"x","method":"session/prompt"}"#.to_owned(),
+                actor: "user:alice".to_owned(),
+                action_id: Some(action_id),
+                epoch: 0,
+                created_at: at(1),
+            },
+            LogEntry {
+                offset: 2,
+                direction: Direction::FromRuntime,
+                // Spacing, key order, number spelling and escapes are kept as written.
+                json: "{ \"b\" : 1.50e+2 ,\"a\":\"h\\u00e9llo 🌍 \\\"q\\\" \\n\",\n\t\"z\":[ ] }"
+                    .to_owned(),
+                actor: "runtime".to_owned(),
+                action_id: None,
+                epoch: u32::MAX,
+                created_at: at(2),
+            },
+            LogEntry {
+                offset: 3,
+                direction: Direction::Event,
+                json: "{\"raw\":\"日本語 — emoji 👩‍💻 — ünïcødé\"}".to_owned(),
+                actor: "".to_owned(),
+                action_id: Some(action_id),
+                epoch: 7,
+                created_at: at(3),
+            },
+            LogEntry {
+                offset: 4,
+                direction: Direction::FromRuntime,
+                json: large,
+                actor: "runtime".to_owned(),
+                action_id: None,
+                epoch: 7,
+                created_at: at(4),
+            },
+            LogEntry {
+                offset: 5,
+                direction: Direction::Event,
+                json: String::new(),
+                actor: "harness".to_owned(),
+                action_id: None,
+                epoch: 7,
+                created_at: at(5),
+            },
+        ];
+        store.commit(id, entries(written.clone())).await.unwrap();
+        let read = whole_log(&store, id).await;
+        assert_eq!(read.len(), written.len());
+        for (read, written) in read.iter().zip(&written) {
+            assert_eq!(read.json.as_bytes(), written.json.as_bytes());
+            assert_eq!(read, written);
+        }
+    }
+
+    pub(crate) async fn sessions_never_see_each_others_logs_queues_or_action_ids(store: S) {
+        let a = created(&store, "user:alice", 1).await;
+        let b = created(&store, "user:bob", 2).await;
+        let queued = prompt("for a");
+        store
+            .commit(
+                a,
+                Batch {
+                    entries: frames(1, 3),
+                    queue: vec![QueueOp::PushBack(queued.clone())],
+                    new_actions: vec![action(queued.action_id, ActionState::Queued)],
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        let mut for_b = frames(1, 1);
+        for_b[0].json = r#"{"session":"b"}"#.to_owned();
+        store.commit(b, entries(for_b.clone())).await.unwrap();
+        assert_eq!(whole_log(&store, a).await, frames(1, 3));
+        assert_eq!(whole_log(&store, b).await, for_b);
+        assert_eq!(store.head_offset(b).await.unwrap(), 1);
+        assert!(store.load_queue(b).await.unwrap().is_empty());
+        assert_eq!(store.find_action(b, queued.action_id).await.unwrap(), None);
+        assert_eq!(store.load_queue(a).await.unwrap(), vec![queued]);
+    }
+
+    pub(crate) async fn head_offset_is_zero_for_an_empty_log_then_the_newest_offset(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        assert_eq!(store.head_offset(id).await.unwrap(), 0);
+        store.commit(id, entries(frames(1, 1))).await.unwrap();
+        assert_eq!(store.head_offset(id).await.unwrap(), 1);
+        store.commit(id, entries(frames(2, 40))).await.unwrap();
+        assert_eq!(store.head_offset(id).await.unwrap(), 40);
+        store.commit(id, queue(vec![QueueOp::Clear])).await.unwrap();
+        assert_eq!(store.head_offset(id).await.unwrap(), 40);
+    }
+
+    pub(crate) async fn push_back_appends_and_push_front_puts_the_newest_interrupt_first(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let [a, b, c, i1, i2] = ["a", "b", "c", "interrupt 1", "interrupt 2"].map(prompt);
+        store
+            .commit(
+                id,
+                queue(vec![
+                    QueueOp::PushBack(a.clone()),
+                    QueueOp::PushBack(b.clone()),
+                ]),
+            )
+            .await
+            .unwrap();
+        store
+            .commit(id, queue(vec![QueueOp::PushFront(i1.clone())]))
+            .await
+            .unwrap();
+        store
+            .commit(
+                id,
+                queue(vec![
+                    QueueOp::PushFront(i2.clone()),
+                    QueueOp::PushBack(c.clone()),
+                ]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.load_queue(id).await.unwrap(), vec![i2, i1, a, b, c]);
+        let d = prompt("front of an empty queue");
+        let other = created(&store, "user:alice", 2).await;
+        store
+            .commit(other, queue(vec![QueueOp::PushFront(d.clone())]))
+            .await
+            .unwrap();
+        assert_eq!(store.load_queue(other).await.unwrap(), vec![d]);
+    }
+
+    pub(crate) async fn an_update_replaces_the_content_but_keeps_the_position(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let [a, b, c] = ["a", "b", "c"].map(prompt);
+        let mut b = QueuedEntry {
+            context: rich_prompt().context,
+            ..b
+        };
+        b.traceparent = Some("00-aa-bb-01".to_owned());
+        store
+            .commit(
+                id,
+                queue(vec![
+                    QueueOp::PushBack(a.clone()),
+                    QueueOp::PushBack(b.clone()),
+                    QueueOp::PushBack(c.clone()),
+                ]),
+            )
+            .await
+            .unwrap();
+        let edited = QueuedEntry {
+            work: QueuedWork::Prompt(PromptAction::text("b, edited ✎")),
+            context: None,
+            actor: "user:bob".to_owned(),
+            ..b.clone()
+        };
+        store
+            .commit(id, queue(vec![QueueOp::Update(edited.clone())]))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.load_queue(id).await.unwrap(),
+            vec![a.clone(), edited.clone(), c.clone()]
+        );
+        // Editing an entry that is gone changes nothing.
+        store
+            .commit(id, queue(vec![QueueOp::Update(prompt("not queued"))]))
+            .await
+            .unwrap();
+        assert_eq!(store.load_queue(id).await.unwrap(), vec![a, edited, c]);
+    }
+
+    pub(crate) async fn remove_takes_out_one_entry_and_clear_empties_the_queue(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(prompt);
+        store
+            .commit(
+                id,
+                queue(vec![
+                    QueueOp::PushBack(a.clone()),
+                    QueueOp::PushBack(b.clone()),
+                    QueueOp::PushBack(c.clone()),
+                ]),
+            )
+            .await
+            .unwrap();
+        store
+            .commit(id, queue(vec![QueueOp::Remove(b.action_id)]))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.load_queue(id).await.unwrap(),
+            vec![a.clone(), c.clone()]
+        );
+        store
+            .commit(id, queue(vec![QueueOp::Remove(ActionId::mint())]))
+            .await
+            .unwrap();
+        assert_eq!(store.load_queue(id).await.unwrap(), vec![a, c]);
+        store.commit(id, queue(vec![QueueOp::Clear])).await.unwrap();
+        assert!(store.load_queue(id).await.unwrap().is_empty());
+        store
+            .commit(
+                id,
+                queue(vec![QueueOp::PushBack(d.clone()), QueueOp::Clear]),
+            )
+            .await
+            .unwrap();
+        assert!(store.load_queue(id).await.unwrap().is_empty());
+        store
+            .commit(id, queue(vec![QueueOp::PushBack(d.clone())]))
+            .await
+            .unwrap();
+        assert_eq!(store.load_queue(id).await.unwrap(), vec![d]);
+    }
+
+    pub(crate) async fn queued_entries_keep_their_work_context_attachments_and_traceparent(
+        store: S,
+    ) {
+        let id = created(&store, "user:alice", 1).await;
+        let rich = rich_prompt();
+        let compact = compact();
+        store
+            .commit(
+                id,
+                queue(vec![
+                    QueueOp::PushBack(rich.clone()),
+                    QueueOp::PushBack(compact.clone()),
+                ]),
+            )
+            .await
+            .unwrap();
+        let loaded = store.load_queue(id).await.unwrap();
+        assert_eq!(loaded, vec![rich.clone(), compact]);
+        let keys: Vec<&String> = loaded[0].context.as_ref().unwrap().keys().collect();
+        assert_eq!(keys, ["trigger", "zeta", "alpha"]);
+    }
+
+    pub(crate) async fn taking_the_head_of_the_queue_and_appending_its_frame_is_one_change(
+        store: S,
+    ) {
+        let id = created(&store, "user:alice", 1).await;
+        let [a, b] = ["a", "b"].map(prompt);
+        store
+            .commit(
+                id,
+                Batch {
+                    entries: frames(1, 1),
+                    queue: vec![QueueOp::PushBack(a.clone()), QueueOp::PushBack(b.clone())],
+                    new_actions: vec![
+                        action(a.action_id, ActionState::Queued),
+                        action(b.action_id, ActionState::Queued),
+                    ],
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        let mut dispatched = frame(2, r#"{"jsonrpc":"2.0","method":"session/prompt"}"#);
+        dispatched.direction = Direction::ToRuntime;
+        dispatched.action_id = Some(a.action_id);
+        let take = |offset: u64| Batch {
+            entries: vec![LogEntry {
+                offset,
+                ..dispatched.clone()
+            }],
+            queue: vec![QueueOp::Remove(a.action_id)],
+            action_states: vec![(a.action_id, ActionState::Sent)],
+            ..Batch::default()
+        };
+        // With a stale offset nothing happens: the entry stays queued.
+        store.commit(id, take(5)).await.unwrap_err();
+        assert_eq!(
+            store.load_queue(id).await.unwrap(),
+            vec![a.clone(), b.clone()]
+        );
+        let record = store.find_action(id, a.action_id).await.unwrap().unwrap();
+        assert_eq!(record.state, ActionState::Queued);
+        // With the right one, both happen.
+        store.commit(id, take(2)).await.unwrap();
+        assert_eq!(store.load_queue(id).await.unwrap(), vec![b]);
+        assert_eq!(whole_log(&store, id).await[1], dispatched);
+        let record = store.find_action(id, a.action_id).await.unwrap().unwrap();
+        assert_eq!(record.state, ActionState::Sent);
+    }
+
+    pub(crate) async fn a_new_action_id_is_recorded_and_found_by_id(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let first = action(ActionId::mint(), ActionState::Sent);
+        let mut second = action(ActionId::mint(), ActionState::Queued);
+        second.fingerprint = format!("{{\"prompt\":\"{}\"}}", "ü".repeat(10_000));
+        store
+            .commit(
+                id,
+                Batch {
+                    new_actions: vec![first.clone(), second.clone()],
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store.find_action(id, first.action_id).await.unwrap(),
+            Some(first)
+        );
+        assert_eq!(
+            store.find_action(id, second.action_id).await.unwrap(),
+            Some(second)
+        );
+        assert_eq!(store.find_action(id, ActionId::mint()).await.unwrap(), None);
+    }
+
+    pub(crate) async fn an_action_id_already_recorded_fails_the_whole_batch_with_action_id_conflict(
+        store: S,
+    ) {
+        let id = created(&store, "user:alice", 1).await;
+        let before = store.get_session(id).await.unwrap().unwrap();
+        let recorded = action(ActionId::mint(), ActionState::Sent);
+        store
+            .commit(
+                id,
+                Batch {
+                    entries: frames(1, 1),
+                    new_actions: vec![recorded.clone()],
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        let fresh = prompt("fresh");
+        let mut again = action(recorded.action_id, ActionState::Queued);
+        again.fingerprint = "a different request".to_owned();
+        let mut changed = before.clone();
+        changed.status = SessionStatus::Running;
+        let err = store
+            .commit(
+                id,
+                Batch {
+                    entries: frames(2, 3),
+                    queue: vec![QueueOp::PushBack(fresh.clone())],
+                    new_actions: vec![action(fresh.action_id, ActionState::Queued), again],
+                    action_states: vec![(recorded.action_id, ActionState::Removed)],
+                    session: Some(changed),
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::ActionIdConflict);
+        assert_eq!(whole_log(&store, id).await, frames(1, 1));
+        assert!(store.load_queue(id).await.unwrap().is_empty());
+        assert_eq!(store.find_action(id, fresh.action_id).await.unwrap(), None);
+        assert_eq!(
+            store.find_action(id, recorded.action_id).await.unwrap(),
+            Some(recorded)
+        );
+        assert_eq!(store.get_session(id).await.unwrap(), Some(before));
+        // The offsets the failed batch tried are still free.
+        store.commit(id, entries(frames(2, 3))).await.unwrap();
+        assert_eq!(store.head_offset(id).await.unwrap(), 3);
+    }
+
+    pub(crate) async fn the_same_action_id_in_another_session_is_fine(store: S) {
+        let a = created(&store, "user:alice", 1).await;
+        let b = created(&store, "user:alice", 2).await;
+        let shared = ActionId::mint();
+        let in_a = action(shared, ActionState::Sent);
+        let mut in_b = action(shared, ActionState::Queued);
+        in_b.fingerprint = "b's request".to_owned();
+        for (session_id, record) in [(a, in_a.clone()), (b, in_b.clone())] {
+            store
+                .commit(
+                    session_id,
+                    Batch {
+                        new_actions: vec![record],
+                        ..Batch::default()
+                    },
+                )
+                .await
+                .unwrap();
+        }
+        assert_eq!(store.find_action(a, shared).await.unwrap(), Some(in_a));
+        assert_eq!(store.find_action(b, shared).await.unwrap(), Some(in_b));
+    }
+
+    pub(crate) async fn action_states_change_recorded_ids_and_ignore_unknown_ones(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let to_send = action(ActionId::mint(), ActionState::Queued);
+        let to_remove = action(ActionId::mint(), ActionState::Queued);
+        let unknown = ActionId::mint();
+        store
+            .commit(
+                id,
+                Batch {
+                    new_actions: vec![to_send.clone(), to_remove.clone()],
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        store
+            .commit(
+                id,
+                Batch {
+                    action_states: vec![
+                        (to_send.action_id, ActionState::Sent),
+                        (to_remove.action_id, ActionState::Removed),
+                        (unknown, ActionState::Sent),
+                    ],
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        let sent = store.find_action(id, to_send.action_id).await.unwrap();
+        assert_eq!(
+            sent,
+            Some(crate::store::ActionRecord {
+                state: ActionState::Sent,
+                ..to_send
+            })
+        );
+        let removed = store.find_action(id, to_remove.action_id).await.unwrap();
+        assert_eq!(removed.unwrap().state, ActionState::Removed);
+        assert_eq!(store.find_action(id, unknown).await.unwrap(), None);
+        // A new id and its state change in one batch: the change applies to the new id.
+        let fresh = action(ActionId::mint(), ActionState::Queued);
+        store
+            .commit(
+                id,
+                Batch {
+                    new_actions: vec![fresh.clone()],
+                    action_states: vec![(fresh.action_id, ActionState::Sent)],
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        let fresh = store.find_action(id, fresh.action_id).await.unwrap();
+        assert_eq!(fresh.unwrap().state, ActionState::Sent);
+    }
+
+    pub(crate) async fn a_batch_with_a_session_record_replaces_it_including_labels_and_editors(
+        store: S,
+    ) {
+        let mut record = session("user:alice", 1);
+        record.labels = BTreeMap::from([
+            ("team".to_owned(), "core".to_owned()),
+            ("env".to_owned(), "dev".to_owned()),
+        ]);
+        record.editors = vec!["user:bob".to_owned()];
+        store.create_session(&record).await.unwrap();
+
+        let mut replaced = record.clone();
+        replaced.name = "renamed".to_owned();
+        replaced.model = "large".to_owned();
+        replaced.acp_session_id = "acp-2".to_owned();
+        replaced.status = SessionStatus::AwaitingInput;
+        replaced.status_reason = "permission requested".to_owned();
+        replaced.updated_at = at(99);
+        replaced.labels = BTreeMap::from([
+            ("team".to_owned(), "platform".to_owned()),
+            ("tier".to_owned(), "gold".to_owned()),
+        ]);
+        replaced.editors = vec!["user:carol".to_owned(), "user:bob".to_owned()];
+        replaced.can_resume = false;
+        replaced.can_load = true;
+        store
+            .commit(
+                record.id,
+                Batch {
+                    entries: frames(1, 1),
+                    session: Some(replaced.clone()),
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get_session(record.id).await.unwrap(),
+            Some(replaced.clone())
+        );
+        let listed = store.list_sessions(&all()).await.unwrap();
+        assert_eq!(listed, vec![replaced.clone()]);
+
+        let query = |labels: &[(&str, &str)], who: Option<&str>| SessionQuery {
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            owner_or_editor: who.map(str::to_owned),
+            page_size: 10,
+            ..SessionQuery::default()
+        };
+        let hits = |q: SessionQuery| {
+            let store = store.clone();
+            async move { store.list_sessions(&q).await.unwrap().len() }
+        };
+        assert_eq!(hits(query(&[("team", "core")], None)).await, 0);
+        assert_eq!(hits(query(&[("env", "dev")], None)).await, 0);
+        assert_eq!(hits(query(&[("team", "platform")], None)).await, 1);
+        assert_eq!(hits(query(&[("tier", "gold")], None)).await, 1);
+        assert_eq!(hits(query(&[], Some("user:carol"))).await, 1);
+
+        let mut emptied = replaced.clone();
+        emptied.labels.clear();
+        emptied.editors.clear();
+        store
+            .commit(
+                record.id,
+                Batch {
+                    session: Some(emptied.clone()),
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.get_session(record.id).await.unwrap(), Some(emptied));
+        assert_eq!(hits(query(&[], Some("user:carol"))).await, 0);
+        assert_eq!(hits(query(&[("tier", "gold")], None)).await, 0);
+        assert_eq!(hits(query(&[], Some("user:alice"))).await, 1);
+    }
+
+    pub(crate) async fn an_empty_batch_for_a_known_session_succeeds_and_changes_nothing(store: S) {
+        let id = created(&store, "user:alice", 1).await;
+        let before = store.get_session(id).await.unwrap();
+        store.commit(id, entries(frames(1, 2))).await.unwrap();
+        store.commit(id, Batch::default()).await.unwrap();
+        assert_eq!(store.get_session(id).await.unwrap(), before);
+        assert_eq!(whole_log(&store, id).await, frames(1, 2));
+    }
+
+    pub(crate) async fn a_commit_to_an_unknown_session_fails_with_session_not_found(store: S) {
+        let unknown = Uuid::now_v7();
+        for batch in [Batch::default(), entries(frames(1, 3))] {
+            let err = store.commit(unknown, batch).await.unwrap_err();
+            assert_eq!(err.code, ErrorCode::SessionNotFound);
+        }
+        assert_eq!(store.get_session(unknown).await.unwrap(), None);
+        assert!(store.read_log(unknown, 0, 10).await.unwrap().is_empty());
+        assert!(store.list_sessions(&all()).await.unwrap().is_empty());
+    }
+
+    /// Sessions with controlled `(created_at, id)` so order and ties are known.
+    async fn ordered_sessions(store: &S, specs: &[(u64, u128)]) -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for &(created_ms, id) in specs {
+            let mut record = session("user:alice", created_ms);
+            record.id = Uuid::from_u128(id);
+            store.create_session(&record).await.unwrap();
+            ids.push(record.id);
+        }
+        ids
+    }
+
+    pub(crate) async fn list_sessions_is_newest_first_with_ties_broken_by_id_descending(store: S) {
+        let ids = ordered_sessions(
+            &store,
+            &[(10, 5), (30, 1), (20, 9), (30, 7), (20, 2), (30, u128::MAX)],
+        )
+        .await;
+        let listed = store.list_sessions(&all()).await.unwrap();
+        let expected = [5, 3, 1, 2, 4, 0].map(|i| ids[i]);
+        assert_eq!(ids_of(&listed), expected);
+        // Same answer for a page that holds them exactly.
+        let exact = SessionQuery {
+            page_size: 6,
+            ..SessionQuery::default()
+        };
+        assert_eq!(
+            ids_of(&store.list_sessions(&exact).await.unwrap()),
+            expected
+        );
+    }
+
+    pub(crate) async fn list_sessions_pages_with_an_exclusive_after_and_at_most_page_size(
+        store: S,
+    ) {
+        let ids = ordered_sessions(
+            &store,
+            &[(1, 1), (2, 2), (2, 3), (2, 4), (3, 5), (4, 6), (4, 7)],
+        )
+        .await;
+        let newest_first: Vec<Uuid> = ids.iter().rev().copied().collect();
+        let mut query = SessionQuery {
+            page_size: 3,
+            ..SessionQuery::default()
+        };
+        let mut pages = Vec::new();
+        loop {
+            let page = store.list_sessions(&query).await.unwrap();
+            assert!(page.len() <= 3);
+            let Some(last) = page.last() else { break };
+            query.after = Some((last.created_at, last.id));
+            pages.push(ids_of(&page));
+        }
+        assert_eq!(pages.len(), 3);
+        assert_eq!(pages.concat(), newest_first);
+        // `after` is exclusive and needs no stored session at that position.
+        let record = store.get_session(ids[2]).await.unwrap().unwrap();
+        let after = SessionQuery {
+            page_size: 10,
+            after: Some((record.created_at, record.id)),
+            ..SessionQuery::default()
+        };
+        assert_eq!(
+            ids_of(&store.list_sessions(&after).await.unwrap()),
+            [ids[1], ids[0]]
+        );
+        let between = SessionQuery {
+            page_size: 10,
+            after: Some((record.created_at + Duration::from_micros(1), Uuid::nil())),
+            ..SessionQuery::default()
+        };
+        assert_eq!(
+            ids_of(&store.list_sessions(&between).await.unwrap()),
+            [ids[3], ids[2], ids[1], ids[0]]
+        );
+        // A position between two stored microseconds (finer than stores keep times).
+        let finer = SessionQuery {
+            page_size: 10,
+            after: Some((record.created_at + Duration::from_nanos(500), Uuid::nil())),
+            ..SessionQuery::default()
+        };
+        assert_eq!(
+            ids_of(&store.list_sessions(&finer).await.unwrap()),
+            [ids[3], ids[2], ids[1], ids[0]]
+        );
+        let just_before = SessionQuery {
+            page_size: 10,
+            after: Some((record.created_at - Duration::from_nanos(500), Uuid::max())),
+            ..SessionQuery::default()
+        };
+        assert_eq!(
+            ids_of(&store.list_sessions(&just_before).await.unwrap()),
+            [ids[0]]
+        );
+        let zero = SessionQuery {
+            page_size: 0,
+            ..SessionQuery::default()
+        };
+        assert!(store.list_sessions(&zero).await.unwrap().is_empty());
+    }
+
+    pub(crate) async fn list_sessions_filters_by_status(store: S) {
+        let mut by_status = Vec::new();
+        for (i, status) in SessionStatus::ALL.into_iter().enumerate() {
+            let mut record = session("user:alice", i as u64);
+            record.status = status;
+            store.create_session(&record).await.unwrap();
+            by_status.push((status, record.id));
+        }
+        let query = |statuses: Vec<SessionStatus>| SessionQuery {
+            statuses,
+            page_size: 100,
+            ..SessionQuery::default()
+        };
+        let idle = store
+            .list_sessions(&query(vec![SessionStatus::Idle]))
+            .await
+            .unwrap();
+        assert_eq!(ids_of(&idle), [by_status[1].1]);
+        let some = store
+            .list_sessions(&query(vec![SessionStatus::Closed, SessionStatus::Starting]))
+            .await
+            .unwrap();
+        assert_eq!(ids_of(&some), [by_status[6].1, by_status[0].1]);
+        let every = store
+            .list_sessions(&query(SessionStatus::ALL.to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(every.len(), 7);
+        assert_eq!(store.list_sessions(&query(vec![])).await.unwrap().len(), 7);
+    }
+
+    pub(crate) async fn list_sessions_requires_every_label_pair_to_match_exactly(store: S) {
+        let labelled = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let mut ids_by_name = BTreeMap::new();
+        for (i, (name, labels)) in [
+            ("both", labelled(&[("team", "core"), ("env", "prod")])),
+            ("team only", labelled(&[("team", "core")])),
+            ("other env", labelled(&[("team", "core"), ("env", "dev")])),
+            ("near miss", labelled(&[("team", "Core"), ("env", "prod ")])),
+            ("none", labelled(&[])),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut record = session("user:alice", i as u64);
+            record.labels = labels;
+            store.create_session(&record).await.unwrap();
+            ids_by_name.insert(name, record.id);
+        }
+        let matching = |pairs: &[(&str, &str)]| {
+            let store = store.clone();
+            let query = SessionQuery {
+                labels: labelled(pairs),
+                page_size: 100,
+                ..SessionQuery::default()
+            };
+            async move {
+                let mut found = ids_of(&store.list_sessions(&query).await.unwrap());
+                found.sort();
+                found
+            }
+        };
+        let sorted = |names: &[&str]| {
+            let mut found: Vec<Uuid> = names.iter().map(|n| ids_by_name[n]).collect();
+            found.sort();
+            found
+        };
+        assert_eq!(
+            matching(&[("team", "core")]).await,
+            sorted(&["both", "team only", "other env"])
+        );
+        assert_eq!(
+            matching(&[("team", "core"), ("env", "prod")]).await,
+            sorted(&["both"])
+        );
+        assert_eq!(matching(&[("env", "prod")]).await, sorted(&["both"]));
+        assert_eq!(matching(&[("env", "staging")]).await, sorted(&[]));
+        assert_eq!(matching(&[]).await.len(), 5);
+    }
+
+    pub(crate) async fn list_sessions_filters_by_owner_or_editor(store: S) {
+        let mut owned = session("user:alice", 1);
+        owned.editors = vec!["user:bob".to_owned()];
+        let mut edited = session("user:carol", 2);
+        edited.editors = vec!["user:dave".to_owned(), "user:alice".to_owned()];
+        let unrelated = session("user:carol", 3);
+        let prefix = session("user:alice2", 4);
+        for record in [&owned, &edited, &unrelated, &prefix] {
+            store.create_session(record).await.unwrap();
+        }
+        let of = |who: &str| {
+            let store = store.clone();
+            let query = SessionQuery {
+                owner_or_editor: Some(who.to_owned()),
+                page_size: 100,
+                ..SessionQuery::default()
+            };
+            async move { ids_of(&store.list_sessions(&query).await.unwrap()) }
+        };
+        assert_eq!(of("user:alice").await, [edited.id, owned.id]);
+        assert_eq!(of("user:bob").await, [owned.id]);
+        assert_eq!(of("user:carol").await, [unrelated.id, edited.id]);
+        assert_eq!(of("user:dave").await, [edited.id]);
+        assert!(of("user:nobody").await.is_empty());
+        assert_eq!(store.list_sessions(&all()).await.unwrap().len(), 4);
+    }
+
+    pub(crate) async fn list_sessions_ands_every_filter_together(store: S) {
+        let mut expected = Vec::new();
+        for i in 0..16u64 {
+            let mut record = session(if i % 2 == 0 { "user:alice" } else { "user:bob" }, i);
+            record.status = if i % 4 < 2 {
+                SessionStatus::Idle
+            } else {
+                SessionStatus::Closed
+            };
+            if i % 8 < 4 {
+                record.labels.insert("env".to_owned(), "prod".to_owned());
+            }
+            if i == 13 {
+                record.editors.push("user:alice".to_owned());
+            }
+            let matches = (record.owner == "user:alice"
+                || record.editors.iter().any(|e| e == "user:alice"))
+                && record.status == SessionStatus::Idle
+                && record.labels.get("env").map(String::as_str) == Some("prod");
+            store.create_session(&record).await.unwrap();
+            if matches {
+                expected.push(record);
+            }
+        }
+        expected.reverse();
+        assert_eq!(expected.len(), 2);
+        let mut query = SessionQuery {
+            owner_or_editor: Some("user:alice".to_owned()),
+            statuses: vec![SessionStatus::Idle],
+            labels: BTreeMap::from([("env".to_owned(), "prod".to_owned())]),
+            page_size: 100,
+            after: None,
+        };
+        assert_eq!(store.list_sessions(&query).await.unwrap(), expected);
+        query.page_size = 1;
+        let first = store.list_sessions(&query).await.unwrap();
+        assert_eq!(first, expected[..1]);
+        query.after = Some((first[0].created_at, first[0].id));
+        assert_eq!(store.list_sessions(&query).await.unwrap(), expected[1..]);
+    }
+
+    pub(crate) async fn count_live_sessions_and_open_sessions_ignore_closed_sessions(store: S) {
+        let mut open_ids = Vec::new();
+        for (i, status) in SessionStatus::ALL.into_iter().enumerate() {
+            let mut record = session("user:alice", i as u64);
+            record.status = status;
+            store.create_session(&record).await.unwrap();
+            if status != SessionStatus::Closed {
+                open_ids.push(record.id);
+            }
+        }
+        let mut bobs = session("user:bob", 50);
+        store.create_session(&bobs).await.unwrap();
+        open_ids.push(bobs.id);
+        assert_eq!(store.count_live_sessions("user:alice").await.unwrap(), 6);
+        assert_eq!(store.count_live_sessions("user:bob").await.unwrap(), 1);
+        assert_eq!(store.count_live_sessions("user:nobody").await.unwrap(), 0);
+        let mut open = ids_of(&store.open_sessions().await.unwrap());
+        open.sort();
+        open_ids.sort();
+        assert_eq!(open, open_ids);
+
+        // Closing through a batch takes the session out of both.
+        bobs.status = SessionStatus::Closed;
+        store
+            .commit(
+                bobs.id,
+                Batch {
+                    session: Some(bobs.clone()),
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.count_live_sessions("user:bob").await.unwrap(), 0);
+        let open = store.open_sessions().await.unwrap();
+        assert_eq!(open.len(), 6);
+        assert!(open.iter().all(|r| r.status != SessionStatus::Closed));
+        assert!(open.iter().all(|r| r.labels.contains_key("team")));
+    }
+
+    pub(crate) async fn deleting_a_session_removes_its_log_queue_and_actions_and_reports_whether_it_existed(
+        store: S,
+    ) {
+        let mut record = session("user:alice", 1);
+        record.editors = vec!["user:bob".to_owned()];
+        store.create_session(&record).await.unwrap();
+        let id = record.id;
+        let kept = created(&store, "user:alice", 2).await;
+        let queued = prompt("queued");
+        let batch = || Batch {
+            entries: frames(1, 3),
+            queue: vec![QueueOp::PushBack(queued.clone())],
+            new_actions: vec![action(queued.action_id, ActionState::Queued)],
+            ..Batch::default()
+        };
+        store.commit(id, batch()).await.unwrap();
+        store.commit(kept, batch()).await.unwrap();
+
+        assert!(store.delete_session(id).await.unwrap());
+        assert_eq!(store.get_session(id).await.unwrap(), None);
+        assert!(whole_log(&store, id).await.is_empty());
+        assert_eq!(store.head_offset(id).await.unwrap(), 0);
+        assert!(store.load_queue(id).await.unwrap().is_empty());
+        assert_eq!(store.find_action(id, queued.action_id).await.unwrap(), None);
+        assert_eq!(ids_of(&store.list_sessions(&all()).await.unwrap()), [kept]);
+        let bobs = SessionQuery {
+            owner_or_editor: Some("user:bob".to_owned()),
+            page_size: 10,
+            ..SessionQuery::default()
+        };
+        assert!(store.list_sessions(&bobs).await.unwrap().is_empty());
+        assert!(!store.delete_session(id).await.unwrap());
+        assert!(!store.delete_session(Uuid::now_v7()).await.unwrap());
+        let err = store.commit(id, entries(frames(4, 4))).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::SessionNotFound);
+
+        // The other session is untouched.
+        assert_eq!(whole_log(&store, kept).await, frames(1, 3));
+        assert_eq!(store.load_queue(kept).await.unwrap(), vec![queued.clone()]);
+        assert!(
+            store
+                .find_action(kept, queued.action_id)
+                .await
+                .unwrap()
+                .is_some()
+        );
+
+        // The id can be used again, starting empty.
+        store.create_session(&record).await.unwrap();
+        assert_eq!(store.head_offset(id).await.unwrap(), 0);
+        assert!(store.load_queue(id).await.unwrap().is_empty());
+        assert_eq!(store.find_action(id, queued.action_id).await.unwrap(), None);
+        store.commit(id, batch()).await.unwrap();
+        assert_eq!(whole_log(&store, id).await, frames(1, 3));
+    }
+}
+
+/// One `#[tokio::test]` per case for the backend `$backend`, opened by the async fn `$open`.
+#[cfg(test)]
+macro_rules! conformance_suite {
+    ($backend:ident, $open:path) => {
+        conformance_suite!(@cases $backend, $open;
+            a_created_session_reads_back_exactly,
+            creating_a_session_with_a_taken_id_fails_with_session_exists,
+            an_unknown_session_reads_as_absent_and_empty,
+            a_batch_continuing_densely_from_the_head_is_appended,
+            a_batch_whose_offsets_leave_a_gap_changes_nothing,
+            a_batch_that_overlaps_the_log_changes_nothing,
+            a_batch_whose_offsets_are_not_dense_inside_it_changes_nothing,
+            read_log_pages_by_after_and_limit_in_offset_order,
+            read_log_keeps_the_exact_json_text_and_every_field,
+            sessions_never_see_each_others_logs_queues_or_action_ids,
+            head_offset_is_zero_for_an_empty_log_then_the_newest_offset,
+            push_back_appends_and_push_front_puts_the_newest_interrupt_first,
+            an_update_replaces_the_content_but_keeps_the_position,
+            remove_takes_out_one_entry_and_clear_empties_the_queue,
+            queued_entries_keep_their_work_context_attachments_and_traceparent,
+            taking_the_head_of_the_queue_and_appending_its_frame_is_one_change,
+            a_new_action_id_is_recorded_and_found_by_id,
+            an_action_id_already_recorded_fails_the_whole_batch_with_action_id_conflict,
+            the_same_action_id_in_another_session_is_fine,
+            action_states_change_recorded_ids_and_ignore_unknown_ones,
+            a_batch_with_a_session_record_replaces_it_including_labels_and_editors,
+            an_empty_batch_for_a_known_session_succeeds_and_changes_nothing,
+            a_commit_to_an_unknown_session_fails_with_session_not_found,
+            list_sessions_is_newest_first_with_ties_broken_by_id_descending,
+            list_sessions_pages_with_an_exclusive_after_and_at_most_page_size,
+            list_sessions_filters_by_status,
+            list_sessions_requires_every_label_pair_to_match_exactly,
+            list_sessions_filters_by_owner_or_editor,
+            list_sessions_ands_every_filter_together,
+            count_live_sessions_and_open_sessions_ignore_closed_sessions,
+            deleting_a_session_removes_its_log_queue_and_actions_and_reports_whether_it_existed,
+        );
+    };
+    (@cases $backend:ident, $open:path; $($case:ident),+ $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let backend = $open().await;
+                    super::within(super::cases::$case(backend.store.clone())).await;
+                    backend.finish().await;
+                }
+            )+
+        }
+    };
+}
+
+#[cfg(test)]
+conformance_suite!(memory, super::backends::memory);
+#[cfg(test)]
+conformance_suite!(sqlite, super::backends::sqlite);

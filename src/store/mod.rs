@@ -11,6 +11,7 @@
 
 pub mod conformance;
 pub mod memory;
+pub mod sqlite;
 
 use std::{collections::BTreeMap, time::SystemTime};
 

@@ -1,0 +1,529 @@
+//! The embedded default store on SQLite (SPEC §9.1, §9.2): one database file in the data
+//! directory, WAL mode, `synchronous=NORMAL` by default (survives a process crash) or `FULL`
+//! (also survives power loss).
+//!
+//! - **Writes** (`create_session`, `commit`, `delete_session`) go to a single writer thread that
+//!   owns the only write connection and group-commits whatever is waiting: many batches, one
+//!   transaction, one savepoint each, replies after `COMMIT` (see `sqlite/writer.rs`).
+//! - **Reads** run on a small pool of read-only connections on tokio's blocking threads, so they
+//!   never block the async runtime and never wait behind the writer (WAL readers see the last
+//!   committed state).
+//! - **Schema**: versioned through `PRAGMA user_version` (see `sqlite/schema.rs`).
+
+mod rows;
+mod schema;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::UNIX_EPOCH,
+};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags, types::Value as SqlValue};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use uuid::Uuid;
+
+use self::{
+    rows::{Context, action_columns, log_columns, queue_columns, session_columns},
+    writer::{Change, Reply, WriteOp, Writer},
+};
+use super::{ActionRecord, Batch, LogEntry, SessionQuery, Store, to_micros};
+use crate::{
+    config::SqliteSynchronous,
+    domain::{
+        ActionId, Error, Result,
+        queue::QueuedEntry,
+        session::{SessionRecord, SessionStatus},
+    },
+};
+
+/// The file name the server uses inside its data directory.
+pub const DB_FILE_NAME: &str = "agent-harness.sqlite3";
+
+/// Read connections kept open (and reads running at once).
+const READERS: usize = 4;
+/// Writes waiting for the writer before senders wait too.
+const WRITE_QUEUE: usize = 4096;
+
+/// The SQLite [`Store`].
+pub struct SqliteStore {
+    // Field order matters on drop: the sender goes first, so the writer drains what is queued,
+    // checkpoints and stops; then `writer_thread` joins it.
+    writes: mpsc::Sender<WriteOp>,
+    readers: Arc<Readers>,
+    transactions: Arc<AtomicU64>,
+    closed: AtomicBool,
+    path: PathBuf,
+    writer_thread: WriterThread,
+}
+
+struct WriterThread(Mutex<Option<JoinHandle<()>>>);
+
+impl WriterThread {
+    fn take(&self) -> Option<JoinHandle<()>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl Drop for WriterThread {
+    fn drop(&mut self) {
+        if let Some(handle) = self.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The pool of read-only connections.
+struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+    permits: Arc<Semaphore>,
+}
+
+impl Readers {
+    fn take(&self) -> Result<Connection> {
+        if let Some(conn) = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(conn);
+        }
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .context("opening a read connection")?;
+        schema::configure_reader(&conn)?;
+        Ok(conn)
+    }
+
+    fn give_back(&self, conn: Connection) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(conn);
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its directory if needed) the database at `path`, brings its
+    /// schema up to date and starts the writer thread. Blocking: call it at start-up.
+    pub fn open(path: impl AsRef<Path>, synchronous: SqliteSynchronous) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::internal(format!(
+                    "sqlite store: creating the directory {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        let mut conn = Connection::open(&path).map_err(|e| {
+            Error::internal(format!("sqlite store: opening {}: {e}", path.display()))
+        })?;
+        schema::configure_writer(&conn, synchronous)?;
+        schema::migrate(&mut conn)?;
+
+        let readers = Arc::new(Readers {
+            path: path.clone(),
+            idle: Mutex::new(Vec::with_capacity(READERS)),
+            permits: Arc::new(Semaphore::new(READERS)),
+        });
+        // Fail now, not on the first read, if read connections cannot be opened.
+        let reader = readers.take()?;
+        readers.give_back(reader);
+
+        let transactions = Arc::new(AtomicU64::new(0));
+        let (writes, rx) = mpsc::channel(WRITE_QUEUE);
+        let writer = Writer::new(conn, transactions.clone());
+        let handle = std::thread::Builder::new()
+            .name("sqlite-writer".to_owned())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| Error::internal(format!("sqlite store: starting the writer: {e}")))?;
+        Ok(Self {
+            writes,
+            readers,
+            transactions,
+            closed: AtomicBool::new(false),
+            path,
+            writer_thread: WriterThread(Mutex::new(Some(handle))),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How many write transactions have committed since open. Group commit makes this smaller
+    /// than the number of changes; exposed for tests and metrics.
+    pub fn write_transactions(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
+    }
+
+    /// The `synchronous` mode the write connection runs with.
+    pub async fn synchronous(&self) -> Result<SqliteSynchronous> {
+        let (tx, rx) = oneshot::channel();
+        self.send(WriteOp::Synchronous(tx)).await?;
+        match rx.await.map_err(|_| writer_stopped())?? {
+            1 => Ok(SqliteSynchronous::Normal),
+            2 => Ok(SqliteSynchronous::Full),
+            other => Err(Error::internal(format!(
+                "sqlite store: unexpected PRAGMA synchronous = {other}"
+            ))),
+        }
+    }
+
+    /// Lets the writer finish every change sent before, checkpoints the WAL into the database
+    /// file and stops the writer. Later writes fail; reads keep working. Dropping the store
+    /// does the same, blocking the dropping thread until the writer is done.
+    pub async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.writes
+            .send(WriteOp::Close(tx))
+            .await
+            .map_err(|_| writer_stopped())?;
+        let checkpointed = rx.await.map_err(|_| writer_stopped())?;
+        if let Some(handle) = self.writer_thread.take() {
+            tokio::task::spawn_blocking(move || handle.join())
+                .await
+                .map_err(|e| Error::internal(format!("sqlite store: joining the writer: {e}")))?
+                .map_err(|_| Error::internal("sqlite store: the writer thread panicked"))?;
+        }
+        checkpointed
+    }
+
+    async fn send(&self, op: WriteOp) -> Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::internal("sqlite store: the store is closed"));
+        }
+        self.writes.send(op).await.map_err(|_| writer_stopped())
+    }
+
+    async fn write(&self, change: Change) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.send(WriteOp::Change(change, Reply::Done(tx))).await?;
+        rx.await.map_err(|_| writer_stopped())?
+    }
+
+    /// Runs `f` on a pooled read connection on a blocking thread.
+    async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        let permit = self
+            .readers
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::internal("sqlite store: the read pool is closed"))?;
+        let readers = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let conn = readers.take()?;
+            let result = f(&conn);
+            readers.give_back(conn);
+            result
+        })
+        .await
+        .map_err(|e| Error::internal(format!("sqlite store: a read task failed: {e}")))?
+    }
+
+    /// Tests: stops the writer until the returned sender fires (or drops), so that changes sent
+    /// meanwhile are applied as one group.
+    #[cfg(test)]
+    pub(crate) async fn pause_writer(&self) -> oneshot::Sender<()> {
+        let (paused_tx, paused_rx) = oneshot::channel();
+        let (resume_tx, resume_rx) = oneshot::channel();
+        self.send(WriteOp::Pause {
+            paused: paused_tx,
+            resume: resume_rx,
+        })
+        .await
+        .expect("writer accepts a pause");
+        paused_rx.await.expect("writer pauses");
+        resume_tx
+    }
+
+    /// Tests: how many operations wait for the writer.
+    #[cfg(test)]
+    pub(crate) fn queued_writes(&self) -> usize {
+        self.writes.max_capacity() - self.writes.capacity()
+    }
+}
+
+fn writer_stopped() -> Error {
+    Error::internal("sqlite store: the writer has stopped")
+}
+
+fn limit_of(value: usize) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn get_session(conn: &Connection, session_id: Uuid) -> Result<Option<SessionRecord>> {
+    let mut stmt = conn
+        .prepare_cached(concat!(
+            "SELECT ",
+            session_columns!(),
+            " FROM sessions s WHERE s.id = ?1"
+        ))
+        .context("reading a session")?;
+    let mut rows = stmt
+        .query([&session_id.as_bytes()[..]])
+        .context("reading a session")?;
+    let Some(row) = rows.next().context("reading a session")? else {
+        return Ok(None);
+    };
+    let (pk, mut record) = rows::session(row)?;
+    rows::session_side_rows(conn, pk, &mut record)?;
+    Ok(Some(record))
+}
+
+/// Runs a session query and completes each record with its labels and editors.
+fn query_sessions(conn: &Connection, sql: &str, params: &[SqlValue]) -> Result<Vec<SessionRecord>> {
+    let mut stmt = conn.prepare_cached(sql).context("listing sessions")?;
+    let mut rows = stmt
+        .query(rusqlite::params_from_iter(params))
+        .context("listing sessions")?;
+    let mut found = Vec::new();
+    while let Some(row) = rows.next().context("listing sessions")? {
+        found.push(rows::session(row)?);
+    }
+    let mut records = Vec::with_capacity(found.len());
+    for (pk, mut record) in found {
+        rows::session_side_rows(conn, pk, &mut record)?;
+        records.push(record);
+    }
+    Ok(records)
+}
+
+/// The SQL and parameters of a [`SessionQuery`]: every filter ANDed, newest first, keyset paged.
+fn list_sql(query: &SessionQuery) -> (String, Vec<SqlValue>) {
+    let mut sql = String::from(concat!(
+        "SELECT ",
+        session_columns!(),
+        " FROM sessions s WHERE 1"
+    ));
+    let mut params = Vec::new();
+    if let Some(principal) = &query.owner_or_editor {
+        params.push(SqlValue::Text(principal.clone()));
+        let p = params.len();
+        sql.push_str(&format!(
+            " AND (s.owner = ?{p} OR EXISTS (SELECT 1 FROM session_editors e \
+             WHERE e.session_pk = s.pk AND e.principal = ?{p}))"
+        ));
+    }
+    if !query.statuses.is_empty() {
+        sql.push_str(" AND s.status IN (");
+        for (i, status) in query.statuses.iter().enumerate() {
+            params.push(SqlValue::Text(status.as_str().to_owned()));
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("?{}", params.len()));
+        }
+        sql.push(')');
+    }
+    for (key, value) in &query.labels {
+        params.push(SqlValue::Text(key.clone()));
+        params.push(SqlValue::Text(value.clone()));
+        let (k, v) = (params.len() - 1, params.len());
+        sql.push_str(&format!(
+            " AND EXISTS (SELECT 1 FROM session_labels l \
+             WHERE l.session_pk = s.pk AND l.key = ?{k} AND l.value = ?{v})"
+        ));
+    }
+    if let Some((created_at, id)) = &query.after {
+        // Times are stored in whole microseconds. A position between two of them is the same
+        // as "before the next microsecond, below every id".
+        let whole = created_at
+            .duration_since(UNIX_EPOCH)
+            .is_ok_and(|since| since.subsec_nanos() % 1_000 == 0);
+        let (micros, id) = if whole {
+            (to_micros(*created_at), *id)
+        } else {
+            (to_micros(*created_at) + 1, Uuid::nil())
+        };
+        params.push(SqlValue::Integer(micros));
+        params.push(SqlValue::Blob(id.as_bytes().to_vec()));
+        let (t, i) = (params.len() - 1, params.len());
+        sql.push_str(&format!(" AND (s.created_at, s.id) < (?{t}, ?{i})"));
+    }
+    params.push(SqlValue::Integer(limit_of(query.page_size)));
+    sql.push_str(&format!(
+        " ORDER BY s.created_at DESC, s.id DESC LIMIT ?{}",
+        params.len()
+    ));
+    (sql, params)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_session(&self, record: &SessionRecord) -> Result<()> {
+        self.write(Change::Create(Box::new(record.clone()))).await
+    }
+
+    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()> {
+        self.write(Change::Commit(session_id, batch)).await
+    }
+
+    async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {
+        self.read(move |conn| get_session(conn, session_id)).await
+    }
+
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>> {
+        if query.page_size == 0 {
+            return Ok(Vec::new());
+        }
+        let (sql, params) = list_sql(query);
+        self.read(move |conn| query_sessions(conn, &sql, &params))
+            .await
+    }
+
+    async fn count_live_sessions(&self, owner: &str) -> Result<u64> {
+        let owner = owner.to_owned();
+        self.read(move |conn| {
+            let count: i64 = conn
+                .prepare_cached("SELECT count(*) FROM sessions WHERE owner = ?1 AND status <> ?2")
+                .and_then(|mut stmt| {
+                    stmt.query_row((&owner, SessionStatus::Closed.as_str()), |row| row.get(0))
+                })
+                .context("counting live sessions")?;
+            Ok(count as u64)
+        })
+        .await
+    }
+
+    async fn open_sessions(&self) -> Result<Vec<SessionRecord>> {
+        self.read(|conn| {
+            query_sessions(
+                conn,
+                concat!(
+                    "SELECT ",
+                    session_columns!(),
+                    " FROM sessions s WHERE s.status <> ?1 ORDER BY s.created_at, s.id"
+                ),
+                &[SqlValue::Text(SessionStatus::Closed.as_str().to_owned())],
+            )
+        })
+        .await
+    }
+
+    async fn delete_session(&self, session_id: Uuid) -> Result<bool> {
+        let (tx, rx) = oneshot::channel();
+        self.send(WriteOp::Change(
+            Change::Delete(session_id),
+            Reply::Existed(tx),
+        ))
+        .await?;
+        rx.await.map_err(|_| writer_stopped())?
+    }
+
+    async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>> {
+        let Ok(after) = i64::try_from(after) else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    log_columns!(),
+                    " FROM log WHERE session_pk = (SELECT pk FROM sessions WHERE id = ?1) \
+                     AND offset > ?2 ORDER BY offset LIMIT ?3"
+                ))
+                .context("reading the log")?;
+            let mut rows = stmt
+                .query((&session_id.as_bytes()[..], after, limit_of(limit)))
+                .context("reading the log")?;
+            let mut entries = Vec::with_capacity(limit.min(1024));
+            while let Some(row) = rows.next().context("reading the log")? {
+                entries.push(rows::log_entry(row, session_id)?);
+            }
+            Ok(entries)
+        })
+        .await
+    }
+
+    async fn head_offset(&self, session_id: Uuid) -> Result<u64> {
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT offset FROM log \
+                     WHERE session_pk = (SELECT pk FROM sessions WHERE id = ?1) \
+                     ORDER BY offset DESC LIMIT 1",
+                )
+                .context("reading the log head")?;
+            let mut rows = stmt
+                .query([&session_id.as_bytes()[..]])
+                .context("reading the log head")?;
+            match rows.next().context("reading the log head")? {
+                None => Ok(0),
+                Some(row) => Ok(rows::log_entry_offset(row, session_id)?),
+            }
+        })
+        .await
+    }
+
+    async fn load_queue(&self, session_id: Uuid) -> Result<Vec<QueuedEntry>> {
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    queue_columns!(),
+                    " FROM queue WHERE session_pk = (SELECT pk FROM sessions WHERE id = ?1) \
+                     ORDER BY position"
+                ))
+                .context("reading the queue")?;
+            let mut rows = stmt
+                .query([&session_id.as_bytes()[..]])
+                .context("reading the queue")?;
+            let mut entries = Vec::new();
+            while let Some(row) = rows.next().context("reading the queue")? {
+                entries.push(rows::queued_entry(row, session_id)?);
+            }
+            Ok(entries)
+        })
+        .await
+    }
+
+    async fn find_action(
+        &self,
+        session_id: Uuid,
+        action_id: ActionId,
+    ) -> Result<Option<ActionRecord>> {
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    action_columns!(),
+                    " FROM actions WHERE session_pk = (SELECT pk FROM sessions WHERE id = ?1) \
+                     AND action_id = ?2"
+                ))
+                .context("reading an action id")?;
+            let mut rows = stmt
+                .query((
+                    &session_id.as_bytes()[..],
+                    rows::action_id_bytes(&action_id),
+                ))
+                .context("reading an action id")?;
+            match rows.next().context("reading an action id")? {
+                None => Ok(None),
+                Some(row) => Ok(Some(rows::action_record(row, session_id)?)),
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,180 @@
+//! Connection settings and the versioned schema of the SQLite store.
+//!
+//! The schema version lives in `PRAGMA user_version`. [`MIGRATIONS`] holds one script per version:
+//! entry `i` takes a database from version `i` to `i + 1`, each applied in its own transaction
+//! together with the new `user_version`, so a later release appends a script and old files
+//! upgrade in place.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::rows::Context;
+use crate::{
+    config::SqliteSynchronous,
+    domain::{Error, Result},
+};
+
+/// How long a connection waits on a lock held by another connection before failing.
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Scripts taking the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[V1];
+
+/// The schema version this build writes.
+pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Version 1.
+///
+/// - Sessions have an integer key (`pk`) that the other tables reference, so the UUID is stored
+///   once and the log index stays narrow. Labels and editors are side tables, so ListSessions
+///   filters on them in SQL. Editors keep their order (`position`).
+/// - The log is a rowid table: rows are appended in arrival order across sessions, and the JSON
+///   text (possibly several MiB) is the last column, so it lives in overflow pages that only a
+///   read of that row visits. `(session_pk, offset)` is unique and serves both reads and the
+///   head lookup.
+/// - The queue is ordered by an integer `position`: a push to the back takes the largest + 1, a
+///   push to the front the smallest - 1, so no entry is ever renumbered.
+/// - Deleting a session cascades to every other table (foreign keys are on).
+const V1: &str = r#"
+CREATE TABLE sessions (
+    pk                  INTEGER PRIMARY KEY,
+    id                  BLOB    NOT NULL UNIQUE,
+    name                TEXT    NOT NULL,
+    owner               TEXT    NOT NULL,
+    profile             TEXT    NOT NULL,
+    cwd                 TEXT    NOT NULL,
+    model               TEXT    NOT NULL,
+    acp_session_id      TEXT    NOT NULL,
+    status              TEXT    NOT NULL,
+    status_reason       TEXT    NOT NULL,
+    created_at          INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL,
+    profile_fingerprint TEXT    NOT NULL,
+    request_fingerprint TEXT    NOT NULL,
+    can_resume          INTEGER NOT NULL,
+    can_load            INTEGER NOT NULL
+);
+CREATE INDEX sessions_newest_first ON sessions (created_at DESC, id DESC);
+CREATE INDEX sessions_by_owner ON sessions (owner, status);
+CREATE INDEX sessions_by_status ON sessions (status);
+
+CREATE TABLE session_labels (
+    session_pk INTEGER NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    key        TEXT    NOT NULL,
+    value      TEXT    NOT NULL,
+    PRIMARY KEY (session_pk, key)
+) WITHOUT ROWID;
+CREATE INDEX session_labels_by_pair ON session_labels (key, value);
+
+CREATE TABLE session_editors (
+    session_pk INTEGER NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    position   INTEGER NOT NULL,
+    principal  TEXT    NOT NULL,
+    PRIMARY KEY (session_pk, position)
+) WITHOUT ROWID;
+CREATE INDEX session_editors_by_principal ON session_editors (principal, session_pk);
+
+CREATE TABLE log (
+    session_pk INTEGER NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    offset     INTEGER NOT NULL,
+    direction  INTEGER NOT NULL,
+    actor      TEXT    NOT NULL,
+    action_id  BLOB,
+    epoch      INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    json       TEXT    NOT NULL
+);
+CREATE UNIQUE INDEX log_by_offset ON log (session_pk, offset);
+
+CREATE TABLE queue (
+    session_pk  INTEGER NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    action_id   BLOB    NOT NULL,
+    position    INTEGER NOT NULL,
+    actor       TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    traceparent TEXT,
+    context     TEXT,
+    work        TEXT    NOT NULL,
+    PRIMARY KEY (session_pk, action_id)
+);
+CREATE UNIQUE INDEX queue_in_order ON queue (session_pk, position);
+
+CREATE TABLE actions (
+    session_pk  INTEGER NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    action_id   BLOB    NOT NULL,
+    state       TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    fingerprint TEXT    NOT NULL,
+    PRIMARY KEY (session_pk, action_id)
+);
+"#;
+
+/// Settings of the one write connection: WAL, the configured `synchronous`, foreign keys.
+pub(super) fn configure_writer(conn: &Connection, synchronous: SqliteSynchronous) -> Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .context("setting the busy timeout")?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .context("switching to WAL")?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::internal(format!(
+            "sqlite store: the database refused WAL mode (journal_mode is {mode})"
+        )));
+    }
+    let synchronous = match synchronous {
+        SqliteSynchronous::Normal => "NORMAL",
+        SqliteSynchronous::Full => "FULL",
+    };
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {synchronous};
+         PRAGMA foreign_keys = ON;
+         PRAGMA temp_store = MEMORY;
+         PRAGMA cache_size = -32768;
+         PRAGMA journal_size_limit = 67108864;"
+    ))
+    .context("configuring the write connection")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+/// Settings of a read connection (opened read-only).
+pub(super) fn configure_reader(conn: &Connection) -> Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .context("setting the busy timeout")?;
+    conn.execute_batch("PRAGMA cache_size = -16384; PRAGMA query_only = ON;")
+        .context("configuring a read connection")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`], one transaction per version.
+pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
+    let current: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .context("reading the schema version")?;
+    if current > SCHEMA_VERSION {
+        return Err(Error::internal(format!(
+            "sqlite store: the database has schema version {current}, newer than the {SCHEMA_VERSION} \
+             this build understands; use a newer agent-harness"
+        )));
+    }
+    if current < 0 {
+        return Err(Error::internal(format!(
+            "sqlite store: the database has an invalid schema version {current}"
+        )));
+    }
+    for (from, script) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let to = from as i64 + 1;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .context("starting a schema migration")?;
+        tx.execute_batch(script).map_err(|e| {
+            Error::internal(format!("sqlite store: migrating to version {to}: {e}"))
+        })?;
+        tx.pragma_update(None, "user_version", to)
+            .context("recording the schema version")?;
+        tx.commit().context("committing a schema migration")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,564 @@
+//! The single writer: one thread owns the write connection and applies every change, grouping
+//! whatever is waiting into one transaction (group commit).
+//!
+//! Callers send a [`Change`] with a oneshot reply. The thread takes the first waiting change,
+//! drains more without blocking (bounded by [`MAX_GROUP_CHANGES`] and [`MAX_GROUP_BYTES`]) and
+//! applies them in one `BEGIN IMMEDIATE … COMMIT`, each inside its own `SAVEPOINT`, so a change
+//! that fails (a gap in offsets, an action id already recorded) is rolled back alone and gets its
+//! own error while the others commit. Replies go out only after `COMMIT` has returned, so an
+//! acknowledged change is as durable as the `synchronous` mode makes it; a burst of frames from
+//! many sessions costs one transaction (and, with FULL, one sync).
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
+use rusqlite::{Connection, ToSql};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::rows::{Context, action_id_bytes};
+use crate::{
+    domain::{Error, ErrorCode, Result, session::SessionRecord},
+    store::{Batch, QueueOp, context_to_json, to_micros, work_to_json},
+};
+
+/// At most this many changes share one transaction.
+pub(super) const MAX_GROUP_CHANGES: usize = 512;
+/// A group stops growing once its changes carry about this many bytes of payload.
+pub(super) const MAX_GROUP_BYTES: usize = 32 << 20;
+
+/// A change applied by the writer.
+// Commits are nearly every change, so they stay unboxed: boxing the large variant would add an
+// allocation per commit on the hot path to shrink the rare ones.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Change {
+    Create(Box<SessionRecord>),
+    Commit(Uuid, Batch),
+    Delete(Uuid),
+}
+
+impl Change {
+    /// A rough size of the payload, to bound a group's memory and transaction size.
+    fn weight(&self) -> usize {
+        match self {
+            Self::Create(_) | Self::Delete(_) => 256,
+            Self::Commit(_, batch) => {
+                256 + batch
+                    .entries
+                    .iter()
+                    .map(|e| e.json.len() + e.actor.len() + 64)
+                    .sum::<usize>()
+                    + batch
+                        .new_actions
+                        .iter()
+                        .map(|a| a.fingerprint.len() + 64)
+                        .sum::<usize>()
+                    + batch.queue.len() * 512
+            }
+        }
+    }
+}
+
+/// Where a change's outcome goes.
+pub(super) enum Reply {
+    Done(oneshot::Sender<Result<()>>),
+    Existed(oneshot::Sender<Result<bool>>),
+}
+
+impl Reply {
+    fn send(self, outcome: Result<bool>) {
+        // A caller that stopped waiting no longer cares; the change stands either way.
+        match self {
+            Self::Done(tx) => {
+                let _ = tx.send(outcome.map(|_| ()));
+            }
+            Self::Existed(tx) => {
+                let _ = tx.send(outcome);
+            }
+        }
+    }
+}
+
+/// What the writer thread receives.
+#[allow(clippy::large_enum_variant)] // as for `Change`
+pub(super) enum WriteOp {
+    Change(Change, Reply),
+    /// Reports the connection's `PRAGMA synchronous` (1 = NORMAL, 2 = FULL).
+    Synchronous(oneshot::Sender<Result<i64>>),
+    /// Finishes everything sent before, checkpoints the WAL and stops.
+    Close(oneshot::Sender<Result<()>>),
+    /// Tests: holds the writer until `resume` fires, so changes pile up into one group.
+    #[cfg(test)]
+    Pause {
+        paused: oneshot::Sender<()>,
+        resume: oneshot::Receiver<()>,
+    },
+}
+
+pub(super) struct Writer {
+    conn: Connection,
+    transactions: Arc<AtomicU64>,
+    group: Vec<(Change, Reply)>,
+    outcomes: Vec<(Reply, Result<bool>)>,
+}
+
+impl Writer {
+    pub(super) fn new(conn: Connection, transactions: Arc<AtomicU64>) -> Self {
+        Self {
+            conn,
+            transactions,
+            group: Vec::with_capacity(MAX_GROUP_CHANGES),
+            outcomes: Vec::with_capacity(MAX_GROUP_CHANGES),
+        }
+    }
+
+    /// The thread's loop: runs until [`WriteOp::Close`] or until every sender is gone.
+    pub(super) fn run(mut self, mut rx: mpsc::Receiver<WriteOp>) {
+        let mut carried: Option<WriteOp> = None;
+        loop {
+            let op = match carried.take() {
+                Some(op) => op,
+                None => match rx.blocking_recv() {
+                    Some(op) => op,
+                    None => break,
+                },
+            };
+            match op {
+                WriteOp::Change(change, reply) => {
+                    let mut bytes = change.weight();
+                    self.group.push((change, reply));
+                    while self.group.len() < MAX_GROUP_CHANGES && bytes < MAX_GROUP_BYTES {
+                        match rx.try_recv() {
+                            Ok(WriteOp::Change(change, reply)) => {
+                                bytes += change.weight();
+                                self.group.push((change, reply));
+                            }
+                            Ok(other) => {
+                                carried = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.run_group();
+                }
+                WriteOp::Synchronous(reply) => {
+                    let _ = reply.send(
+                        self.conn
+                            .pragma_query_value(None, "synchronous", |row| row.get(0))
+                            .context("reading PRAGMA synchronous"),
+                    );
+                }
+                WriteOp::Close(reply) => {
+                    let _ = reply.send(self.checkpoint());
+                    return;
+                }
+                #[cfg(test)]
+                WriteOp::Pause { paused, resume } => {
+                    let _ = paused.send(());
+                    let _ = resume.blocking_recv();
+                }
+            }
+        }
+        if let Err(e) = self.checkpoint() {
+            tracing::warn!(error = %e, "sqlite store: final checkpoint failed");
+        }
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .context("checkpointing the WAL")
+    }
+
+    fn exec(&self, sql: &str) -> rusqlite::Result<()> {
+        self.conn.prepare_cached(sql)?.execute([]).map(|_| ())
+    }
+
+    /// Applies the waiting group in one transaction and answers every change once it is durable.
+    fn run_group(&mut self) {
+        let mut group = std::mem::take(&mut self.group);
+        let mut outcomes = std::mem::take(&mut self.outcomes);
+        if !self.conn.is_autocommit() {
+            // Left over from a failure that could not even roll back: start clean.
+            let _ = self.exec("ROLLBACK");
+        }
+        if let Err(e) = self.exec("BEGIN IMMEDIATE") {
+            let error = Error::internal(format!("sqlite store: starting a transaction: {e}"));
+            for (_, reply) in group.drain(..) {
+                reply.send(Err(error.clone()));
+            }
+            self.group = group;
+            return;
+        }
+        let mut aborted: Option<Error> = None;
+        for (change, reply) in group.drain(..) {
+            if let Some(error) = &aborted {
+                outcomes.push((reply, Err(error.clone())));
+                continue;
+            }
+            let (outcome, intact) = self.apply_alone(change);
+            if !intact || self.conn.is_autocommit() {
+                // A hard failure (I/O, disk full) rolled the whole transaction back, or left it
+                // in a state that must not be committed.
+                aborted = Some(Error::internal(
+                    "sqlite store: the write transaction was abandoned after a database failure",
+                ));
+            }
+            outcomes.push((reply, outcome));
+        }
+        let finished = match aborted {
+            Some(error) => {
+                if !self.conn.is_autocommit() {
+                    let _ = self.exec("ROLLBACK");
+                }
+                Err(error)
+            }
+            None => match self.exec("COMMIT") {
+                Ok(()) => {
+                    self.transactions.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                }
+                Err(e) => {
+                    if !self.conn.is_autocommit() {
+                        let _ = self.exec("ROLLBACK");
+                    }
+                    Err(Error::internal(format!(
+                        "sqlite store: committing a transaction: {e}"
+                    )))
+                }
+            },
+        };
+        for (reply, outcome) in outcomes.drain(..) {
+            match (&finished, outcome) {
+                (Ok(()), outcome) => reply.send(outcome),
+                // A change that failed on its own keeps its own error; the others were lost.
+                (Err(_), Err(own)) => reply.send(Err(own)),
+                (Err(error), Ok(_)) => reply.send(Err(error.clone())),
+            }
+        }
+        self.group = group;
+        self.outcomes = outcomes;
+    }
+
+    /// Applies one change inside its own savepoint: all of it, or none of it. The flag says
+    /// whether the surrounding transaction is still fit to commit.
+    fn apply_alone(&self, change: Change) -> (Result<bool>, bool) {
+        if let Err(e) = self.exec("SAVEPOINT change") {
+            return (Err(internal("opening a savepoint", e)), false);
+        }
+        let outcome = match change {
+            Change::Create(record) => create(&self.conn, &record).map(|()| true),
+            Change::Commit(session_id, batch) => {
+                commit(&self.conn, session_id, batch).map(|()| true)
+            }
+            Change::Delete(session_id) => delete(&self.conn, session_id),
+        };
+        if self.conn.is_autocommit() {
+            return (outcome, false);
+        }
+        if outcome.is_err()
+            && let Err(e) = self.exec("ROLLBACK TO change")
+        {
+            return (Err(internal("rolling back a failed change", e)), false);
+        }
+        if let Err(e) = self.exec("RELEASE change") {
+            return (Err(internal("releasing a savepoint", e)), false);
+        }
+        (outcome, true)
+    }
+}
+
+fn internal(doing: &str, e: rusqlite::Error) -> Error {
+    Error::internal(format!("sqlite store: {doing}: {e}"))
+}
+
+fn session_pk(conn: &Connection, session_id: Uuid) -> Result<Option<i64>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT pk FROM sessions WHERE id = ?1")
+        .context("looking up a session")?;
+    let mut rows = stmt
+        .query([&session_id.as_bytes()[..]])
+        .context("looking up a session")?;
+    match rows.next().context("looking up a session")? {
+        Some(row) => Ok(Some(row.get(0).context("looking up a session")?)),
+        None => Ok(None),
+    }
+}
+
+/// Runs `f` with the record's columns bound as `?2 … ?15` after `key` as `?1`.
+fn with_record_params<R>(
+    key: &dyn ToSql,
+    record: &SessionRecord,
+    f: impl FnOnce(&[&dyn ToSql]) -> R,
+) -> R {
+    let status = record.status.as_str();
+    let created_at = to_micros(record.created_at);
+    let updated_at = to_micros(record.updated_at);
+    f(&[
+        key,
+        &record.name,
+        &record.owner,
+        &record.profile,
+        &record.cwd,
+        &record.model,
+        &record.acp_session_id,
+        &status,
+        &record.status_reason,
+        &created_at,
+        &updated_at,
+        &record.profile_fingerprint,
+        &record.request_fingerprint,
+        &record.can_resume,
+        &record.can_load,
+    ])
+}
+
+fn write_side_rows(conn: &Connection, pk: i64, record: &SessionRecord) -> Result<()> {
+    let mut labels = conn
+        .prepare_cached("INSERT INTO session_labels (session_pk, key, value) VALUES (?1, ?2, ?3)")
+        .context("storing session labels")?;
+    for (key, value) in &record.labels {
+        labels
+            .execute((pk, key, value))
+            .context("storing session labels")?;
+    }
+    let mut editors = conn
+        .prepare_cached(
+            "INSERT INTO session_editors (session_pk, position, principal) VALUES (?1, ?2, ?3)",
+        )
+        .context("storing session editors")?;
+    for (position, principal) in record.editors.iter().enumerate() {
+        editors
+            .execute((pk, position as i64, principal))
+            .context("storing session editors")?;
+    }
+    Ok(())
+}
+
+fn create(conn: &Connection, record: &SessionRecord) -> Result<()> {
+    let id = record.id.as_bytes();
+    let inserted = with_record_params(&&id[..], record, |params| {
+        conn.prepare_cached(
+            "INSERT INTO sessions (id, name, owner, profile, cwd, model, acp_session_id, status, \
+             status_reason, created_at, updated_at, profile_fingerprint, request_fingerprint, \
+             can_resume, can_load) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+             ON CONFLICT (id) DO NOTHING",
+        )?
+        .execute(params)
+    })
+    .context("storing a new session")?;
+    if inserted == 0 {
+        return Err(Error::new(
+            ErrorCode::SessionExists,
+            format!("session {} already exists", record.id),
+        ));
+    }
+    write_side_rows(conn, conn.last_insert_rowid(), record)
+}
+
+fn replace_record(
+    conn: &Connection,
+    pk: i64,
+    session_id: Uuid,
+    record: &SessionRecord,
+) -> Result<()> {
+    if record.id != session_id {
+        return Err(Error::internal(format!(
+            "sqlite store: a batch for session {session_id} carries the record of session {}",
+            record.id
+        )));
+    }
+    with_record_params(&pk, record, |params| {
+        conn.prepare_cached(
+            "UPDATE sessions SET name = ?2, owner = ?3, profile = ?4, cwd = ?5, model = ?6, \
+             acp_session_id = ?7, status = ?8, status_reason = ?9, created_at = ?10, \
+             updated_at = ?11, profile_fingerprint = ?12, request_fingerprint = ?13, \
+             can_resume = ?14, can_load = ?15 WHERE pk = ?1",
+        )?
+        .execute(params)
+    })
+    .context("replacing a session record")?;
+    conn.prepare_cached("DELETE FROM session_labels WHERE session_pk = ?1")
+        .and_then(|mut stmt| stmt.execute([pk]))
+        .context("replacing session labels")?;
+    conn.prepare_cached("DELETE FROM session_editors WHERE session_pk = ?1")
+        .and_then(|mut stmt| stmt.execute([pk]))
+        .context("replacing session editors")?;
+    write_side_rows(conn, pk, record)
+}
+
+fn delete(conn: &Connection, session_id: Uuid) -> Result<bool> {
+    let deleted = conn
+        .prepare_cached("DELETE FROM sessions WHERE id = ?1")
+        .and_then(|mut stmt| stmt.execute([&session_id.as_bytes()[..]]))
+        .context("deleting a session")?;
+    Ok(deleted > 0)
+}
+
+fn head_offset(conn: &Connection, pk: i64) -> Result<u64> {
+    let mut stmt = conn
+        .prepare_cached("SELECT offset FROM log WHERE session_pk = ?1 ORDER BY offset DESC LIMIT 1")
+        .context("reading the log head")?;
+    let mut rows = stmt.query([pk]).context("reading the log head")?;
+    match rows.next().context("reading the log head")? {
+        None => Ok(0),
+        Some(row) => {
+            let head: i64 = row.get(0).context("reading the log head")?;
+            u64::try_from(head)
+                .map_err(|_| super::rows::corrupt(format!("log head offset {head} is negative")))
+        }
+    }
+}
+
+fn commit(conn: &Connection, session_id: Uuid, batch: Batch) -> Result<()> {
+    let pk = session_pk(conn, session_id)?
+        .ok_or_else(|| Error::session_not_found(&session_id.to_string()))?;
+
+    if let Some(first) = batch.entries.first() {
+        let head = head_offset(conn, pk)?;
+        for (i, entry) in batch.entries.iter().enumerate() {
+            if entry.offset != head + 1 + i as u64 {
+                return Err(Error::internal(format!(
+                    "log offsets must continue densely from {head}: got {}",
+                    entry.offset
+                )));
+            }
+        }
+        if i64::try_from(first.offset + batch.entries.len() as u64).is_err() {
+            return Err(Error::internal("log offsets exceed the stored range"));
+        }
+        let mut insert = conn
+            .prepare_cached(
+                "INSERT INTO log (session_pk, offset, direction, actor, action_id, epoch, \
+                 created_at, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .context("appending to the log")?;
+        for entry in &batch.entries {
+            let action_id = entry.action_id.as_ref().map(action_id_bytes);
+            insert
+                .execute((
+                    pk,
+                    entry.offset as i64,
+                    entry.direction.as_i64(),
+                    &entry.actor,
+                    action_id,
+                    i64::from(entry.epoch),
+                    to_micros(entry.created_at),
+                    &entry.json,
+                ))
+                .context("appending to the log")?;
+        }
+    }
+
+    for op in &batch.queue {
+        queue_op(conn, pk, op)?;
+    }
+
+    if !batch.new_actions.is_empty() {
+        let mut insert = conn
+            .prepare_cached(
+                "INSERT INTO actions (session_pk, action_id, state, created_at, fingerprint) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (session_pk, action_id) DO NOTHING",
+            )
+            .context("recording an action id")?;
+        for action in &batch.new_actions {
+            let inserted = insert
+                .execute((
+                    pk,
+                    action_id_bytes(&action.action_id),
+                    action.state.as_str(),
+                    to_micros(action.created_at),
+                    &action.fingerprint,
+                ))
+                .context("recording an action id")?;
+            if inserted == 0 {
+                return Err(Error::new(
+                    ErrorCode::ActionIdConflict,
+                    format!("action id {} is already recorded", action.action_id),
+                ));
+            }
+        }
+    }
+
+    if !batch.action_states.is_empty() {
+        let mut update = conn
+            .prepare_cached(
+                "UPDATE actions SET state = ?3 WHERE session_pk = ?1 AND action_id = ?2",
+            )
+            .context("updating an action state")?;
+        for (action_id, state) in &batch.action_states {
+            update
+                .execute((pk, action_id_bytes(action_id), state.as_str()))
+                .context("updating an action state")?;
+        }
+    }
+
+    if let Some(record) = &batch.session {
+        replace_record(conn, pk, session_id, record)?;
+    }
+    Ok(())
+}
+
+fn queue_op(conn: &Connection, pk: i64, op: &QueueOp) -> Result<()> {
+    match op {
+        QueueOp::PushBack(entry) | QueueOp::PushFront(entry) => {
+            let sql = if matches!(op, QueueOp::PushBack(_)) {
+                "INSERT INTO queue (session_pk, action_id, position, actor, created_at, \
+                 traceparent, context, work) VALUES (?1, ?2, \
+                 (SELECT COALESCE(MAX(position), 0) + 1 FROM queue WHERE session_pk = ?1), \
+                 ?3, ?4, ?5, ?6, ?7)"
+            } else {
+                "INSERT INTO queue (session_pk, action_id, position, actor, created_at, \
+                 traceparent, context, work) VALUES (?1, ?2, \
+                 (SELECT COALESCE(MIN(position), 1) - 1 FROM queue WHERE session_pk = ?1), \
+                 ?3, ?4, ?5, ?6, ?7)"
+            };
+            conn.prepare_cached(sql)
+                .and_then(|mut stmt| {
+                    stmt.execute((
+                        pk,
+                        action_id_bytes(&entry.action_id),
+                        &entry.actor,
+                        to_micros(entry.created_at),
+                        &entry.traceparent,
+                        context_to_json(&entry.context),
+                        work_to_json(entry),
+                    ))
+                })
+                .context("queueing an action")?;
+        }
+        QueueOp::Update(entry) => {
+            conn.prepare_cached(
+                "UPDATE queue SET actor = ?3, created_at = ?4, traceparent = ?5, context = ?6, \
+                 work = ?7 WHERE session_pk = ?1 AND action_id = ?2",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute((
+                    pk,
+                    action_id_bytes(&entry.action_id),
+                    &entry.actor,
+                    to_micros(entry.created_at),
+                    &entry.traceparent,
+                    context_to_json(&entry.context),
+                    work_to_json(entry),
+                ))
+            })
+            .context("editing a queued action")?;
+        }
+        QueueOp::Remove(action_id) => {
+            conn.prepare_cached("DELETE FROM queue WHERE session_pk = ?1 AND action_id = ?2")
+                .and_then(|mut stmt| stmt.execute((pk, action_id_bytes(action_id))))
+                .context("removing a queued action")?;
+        }
+        QueueOp::Clear => {
+            conn.prepare_cached("DELETE FROM queue WHERE session_pk = ?1")
+                .and_then(|mut stmt| stmt.execute([pk]))
+                .context("clearing the queue")?;
+        }
+    }
+    Ok(())
+}
