@@ -31,13 +31,17 @@ use crate::{
         },
     },
     session::{EngineContext, Sessions},
-    store::{Store, memory::MemoryStore},
+    store::{
+        Store,
+        sqlite::{DB_FILE_NAME, SqliteStore},
+    },
     translate::Translator,
 };
 
 /// A serving harness.
 pub struct RunningServer {
     local_addr: SocketAddr,
+    store: Option<Arc<SqliteStore>>,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -54,6 +58,10 @@ impl RunningServer {
             let _ = tx.send(());
         }
         (&mut self.task).await.context("server task")??;
+        if let Some(store) = self.store.take() {
+            // Everything acknowledged is already durable; this checkpoints the WAL.
+            store.close().await.context("closing the store")?;
+        }
         Ok(())
     }
 }
@@ -84,10 +92,15 @@ fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// The session engine over the configured store.
-async fn open_sessions(config: &ServeConfig) -> anyhow::Result<Sessions> {
+async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<SqliteStore>)> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let path = config.data_dir.join(DB_FILE_NAME);
+    let sqlite = Arc::new(
+        SqliteStore::open(&path, config.sqlite_synchronous)
+            .with_context(|| format!("opening the store {}", path.display()))?,
+    );
+    let store: Arc<dyn Store> = sqlite.clone();
     let ctx = Arc::new(EngineContext {
         store,
         limits: Arc::new(config.limits.clone()),
@@ -100,7 +113,7 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<Sessions> {
         draining: AtomicBool::new(false),
         streams: tokio::sync::watch::channel(Default::default()).0,
     });
-    Ok(Sessions::open(ctx).await?)
+    Ok((Sessions::open(ctx).await?, sqlite))
 }
 
 /// Binds the listener, builds every part and starts serving in the background.
@@ -118,10 +131,11 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     let mut served: Vec<&'static str> = Vec::new();
     let max_message = config.limits.grpc_message_bytes;
 
-    let sessions = if config.services.sessions {
-        Some(Arc::new(open_sessions(&config).await?))
+    let (sessions, store) = if config.services.sessions {
+        let (sessions, store) = open_sessions(&config).await?;
+        (Some(Arc::new(sessions)), Some(store))
     } else {
-        None
+        (None, None)
     };
     if let Some(sessions) = &sessions {
         let service = AgentSessionServiceServer::new(SessionsService::new(sessions.clone()))
@@ -187,6 +201,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     tracing::info!(%local_addr, services = ?served, "serving gRPC");
     Ok(RunningServer {
         local_addr,
+        store,
         shutdown: Some(shutdown_tx),
         task,
     })

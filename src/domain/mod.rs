@@ -21,3 +21,12 @@ pub use action::{
 pub use action_id::ActionId;
 pub use error::{Error, ErrorCode, Result};
 pub use principal::{Principal, PrincipalKind};
+
+/// The current time at the microsecond precision the store keeps, so a time held in memory and
+/// the same time read back from the store are equal.
+pub fn now() -> std::time::SystemTime {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    std::time::UNIX_EPOCH + std::time::Duration::from_micros(since.as_micros() as u64)
+}

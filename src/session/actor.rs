@@ -9,7 +9,7 @@ use std::{
     io,
     process::ExitStatus,
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use serde_json::{Map, Value, json};
@@ -307,7 +307,7 @@ impl Actor {
             actor: actor.to_owned(),
             action_id,
             epoch: self.epoch,
-            created_at: SystemTime::now(),
+            created_at: crate::domain::now(),
         });
     }
 
@@ -354,7 +354,7 @@ impl Actor {
 
     /// Marks the record changed in this step.
     fn touch(&mut self, out: &mut Out) {
-        self.record.updated_at = SystemTime::now();
+        self.record.updated_at = crate::domain::now();
         out.batch.session = Some(self.record.clone());
     }
 
@@ -654,7 +654,7 @@ impl Actor {
                         action_id,
                         fingerprint: fingerprint(&Action::SetModel { model }, &None, false),
                         state: ActionState::Sent,
-                        created_at: SystemTime::now(),
+                        created_at: crate::domain::now(),
                     });
                     let actor = self.record.owner.clone();
                     self.log_send(&mut out, &frame, &actor, Some(action_id));
@@ -694,7 +694,7 @@ impl Actor {
                         work: QueuedWork::Prompt(first.prompt),
                         context: None,
                         actor: first.actor,
-                        created_at: SystemTime::now(),
+                        created_at: crate::domain::now(),
                         traceparent: first.traceparent,
                     };
                     let fp = fingerprint(&entry.work.to_action(), &None, false);
@@ -1409,7 +1409,7 @@ impl Actor {
                     work,
                     context,
                     actor,
-                    created_at: SystemTime::now(),
+                    created_at: crate::domain::now(),
                     traceparent,
                 };
                 self.on_turn_action(entry, fingerprint, interrupt).await
@@ -1679,7 +1679,7 @@ impl Actor {
             action_id,
             fingerprint,
             state: ActionState::Sent,
-            created_at: SystemTime::now(),
+            created_at: crate::domain::now(),
         });
         if clear_queue && !self.queue.is_empty() {
             for entry in self.queue.clear() {
@@ -1728,7 +1728,7 @@ impl Actor {
             action_id,
             fingerprint,
             state: ActionState::Sent,
-            created_at: SystemTime::now(),
+            created_at: crate::domain::now(),
         });
         self.log_send(&mut out, &frame, actor, Some(action_id));
         self.flush(out).await?;
@@ -1756,7 +1756,7 @@ impl Actor {
             action_id,
             fingerprint,
             state: ActionState::Sent,
-            created_at: SystemTime::now(),
+            created_at: crate::domain::now(),
         });
         self.log_send(&mut out, &frame, actor, Some(action_id));
         let released = self.held.release(request_id);

@@ -236,7 +236,7 @@ impl Sessions {
             .with("max", limits.sessions_per_principal));
         }
 
-        let now = SystemTime::now();
+        let now = crate::domain::now();
         let record = SessionRecord {
             id: session_id,
             name: input.name.clone().unwrap_or_default(),

@@ -37,6 +37,8 @@ async fn a_hundred_concurrent_sessions_each_complete_ten_turns() {
                     let response = watch.response_to(&reply.action_id).await;
                     assert_eq!(response["result"]["stopReason"], "end_turn", "session {i} turn {turn}");
                 }
+                // The harness reacts to the last reply after logging it.
+                watch.status(pb::SessionStatus::Idle).await;
                 session.get().await
             }
         });
