@@ -4,10 +4,12 @@
 
 mod harness;
 
+mod crash;
 mod faults;
 mod health;
 mod interactions;
 mod interop;
+mod log;
 mod queue;
 mod reflection;
 mod scale;

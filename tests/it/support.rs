@@ -67,7 +67,22 @@ impl Session {
     }
 
     pub async fn create_with(h: &Harness, request: pb::CreateSessionRequest) -> Self {
-        let mut client = h.sessions();
+        Self::create_with_client(h.sessions(), request).await
+    }
+
+    /// A session already there, reached through this client.
+    pub fn attach(client: AgentSessionServiceClient<Channel>, id: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            client,
+            created: Default::default(),
+        }
+    }
+
+    pub async fn create_with_client(
+        mut client: AgentSessionServiceClient<Channel>,
+        request: pb::CreateSessionRequest,
+    ) -> Self {
         let created = client
             .create_session(request)
             .await

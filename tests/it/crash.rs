@@ -1,0 +1,285 @@
+//! Crash tests with the real binary (SPEC §8, §9.2): `kill -9` the server with a turn running and
+//! two prompts queued, restart it on the same data directory, and check that every logged entry
+//! is unchanged at its offset, the queue is intact, the interrupted turn reads FAILED and is never
+//! re-sent, and a session that can be reopened drains its queue in order.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::support::{Session, processes_with};
+
+/// A `serve` process on a free loopback port.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(data_dir: &Path, config: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agent-harness"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .arg("--config")
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the server starts");
+        // The server logs the address it bound; read its log until then.
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines
+                .next()
+                .expect("the server logs its address")
+                .expect("readable log");
+            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line)
+                && event["message"] == "serving gRPC"
+            {
+                break event["local_addr"].as_str().unwrap().parse().unwrap();
+            }
+        };
+        // Keep draining the log so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, addr }
+    }
+
+    async fn client(&self) -> AgentSessionServiceClient<Channel> {
+        let channel = Endpoint::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        AgentSessionServiceClient::new(channel)
+    }
+
+    fn kill_9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn config_file(dir: &Path, marker: &str) -> std::path::PathBuf {
+    let program = env!("CARGO_BIN_EXE_agent-harness");
+    let path = dir.join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[profiles.plain]
+command = "{program}"
+args = ["mock-agent", "--stderr-at-start", "{marker}"]
+
+[profiles.resumable]
+command = "{program}"
+args = ["mock-agent", "--resume", "--stderr-at-start", "{marker}"]
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Waits until no process carries the marker (the dead server's runtimes follow it).
+async fn runtimes_gone(marker: &str) {
+    for _ in 0..200 {
+        if processes_with(marker).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "runtimes outlived their harness: {:?}",
+        processes_with(marker)
+    );
+}
+
+/// Before the kill: a turn running, two prompts queued. Returns the session, the log and the ids.
+async fn crash_with_work_in_flight(
+    profile: &str,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    String,
+    Vec<pb::LogEntry>,
+    [String; 3],
+    String,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = uuid::Uuid::now_v7().to_string();
+    let config = config_file(dir.path(), &marker);
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &config);
+    let client = server.client().await;
+    let mut session = Session::create_with_client(
+        client,
+        pb::CreateSessionRequest {
+            profile: profile.into(),
+            cwd: dir.path().to_string_lossy().into_owned(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut watch = session.watch().await;
+    let running = session.prompt("@wait-cancel").await;
+    watch.chunk("echo: @wait-cancel").await;
+    let first = session.prompt("queued one").await;
+    let second = session.prompt("queued two").await;
+    assert_eq!((first.queue_position, second.queue_position), (1, 2));
+    let log = session.log().await;
+    assert!(!processes_with(&marker).is_empty(), "the runtime runs");
+    server.kill_9();
+    runtimes_gone(&marker).await;
+    (
+        dir,
+        data,
+        session.id.clone(),
+        log,
+        [running.action_id, first.action_id, second.action_id],
+        marker,
+    )
+}
+
+fn same_entry(before: &pb::LogEntry, after: &pb::LogEntry) {
+    assert_eq!(before, after, "entry at offset {} changed", before.offset);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_every_logged_entry_is_unchanged_and_both_queued_prompts_are_still_queued() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (dir, data, id, log, [running, first, second], _marker) =
+            crash_with_work_in_flight("plain").await;
+        let server = Server::start(&data, &dir.path().join("config.toml"));
+        let mut session = Session::attach(server.client().await, &id);
+        let after = session.log().await;
+        assert!(after.len() >= log.len());
+        for (before, after) in log.iter().zip(&after) {
+            same_entry(before, after);
+        }
+        let queue: Vec<String> = session
+            .queue()
+            .await
+            .into_iter()
+            .map(|e| e.action_id)
+            .collect();
+        assert_eq!(
+            queue,
+            vec![first, second],
+            "both queued prompts are still queued, in order"
+        );
+        let got = session.get().await;
+        assert_eq!(
+            got.status,
+            pb::SessionStatus::Suspended as i32,
+            "{}",
+            got.status_reason
+        );
+        // The runtime cannot be reopened (no resume, no load): nothing was re-sent.
+        let sent = session.sent_frames().await;
+        assert_eq!(
+            sent.iter().filter(|f| f["id"] == running.as_str()).count(),
+            1
+        );
+    })
+    .await
+    .expect("in time")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_the_interrupted_turn_reads_failed_is_never_resent_and_the_queue_drains_in_order()
+ {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (dir, data, id, log, [running, first, second], _marker) =
+            crash_with_work_in_flight("resumable").await;
+        let server = Server::start(&data, &dir.path().join("config.toml"));
+        let mut session = Session::attach(server.client().await, &id);
+        let mut watch = session.watch().await;
+        assert_eq!(
+            watch.response_to(&first).await["result"]["stopReason"],
+            "end_turn"
+        );
+        assert_eq!(
+            watch.response_to(&second).await["result"]["stopReason"],
+            "end_turn"
+        );
+        let after = session.log().await;
+        for (before, after) in log.iter().zip(&after) {
+            same_entry(before, after);
+        }
+        let sent = session.sent_frames().await;
+        assert_eq!(
+            sent.iter().filter(|f| f["id"] == running.as_str()).count(),
+            1,
+            "the interrupted turn was not re-sent"
+        );
+        let prompts: Vec<&str> = sent
+            .iter()
+            .filter(|f| f["method"] == "session/prompt")
+            .filter_map(|f| f["id"].as_str())
+            .collect();
+        assert_eq!(prompts, [running.as_str(), first.as_str(), second.as_str()]);
+        assert!(
+            sent.iter().any(|f| f["method"] == "session/resume"),
+            "reopened with session/resume"
+        );
+
+        let transcript = session
+            .client
+            .get_transcript(pb::GetTranscriptRequest {
+                session_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let agent_of = |request: &str| {
+            let turn = transcript
+                .messages
+                .iter()
+                .find(|m| m.request_id.as_deref() == Some(request))
+                .unwrap()
+                .turn;
+            transcript
+                .messages
+                .iter()
+                .find(|m| m.turn == turn && m.role == pb::MessageRole::Agent as i32)
+                .cloned()
+                .unwrap()
+        };
+        let interrupted = agent_of(&running);
+        assert_eq!(interrupted.stop_reason, Some(pb::StopReason::Failed as i32));
+        assert_eq!(interrupted.error.as_deref(), Some("harness restarted"));
+        assert_eq!(
+            agent_of(&first).stop_reason,
+            Some(pb::StopReason::EndTurn as i32)
+        );
+        assert_eq!(
+            agent_of(&second).stop_reason,
+            Some(pb::StopReason::EndTurn as i32)
+        );
+    })
+    .await
+    .expect("in time")
+}

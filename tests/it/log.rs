@@ -1,0 +1,321 @@
+//! The durable log and Subscribe (SPEC §9.1, §9.2, §9.4): dense offsets, exact resumption, many
+//! subscribers seeing one sequence, a slow subscriber moved back to the log without a gap, and
+//! log-before-act: nothing reaches a runtime or a subscriber before it is in the log.
+
+use std::time::Duration;
+
+use agent_harness::pb::v1::{self as pb, subscribe_response::Event};
+use serde_json::{Value, json};
+use tonic::Code;
+
+use crate::{
+    harness::{Harness, assert_error, bounded, expect_err},
+    support::{Session, Watch, mock_profile_with},
+};
+
+/// Collects LOG-view entries until one with `offset` arrives; returns every entry offset seen.
+async fn offsets_until(watch: &mut Watch, head: u64) -> Vec<u64> {
+    let mut offsets = Vec::new();
+    while offsets.last().is_none_or(|&last| last < head) {
+        match watch.next().await.expect("open").expect("no failure").event {
+            Some(Event::Entry(entry)) => offsets.push(entry.offset),
+            _ => {}
+        }
+    }
+    offsets
+}
+
+async fn session_with_turns(h: &Harness, turns: usize) -> Session {
+    let mut session = Session::create(h, "mock").await;
+    let mut watch = session.watch().await;
+    for i in 0..turns {
+        let reply = session.prompt(&format!("turn {i}\n@chunks 5")).await;
+        watch.response_to(&reply.action_id).await;
+    }
+    watch.status(pb::SessionStatus::Idle).await;
+    session
+}
+
+#[tokio::test]
+async fn offsets_are_dense_from_one_and_resuming_after_n_delivers_n_plus_one_onward_once_each() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = session_with_turns(&h, 3).await;
+        let log = session.log().await;
+        let head = log.last().unwrap().offset;
+        assert_eq!(
+            log.iter().map(|e| e.offset).collect::<Vec<_>>(),
+            (1..=head).collect::<Vec<_>>()
+        );
+        for after in [0, 1, head / 2, head - 1] {
+            let mut watch = session.watch_from(after, pb::SubscribeView::Log).await;
+            let mut seen = Vec::new();
+            loop {
+                let event = watch.next().await.unwrap().unwrap();
+                match event.event {
+                    Some(Event::Entry(entry)) => {
+                        assert_eq!(
+                            entry.json,
+                            log[(entry.offset - 1) as usize].json,
+                            "exact JSON"
+                        );
+                        seen.push(entry.offset)
+                    }
+                    Some(Event::CaughtUp(caught_up)) => {
+                        assert_eq!(caught_up.head_offset, head);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            assert_eq!(
+                seen,
+                (after + 1..=head).collect::<Vec<_>>(),
+                "after {after}"
+            );
+        }
+        // Live entries continue the same sequence.
+        let mut watch = session.watch_from(head, pb::SubscribeView::Log).await;
+        let reply = session.prompt("one more").await;
+        let (entry, _) = watch
+            .entry(|_, f| f["id"] == reply.action_id.as_str())
+            .await;
+        assert_eq!(entry.offset, head + 1);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn subscribing_beyond_the_head_is_offset_out_of_range() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let head = session.get().await.head_offset;
+        let status = expect_err(
+            session
+                .client
+                .subscribe(pb::SubscribeRequest {
+                    session_id: session.id.clone(),
+                    after_offset: head + 1,
+                    view: 0,
+                })
+                .await,
+        );
+        assert_error(&status, Code::OutOfRange, "OFFSET_OUT_OF_RANGE");
+        let status = expect_err(
+            session
+                .client
+                .read_log(pb::ReadLogRequest {
+                    session_id: session.id.clone(),
+                    after_offset: head + 5,
+                    limit: 0,
+                })
+                .await,
+        );
+        assert_error(&status, Code::OutOfRange, "OFFSET_OUT_OF_RANGE");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn fifty_subscribers_on_one_session_see_the_same_sequence() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watches = Vec::new();
+        for _ in 0..50 {
+            watches.push(session.watch().await);
+        }
+        let reply = session.prompt("@chunks 200").await;
+        let mut control = session.watch().await;
+        control.response_to(&reply.action_id).await;
+        let head = control.entries.last().unwrap().offset;
+        let sequences =
+            futures::future::join_all(watches.iter_mut().map(|w| offsets_until(w, head))).await;
+        let expected: Vec<u64> = (1..=head).collect();
+        for sequence in sequences {
+            assert_eq!(sequence, expected);
+        }
+    })
+    .await
+}
+
+fn resident_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_subscriber_during_a_twenty_thousand_frame_burst_gets_every_offset_in_order_without_a_gap()
+ {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut slow = session.watch().await;
+        let before = resident_kib();
+        let reply = session.prompt("@chunks 20000").await;
+        // Wait for the turn's end without keeping what passes by.
+        let mut fast = session.watch().await.stream;
+        let head = loop {
+            if let Some(Event::Entry(entry)) = fast.message().await.unwrap().unwrap().event
+                && entry.json.contains(&reply.action_id)
+                && entry.direction == pb::LogDirection::FromRuntime as i32
+            {
+                break entry.offset;
+            }
+        };
+        drop(fast);
+        assert!(head > 20_000);
+        let during = resident_kib();
+        // The slow reader: it pauses now and then, so the live feed outruns it.
+        let mut offsets = Vec::with_capacity(head as usize);
+        while offsets.last().is_none_or(|&last| last < head) {
+            if let Some(Event::Entry(entry)) = slow.stream.message().await.unwrap().unwrap().event {
+                offsets.push(entry.offset);
+                if entry.offset % 2000 == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        assert_eq!(
+            offsets,
+            (1..=head).collect::<Vec<_>>(),
+            "every offset once, in order"
+        );
+        println!(
+            "slow subscriber over {head} entries: test process RSS {before} KiB before the burst, \
+             {during} KiB after it, {} KiB at the end",
+            resident_kib()
+        );
+    })
+    .await
+    .expect("finishes");
+}
+
+/// A scripted ACP peer over TCP: the runtime process only relays its stdio to the test, which
+/// plays the agent and checks each frame it receives against the log at that moment.
+struct ScriptedPeer {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>>,
+    out: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl ScriptedPeer {
+    async fn read(&mut self) -> Value {
+        let line = self
+            .lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("a line from the harness");
+        serde_json::from_str(&line).expect("JSON from the harness")
+    }
+    async fn write(&mut self, frame: Value) {
+        use tokio::io::AsyncWriteExt;
+        self.out
+            .write_all(format!("{frame}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+}
+
+/// Whether the log of `session_id` holds exactly this frame right now.
+async fn in_log(h: &Harness, session_id: &str, frame: &Value) -> bool {
+    let log = h
+        .sessions()
+        .read_log(pb::ReadLogRequest {
+            session_id: session_id.to_owned(),
+            after_offset: 0,
+            limit: 5000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    log.entries
+        .iter()
+        .any(|e| serde_json::from_str::<Value>(&e.json).ok().as_ref() == Some(frame))
+}
+
+#[tokio::test]
+async fn no_frame_reaches_a_runtime_or_a_subscriber_before_it_is_in_the_log() {
+    bounded(async {
+        use tokio::io::AsyncBufReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let relay = format!(
+            "import socket,sys,threading\n\
+             s=socket.create_connection(('127.0.0.1',{port}))\n\
+             def up():\n  for l in sys.stdin.buffer: s.sendall(l)\n  s.shutdown(socket.SHUT_WR)\n\
+             threading.Thread(target=up,daemon=True).start()\n\
+             for l in s.makefile('rb'): sys.stdout.buffer.write(l); sys.stdout.buffer.flush()\n"
+        );
+        let h = Harness::start_with(|config| {
+            mock_profile_with(config, "scripted", &[], |p| {
+                p.command = "/usr/bin/env".into();
+                p.args = vec!["python3".into(), "-c".into(), relay];
+            })
+        })
+        .await;
+        let mut client = h.sessions();
+        let cwd = h.data_dir().to_string_lossy().into_owned();
+        let creating = tokio::spawn(async move {
+            client.create_session(pb::CreateSessionRequest { profile: "scripted".into(), cwd, ..Default::default() }).await
+        });
+        let (stream, _) = listener.accept().await.unwrap();
+        let (read, out) = stream.into_split();
+        let mut peer = ScriptedPeer { lines: tokio::io::BufReader::new(read).lines(), out };
+
+        let init = peer.read().await;
+        assert_eq!(init["method"], "initialize");
+        peer.write(json!({"jsonrpc": "2.0", "id": init["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}}})).await;
+        let new = peer.read().await;
+        assert_eq!(new["method"], "session/new");
+        peer.write(json!({"jsonrpc": "2.0", "id": new["id"], "result": {"sessionId": "peer-1"}})).await;
+        let session_id = creating.await.unwrap().expect("created").into_inner().session.unwrap().id;
+        // The handshake frames were logged before the peer got them.
+        assert!(in_log(&h, &session_id, &init).await && in_log(&h, &session_id, &new).await);
+
+        let mut session = Session { id: session_id.clone(), client: h.sessions(), created: Default::default() };
+        let mut watch = session.watch().await;
+        for text in ["hello peer", "again"] {
+            let reply = session.prompt(text).await;
+            let prompt = peer.read().await;
+            assert_eq!(prompt["id"], reply.action_id.as_str());
+            assert!(in_log(&h, &session_id, &prompt).await, "logged before it reached the runtime: {prompt}");
+            peer.write(json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "peer-1",
+                "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}}}))
+                .await;
+            peer.write(json!({"jsonrpc": "2.0", "id": reply.action_id, "result": {"stopReason": "end_turn"}})).await;
+            watch.response_to(&reply.action_id).await;
+        }
+        // Every entry a subscriber received was readable from the log at that moment.
+        let mut client = h.sessions();
+        let head = session.get().await.head_offset;
+        let mut live = session.watch_from(head, pb::SubscribeView::Log).await;
+        let reply = session.prompt("last").await;
+        let prompt = peer.read().await;
+        peer.write(json!({"jsonrpc": "2.0", "id": prompt["id"], "result": {"stopReason": "end_turn"}})).await;
+        loop {
+            let event = live.next().await.unwrap().unwrap();
+            let Some(Event::Entry(entry)) = event.event else { continue };
+            let page = client
+                .read_log(pb::ReadLogRequest { session_id: session_id.clone(), after_offset: entry.offset - 1, limit: 1 })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(page.entries.first().map(|e| &e.json), Some(&entry.json));
+            if entry.json.contains(&reply.action_id) && entry.direction == pb::LogDirection::FromRuntime as i32 {
+                break;
+            }
+        }
+    })
+    .await
+}
