@@ -236,9 +236,16 @@ impl Subscription {
         let Some(fold) = &self.fold else {
             return Ok(());
         };
-        let snapshots: Vec<Message> = std::mem::take(&mut self.dirty)
+        if self.dirty.is_empty() {
+            return Ok(());
+        }
+        // In transcript order, so a client upserting them sees turns grow in sequence.
+        let dirty = std::mem::take(&mut self.dirty);
+        let snapshots: Vec<Message> = fold
+            .messages()
             .iter()
-            .filter_map(|id| fold.message(id).cloned())
+            .filter(|m| dirty.contains(&m.id))
+            .cloned()
             .collect();
         for message in snapshots {
             self.send(StreamEvent::Message(Box::new(message))).await?;

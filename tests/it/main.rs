@@ -16,4 +16,5 @@ mod scale;
 mod services;
 mod sessions;
 mod support;
+mod transcript;
 mod translator;
