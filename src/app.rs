@@ -1,19 +1,26 @@
 //! The composition root: builds every part from a [`ServeConfig`], serves gRPC, and stops cleanly.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use anyhow::Context;
-use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio::{
+    net::TcpListener,
+    sync::{Semaphore, watch},
+    task::JoinHandle,
+};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{
     server::NamedService,
     service::{RoutesBuilder, interceptor::InterceptedService},
     transport::Server,
 };
-use tonic_health::ServingStatus;
+use tonic_health::{ServingStatus, server::HealthReporter};
 
 use std::sync::atomic::AtomicBool;
-use tokio::sync::Semaphore;
 
 use crate::{
     acp::process::RuntimeRegistry,
@@ -35,15 +42,25 @@ use crate::{
         Store,
         sqlite::{DB_FILE_NAME, SqliteStore},
     },
+    telemetry::{self, metrics::RpcMetricsLayer},
     translate::Translator,
 };
+
+/// How long in-flight calls may take to finish once the server stops accepting new ones.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A serving harness.
 pub struct RunningServer {
     local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     store: Option<Arc<SqliteStore>>,
-    shutdown: Option<oneshot::Sender<()>>,
+    sessions: Option<Arc<Sessions>>,
+    health: HealthReporter,
+    served: Vec<&'static str>,
+    drain_grace: Duration,
+    shutdown: watch::Sender<bool>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
+    metrics_task: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
@@ -52,12 +69,50 @@ impl RunningServer {
         self.local_addr
     }
 
-    /// Stops accepting calls, lets in-flight calls finish, and returns when the server is down.
-    pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+    /// The address of the Prometheus endpoint, when one is served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// SIGTERM (SPEC §12): readiness turns NOT_SERVING at once (liveness stays SERVING); new
+    /// sessions and turn-occupying actions are refused with DRAINING while stops and answers are
+    /// still accepted; running turns get until the drain grace to end; then streams end with
+    /// DRAINING, runtimes are stopped, the log is flushed, and the server stops.
+    pub async fn drain_and_stop(self) -> anyhow::Result<()> {
+        for name in &self.served {
+            self.health
+                .set_service_status(*name, ServingStatus::NotServing)
+                .await;
         }
-        (&mut self.task).await.context("server task")??;
+        if let Some(sessions) = &self.sessions {
+            sessions.context().draining.store(true, Ordering::SeqCst);
+            tracing::info!(grace = ?self.drain_grace, "draining");
+            sessions.drain(self.drain_grace).await;
+        }
+        self.shutdown().await
+    }
+
+    /// Stops accepting calls, lets in-flight calls finish (open streams end at once; anything
+    /// else still open after [`STOP_GRACE`] is cut), and returns when the server is down.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(sessions) = &self.sessions {
+            let _ = sessions
+                .context()
+                .streams
+                .send(crate::session::subscribe::StreamStop::Draining);
+        }
+        let _ = self.shutdown.send(true);
+        match tokio::time::timeout(STOP_GRACE, &mut self.task).await {
+            Ok(result) => result.context("server task")??,
+            Err(_) => {
+                // A client holding a stream open (say, a health watch) must not keep us up.
+                tracing::warn!(grace = ?STOP_GRACE, "calls still open after the stop grace; cutting them");
+                self.task.abort();
+            }
+        }
+        if let Some(task) = self.metrics_task.take() {
+            let _ = task.await;
+        }
         if let Some(store) = self.store.take() {
             // Everything acknowledged is already durable; this checkpoints the WAL.
             store.close().await.context("closing the store")?;
@@ -112,6 +167,7 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<Sq
         tokens_configured: config.tokens_file.is_some(),
         draining: AtomicBool::new(false),
         streams: tokio::sync::watch::channel(Default::default()).0,
+        activity: tokio::sync::Notify::new(),
     });
     Ok((Sessions::open(ctx).await?, sqlite))
 }
@@ -188,21 +244,47 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
             .context("reflection v1alpha")?,
     );
 
-    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let (metrics_addr, metrics_task) = match config.metrics_listen {
+        Some(addr) => {
+            telemetry::metrics::install();
+            let listener = telemetry::metrics::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+            let bound = listener.local_addr()?;
+            let task = tokio::spawn(telemetry::metrics::serve(
+                listener,
+                sessions.clone(),
+                stopped(shutdown_rx.clone()),
+            ));
+            tracing::info!(metrics_addr = %bound, "serving Prometheus metrics on /metrics");
+            (Some(bound), Some(task))
+        }
+        None => (None, None),
+    };
     let server = Server::builder()
+        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        .layer(RpcMetricsLayer)
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .add_routes(routes.routes())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-            let _ = shutdown_rx.await;
-        });
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(shutdown_rx));
     let task = tokio::spawn(server);
     tracing::info!(%local_addr, services = ?served, "serving gRPC");
     Ok(RunningServer {
         local_addr,
+        metrics_addr,
         store,
-        shutdown: Some(shutdown_tx),
+        sessions,
+        health,
+        served,
+        drain_grace: config.drain_grace,
+        shutdown: shutdown_tx,
         task,
+        metrics_task,
     })
 }

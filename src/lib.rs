@@ -17,4 +17,5 @@ pub mod mock_agent;
 pub mod pb;
 pub mod session;
 pub mod store;
+pub mod telemetry;
 pub mod translate;

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 
 use agent_harness::{
     app,
-    config::{LogFormat, ServeArgs, ServeConfig},
+    config::{ServeArgs, ServeConfig},
     mock_agent::{self, MockAgentArgs},
 };
 
@@ -28,19 +28,6 @@ enum Command {
     MockAgent(MockAgentArgs),
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
-}
-
 async fn wait_for_stop_signal() -> &'static str {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -57,15 +44,15 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let program = std::env::current_exe()?;
             let config = ServeConfig::resolve(args, program)?;
-            init_tracing(config.log_format);
+            agent_harness::telemetry::init_logging(config.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
             runtime.block_on(async {
                 let server = app::start(config).await?;
                 let signal = wait_for_stop_signal().await;
-                tracing::info!(signal, "stopping");
-                server.shutdown().await?;
+                tracing::info!(signal, "stopping: draining first");
+                server.drain_and_stop().await?;
                 tracing::info!("stopped");
                 Ok(())
             })

@@ -818,7 +818,10 @@ impl Fold {
             .get("event")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let closes_turn = matches!(event, "fault" | "session_closed" | "harness_restarted");
+        let closes_turn = matches!(
+            event,
+            "fault" | "session_closed" | "harness_restarted" | "drain"
+        );
         if !closes_turn {
             if event == "runtime_started" {
                 // A new connection: nothing of the old one is pending any more.
@@ -833,6 +836,7 @@ impl Fold {
                 .unwrap_or("runtime fault")
                 .to_owned(),
             "session_closed" => "session closed".to_owned(),
+            "drain" => "the harness stopped before the turn ended".to_owned(),
             _ => "harness restarted".to_owned(),
         };
         let turn = frame

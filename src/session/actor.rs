@@ -15,6 +15,7 @@ use std::{
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tracing::Instrument;
 
 use super::{
     Command, ControlOutcome, ControlStatus, EngineContext, SessionEvent, SessionHandle, Shared,
@@ -35,6 +36,7 @@ use crate::{
     },
     grpc::convert::ControlInput,
     store::{ActionRecord, ActionState, Batch, Direction, LogEntry, QueueOp},
+    telemetry::metrics,
 };
 
 /// Actor of the log entries the runtime wrote.
@@ -104,6 +106,29 @@ struct Conn {
 struct Turn {
     action_id: ActionId,
     cancel_deadline: Option<Instant>,
+    span: tracing::Span,
+    started: Instant,
+}
+
+impl Turn {
+    fn new(session: uuid::Uuid, action_id: ActionId) -> Self {
+        let span = tracing::info_span!("turn", %session, %action_id);
+        span.in_scope(|| tracing::debug!("turn started"));
+        Self {
+            action_id,
+            cancel_deadline: None,
+            span,
+            started: Instant::now(),
+        }
+    }
+
+    /// Records how the turn ended (metrics and its span).
+    fn ended(&self, stop_reason: &str) {
+        metrics::turn_ended(stop_reason);
+        let millis = self.started.elapsed().as_millis() as u64;
+        self.span
+            .in_scope(|| tracing::info!(stop_reason, duration_ms = millis, "turn ended"));
+    }
 }
 
 /// What one step produces: a batch to commit, then lines to send, then events to publish.
@@ -183,6 +208,7 @@ impl Actor {
             idle_deadline: None,
             finished: false,
         };
+        actor.shared.set_queue_len(actor.queue.len());
         tokio::spawn(actor.run(after_restart, purpose));
         SessionHandle {
             shared,
@@ -235,6 +261,13 @@ impl Actor {
     /// and drains; the rest are SUSPENDED and reopen on demand.
     async fn recover(&mut self) {
         if !self.record.status.has_runtime() {
+            if self.record.status != SessionStatus::Closed
+                && !self.queue.is_empty()
+                && (self.record.can_resume || self.record.can_load)
+            {
+                tracing::info!(session = %self.record.id, queued = self.queue.len(), "reopening to drain the queue");
+                self.start_runtime(StartPurpose::Reopen).await;
+            }
             return;
         }
         let turn_in_flight = matches!(
@@ -371,6 +404,10 @@ impl Actor {
         }
         let entries = (self.shared.events.receiver_count() > 0).then(|| batch.entries.clone());
         let appended = batch.entries.len() as u64;
+        let mut by_direction = [0u64; 3];
+        for entry in &batch.entries {
+            by_direction[entry.direction as usize] += 1;
+        }
         let session_changed = batch.session.is_some();
         if let Err(error) = self.ctx.store.commit(self.record.id, batch).await {
             tracing::error!(session = %self.record.id, %error, "log commit failed");
@@ -385,6 +422,18 @@ impl Actor {
         }
         self.head += appended;
         self.shared.set_head(self.head);
+        for (direction, count) in [
+            Direction::ToRuntime,
+            Direction::FromRuntime,
+            Direction::Event,
+        ]
+        .into_iter()
+        .zip(by_direction)
+        {
+            if count > 0 {
+                metrics::frames_appended(direction, count);
+            }
+        }
         if session_changed {
             self.shared.set_record(&self.record);
         }
@@ -403,6 +452,7 @@ impl Actor {
                 .send(SessionEvent::Entry(Arc::new(entry)));
         }
         if queue_changed {
+            self.shared.set_queue_len(self.queue.len());
             let snapshot: Vec<QueuedEntry> = self.queue.entries().cloned().collect();
             let _ = self
                 .shared
@@ -410,6 +460,7 @@ impl Actor {
                 .send(SessionEvent::Queue(Arc::new(snapshot)));
         }
         if session_changed {
+            self.ctx.activity.notify_waiters();
             let _ = self.shared.events.send(SessionEvent::Status {
                 status: self.record.status,
                 reason: self.record.status_reason.clone(),
@@ -863,7 +914,10 @@ impl Actor {
         let exit = self.conn.as_ref().and_then(|c| c.exit_status.clone());
         self.kill_runtime();
         self.starting = None;
-        let failed_turn = self.turn.take().map(|t| t.action_id);
+        let failed_turn = self.turn.take().map(|t| {
+            t.ended("failed");
+            t.action_id
+        });
         let mut reason = detail.clone();
         if !tail.is_empty() {
             reason.push_str("; stderr: ");
@@ -1021,7 +1075,11 @@ impl Actor {
             if self.conn.is_none() {
                 break;
             }
-            self.react(frame).await;
+            let span = self
+                .turn
+                .as_ref()
+                .map_or_else(tracing::Span::none, |t| t.span.clone());
+            self.react(frame).instrument(span).await;
         }
         if let Some(terminal) = terminal {
             self.on_terminal(terminal).await;
@@ -1124,7 +1182,15 @@ impl Actor {
         let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
             return;
         };
-        if self.turn.as_ref().is_some_and(|t| t.action_id == action_id) {
+        if let Some(turn) = self.turn.as_ref().filter(|t| t.action_id == action_id) {
+            let stop_reason = match frame.get("result") {
+                Some(result) => result
+                    .get("stopReason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("end_turn"),
+                None => "failed",
+            };
+            turn.ended(stop_reason);
             self.end_turn().await;
         }
     }
@@ -1316,10 +1382,9 @@ impl Actor {
             self.touch(&mut out);
         }
         self.log_send(&mut out, &frame, &entry.actor, Some(entry.action_id));
-        let previous = self.turn.replace(Turn {
-            action_id: entry.action_id,
-            cancel_deadline: None,
-        });
+        let previous = self
+            .turn
+            .replace(Turn::new(self.record.id, entry.action_id));
         self.refresh_status(&mut out);
         if let Err(error) = self.flush(out).await {
             self.turn = previous;
@@ -1361,6 +1426,9 @@ impl Actor {
             }
             Command::Delete { reply } => {
                 let _ = reply.send(self.on_delete().await);
+            }
+            Command::Drain { reply } => {
+                let _ = reply.send(self.on_drain().await);
             }
         }
     }
@@ -1854,7 +1922,10 @@ impl Actor {
         let had_runtime = self.conn.is_some();
         self.kill_runtime();
         self.starting = None;
-        let open_turn = self.turn.take().map(|t| t.action_id);
+        let open_turn = self.turn.take().map(|t| {
+            t.ended("failed");
+            t.action_id
+        });
         let mut out = Out::default();
         if !self.queue.is_empty() {
             for entry in self.queue.clear() {
@@ -1878,6 +1949,31 @@ impl Actor {
         self.touch(&mut out);
         self.flush(out).await?;
         Ok(self.record.clone())
+    }
+
+    /// The harness is stopping after its drain grace: a turn still running is closed as FAILED,
+    /// the runtime is stopped, and the session is SUSPENDED (queued work survives and reopens
+    /// when the harness starts again).
+    async fn on_drain(&mut self) -> Result<()> {
+        if self.conn.is_none() {
+            return Ok(());
+        }
+        self.kill_runtime();
+        self.starting = None;
+        let failed_turn = self.turn.take().map(|t| {
+            t.ended("failed");
+            t.action_id
+        });
+        let mut out = Out::default();
+        let mut event = json!({"event": "drain", "epoch": self.epoch, "runtime_stopped": true});
+        if let Some(turn) = failed_turn {
+            event["failed_turn"] = turn.to_string().into();
+        }
+        self.log_event(&mut out, event, failed_turn);
+        self.record.status = SessionStatus::Suspended;
+        self.record.status_reason = "the harness stopped (drain)".to_owned();
+        self.touch(&mut out);
+        self.flush(out).await
     }
 
     async fn on_delete(&mut self) -> Result<()> {

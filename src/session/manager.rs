@@ -706,6 +706,46 @@ impl Sessions {
         }
     }
 
+    /// Draining (SPEC §12): waits until no turn runs or `grace` has passed, ends every stream
+    /// with DRAINING, then stops every runtime. New sessions and turns are already refused.
+    pub async fn drain(&self, grace: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let activity = self.ctx.activity.notified();
+            let busy = self
+                .all()
+                .iter()
+                .filter(|h| {
+                    matches!(
+                        h.shared.status(),
+                        SessionStatus::Running
+                            | SessionStatus::AwaitingInput
+                            | SessionStatus::Starting
+                    )
+                })
+                .count();
+            if busy == 0 {
+                break;
+            }
+            tracing::info!(busy, "draining: waiting for running turns");
+            if tokio::time::timeout_at(deadline, activity).await.is_err() {
+                tracing::warn!(
+                    busy,
+                    "draining: grace period over; failing the turns still running"
+                );
+                break;
+            }
+        }
+        let _ = self
+            .ctx
+            .streams
+            .send(super::subscribe::StreamStop::Draining);
+        let drains = self.all().into_iter().map(|handle| async move {
+            let _ = handle.ask(|reply| Command::Drain { reply }).await;
+        });
+        futures::future::join_all(drains).await;
+    }
+
     /// Every live session handle (for draining and metrics).
     pub fn all(&self) -> Vec<SessionHandle> {
         self.handles

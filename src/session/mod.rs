@@ -67,6 +67,8 @@ pub struct EngineContext {
     pub draining: AtomicBool,
     /// Tells every open stream when the harness ends them all.
     pub streams: tokio::sync::watch::Sender<subscribe::StreamStop>,
+    /// Notified whenever a session's status changes (draining waits on it).
+    pub activity: tokio::sync::Notify,
 }
 
 impl EngineContext {
@@ -84,6 +86,7 @@ pub struct Shared {
     head: AtomicU64,
     pub events: broadcast::Sender<SessionEvent>,
     pub subscribers: AtomicUsize,
+    queue_len: AtomicUsize,
 }
 
 impl Shared {
@@ -96,6 +99,7 @@ impl Shared {
             head: AtomicU64::new(head),
             events: broadcast::channel(EVENT_FEED_CAPACITY).0,
             subscribers: AtomicUsize::new(0),
+            queue_len: AtomicUsize::new(0),
         }
     }
 
@@ -115,6 +119,15 @@ impl Shared {
 
     fn set_record(&self, record: &SessionRecord) {
         *self.record.lock().expect("not poisoned") = record.clone();
+    }
+
+    /// How many actions wait in the queue.
+    pub fn queue_len(&self) -> usize {
+        self.queue_len.load(Ordering::Relaxed)
+    }
+
+    fn set_queue_len(&self, len: usize) {
+        self.queue_len.store(len, Ordering::Relaxed);
     }
 
     fn set_head(&self, head: u64) {
@@ -162,6 +175,10 @@ pub(crate) enum Command {
         reply: Reply<SessionRecord>,
     },
     Delete {
+        reply: Reply<()>,
+    },
+    /// The harness is stopping: fail a turn still running, stop the runtime, SUSPEND.
+    Drain {
         reply: Reply<()>,
     },
 }

@@ -108,6 +108,11 @@ impl Harness {
         self.addr
     }
 
+    /// The Prometheus endpoint's address, when the configuration asked for one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.server.as_ref().and_then(|s| s.metrics_addr())
+    }
+
     /// The configuration the server was started with.
     pub fn config(&self) -> &ServeConfig {
         &self.config

@@ -10,6 +10,7 @@ mod health;
 mod interactions;
 mod interop;
 mod log;
+mod operations;
 mod queue;
 mod reflection;
 mod scale;

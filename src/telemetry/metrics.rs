@@ -1,0 +1,215 @@
+//! Prometheus metrics (SPEC §12): sessions by status, turns by stop reason, queue depth, frames
+//! appended, subscribers, RPCs by method and code with latency. Counters are recorded where things
+//! happen; gauges of the session registry are computed when scraped, so they are exact.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, OnceLock},
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use http::{Request, Response};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tower::{Layer, Service};
+
+use crate::{
+    domain::{log::Direction, session::SessionStatus},
+    session::Sessions,
+};
+
+pub const FRAMES_APPENDED: &str = "agent_harness_frames_appended_total";
+pub const TURNS: &str = "agent_harness_turns_total";
+pub const RPCS: &str = "agent_harness_rpcs_total";
+pub const RPC_LATENCY: &str = "agent_harness_rpc_duration_seconds";
+pub const SESSIONS: &str = "agent_harness_sessions";
+pub const QUEUE_DEPTH: &str = "agent_harness_queue_depth";
+pub const SUBSCRIBERS: &str = "agent_harness_subscribers";
+pub const RUNTIMES: &str = "agent_harness_live_runtimes";
+
+/// The process-wide recorder (the `metrics` facade has one global recorder).
+fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(RPC_LATENCY.to_owned()),
+                &[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0,
+                ],
+            )
+            .expect("buckets are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may already be installed (e.g. by an embedding program); then these
+        // metrics are recorded there and this endpoint shows the registry gauges only.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// Makes sure the recorder exists before anything is recorded.
+pub fn install() {
+    handle();
+}
+
+pub fn frames_appended(direction: Direction, count: u64) {
+    let direction = match direction {
+        Direction::ToRuntime => "to_runtime",
+        Direction::FromRuntime => "from_runtime",
+        Direction::Event => "event",
+    };
+    metrics::counter!(FRAMES_APPENDED, "direction" => direction).increment(count);
+}
+
+pub fn turn_ended(stop_reason: &str) {
+    metrics::counter!(TURNS, "stop_reason" => stop_reason.to_owned()).increment(1);
+}
+
+/// Renders the exposition text, with the registry gauges computed now.
+pub fn render(sessions: Option<&Sessions>) -> String {
+    if let Some(sessions) = sessions {
+        let mut by_status = [0u64; SessionStatus::ALL.len()];
+        let (mut queued, mut subscribers) = (0u64, 0u64);
+        for handle in sessions.all() {
+            let status = handle.shared.status();
+            by_status[SessionStatus::ALL
+                .iter()
+                .position(|s| *s == status)
+                .unwrap_or(0)] += 1;
+            queued += handle.shared.queue_len() as u64;
+            subscribers += handle
+                .shared
+                .subscribers
+                .load(std::sync::atomic::Ordering::Relaxed) as u64;
+        }
+        for (status, count) in SessionStatus::ALL.iter().zip(by_status) {
+            metrics::gauge!(SESSIONS, "status" => status.as_str()).set(count as f64);
+        }
+        metrics::gauge!(QUEUE_DEPTH).set(queued as f64);
+        metrics::gauge!(SUBSCRIBERS).set(subscribers as f64);
+        let ctx = sessions.context();
+        let live = ctx.limits.live_runtimes - ctx.runtime_slots.available_permits();
+        metrics::gauge!(RUNTIMES).set(live as f64);
+    }
+    let handle = handle();
+    handle.run_upkeep();
+    handle.render()
+}
+
+/// Serves `GET /metrics` on its own port until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    sessions: Option<Arc<Sessions>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use hyper::{body::Incoming, server::conn::http1, service::service_fn};
+    use hyper_util::rt::TokioIo;
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "metrics endpoint: accept failed");
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let sessions = sessions.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let sessions = sessions.clone();
+                async move {
+                    let response = if request.uri().path() == "/metrics" {
+                        Response::builder()
+                            .header("content-type", "text/plain; version=0.0.4")
+                            .body(http_body_util::Full::new(bytes_of(render(
+                                sessions.as_deref(),
+                            ))))
+                    } else {
+                        Response::builder()
+                            .status(404)
+                            .body(http_body_util::Full::new(bytes_of(
+                                "not found: try /metrics\n".into(),
+                            )))
+                    };
+                    response
+                }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn bytes_of(text: String) -> hyper::body::Bytes {
+    hyper::body::Bytes::from(text)
+}
+
+/// Binds the metrics port.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// A tower layer counting RPCs by method and gRPC code, with their latency to the response head.
+/// (For unary RPCs that is the whole call; an error tonic reports in the response head carries
+/// its code there, and a success has none until the trailers, so it counts as OK.)
+#[derive(Debug, Clone, Default)]
+pub struct RpcMetricsLayer;
+
+impl<S> Layer<S> for RpcMetricsLayer {
+    type Service = RpcMetrics<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcMetrics { inner }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RpcMetrics<S> {
+    inner: S,
+}
+
+impl<S, B, R> Service<Request<B>> for RpcMetrics<S>
+where
+    S: Service<Request<B>, Response = Response<R>> + Send,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let method = request.uri().path().to_owned();
+        let started = Instant::now();
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let result = future.await;
+            let code = match &result {
+                Ok(response) => response
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map(|c| tonic::Code::from(c))
+                    .unwrap_or(tonic::Code::Ok),
+                Err(_) => tonic::Code::Unknown,
+            };
+            let code = format!("{code:?}");
+            metrics::counter!(RPCS, "method" => method.clone(), "code" => code.clone())
+                .increment(1);
+            metrics::histogram!(RPC_LATENCY, "method" => method, "code" => code)
+                .record(started.elapsed().as_secs_f64());
+            result
+        })
+    }
+}
