@@ -402,7 +402,9 @@ impl Actor {
         if batch.is_empty() {
             return Ok(());
         }
-        let entries = (self.shared.events.receiver_count() > 0).then(|| batch.entries.clone());
+        // Kept for subscribers whatever their number now: one may register while the commit
+        // runs, after reading a log that does not hold these entries yet.
+        let entries = batch.entries.clone();
         let appended = batch.entries.len() as u64;
         let mut by_direction = [0u64; 3];
         for entry in &batch.entries {
@@ -445,11 +447,13 @@ impl Actor {
                 }
             }
         }
-        for entry in entries.into_iter().flatten() {
-            let _ = self
-                .shared
-                .events
-                .send(SessionEvent::Entry(Arc::new(entry)));
+        if self.shared.events.receiver_count() > 0 {
+            for entry in entries {
+                let _ = self
+                    .shared
+                    .events
+                    .send(SessionEvent::Entry(Arc::new(entry)));
+            }
         }
         if queue_changed {
             self.shared.set_queue_len(self.queue.len());
