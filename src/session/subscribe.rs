@@ -258,6 +258,8 @@ impl Subscription {
         loop {
             let heartbeat = self.next_heartbeat;
             tokio::select! {
+                // Live events first: whatever was logged before the stream is ended is delivered.
+                biased;
                 event = self.live.recv() => match event {
                     Ok(SessionEvent::Entry(entry)) => {
                         if entry.offset <= self.last {
