@@ -501,3 +501,51 @@ async fn a_closed_session_keeps_its_log_and_refuses_actions_and_a_deleted_one_is
     })
     .await
 }
+
+#[tokio::test]
+async fn creation_beyond_the_live_runtime_cap_is_too_many_runtimes_and_a_closed_session_frees_its_slot()
+ {
+    bounded(async {
+        let h = Harness::start_with(|config| config.limits.live_runtimes = 1).await;
+        let mut first = Session::create(&h, "mock").await;
+        let status = expect_err(
+            h.sessions()
+                .create_session(create_request(&h, "mock"))
+                .await,
+        );
+        assert_error(&status, Code::ResourceExhausted, "TOO_MANY_RUNTIMES");
+        first
+            .client
+            .close_session(pb::CloseSessionRequest {
+                session_id: first.id.clone(),
+            })
+            .await
+            .unwrap();
+        Session::create(&h, "mock").await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_principal_owning_its_maximum_of_live_sessions_gets_too_many_sessions() {
+    bounded(async {
+        let h = Harness::start_with(|config| config.limits.sessions_per_principal = 2).await;
+        let mut first = Session::create(&h, "mock").await;
+        Session::create(&h, "mock").await;
+        let status = expect_err(
+            h.sessions()
+                .create_session(create_request(&h, "mock"))
+                .await,
+        );
+        assert_error(&status, Code::ResourceExhausted, "TOO_MANY_SESSIONS");
+        first
+            .client
+            .close_session(pb::CloseSessionRequest {
+                session_id: first.id.clone(),
+            })
+            .await
+            .unwrap();
+        Session::create(&h, "mock").await;
+    })
+    .await
+}
