@@ -29,6 +29,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # --- base: what every runtime image shares ------------------------------------------------------
 FROM debian:${DEBIAN_RELEASE}-slim AS base
 ARG APP_UID
+# Debian's packages are not pinned (DL3008): a stable release replaces versions with security
+# fixes, so pins would break the build rather than make it reproducible.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
@@ -50,7 +53,8 @@ CMD ["serve", "--listen=0.0.0.0:50051", "--data-dir=/var/lib/agent-harness"]
 # --- node-agents: base plus Node.js and npm, for profiles whose command is `npx …` ----------------
 FROM base AS node-agents
 ARG APP_UID
-USER root
+USER 0:0
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nodejs npm \
     && rm -rf /var/lib/apt/lists/*
