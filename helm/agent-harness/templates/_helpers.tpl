@@ -1,0 +1,187 @@
+{{/* Names */}}
+
+{{- define "agent-harness.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "agent-harness.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agent-harness.headlessName" -}}
+{{- printf "%s-headless" (include "agent-harness.fullname" . | trunc 54 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "agent-harness.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "agent-harness.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels */}}
+
+{{- define "agent-harness.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "agent-harness.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "agent-harness.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "agent-harness.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "agent-harness.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Paths inside the container */}}
+
+{{- define "agent-harness.dataDir" -}}/var/lib/agent-harness{{- end -}}
+{{- define "agent-harness.configDir" -}}/etc/agent-harness/config{{- end -}}
+{{- define "agent-harness.tokensDir" -}}/etc/agent-harness/tokens{{- end -}}
+{{- define "agent-harness.tlsDir" -}}/etc/agent-harness/tls{{- end -}}
+{{- define "agent-harness.homeDir" -}}/home/agent-harness{{- end -}}
+
+{{/*
+Seconds in a duration such as "30s", "2m", "1m30s" or "500ms" (the subset of the server's
+duration syntax that values.schema.json admits), rounded up.
+*/}}
+{{- define "agent-harness.durationSeconds" -}}
+{{- if not (regexMatch "^([0-9]+(ms|s|m|h))+$" .) -}}
+{{- fail (printf "%q is not a duration such as \"30s\", \"2m\" or \"1m30s\"" .) -}}
+{{- end -}}
+{{- $millis := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 -}}
+{{- $n := regexFind "^[0-9]+" . | atoi -}}
+{{- $unit := trimPrefix (regexFind "^[0-9]+" .) . -}}
+{{- if eq $unit "ms" }}{{ $millis = add $millis $n }}
+{{- else if eq $unit "s" }}{{ $millis = add $millis (mul $n 1000) }}
+{{- else if eq $unit "m" }}{{ $millis = add $millis (mul $n 60000) }}
+{{- else }}{{ $millis = add $millis (mul $n 3600000) }}
+{{- end -}}
+{{- end -}}
+{{- div (add $millis 999) 1000 -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: above the drain grace, so the drain can finish. */}}
+{{- define "agent-harness.terminationGracePeriodSeconds" -}}
+{{- $drain := include "agent-harness.durationSeconds" .Values.server.drainGrace | atoi -}}
+{{- $explicit := .Values.server.terminationGracePeriodSeconds -}}
+{{- if kindIs "invalid" $explicit -}}
+{{- add $drain .Values.server.terminationGraceMarginSeconds -}}
+{{- else if le (int $explicit) $drain -}}
+{{- fail (printf "server.terminationGracePeriodSeconds (%d) must be greater than server.drainGrace (%s = %ds): the kubelet would kill the server before its drain ends" (int $explicit) .Values.server.drainGrace $drain) -}}
+{{- else -}}
+{{- int $explicit -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The health service readiness watches: the first served of ours (each goes NOT_SERVING on drain). */}}
+{{- define "agent-harness.readinessService" -}}
+{{- $services := .Values.server.services -}}
+{{- if has "sessions" $services -}}agent_harness.v1.AgentSessionService
+{{- else if has "translator" $services -}}agent_harness.v1.ChannelTranslatorService
+{{- else -}}agent_harness.v1.RuntimeGatewayService
+{{- end -}}
+{{- end -}}
+
+{{/* Refusals that a JSON schema cannot express, or that need a clear sentence. */}}
+{{- define "agent-harness.validate" -}}
+{{- if or .Values.database.url .Values.database.existingSecret -}}
+{{- fail (printf "database: PostgreSQL is not supported by agent-harness %s, which has only the embedded SQLite store. Leave database.url and database.existingSecret empty (one replica with a PersistentVolumeClaim)." .Chart.AppVersion) -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) -}}
+{{- fail "tls.enabled needs tls.existingSecret: a Secret of type kubernetes.io/tls with tls.crt and tls.key" -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (semverCompare "<1.37.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "tls.enabled needs Kubernetes 1.37 or later (this render is for %s): before 1.37 the kubelet's gRPC probes dial plaintext and would never reach a TLS-only server. From 1.37 the chart sets the probes' mode: TLS (feature gate GRPCContainerProbeTLS)." .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) -}}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.enabled: there is no metrics port to scrape" -}}
+{{- end -}}
+{{- $_ := include "agent-harness.terminationGracePeriodSeconds" . -}}
+{{- end -}}
+
+{{/*
+The config file (SPEC §8, §12): keys the flags do not carry. listen, data_dir, metrics_listen,
+services, static_files_base_url and the insecure flag are passed as flags (see the StatefulSet).
+*/}}
+{{- define "agent-harness.configToml" -}}
+{{- $s := .Values.server -}}
+{{- $config := dict "drain_grace" $s.drainGrace "log_format" $s.logFormat "sqlite_synchronous" $s.sqliteSynchronous -}}
+{{- with $s.invocationMetaKey }}{{ $_ := set $config "invocation_meta_key" . }}{{ end -}}
+{{- if .Values.auth.existingSecret -}}
+{{- $_ := set $config "tokens_file" (printf "%s/%s" (include "agent-harness.tokensDir" .) .Values.auth.key) -}}
+{{- end -}}
+{{- if .Values.tls.enabled -}}
+{{- $_ := set $config "tls_cert" (printf "%s/tls.crt" (include "agent-harness.tlsDir" .)) -}}
+{{- $_ := set $config "tls_key" (printf "%s/tls.key" (include "agent-harness.tlsDir" .)) -}}
+{{- end -}}
+{{- if $s.limits -}}
+{{- $limits := dict -}}
+{{- range $key, $value := $s.limits }}{{ $_ := set $limits $key (int64 $value) }}{{ end -}}
+{{- $_ := set $config "limits" $limits -}}
+{{- end -}}
+{{- $profiles := dict -}}
+{{- range $name, $p := .Values.profiles -}}
+{{- $profile := dict "command" $p.command -}}
+{{- with $p.args }}{{ $_ := set $profile "args" . }}{{ end -}}
+{{- with $p.env }}{{ $_ := set $profile "env" . }}{{ end -}}
+{{- with $p.permissionPolicy }}{{ $_ := set $profile "permission_policy" . }}{{ end -}}
+{{- $_ := set $profile "allowed_cwd_roots" (default (list $.Values.workspace.mountPath) $p.allowedCwdRoots) -}}
+{{- with $p.startupTimeout }}{{ $_ := set $profile "startup_timeout" . }}{{ end -}}
+{{- with $p.cancelGrace }}{{ $_ := set $profile "cancel_grace" . }}{{ end -}}
+{{- with $p.idleTimeout }}{{ $_ := set $profile "idle_timeout" . }}{{ end -}}
+{{- $_ := set $profiles $name $profile -}}
+{{- end -}}
+{{- if $profiles }}{{ $_ := set $config "profiles" $profiles }}{{ end -}}
+# agent-harness config, rendered by the Helm chart {{ .Chart.Name }}-{{ .Chart.Version }}.
+{{ toToml $config | trim }}
+{{ end -}}
+
+{{/* "host:port", with IPv6 hosts in brackets. Takes (list host port). */}}
+{{- define "agent-harness.listenAddress" -}}
+{{- $host := index . 0 -}}
+{{- if contains ":" $host -}}
+{{- printf "[%s]:%d" $host (index . 1) -}}
+{{- else -}}
+{{- printf "%s:%d" $host (index . 1) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A volumeClaimTemplate. Takes (list name persistenceValues root). */}}
+{{- define "agent-harness.volumeClaim" -}}
+{{- $name := index . 0 -}}
+{{- $p := index . 1 -}}
+{{- $root := index . 2 -}}
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "agent-harness.selectorLabels" $root | nindent 4 }}
+spec:
+  accessModes:
+    {{- toYaml $p.accessModes | nindent 4 }}
+  {{- if not (kindIs "invalid" $p.storageClassName) }}
+  storageClassName: {{ $p.storageClassName | quote }}
+  {{- end }}
+  resources:
+    requests:
+      storage: {{ $p.size }}
+{{- end -}}
