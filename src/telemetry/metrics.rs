@@ -124,7 +124,7 @@ pub async fn serve(
             let service = service_fn(move |request: Request<Incoming>| {
                 let sessions = sessions.clone();
                 async move {
-                    let response = if request.uri().path() == "/metrics" {
+                    if request.uri().path() == "/metrics" {
                         Response::builder()
                             .header("content-type", "text/plain; version=0.0.4")
                             .body(http_body_util::Full::new(bytes_of(render(
@@ -136,8 +136,7 @@ pub async fn serve(
                             .body(http_body_util::Full::new(bytes_of(
                                 "not found: try /metrics\n".into(),
                             )))
-                    };
-                    response
+                    }
                 }
             });
             let _ = http1::Builder::new()
@@ -200,7 +199,7 @@ where
                     .get("grpc-status")
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<i32>().ok())
-                    .map(|c| tonic::Code::from(c))
+                    .map(tonic::Code::from)
                     .unwrap_or(tonic::Code::Ok),
                 Err(_) => tonic::Code::Unknown,
             };
