@@ -17,9 +17,10 @@ use crate::{
 async fn offsets_until(watch: &mut Watch, head: u64) -> Vec<u64> {
     let mut offsets = Vec::new();
     while offsets.last().is_none_or(|&last| last < head) {
-        match watch.next().await.expect("open").expect("no failure").event {
-            Some(Event::Entry(entry)) => offsets.push(entry.offset),
-            _ => {}
+        if let Some(Event::Entry(entry)) =
+            watch.next().await.expect("open").expect("no failure").event
+        {
+            offsets.push(entry.offset);
         }
     }
     offsets
