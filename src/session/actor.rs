@@ -139,6 +139,25 @@ struct Out {
     queue_changed: bool,
 }
 
+impl Out {
+    /// Records a new action id in this step (unique per session forever).
+    fn record_action(&mut self, action_id: ActionId, fingerprint: String, state: ActionState) {
+        self.batch.new_actions.push(ActionRecord {
+            action_id,
+            fingerprint,
+            state,
+            created_at: crate::domain::now(),
+        });
+    }
+}
+
+fn sent(action_id: ActionId) -> ControlOutcome {
+    ControlOutcome {
+        action_id,
+        status: ControlStatus::Sent,
+    }
+}
+
 pub(crate) struct Actor {
     ctx: Arc<EngineContext>,
     shared: Arc<Shared>,
@@ -705,12 +724,11 @@ impl Actor {
                         PendingKind::SetConfig { action_id },
                         "session/set_config_option",
                     );
-                    out.batch.new_actions.push(ActionRecord {
+                    out.record_action(
                         action_id,
-                        fingerprint: fingerprint(&Action::SetModel { model }, &None, false),
-                        state: ActionState::Sent,
-                        created_at: crate::domain::now(),
-                    });
+                        fingerprint(&Action::SetModel { model }, &None, false),
+                        ActionState::Sent,
+                    );
                     let actor = self.record.owner.clone();
                     self.log_send(&mut out, &frame, &actor, Some(action_id));
                     if let Err(e) = self.flush(out).await {
@@ -1687,10 +1705,7 @@ impl Actor {
         }
         if self.ready() && self.turn.is_none() && self.queue.is_empty() {
             self.dispatch_entry(entry, Some(fingerprint), false).await?;
-            return Ok(ControlOutcome {
-                action_id,
-                status: ControlStatus::Sent,
-            });
+            return Ok(sent(action_id));
         }
         let position = if interrupt {
             self.queue.push_front(entry.clone(), cap)?
@@ -1747,12 +1762,7 @@ impl Actor {
         clear_queue: bool,
     ) -> Result<ControlOutcome> {
         let mut out = Out::default();
-        out.batch.new_actions.push(ActionRecord {
-            action_id,
-            fingerprint,
-            state: ActionState::Sent,
-            created_at: crate::domain::now(),
-        });
+        out.record_action(action_id, fingerprint, ActionState::Sent);
         if clear_queue && !self.queue.is_empty() {
             for entry in self.queue.clear() {
                 out.batch
@@ -1775,10 +1785,7 @@ impl Actor {
             );
         }
         self.flush(out).await?;
-        Ok(ControlOutcome {
-            action_id,
-            status: ControlStatus::Sent,
-        })
+        Ok(sent(action_id))
     }
 
     async fn send_config(
@@ -1796,12 +1803,7 @@ impl Actor {
             &value,
         );
         let mut out = Out::default();
-        out.batch.new_actions.push(ActionRecord {
-            action_id,
-            fingerprint,
-            state: ActionState::Sent,
-            created_at: crate::domain::now(),
-        });
+        out.record_action(action_id, fingerprint, ActionState::Sent);
         self.log_send(&mut out, &frame, actor, Some(action_id));
         self.flush(out).await?;
         self.expect(
@@ -1809,10 +1811,7 @@ impl Actor {
             PendingKind::SetConfig { action_id },
             "session/set_config_option",
         );
-        Ok(ControlOutcome {
-            action_id,
-            status: ControlStatus::Sent,
-        })
+        Ok(sent(action_id))
     }
 
     async fn send_answer(
@@ -1824,12 +1823,7 @@ impl Actor {
         frame: Value,
     ) -> Result<ControlOutcome> {
         let mut out = Out::default();
-        out.batch.new_actions.push(ActionRecord {
-            action_id,
-            fingerprint,
-            state: ActionState::Sent,
-            created_at: crate::domain::now(),
-        });
+        out.record_action(action_id, fingerprint, ActionState::Sent);
         self.log_send(&mut out, &frame, actor, Some(action_id));
         let released = self.held.release(request_id);
         self.refresh_status(&mut out);
@@ -1840,10 +1834,7 @@ impl Actor {
             }
             return Err(error);
         }
-        Ok(ControlOutcome {
-            action_id,
-            status: ControlStatus::Sent,
-        })
+        Ok(sent(action_id))
     }
 
     fn restore_held(&mut self, kind: Released, id: &JsonRpcId) {
