@@ -320,3 +320,141 @@ async fn no_frame_reaches_a_runtime_or_a_subscriber_before_it_is_in_the_log() {
     })
     .await
 }
+
+#[tokio::test]
+async fn queue_and_status_changes_are_streamed_as_snapshots_in_every_view() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        for view in [
+            pb::SubscribeView::Log,
+            pb::SubscribeView::Messages,
+            pb::SubscribeView::All,
+        ] {
+            let mut watch = session.watch_from(0, view).await;
+            let running = session.prompt("@wait-cancel").await;
+            let queued = session.prompt("next").await;
+            let snapshot = loop {
+                if let Some(Event::Queue(queue)) = watch.next().await.unwrap().unwrap().event
+                    && !queue.entries.is_empty()
+                {
+                    break queue;
+                }
+            };
+            assert_eq!(snapshot.entries[0].action_id, queued.action_id, "{view:?}");
+            watch.status(pb::SessionStatus::Running).await;
+            session.act(crate::support::stop(true)).await.unwrap();
+            loop {
+                if let Some(Event::Queue(queue)) = watch.next().await.unwrap().unwrap().event
+                    && queue.entries.is_empty()
+                {
+                    break;
+                }
+            }
+            watch.status(pb::SessionStatus::Idle).await;
+            let _ = running;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_idle_stream_gets_a_heartbeat_with_the_head_offset() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let head = session.get().await.head_offset;
+        let mut watch = session.watch_from(head, pb::SubscribeView::Log).await;
+        loop {
+            if let Some(Event::Heartbeat(beat)) = watch.next().await.unwrap().unwrap().event {
+                assert_eq!(beat.head_offset, head);
+                break;
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_deleted_sessions_stream_ends_not_found_and_a_closed_ones_stays_open() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut closed = Session::create(&h, "mock").await;
+        let mut closed_watch = closed.watch().await;
+        closed
+            .client
+            .close_session(pb::CloseSessionRequest {
+                session_id: closed.id.clone(),
+            })
+            .await
+            .unwrap();
+        closed_watch.status(pb::SessionStatus::Closed).await;
+        // Still open: the next event is a heartbeat, not an end.
+        loop {
+            match closed_watch
+                .next()
+                .await
+                .expect("still open")
+                .expect("no failure")
+                .event
+            {
+                Some(Event::Heartbeat(_)) => break,
+                _ => continue,
+            }
+        }
+
+        let mut deleted = Session::create(&h, "mock").await;
+        let mut watch = deleted.watch().await;
+        deleted
+            .client
+            .delete_session(pb::DeleteSessionRequest {
+                session_id: deleted.id.clone(),
+            })
+            .await
+            .unwrap();
+        assert_error(&watch.end().await, Code::NotFound, "SESSION_NOT_FOUND");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn subscribers_beyond_the_cap_are_too_many_subscribers() {
+    bounded(async {
+        let h = Harness::start_with(|config| config.limits.subscribers_per_session = 2).await;
+        let mut session = Session::create(&h, "mock").await;
+        let _first = session.watch().await;
+        let second = session.watch().await;
+        let status = expect_err(
+            session
+                .client
+                .subscribe(pb::SubscribeRequest {
+                    session_id: session.id.clone(),
+                    after_offset: 0,
+                    view: 0,
+                })
+                .await,
+        );
+        assert_error(&status, Code::ResourceExhausted, "TOO_MANY_SUBSCRIBERS");
+        drop(second);
+        // A freed place can be taken again (the server notices the stream is gone).
+        let mut taken = false;
+        for _ in 0..100 {
+            if session
+                .client
+                .subscribe(pb::SubscribeRequest {
+                    session_id: session.id.clone(),
+                    after_offset: 0,
+                    view: 0,
+                })
+                .await
+                .is_ok()
+            {
+                taken = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(taken, "the place of a closed stream is freed");
+    })
+    .await
+}
