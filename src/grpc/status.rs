@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tonic::{Code, Status};
+use tonic::{Code, Status, codegen::http};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::domain::error::{Error, ErrorCode};
@@ -63,6 +63,34 @@ pub fn to_status(error: &Error) -> Status {
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         to_status(&error)
+    }
+}
+
+/// The start of the message tonic gives a request message over the size limit.
+const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
+
+/// A response mapper for the whole server: tonic itself refuses a request message over the gRPC
+/// message limit (OUT_OF_RANGE, no details) before any handler runs. This turns that refusal
+/// into the table's LIMIT_EXCEEDED with its `ErrorInfo` (limit `grpc_message_bytes`), like every
+/// other limit. Everything else passes through untouched.
+pub fn message_limit_mapper(
+    max: usize,
+) -> impl Fn(http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> + Clone {
+    move |response| {
+        let ours = response.extensions().get::<Status>().is_some_and(|status| {
+            status.code() == Code::OutOfRange
+                && status.details().is_empty()
+                && status.message().starts_with(TONIC_TOO_LARGE)
+        });
+        if !ours {
+            return response;
+        }
+        let error = Error::limit(
+            "grpc_message_bytes",
+            max,
+            "a request message of more bytes than allowed",
+        );
+        to_status(&error).into_http()
     }
 }
 
