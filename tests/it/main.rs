@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod auth;
 mod faults;
 mod health;
 mod interactions;
