@@ -106,6 +106,15 @@ pub struct Bearer {
     acting_user: Option<String>,
 }
 
+impl Bearer {
+    pub fn new(token: Option<&str>, acting_user: Option<&str>) -> Self {
+        Self {
+            token: token.map(str::to_owned),
+            acting_user: acting_user.map(str::to_owned),
+        }
+    }
+}
+
 impl Interceptor for Bearer {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if let Some(token) = &self.token {

@@ -15,4 +15,5 @@ mod scale;
 mod services;
 mod sessions;
 mod support;
+mod tls;
 mod translator;
