@@ -14,6 +14,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod domain;
+pub mod fuzzing;
 pub mod grpc;
 pub mod mock_agent;
 pub mod pb;
