@@ -282,9 +282,15 @@ pub fn fold_entries(entries: &[LogEntry]) {
     for message in fold.messages() {
         assert!(ids.insert(message.id.clone()), "message ids are unique");
         assert!(
-            message.turn >= 1 && message.turn <= fold.turns(),
+            message.turn <= fold.turns(),
             "a message's turn is one of the fold's"
         );
+        if message.turn == 0 {
+            assert_eq!(
+                message.id, "0:agent",
+                "only agent output precedes the first turn"
+            );
+        }
         assert!(
             message.first_offset <= message.last_offset && message.last_offset <= fold.head(),
             "a message's offsets lie within the log: {message:?}"

@@ -46,6 +46,22 @@ pub fn grpc_code(code: ErrorCode) -> Code {
     }
 }
 
+/// Longest status message sent, in bytes. Messages may quote what the caller sent; unbounded,
+/// a hostile value would make a `grpc-message` header larger than clients accept (they then
+/// see a bare protocol error instead of the table's status).
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+fn bounded_message(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message.to_owned();
+    }
+    let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
+}
+
 /// Builds the status for an error.
 pub fn to_status(error: &Error) -> Status {
     let metadata: std::collections::HashMap<String, String> = error
@@ -57,7 +73,11 @@ pub fn to_status(error: &Error) -> Status {
     if error.code == ErrorCode::Draining {
         details.set_retry_info(Some(DRAINING_RETRY_DELAY));
     }
-    Status::with_error_details(grpc_code(error.code), error.message.clone(), details)
+    Status::with_error_details(
+        grpc_code(error.code),
+        bounded_message(&error.message),
+        details,
+    )
 }
 
 impl From<Error> for Status {
@@ -97,6 +117,15 @@ pub fn message_limit_mapper(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_MESSAGE_BYTES);
+        let status = to_status(&Error::invalid(long));
+        assert!(status.message().len() <= MAX_MESSAGE_BYTES);
+        assert!(status.message().ends_with('…'));
+        assert_eq!(to_status(&Error::invalid("short")).message(), "short");
+    }
 
     /// SPEC §3.9, row by row: (code, gRPC code, reason).
     const TABLE: &[(ErrorCode, Code, &str)] = &[

@@ -7,6 +7,7 @@ mod harness;
 mod auth;
 mod faults;
 mod health;
+mod hostile;
 mod interactions;
 mod interop;
 mod queue;

@@ -23,18 +23,18 @@ use crate::{
 };
 
 /// A certificate authority that can issue server and client certificates.
-struct Ca {
+pub struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
 /// A certificate and its private key, as PEM.
-struct Issued {
-    cert: String,
-    key: String,
+pub struct Issued {
+    pub cert: String,
+    pub key: String,
 }
 
 impl Ca {
-    fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.distinguished_name.push(DnType::CommonName, name);
@@ -44,11 +44,11 @@ impl Ca {
         Self { issuer }
     }
 
-    fn pem(&self) -> String {
+    pub fn pem(&self) -> String {
         self.issuer.pem()
     }
 
-    fn issue(&self, names: &[&str]) -> Issued {
+    pub fn issue(&self, names: &[&str]) -> Issued {
         let key = KeyPair::generate().expect("a key");
         let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
