@@ -46,7 +46,7 @@ pub struct RunningServer {
     local_addr: SocketAddr,
     store: Option<Arc<SqliteStore>>,
     /// The tokens (with the task reloading them), when configured.
-    tokens: Option<(Arc<TokenStore>, JoinHandle<()>)>,
+    tokens: Option<WatchedTokens>,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -122,11 +122,12 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<Sq
     Ok((Sessions::open(ctx).await?, sqlite))
 }
 
+/// The live tokens and the task that reloads them.
+type WatchedTokens = (Arc<TokenStore>, JoinHandle<()>);
+
 /// Authentication: bearer tokens from the tokens file (reloaded on SIGHUP and on change), or
 /// the no-token `local` principal. A bad tokens file stops startup.
-fn authenticator(
-    config: &ServeConfig,
-) -> anyhow::Result<(Authenticator, Option<(Arc<TokenStore>, JoinHandle<()>)>)> {
+fn authenticator(config: &ServeConfig) -> anyhow::Result<(Authenticator, Option<WatchedTokens>)> {
     let Some(path) = &config.tokens_file else {
         return Ok((Authenticator::no_tokens(), None));
     };
