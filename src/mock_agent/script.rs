@@ -395,6 +395,10 @@ mod tests {
         assert_eq!(one("@silent"), Directive::Silent);
         assert_eq!(one("@close-stdout"), Directive::CloseStdout);
         assert_eq!(one("@echo-all"), Directive::EchoAll);
+        assert_eq!(one("@env"), Directive::Env);
+        assert_eq!(one("@cwd"), Directive::Cwd);
+        assert_eq!(one("@fds"), Directive::Fds);
+        assert_eq!(one("@env x"), Directive::Unknown("@env x".into()));
     }
 
     #[test]
