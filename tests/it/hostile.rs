@@ -1010,11 +1010,11 @@ async fn a_message_over_the_grpc_limit_is_limit_exceeded_and_the_connection_serv
     .await
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_creates_never_exceed_the_sessions_per_principal_limit() {
     bounded(async {
         let h = small_limits().await;
-        let attempts = (0..8).map(|_| {
+        let attempts = (0..16).map(|_| {
             let mut client = h.sessions();
             let request = crate::support::create_request(&h, "mock");
             tokio::spawn(async move { client.create_session(request).await })
