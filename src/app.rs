@@ -22,11 +22,14 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use std::sync::atomic::AtomicBool;
 
+use tower::util::MapResponseLayer;
+
 use crate::{
     acp::process::RuntimeRegistry,
+    auth::{Reloaded, TokenStore, tls},
     config::ServeConfig,
     grpc::{
-        auth::Authenticator, gateway::GatewayService, sessions::SessionsService,
+        auth::Authenticator, gateway::GatewayService, sessions::SessionsService, status,
         translator::TranslatorService,
     },
     pb::{
@@ -59,6 +62,8 @@ pub struct RunningServer {
     served: Vec<&'static str>,
     drain_grace: Duration,
     shutdown: watch::Sender<bool>,
+    /// The tokens (with the task reloading them), when configured.
+    tokens: Option<WatchedTokens>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
     metrics_task: Option<JoinHandle<()>>,
 }
@@ -67,6 +72,11 @@ impl RunningServer {
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Rereads the tokens file now, as SIGHUP does (`None` when no tokens are configured).
+    pub fn reload_tokens(&self) -> Option<anyhow::Result<Reloaded>> {
+        self.tokens.as_ref().map(|(store, _)| store.reload())
     }
 
     /// The address of the Prometheus endpoint, when one is served.
@@ -95,6 +105,9 @@ impl RunningServer {
     /// Stops accepting calls, lets in-flight calls finish (open streams end at once; anything
     /// else still open after [`STOP_GRACE`] is cut), and returns when the server is down.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some((_, watcher)) = self.tokens.take() {
+            watcher.abort();
+        }
         if let Some(sessions) = &self.sessions {
             let _ = sessions
                 .context()
@@ -122,13 +135,6 @@ impl RunningServer {
 }
 
 fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
-    // Refused rather than silently ignored until they are built.
-    if config.tokens_file.is_some() {
-        anyhow::bail!("tokens_file is not supported yet: the server would run unauthenticated");
-    }
-    if config.tls.is_some() {
-        anyhow::bail!("TLS is not supported yet: the server would serve plaintext");
-    }
     if config.tokens_file.is_none() && !config.listen.ip().is_loopback() {
         if !config.insecure_allow_non_loopback {
             anyhow::bail!(
@@ -172,16 +178,34 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<Sq
     Ok((Sessions::open(ctx).await?, sqlite))
 }
 
+/// The live tokens and the task that reloads them.
+type WatchedTokens = (Arc<TokenStore>, JoinHandle<()>);
+
+/// Authentication: bearer tokens from the tokens file (reloaded on SIGHUP and on change), or
+/// the no-token `local` principal. A bad tokens file stops startup.
+fn authenticator(config: &ServeConfig) -> anyhow::Result<(Authenticator, Option<WatchedTokens>)> {
+    let Some(path) = &config.tokens_file else {
+        return Ok((Authenticator::no_tokens(), None));
+    };
+    let store = TokenStore::open(path)?;
+    let watcher = store.watch(config.tokens_poll_interval)?;
+    Ok((
+        Authenticator::with_tokens(store.clone()),
+        Some((store, watcher)),
+    ))
+}
+
 /// Binds the listener, builds every part and starts serving in the background.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     refuses_insecure_listen(&config)?;
+    let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
+    let (auth, tokens) = authenticator(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let local_addr = listener.local_addr()?;
 
     let limits = Arc::new(config.limits.clone());
-    let auth = Authenticator::no_tokens();
     let (health, health_service) = tonic_health::server::health_reporter();
     let mut routes = RoutesBuilder::default();
     let mut served: Vec<&'static str> = Vec::new();
@@ -265,16 +289,23 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         }
         None => (None, None),
     };
-    let server = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).context("TLS configuration")?;
+    }
+    let server = builder
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         .layer(RpcMetricsLayer)
+        .layer(MapResponseLayer::new(status::message_limit_mapper(
+            max_message,
+        )))
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .add_routes(routes.routes())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(shutdown_rx));
     let task = tokio::spawn(server);
-    tracing::info!(%local_addr, services = ?served, "serving gRPC");
+    tracing::info!(%local_addr, services = ?served, tls = config.tls.is_some(), tokens = config.tokens_file.is_some(), "serving gRPC");
     Ok(RunningServer {
         local_addr,
         metrics_addr,
@@ -284,6 +315,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         served,
         drain_grace: config.drain_grace,
         shutdown: shutdown_tx,
+        tokens,
         task,
         metrics_task,
     })

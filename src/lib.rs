@@ -5,13 +5,16 @@
 //! - [`translate`]: channel messages → prompt attachments;
 //! - [`config`]: flags, env, config file, runtime profiles;
 //! - [`grpc`]: thin tonic services, conversions, the error table, authentication;
+//! - [`auth`]: the tokens file (reload, revocation) and TLS settings;
 //! - [`app`]: the composition root that wires them and serves;
 //! - [`mock_agent`]: `agent-harness mock-agent`, the scripted ACP agent of the `mock` profile.
 
 pub mod acp;
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod domain;
+pub mod fuzzing;
 pub mod grpc;
 pub mod mock_agent;
 pub mod pb;

@@ -78,13 +78,14 @@ pub async fn read_lines<R: AsyncRead + Unpin>(
             if available.is_empty() {
                 break false;
             }
+            // The limit is on the line's bytes; its `\n` terminator is not counted.
             let (take, found) = match memchr(available) {
-                Some(i) => (i + 1, true),
+                Some(i) => (i, true),
                 None => (available.len(), false),
             };
             let room = max_line + 1 - line.len().min(max_line + 1);
             line.extend_from_slice(&available[..take.min(room)]);
-            reader.consume(take);
+            reader.consume(take + usize::from(found));
             if line.len() > max_line {
                 let _ = send(Inbound::Invalid {
                     reason: InvalidLine::TooLong,
@@ -286,6 +287,21 @@ mod tests {
         assert_eq!(*reason, InvalidLine::TooLong);
         assert_eq!(preview.len(), PREVIEW_BYTES);
         assert!(*length > 2048);
+    }
+
+    #[tokio::test]
+    async fn a_line_of_exactly_the_limit_is_a_frame_whatever_its_terminator() {
+        // `{"a":1}` is 7 bytes: the limit counts the line, not its `\n`.
+        let events = read_all(b"{\"a\":1}\n{\"b\":22}\n", 7).await;
+        assert!(matches!(&events[0], Inbound::Frame { raw, .. } if raw == "{\"a\":1}"));
+        assert!(matches!(
+            events[1],
+            Inbound::Invalid {
+                reason: InvalidLine::TooLong,
+                ..
+            }
+        ));
+        assert_eq!(events.len(), 2);
     }
 
     #[tokio::test]

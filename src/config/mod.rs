@@ -183,6 +183,9 @@ pub struct ServeConfig {
     pub services: ServiceSet,
     pub metrics_listen: Option<SocketAddr>,
     pub tokens_file: Option<PathBuf>,
+    /// How often the tokens file is checked for changes (`None`: only SIGHUP reloads it). Not a
+    /// flag: tests shorten it.
+    pub tokens_poll_interval: Option<Duration>,
     pub tls: Option<TlsFiles>,
     pub insecure_allow_non_loopback: bool,
     pub log_format: LogFormat,
@@ -285,6 +288,7 @@ impl ServeConfig {
             services,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             tokens_file,
+            tokens_poll_interval: Some(crate::auth::DEFAULT_TOKENS_POLL),
             tls,
             insecure_allow_non_loopback: args
                 .insecure_allow_non_loopback

@@ -238,13 +238,17 @@ impl Fold {
         self.head
     }
 
-    /// How many turns the transcript holds.
+    /// How many turns the transcript holds. Agent output that came before the first prompt
+    /// (turn 0) belongs to the first page, so it alone makes one page.
     pub fn turns(&self) -> u32 {
         self.turns
+            .max(u32::from(self.index.contains_key("0:agent")))
     }
 
-    /// The messages of turns `from..=to`, oldest first.
+    /// The messages of turns `from..=to`, oldest first; the first page (`from` 1) also holds
+    /// turn 0, the agent's output before the first prompt.
     pub fn turn_range(&self, from: u32, to: u32) -> impl Iterator<Item = &Message> {
+        let from = if from <= 1 { 0 } else { from };
         self.messages
             .iter()
             .filter(move |m| m.turn >= from && m.turn <= to)
@@ -1254,6 +1258,20 @@ mod tests {
     #[test]
     fn turns_page_oldest_first() {
         assert_eq!(page_turns(5, 0, 2), Some((1, 2)));
+        // Agent output before any prompt is turn 0, shown on the first page.
+        let mut early = Log::default();
+        early.push(
+            Direction::FromRuntime,
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s",
+                   "update": {"sessionUpdate": "agent_message_chunk",
+                              "content": {"type": "text", "text": "hello"}}}}),
+            None,
+        );
+        let fold = Fold::of(DEFAULT_META_KEY, &early.entries);
+        assert_eq!(fold.turns(), 1);
+        let (from, to) = page_turns(fold.turns(), 0, 10).unwrap();
+        let ids: Vec<&str> = fold.turn_range(from, to).map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["0:agent"]);
         assert_eq!(page_turns(5, 4, 2), Some((5, 5)));
         assert_eq!(page_turns(5, 5, 2), None);
     }

@@ -1,33 +1,119 @@
 //! Who is calling: every request passes through [`Authenticator`], which puts a [`Principal`] in
 //! the request's extensions; handlers take it from there and pass it down.
+//!
+//! - No tokens configured: every caller is `local` (user and service rights); an
+//!   `authorization` header is ignored.
+//! - Tokens configured: `authorization: Bearer <token>` is required; a missing, malformed,
+//!   unknown or revoked token is UNAUTHENTICATED (one message for all, so the answer tells a
+//!   prober nothing). The request also carries a [`Credential`] so a stream opened with the
+//!   token can end UNAUTHENTICATED when it is revoked ([`end_when_revoked`]).
+//! - `x-acting-user` names the user a service (or `local`) acts for. From a user it is
+//!   FORBIDDEN: a person acts only as themselves, and silently ignoring the header would hide a
+//!   client's mistake.
 
+use std::{pin::Pin, sync::Arc};
+
+use futures::{Stream, StreamExt};
 use tonic::{Request, Status, metadata::MetadataMap, service::Interceptor};
 
-use crate::domain::{Error, ErrorCode, Principal, PrincipalKind};
+use crate::{
+    auth::{Grant, TokenStore, tokens::MAX_PRINCIPAL_BYTES},
+    domain::{Error, ErrorCode, Principal, PrincipalKind},
+};
 
 /// Header naming the user a service acts for.
 pub const ACTING_USER_HEADER: &str = "x-acting-user";
-/// Longest accepted principal id, in bytes.
-const MAX_PRINCIPAL_BYTES: usize = 256;
+/// Longest bearer token read, in bytes; anything longer cannot be one of ours.
+const MAX_TOKEN_BYTES: usize = 4096;
 
-/// Authenticates requests. With no tokens configured every caller is `local` (SPEC §11).
+/// Authenticates requests (SPEC §11).
 #[derive(Debug, Clone, Default)]
-pub struct Authenticator {}
+pub struct Authenticator {
+    tokens: Option<Arc<TokenStore>>,
+}
 
-impl Authenticator {
-    pub fn no_tokens() -> Self {
-        Self {}
-    }
+/// The token a request was authenticated with, so its streams can watch for revocation.
+#[derive(Debug, Clone)]
+pub struct Credential {
+    store: Arc<TokenStore>,
+    grant: Grant,
+}
 
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Error> {
-        let mut principal = Principal::local();
-        principal.acting_user = acting_user(metadata, principal.kind)?;
-        Ok(principal)
+impl Credential {
+    /// Resolves when the token is revoked.
+    pub fn revoked(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.store.revocation(self.grant.clone())
     }
 }
 
+fn unauthenticated() -> Error {
+    Error::new(
+        ErrorCode::Unauthenticated,
+        "a valid `authorization: Bearer <token>` header is required",
+    )
+}
+
+impl Authenticator {
+    /// Every caller is `local`.
+    pub fn no_tokens() -> Self {
+        Self { tokens: None }
+    }
+
+    /// Callers present bearer tokens listed in `store`.
+    pub fn with_tokens(store: Arc<TokenStore>) -> Self {
+        Self {
+            tokens: Some(store),
+        }
+    }
+
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Error> {
+        Ok(self.authenticate_with_credential(metadata)?.0)
+    }
+
+    fn authenticate_with_credential(
+        &self,
+        metadata: &MetadataMap,
+    ) -> Result<(Principal, Option<Credential>), Error> {
+        let (mut principal, credential) = match &self.tokens {
+            None => (Principal::local(), None),
+            Some(store) => {
+                let token = bearer_token(metadata).ok_or_else(unauthenticated)?;
+                let grant = store.authenticate(token).ok_or_else(unauthenticated)?;
+                let principal = Principal {
+                    id: grant.principal.clone(),
+                    kind: grant.kind,
+                    acting_user: None,
+                };
+                let credential = Credential {
+                    store: store.clone(),
+                    grant,
+                };
+                (principal, Some(credential))
+            }
+        };
+        principal.acting_user = acting_user(metadata, principal.kind)?;
+        Ok((principal, credential))
+    }
+}
+
+/// The token of the one `authorization: Bearer <token>` header (the scheme is
+/// case-insensitive); `None` for anything else, including two such headers.
+fn bearer_token(metadata: &MetadataMap) -> Option<&str> {
+    let mut values = metadata.get_all("authorization").iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let value = value.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && token.len() <= MAX_TOKEN_BYTES)
+        .then_some(token)
+}
+
 fn acting_user(metadata: &MetadataMap, kind: PrincipalKind) -> Result<Option<String>, Error> {
-    let Some(value) = metadata.get(ACTING_USER_HEADER) else {
+    let mut values = metadata.get_all(ACTING_USER_HEADER).iter();
+    let Some(value) = values.next() else {
         return Ok(None);
     };
     if kind == PrincipalKind::User {
@@ -35,6 +121,9 @@ fn acting_user(metadata: &MetadataMap, kind: PrincipalKind) -> Result<Option<Str
             ErrorCode::Forbidden,
             "only services may act for a user (x-acting-user)",
         ));
+    }
+    if values.next().is_some() {
+        return Err(Error::invalid("x-acting-user is sent more than once"));
     }
     let user = value
         .to_str()
@@ -50,10 +139,49 @@ fn acting_user(metadata: &MetadataMap, kind: PrincipalKind) -> Result<Option<Str
 
 impl Interceptor for Authenticator {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let principal = self.authenticate(request.metadata())?;
+        let (principal, credential) = self.authenticate_with_credential(request.metadata())?;
         request.extensions_mut().insert(principal);
+        if let Some(credential) = credential {
+            request.extensions_mut().insert(credential);
+        }
         Ok(request)
     }
+}
+
+/// The credential a request was authenticated with (none without tokens).
+pub fn credential<T>(request: &Request<T>) -> Option<Credential> {
+    request.extensions().get::<Credential>().cloned()
+}
+
+/// A server stream that ends with UNAUTHENTICATED as soon as `credential` is revoked (SPEC
+/// §9.4), whatever the inner stream is doing (catching up, live, or idle). Without a credential
+/// the stream is returned as it is.
+pub fn end_when_revoked<T: Send + 'static>(
+    stream: Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>,
+    credential: Option<Credential>,
+) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>> {
+    let Some(credential) = credential else {
+        return stream;
+    };
+    let revoked = Box::pin(credential.revoked());
+    Box::pin(futures::stream::unfold(
+        Some((stream, revoked)),
+        |state| async move {
+            let (mut stream, mut revoked) = state?;
+            tokio::select! {
+                biased;
+                () = &mut revoked => {
+                    let status = Status::from(Error::new(
+                        ErrorCode::Unauthenticated,
+                        "the token this stream was opened with has been revoked",
+                    ));
+                    // Dropping the inner stream ends its subscription task.
+                    Some((Err(status), None))
+                }
+                item = stream.next() => item.map(|item| (item, Some((stream, revoked)))),
+            }
+        },
+    ))
 }
 
 /// The principal the [`Authenticator`] attached to a request.
@@ -102,6 +230,100 @@ mod tests {
         let principal = auth.authenticate(&metadata).unwrap();
         assert_eq!(principal.actor(), "ada");
         assert_eq!(principal.id, "local");
+    }
+
+    fn with_tokens(dir: &std::path::Path) -> Authenticator {
+        let path = dir.join("tokens.toml");
+        let row = |token: &str, principal: &str, kind: &str| {
+            format!(
+                "[[tokens]]\nsha256 = \"{}\"\nprincipal = \"{principal}\"\nkind = \"{kind}\"\n",
+                hex::encode(crate::auth::tokens::digest(token))
+            )
+        };
+        std::fs::write(
+            &path,
+            row("ada-token", "ada", "user") + &row("ci-token", "ci", "service"),
+        )
+        .unwrap();
+        Authenticator::with_tokens(TokenStore::open(&path).unwrap())
+    }
+
+    fn metadata(pairs: &[(&'static str, &str)]) -> MetadataMap {
+        let mut metadata = MetadataMap::new();
+        for (key, value) in pairs {
+            metadata.append(*key, value.parse().unwrap());
+        }
+        metadata
+    }
+
+    #[test]
+    fn with_tokens_only_one_well_formed_bearer_header_with_a_listed_token_authenticates() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = with_tokens(dir.path());
+        let ada = auth
+            .authenticate(&metadata(&[("authorization", "Bearer ada-token")]))
+            .unwrap();
+        assert_eq!(ada, Principal::user("ada"));
+        let lower = auth
+            .authenticate(&metadata(&[("authorization", "bearer   ada-token ")]))
+            .unwrap();
+        assert_eq!(lower, Principal::user("ada"));
+        for refused in [
+            vec![],
+            vec![("authorization", "ada-token")],
+            vec![("authorization", "Basic ada-token")],
+            vec![("authorization", "Bearer ")],
+            vec![("authorization", "Bearer someone-elses")],
+            vec![
+                ("authorization", "Bearer ada-token"),
+                ("authorization", "Bearer ci-token"),
+            ],
+        ] {
+            let err = auth.authenticate(&metadata(&refused)).unwrap_err();
+            assert_eq!(err.code, ErrorCode::Unauthenticated, "{refused:?}");
+        }
+        let long = format!("Bearer {}", "x".repeat(MAX_TOKEN_BYTES + 1));
+        let err = auth
+            .authenticate(&metadata(&[("authorization", &long)]))
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Unauthenticated);
+    }
+
+    #[test]
+    fn a_service_may_act_for_a_user_but_a_user_naming_anyone_is_forbidden() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = with_tokens(dir.path());
+        let service = auth
+            .authenticate(&metadata(&[
+                ("authorization", "Bearer ci-token"),
+                (ACTING_USER_HEADER, "ada"),
+            ]))
+            .unwrap();
+        assert_eq!((service.id.as_str(), service.actor()), ("ci", "ada"));
+        let err = auth
+            .authenticate(&metadata(&[
+                ("authorization", "Bearer ada-token"),
+                (ACTING_USER_HEADER, "ada"),
+            ]))
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Forbidden);
+        let err = auth
+            .authenticate(&metadata(&[
+                ("authorization", "Bearer ci-token"),
+                (ACTING_USER_HEADER, "ada"),
+                (ACTING_USER_HEADER, "bob"),
+            ]))
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+    }
+
+    #[test]
+    fn without_tokens_an_authorization_header_is_ignored() {
+        let auth = Authenticator::no_tokens();
+        let principal = auth
+            .authenticate(&metadata(&[("authorization", "Bearer whatever")]))
+            .unwrap();
+        assert_eq!(principal, Principal::local());
     }
 
     #[test]

@@ -225,6 +225,7 @@ impl AgentSessionService for SessionsService {
         request: Request<pb::SubscribeRequest>,
     ) -> Reply<Self::SubscribeStream> {
         let principal = auth::principal(&request)?;
+        let credential = auth::credential(&request);
         let request = request.get_ref();
         let view = convert::view_from_pb(request.view)?;
         let events = self
@@ -235,6 +236,9 @@ impl AgentSessionService for SessionsService {
             Ok((offset, event)) => Ok(convert::stream_event_to_pb(offset, &event)),
             Err(error) => Err(Status::from(error)),
         });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(auth::end_when_revoked(
+            Box::pin(stream),
+            credential,
+        )))
     }
 }

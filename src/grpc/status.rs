@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tonic::{Code, Status};
+use tonic::{Code, Status, codegen::http};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::domain::error::{Error, ErrorCode};
@@ -46,6 +46,22 @@ pub fn grpc_code(code: ErrorCode) -> Code {
     }
 }
 
+/// Longest status message sent, in bytes. Messages may quote what the caller sent; unbounded,
+/// a hostile value would make a `grpc-message` header larger than clients accept (they then
+/// see a bare protocol error instead of the table's status).
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+fn bounded_message(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message.to_owned();
+    }
+    let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
+}
+
 /// Builds the status for an error.
 pub fn to_status(error: &Error) -> Status {
     let metadata: std::collections::HashMap<String, String> = error
@@ -57,7 +73,11 @@ pub fn to_status(error: &Error) -> Status {
     if error.code == ErrorCode::Draining {
         details.set_retry_info(Some(DRAINING_RETRY_DELAY));
     }
-    Status::with_error_details(grpc_code(error.code), error.message.clone(), details)
+    Status::with_error_details(
+        grpc_code(error.code),
+        bounded_message(&error.message),
+        details,
+    )
 }
 
 impl From<Error> for Status {
@@ -66,9 +86,46 @@ impl From<Error> for Status {
     }
 }
 
+/// The start of the message tonic gives a request message over the size limit.
+const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
+
+/// A response mapper for the whole server: tonic itself refuses a request message over the gRPC
+/// message limit (OUT_OF_RANGE, no details) before any handler runs. This turns that refusal
+/// into the table's LIMIT_EXCEEDED with its `ErrorInfo` (limit `grpc_message_bytes`), like every
+/// other limit. Everything else passes through untouched.
+pub fn message_limit_mapper(
+    max: usize,
+) -> impl Fn(http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> + Clone {
+    move |response| {
+        let ours = response.extensions().get::<Status>().is_some_and(|status| {
+            status.code() == Code::OutOfRange
+                && status.details().is_empty()
+                && status.message().starts_with(TONIC_TOO_LARGE)
+        });
+        if !ours {
+            return response;
+        }
+        let error = Error::limit(
+            "grpc_message_bytes",
+            max,
+            "a request message of more bytes than allowed",
+        );
+        to_status(&error).into_http()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_MESSAGE_BYTES);
+        let status = to_status(&Error::invalid(long));
+        assert!(status.message().len() <= MAX_MESSAGE_BYTES);
+        assert!(status.message().ends_with('…'));
+        assert_eq!(to_status(&Error::invalid("short")).message(), "short");
+    }
 
     /// SPEC §3.9, row by row: (code, gRPC code, reason).
     const TABLE: &[(ErrorCode, Code, &str)] = &[

@@ -706,6 +706,36 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 self.out.close().await;
                 return Step::Continue;
             }
+            Directive::Env => {
+                let env: std::collections::BTreeMap<String, String> = std::env::vars_os()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string_lossy().into_owned(),
+                            v.to_string_lossy().into_owned(),
+                        )
+                    })
+                    .collect();
+                let text = format!("env: {}", serde_json::to_string(&env).unwrap_or_default());
+                wire::text_chunk(self.buf(), session_id, ChunkKind::Agent, &text);
+            }
+            Directive::Cwd => {
+                let cwd = std::env::current_dir()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_else(|e| format!("<{e}>"));
+                wire::text_chunk(
+                    self.buf(),
+                    session_id,
+                    ChunkKind::Agent,
+                    &format!("cwd: {cwd}"),
+                );
+            }
+            Directive::Fds => {
+                let text = format!(
+                    "fds: {}",
+                    serde_json::to_string(&open_fds()).unwrap_or_default()
+                );
+                wire::text_chunk(self.buf(), session_id, ChunkKind::Agent, &text);
+            }
             Directive::Unknown(line) => wire::text_chunk(
                 self.buf(),
                 session_id,
@@ -818,4 +848,22 @@ fn describe_elicitation(error: Option<&Value>, result: &Value) -> String {
         },
         None => format!("invalid {result}"),
     }
+}
+
+/// `fd → what it points at` for every open descriptor of this process (Linux `/proc`).
+fn open_fds() -> std::collections::BTreeMap<u32, String> {
+    let mut fds = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+            let target = std::fs::read_link(entry.path())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            fds.insert(fd, target);
+        }
+    }
+    fds
 }

@@ -101,6 +101,12 @@ pub enum Directive {
     Silent,
     CloseStdout,
     EchoAll,
+    /// Report the agent's environment (for tests of what reaches a runtime).
+    Env,
+    /// Report the agent's working directory.
+    Cwd,
+    /// Report the agent's open file descriptors.
+    Fds,
     /// Anything else starting with `@`, or a known verb with bad arguments: the whole line.
     Unknown(String),
 }
@@ -189,6 +195,9 @@ fn known(verb: &str, rest: &str) -> Option<Directive> {
         ("silent", _) => bare(Directive::Silent),
         ("close-stdout", _) => bare(Directive::CloseStdout),
         ("echo-all", _) => bare(Directive::EchoAll),
+        ("env", _) => bare(Directive::Env),
+        ("cwd", _) => bare(Directive::Cwd),
+        ("fds", _) => bare(Directive::Fds),
         _ => None,
     }
 }
@@ -386,6 +395,10 @@ mod tests {
         assert_eq!(one("@silent"), Directive::Silent);
         assert_eq!(one("@close-stdout"), Directive::CloseStdout);
         assert_eq!(one("@echo-all"), Directive::EchoAll);
+        assert_eq!(one("@env"), Directive::Env);
+        assert_eq!(one("@cwd"), Directive::Cwd);
+        assert_eq!(one("@fds"), Directive::Fds);
+        assert_eq!(one("@env x"), Directive::Unknown("@env x".into()));
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub const MAX_LOG_LIMIT: usize = 5000;
 pub struct Sessions {
     ctx: Arc<EngineContext>,
     handles: RwLock<HashMap<Uuid, SessionHandle>>,
+    /// Held from counting a principal's live sessions to storing a new one, so concurrent
+    /// creates cannot both pass the cap (two quick store calls; creates only).
+    admission: tokio::sync::Mutex<()>,
 }
 
 impl Sessions {
@@ -85,6 +88,7 @@ impl Sessions {
         let sessions = Self {
             ctx: ctx.clone(),
             handles: RwLock::new(HashMap::new()),
+            admission: tokio::sync::Mutex::new(()),
         };
         for record in ctx.store.open_sessions().await? {
             let id = record.id;
@@ -225,6 +229,7 @@ impl Sessions {
                 .idempotent(existing, &owner, &request_fingerprint)
                 .await;
         }
+        let admission = self.admission.lock().await;
         if ctx.store.count_live_sessions(&owner).await? >= limits.sessions_per_principal as u64 {
             return Err(Error::new(
                 ErrorCode::TooManySessions,
@@ -256,7 +261,9 @@ impl Sessions {
             can_resume: false,
             can_load: false,
         };
-        if let Err(error) = ctx.store.create_session(&record).await {
+        let stored = ctx.store.create_session(&record).await;
+        drop(admission);
+        if let Err(error) = stored {
             if error.code == ErrorCode::SessionExists
                 && let Some(existing) = ctx.store.get_session(session_id).await?
             {

@@ -118,6 +118,11 @@ impl Harness {
         &self.config
     }
 
+    /// The running server (e.g. to reload its tokens).
+    pub fn server(&self) -> &RunningServer {
+        self.server.as_ref().expect("the server is running")
+    }
+
     /// The server's (temporary) data dir.
     pub fn data_dir(&self) -> &Path {
         self.data_dir.path()

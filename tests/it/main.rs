@@ -4,9 +4,11 @@
 
 mod harness;
 
+mod auth;
 mod crash;
 mod faults;
 mod health;
+mod hostile;
 mod interactions;
 mod interop;
 mod log;
@@ -17,5 +19,6 @@ mod scale;
 mod services;
 mod sessions;
 mod support;
+mod tls;
 mod transcript;
 mod translator;

@@ -1,0 +1,290 @@
+//! The tokens file (SPEC §11) and the table it loads into.
+//!
+//! ```toml
+//! [[tokens]]
+//! sha256 = "<64 lower-case hex digits: SHA-256 of the token>"
+//! principal = "ada"
+//! kind = "user"      # or "service"
+//! ```
+//!
+//! The file never holds a token, only its digest. A request's bearer token is hashed and compared
+//! with **every** digest of the table in constant time (no early exit, no lookup keyed by the
+//! presented value), so response timing tells nothing about how close a guess came or which entry
+//! matched. Errors about the file never quote its values: a misplaced raw token must not end up
+//! in a log.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+use crate::domain::PrincipalKind;
+
+/// Longest principal id a tokens file may name, in bytes (as `x-acting-user`).
+pub const MAX_PRINCIPAL_BYTES: usize = 256;
+
+/// A SHA-256 digest.
+pub type Digest32 = [u8; 32];
+
+/// The kinds a token may carry (`local` exists only without tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KindField {
+    User,
+    Service,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileFormat {
+    #[serde(default)]
+    tokens: Vec<RowFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RowFormat {
+    sha256: String,
+    principal: String,
+    kind: KindField,
+}
+
+/// What a valid token grants: who the caller is. Also the identity of an open stream's
+/// credential, so a reload can tell whether it still holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub digest: Digest32,
+    pub principal: String,
+    pub kind: PrincipalKind,
+}
+
+/// The loaded tokens.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenTable {
+    grants: Vec<Grant>,
+}
+
+/// The SHA-256 digest of a token.
+pub fn digest(token: &str) -> Digest32 {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl TokenTable {
+    /// Reads and validates a tokens file; the error names the file and what is wrong with it.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading tokens file {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("tokens file {}", path.display()))
+    }
+
+    /// Parses the text of a tokens file.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let file: FileFormat = toml::from_str(text).map_err(|e| {
+            // toml's own rendering quotes the offending line, which may hold a secret.
+            let line = e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+            match line {
+                Some(line) => anyhow::anyhow!("line {line}: {}", e.message()),
+                None => anyhow::anyhow!("{}", e.message()),
+            }
+        })?;
+        let mut grants: Vec<Grant> = Vec::with_capacity(file.tokens.len());
+        for (index, row) in file.tokens.into_iter().enumerate() {
+            let at = format!("tokens[{index}]");
+            let digest = parse_digest(&row.sha256).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{at}.sha256 must be the SHA-256 digest of the token as 64 lower-case hex \
+                     digits (e.g. `printf %s \"$TOKEN\" | sha256sum`); the file never holds the \
+                     token itself"
+                )
+            })?;
+            check_principal(&row.principal).with_context(|| format!("{at}.principal"))?;
+            let kind = match row.kind {
+                KindField::User => PrincipalKind::User,
+                KindField::Service => PrincipalKind::Service,
+            };
+            if grants.iter().any(|g| g.digest == digest) {
+                anyhow::bail!("{at}.sha256 appears twice in the file");
+            }
+            if let Some(other) = grants
+                .iter()
+                .find(|g| g.principal == row.principal && g.kind != kind)
+            {
+                anyhow::bail!(
+                    "{at}: principal {:?} is both a {} and a {}",
+                    row.principal,
+                    other.kind.as_str(),
+                    kind.as_str()
+                );
+            }
+            grants.push(Grant {
+                digest,
+                principal: row.principal,
+                kind,
+            });
+        }
+        Ok(Self { grants })
+    }
+
+    pub fn len(&self) -> usize {
+        self.grants.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.grants.is_empty()
+    }
+
+    /// The grant of a presented token, comparing its digest with every entry in constant time.
+    pub fn authenticate(&self, token: &str) -> Option<Grant> {
+        let presented = digest(token);
+        let mut found = subtle::Choice::from(0);
+        let mut index: u64 = 0;
+        for (i, grant) in self.grants.iter().enumerate() {
+            let equal = grant.digest[..].ct_eq(&presented[..]);
+            index.conditional_assign(&(i as u64), equal);
+            found |= equal;
+        }
+        bool::from(found).then(|| self.grants[index as usize].clone())
+    }
+
+    /// Whether a grant made earlier still holds (its token is still listed, for the same
+    /// principal and kind).
+    pub fn still_grants(&self, grant: &Grant) -> bool {
+        self.grants.iter().any(|g| g == grant)
+    }
+
+    /// How many grants of `self` the `next` table no longer holds.
+    pub fn revoked_by(&self, next: &TokenTable) -> usize {
+        self.grants.iter().filter(|g| !next.still_grants(g)).count()
+    }
+}
+
+fn parse_digest(text: &str) -> Option<Digest32> {
+    if text.len() != 64
+        || !text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(text, &mut out).ok()?;
+    Some(out)
+}
+
+/// A principal id: 1 to [`MAX_PRINCIPAL_BYTES`] bytes, no control characters, no surrounding
+/// whitespace (it is compared exactly with session owners and editors).
+pub fn check_principal(id: &str) -> anyhow::Result<()> {
+    if id.is_empty() || id.len() > MAX_PRINCIPAL_BYTES {
+        anyhow::bail!("must hold 1 to {MAX_PRINCIPAL_BYTES} bytes");
+    }
+    if id.chars().any(char::is_control) || id.trim() != id {
+        anyhow::bail!("must not hold control characters or surrounding whitespace");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(token: &str, principal: &str, kind: &str) -> String {
+        format!(
+            "[[tokens]]\nsha256 = \"{}\"\nprincipal = \"{principal}\"\nkind = \"{kind}\"\n",
+            hex::encode(digest(token))
+        )
+    }
+
+    #[test]
+    fn a_listed_token_grants_its_principal_and_kind_and_nothing_else_does() {
+        let table =
+            TokenTable::parse(&(row("t-ada", "ada", "user") + &row("t-ci", "ci", "service")))
+                .unwrap();
+        assert_eq!(table.len(), 2);
+        let ada = table.authenticate("t-ada").unwrap();
+        assert_eq!(
+            (ada.principal.as_str(), ada.kind),
+            ("ada", PrincipalKind::User)
+        );
+        let ci = table.authenticate("t-ci").unwrap();
+        assert_eq!(
+            (ci.principal.as_str(), ci.kind),
+            ("ci", PrincipalKind::Service)
+        );
+        assert_eq!(table.authenticate("t-ad"), None);
+        assert_eq!(table.authenticate(""), None);
+        assert_eq!(TokenTable::default().authenticate("t-ada"), None);
+    }
+
+    #[test]
+    fn an_empty_file_is_a_table_that_grants_nothing() {
+        let table = TokenTable::parse("").unwrap();
+        assert!(table.is_empty());
+        assert_eq!(table.authenticate("anything"), None);
+    }
+
+    #[test]
+    fn a_grant_no_longer_holds_once_its_token_is_removed_or_its_principal_changes() {
+        let before =
+            TokenTable::parse(&(row("a", "ada", "user") + &row("b", "bob", "user"))).unwrap();
+        let grant = before.authenticate("a").unwrap();
+        let without = TokenTable::parse(&row("b", "bob", "user")).unwrap();
+        assert!(!without.still_grants(&grant));
+        assert_eq!(before.revoked_by(&without), 1);
+        let renamed =
+            TokenTable::parse(&(row("a", "eve", "user") + &row("b", "bob", "user"))).unwrap();
+        assert!(!renamed.still_grants(&grant));
+        assert!(before.still_grants(&grant));
+        assert_eq!(before.revoked_by(&before.clone()), 0);
+    }
+
+    #[test]
+    fn a_malformed_file_is_refused_naming_the_problem_without_quoting_secrets() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "[[tokens]]\nsha256 = \"ABC\"\nprincipal = \"a\"\nkind = \"user\"",
+                "tokens[0].sha256",
+            ),
+            (
+                "[[tokens]]\ntoken = \"hunter2-secret\"\nprincipal = \"a\"\nkind = \"user\"",
+                "unknown field `token`",
+            ),
+            (&row("x", "a", "admin"), "admin"),
+            (&row("x", "", "user"), "tokens[0].principal"),
+            (&row("x", " a", "user"), "tokens[0].principal"),
+            (
+                &(row("x", "a", "user") + &row("x", "b", "user")),
+                "appears twice",
+            ),
+            (
+                &(row("x", "a", "user") + &row("y", "a", "service")),
+                "both a user and a service",
+            ),
+            ("[[tokens]\n", "line 1"),
+            ("tokens = 3", "line 1"),
+            ("[other]\n", "unknown field `other`"),
+        ];
+        for (text, needle) in cases {
+            let err = format!("{:#}", TokenTable::parse(text).unwrap_err());
+            assert!(err.contains(needle), "{text:?} → {err}");
+            assert!(!err.contains("hunter2"), "a secret leaked into {err}");
+        }
+        let upper = row("x", "a", "user").replace(
+            &hex::encode(digest("x")),
+            &hex::encode(digest("x")).to_uppercase(),
+        );
+        assert!(TokenTable::parse(&upper).is_err(), "digests are lower-case");
+    }
+
+    #[test]
+    fn a_principal_id_is_bounded_and_printable() {
+        check_principal("ada@example.com").unwrap();
+        check_principal(&"a".repeat(MAX_PRINCIPAL_BYTES)).unwrap();
+        assert!(check_principal(&"a".repeat(MAX_PRINCIPAL_BYTES + 1)).is_err());
+        assert!(check_principal("a\u{7}b").is_err());
+        assert!(check_principal("").is_err());
+    }
+}
