@@ -210,6 +210,9 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     let mut routes = RoutesBuilder::default();
     let mut served: Vec<&'static str> = Vec::new();
     let max_message = config.limits.grpc_message_bytes;
+    // Requests are held to the limit; responses may carry one log entry as long as a runtime
+    // line may be (ReadLog pages stay under the limit otherwise), so nothing logged is unreadable.
+    let max_response = max_message.max(config.limits.runtime_line_bytes + 64 * 1024);
 
     let (sessions, store) = if config.services.sessions {
         let (sessions, store) = open_sessions(&config).await?;
@@ -220,7 +223,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     if let Some(sessions) = &sessions {
         let service = AgentSessionServiceServer::new(SessionsService::new(sessions.clone()))
             .max_decoding_message_size(max_message)
-            .max_encoding_message_size(max_message);
+            .max_encoding_message_size(max_response);
         routes.add_service(InterceptedService::new(service, auth.clone()));
         served.push(<AgentSessionServiceServer<SessionsService> as NamedService>::NAME);
     }
@@ -229,14 +232,14 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         let service =
             ChannelTranslatorServiceServer::new(TranslatorService::new(translator, limits.clone()))
                 .max_decoding_message_size(max_message)
-                .max_encoding_message_size(max_message);
+                .max_encoding_message_size(max_response);
         routes.add_service(InterceptedService::new(service, auth.clone()));
         served.push(<ChannelTranslatorServiceServer<TranslatorService> as NamedService>::NAME);
     }
     if config.services.gateway {
         let service = RuntimeGatewayServiceServer::new(GatewayService)
             .max_decoding_message_size(max_message)
-            .max_encoding_message_size(max_message);
+            .max_encoding_message_size(max_response);
         routes.add_service(InterceptedService::new(service, auth.clone()));
         served.push(<RuntimeGatewayServiceServer<GatewayService> as NamedService>::NAME);
     }

@@ -66,6 +66,10 @@ pub const MAX_PAGE_SIZE: usize = 500;
 /// ReadLog defaults (SPEC §3.4).
 pub const DEFAULT_LOG_LIMIT: usize = 500;
 pub const MAX_LOG_LIMIT: usize = 5000;
+/// Room kept in a ReadLog page for the response's own fields.
+const PAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+/// What one entry costs in a page besides its JSON (offset, actor, ids, time, framing).
+const ENTRY_OVERHEAD_BYTES: usize = 128;
 
 pub struct Sessions {
     ctx: Arc<EngineContext>,
@@ -624,11 +628,28 @@ impl Sessions {
         if after > head {
             return Err(offset_out_of_range(after, head));
         }
-        let entries = self
+        let mut entries = self
             .ctx
             .store
             .read_log(handle.shared.id, after, limit)
             .await?;
+        // A page also stays under the gRPC message limit: it ends before the entry that would
+        // overflow it (an entry larger than the limit on its own still comes, alone).
+        let budget = self
+            .ctx
+            .limits
+            .grpc_message_bytes
+            .saturating_sub(PAGE_OVERHEAD_BYTES);
+        let mut used = 0;
+        let fits = entries
+            .iter()
+            .position(|e| {
+                used += e.json.len() + ENTRY_OVERHEAD_BYTES;
+                used > budget
+            })
+            .unwrap_or(entries.len())
+            .max(1);
+        entries.truncate(fits);
         Ok((entries, head))
     }
 

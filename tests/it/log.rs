@@ -458,3 +458,60 @@ async fn subscribers_beyond_the_cap_are_too_many_subscribers() {
     })
     .await
 }
+
+#[tokio::test]
+async fn read_log_pages_stay_under_the_message_limit_and_an_entry_larger_than_it_comes_alone() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        // A client that accepts the largest entry a runtime may write.
+        session.client = session
+            .client
+            .clone()
+            .max_decoding_message_size(16 * 1024 * 1024);
+        let mut watch = session.watch().await;
+        let reply = session
+            .prompt("@long 3000000\n@long 3000000\n@long 5000000")
+            .await;
+        watch.response_to(&reply.action_id).await;
+        let mut client = session.client.clone();
+        let mut after = 0;
+        let mut pages = Vec::new();
+        loop {
+            let page = client
+                .read_log(pb::ReadLogRequest {
+                    session_id: session.id.clone(),
+                    after_offset: after,
+                    limit: 0,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let Some(last) = page.entries.last() else {
+                break;
+            };
+            after = last.offset;
+            let bytes: usize = page.entries.iter().map(|e| e.json.len()).sum();
+            pages.push((page.entries.len(), bytes));
+        }
+        let limit = 4 * 1024 * 1024;
+        for &(count, bytes) in &pages {
+            assert!(
+                bytes < limit || count == 1,
+                "a page over the limit holds one entry: {pages:?}"
+            );
+        }
+        assert!(
+            pages
+                .iter()
+                .any(|&(count, bytes)| count == 1 && bytes > limit),
+            "the 5 MB entry came alone: {pages:?}"
+        );
+        assert_eq!(
+            after,
+            session.get().await.head_offset,
+            "every entry was read"
+        );
+    })
+    .await
+}
