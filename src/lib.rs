@@ -6,10 +6,12 @@
 //! - [`config`]: flags, env, config file, runtime profiles;
 //! - [`grpc`]: thin tonic services, conversions, the error table, authentication;
 //! - [`app`]: the composition root that wires them and serves;
-//! - [`mock_agent`]: `agent-harness mock-agent`, the scripted ACP agent of the `mock` profile.
+//! - [`mock_agent`]: `agent-harness mock-agent`, the scripted ACP agent of the `mock` profile;
+//! - [`bench`]: `agent-harness bench`, the performance figures of SPEC §14.
 
 pub mod acp;
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod domain;
 pub mod grpc;
