@@ -4,11 +4,10 @@ use std::{net::SocketAddr, sync::Arc};
 
 use anyhow::Context;
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{
     server::NamedService,
     service::{RoutesBuilder, interceptor::InterceptedService},
-    transport::Server,
+    transport::{Server, server::TcpIncoming},
 };
 use tonic_health::ServingStatus;
 
@@ -194,9 +193,14 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .add_routes(routes.routes())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-            let _ = shutdown_rx.await;
-        });
+        // A custom incoming stream ignores `Server::tcp_nodelay`: it is set on each accepted
+        // socket here, or Nagle holds back small HTTP/2 frames (streams) behind delayed ACKs.
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                let _ = shutdown_rx.await;
+            },
+        );
     let task = tokio::spawn(server);
     tracing::info!(%local_addr, services = ?served, "serving gRPC");
     Ok(RunningServer {
