@@ -70,6 +70,38 @@ fn parse_status(text: &str) -> Option<Resident> {
     })
 }
 
+/// Resident memory of a process by kind of mapping, from `/proc/<pid>/smaps`, in KiB: `heap`
+/// (the main malloc arena), `anonymous` (other malloc arenas, thread stacks, large
+/// allocations), `file` (the executable, libraries, the SQLite shared-memory index), `other`.
+pub fn resident_by_mapping(pid: u32) -> Option<std::collections::BTreeMap<&'static str, u64>> {
+    Some(parse_smaps(
+        &std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?,
+    ))
+}
+
+fn parse_smaps(text: &str) -> std::collections::BTreeMap<&'static str, u64> {
+    let mut kinds = std::collections::BTreeMap::new();
+    let mut kind = "other";
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(first) = fields.next() else { continue };
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // A mapping header: range, perms, offset, dev, inode, [name].
+            let name = fields.nth(4).unwrap_or("");
+            kind = match name {
+                "" => "anonymous",
+                "[heap]" => "heap",
+                n if n.starts_with('/') => "file",
+                _ => "other",
+            };
+        } else if first == "Rss:" {
+            let kib: u64 = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            *kinds.entry(kind).or_insert(0) += kib;
+        }
+    }
+    kinds
+}
+
 /// The parent pid and the CPU time (user + system) of a process, from `/proc/<pid>/stat`.
 fn stat(pid: u32) -> Option<(u32, Duration)> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
@@ -150,6 +182,27 @@ mod tests {
             })
         );
         assert_eq!(parse_status("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn resident_memory_is_told_apart_by_kind_of_mapping() {
+        let smaps = "\
+55d0-55d1 r-xp 00000000 fe:00 1 /usr/bin/agent-harness
+Rss:                 100 kB
+55e0-55e9 rw-p 00000000 00:00 0                          [heap]
+Rss:                 300 kB
+7f00-7f10 rw-p 00000000 00:00 0 
+Rss:                  40 kB
+7f20-7f30 rw-p 00000000 00:00 0
+Rss:                   2 kB
+7ffc-7ffd rw-p 00000000 00:00 0                          [stack]
+Rss:                   8 kB
+";
+        let kinds = parse_smaps(smaps);
+        assert_eq!(kinds["file"], 100);
+        assert_eq!(kinds["heap"], 300);
+        assert_eq!(kinds["anonymous"], 42);
+        assert_eq!(kinds["other"], 8);
     }
 
     #[test]

@@ -56,11 +56,17 @@ async fn sessions(pool: &Arc<Vec<Channel>>, cwd: &Path, n: usize) -> anyhow::Res
         .collect()
 }
 
-async fn settled(server: &ServerProcess) -> anyhow::Result<Resident> {
+type Mappings = std::collections::BTreeMap<&'static str, u64>;
+
+async fn settled(server: &ServerProcess) -> anyhow::Result<(Resident, Mappings)> {
     tokio::time::sleep(SETTLE).await;
-    server
+    let resident = server
         .resident()
-        .ok_or_else(|| anyhow::anyhow!("cannot read the server's memory"))
+        .ok_or_else(|| anyhow::anyhow!("cannot read the server's memory"))?;
+    Ok((
+        resident,
+        super::machine::resident_by_mapping(server.pid()).unwrap_or_default(),
+    ))
 }
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
@@ -80,9 +86,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     let cwd = server.scratch().to_path_buf();
 
     sessions(&pool, &cwd, warm).await?;
-    let before = settled(&server).await?;
+    let (before, mappings_before) = settled(&server).await?;
     sessions(&pool, &cwd, n).await?;
-    let after = settled(&server).await?;
+    let (after, mappings_after) = settled(&server).await?;
     let (_, runtimes) = super::machine::children_cpu_time(server.pid());
     drop(pool);
     server.stop().await?;
@@ -90,6 +96,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     let per = |a: u64, b: u64| (b as f64 - a as f64) / n.max(1) as f64;
     let rss = per(before.rss_kib, after.rss_kib);
     let anon = per(before.anon_kib, after.anon_kib);
+    let by_mapping: Vec<String> = mappings_after
+        .iter()
+        .map(|(kind, kib)| {
+            let was = mappings_before.get(kind).copied().unwrap_or(0);
+            format!("{kind} {:.1}", per(was, *kib))
+        })
+        .collect();
     Ok(PhaseReport {
         rows: vec![Row {
             key: "rss",
@@ -100,11 +113,18 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
             target: format!("<= {LIMIT_KIB:.0} KiB"),
             verdict: Verdict::of(rss <= LIMIT_KIB),
         }],
-        notes: vec![format!(
-            "rss: server VmRSS {} -> {} KiB (RssAnon {} -> {} KiB, {anon:.1} KiB/session) \
-             for {n} idle sessions after {warm} warm-up sessions; {runtimes} runtime processes \
-             alive, not counted",
-            before.rss_kib, after.rss_kib, before.anon_kib, after.anon_kib
-        )],
+        notes: vec![
+            format!(
+                "rss: server VmRSS {} -> {} KiB (RssAnon {} -> {} KiB, {anon:.1} KiB/session) \
+                 for {n} idle sessions after {warm} warm-up sessions; {runtimes} runtime \
+                 processes alive, not counted",
+                before.rss_kib, after.rss_kib, before.anon_kib, after.anon_kib
+            ),
+            format!(
+                "rss: KiB/session by mapping: {} (heap = main malloc arena; anonymous = other \
+                 arenas, thread stacks, large allocations)",
+                by_mapping.join(", ")
+            ),
+        ],
     })
 }
