@@ -369,7 +369,10 @@ impl Actor {
         if batch.is_empty() {
             return Ok(());
         }
-        let entries = (self.shared.events.receiver_count() > 0).then(|| batch.entries.clone());
+        let entries = self
+            .shared
+            .has_live_subscribers()
+            .then(|| batch.entries.clone());
         let appended = batch.entries.len() as u64;
         let session_changed = batch.session.is_some();
         if let Err(error) = self.ctx.store.commit(self.record.id, batch).await {
@@ -397,20 +400,14 @@ impl Actor {
             }
         }
         for entry in entries.into_iter().flatten() {
-            let _ = self
-                .shared
-                .events
-                .send(SessionEvent::Entry(Arc::new(entry)));
+            self.shared.publish(SessionEvent::Entry(Arc::new(entry)));
         }
         if queue_changed {
             let snapshot: Vec<QueuedEntry> = self.queue.entries().cloned().collect();
-            let _ = self
-                .shared
-                .events
-                .send(SessionEvent::Queue(Arc::new(snapshot)));
+            self.shared.publish(SessionEvent::Queue(Arc::new(snapshot)));
         }
         if session_changed {
-            let _ = self.shared.events.send(SessionEvent::Status {
+            self.shared.publish(SessionEvent::Status {
                 status: self.record.status,
                 reason: self.record.status_reason.clone(),
             });
@@ -1883,7 +1880,7 @@ impl Actor {
     async fn on_delete(&mut self) -> Result<()> {
         self.kill_runtime();
         self.ctx.store.delete_session(self.record.id).await?;
-        let _ = self.shared.events.send(SessionEvent::Deleted);
+        self.shared.publish(SessionEvent::Deleted);
         self.finished = true;
         Ok(())
     }

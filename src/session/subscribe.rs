@@ -107,7 +107,7 @@ pub(crate) fn start(
         return Err(super::manager::offset_out_of_range(after, head));
     }
     // Registration first, so nothing appended from now on can be missed.
-    let live = shared.events.subscribe();
+    let live = shared.subscribe_events();
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let subscription = Subscription {
         handle,
@@ -131,6 +131,8 @@ struct SubscriberGuard(SessionHandle);
 impl Drop for SubscriberGuard {
     fn drop(&mut self) {
         self.0.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
+        // The subscription's receiver is dropped before its guard (field order).
+        self.0.shared.release_unused_feed();
     }
 }
 
