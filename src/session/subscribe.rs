@@ -70,6 +70,9 @@ pub const STREAM_BUFFER: usize = 256;
 pub const MESSAGE_COALESCE: Duration = Duration::from_millis(50);
 /// A heartbeat is sent after this long without any other event.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Live events taken one after another once the stream wakes, before it looks at its timers
+/// and the client again.
+const LIVE_BURST: usize = 64;
 
 /// Why the harness ends every stream (draining, or a revoked token).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -253,33 +256,24 @@ impl Subscription {
         loop {
             let heartbeat = self.next_heartbeat;
             tokio::select! {
-                event = self.live.recv() => match event {
-                    Ok(SessionEvent::Entry(entry)) => {
-                        if entry.offset <= self.last {
-                            continue; // already read from the log
-                        }
-                        if entry.offset > self.last + 1 {
-                            self.catch_up().await?; // a gap: the log has it
-                            continue;
-                        }
-                        self.deliver(entry).await?;
+                event = self.live.recv() => {
+                    self.on_live(event).await?;
+                    // Take the rest of a burst without arming the select again: its timer and
+                    // notifications cost more than delivering an event.
+                    for _ in 1..LIVE_BURST {
+                        let event = match self.live.try_recv() {
+                            Ok(event) => Ok(event),
+                            Err(broadcast::error::TryRecvError::Empty) => break,
+                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                                Err(broadcast::error::RecvError::Lagged(n))
+                            }
+                            Err(broadcast::error::TryRecvError::Closed) => {
+                                Err(broadcast::error::RecvError::Closed)
+                            }
+                        };
+                        self.on_live(event).await?;
                     }
-                    Ok(SessionEvent::Queue(queue)) => self.send(StreamEvent::Queue(queue)).await?,
-                    Ok(SessionEvent::Status { status, reason }) => {
-                        self.send(StreamEvent::Status { status, reason }).await?
-                    }
-                    Ok(SessionEvent::Deleted) => {
-                        let _ = self.tx.send(Err(Error::session_not_found(&self.handle.shared.id.to_string()))).await;
-                        return Err(Gone);
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        // Fell behind the live feed: back to the log, then on with the feed.
-                        self.catch_up().await?;
-                        let (record, _) = self.handle.shared.snapshot();
-                        self.send(StreamEvent::Status { status: record.status, reason: record.status_reason }).await?;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return Err(Gone),
-                },
+                }
                 _ = sleep_until(heartbeat) => {
                     let head = self.handle.shared.head().max(self.last);
                     self.send(StreamEvent::Heartbeat { head }).await?;
@@ -299,6 +293,48 @@ impl Subscription {
             if !self.dirty.is_empty() && flush_at.is_none() {
                 flush_at = Some(Instant::now() + MESSAGE_COALESCE);
             }
+        }
+    }
+
+    /// One event of the live feed (or the feed's error).
+    async fn on_live(
+        &mut self,
+        event: std::result::Result<SessionEvent, broadcast::error::RecvError>,
+    ) -> std::result::Result<(), Gone> {
+        match event {
+            Ok(SessionEvent::Entry(entry)) => {
+                if entry.offset <= self.last {
+                    return Ok(()); // already read from the log
+                }
+                if entry.offset > self.last + 1 {
+                    return self.catch_up().await; // a gap: the log has it
+                }
+                self.deliver(entry).await
+            }
+            Ok(SessionEvent::Queue(queue)) => self.send(StreamEvent::Queue(queue)).await,
+            Ok(SessionEvent::Status { status, reason }) => {
+                self.send(StreamEvent::Status { status, reason }).await
+            }
+            Ok(SessionEvent::Deleted) => {
+                let _ = self
+                    .tx
+                    .send(Err(Error::session_not_found(
+                        &self.handle.shared.id.to_string(),
+                    )))
+                    .await;
+                Err(Gone)
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                // Fell behind the live feed: back to the log, then on with the feed.
+                self.catch_up().await?;
+                let (record, _) = self.handle.shared.snapshot();
+                self.send(StreamEvent::Status {
+                    status: record.status,
+                    reason: record.status_reason,
+                })
+                .await
+            }
+            Err(broadcast::error::RecvError::Closed) => Err(Gone),
         }
     }
 }
