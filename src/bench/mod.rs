@@ -106,9 +106,13 @@ pub struct BenchArgs {
     /// Subscribers of the fan-out session [full: 1000]
     #[arg(long)]
     pub subscribers: Option<usize>,
-    /// 100-byte chunks per fan-out turn [full: 100]
+    /// 100-byte chunks per turn of the saturated fan-out part [full: 100]
     #[arg(long)]
     pub fanout_chunks: Option<usize>,
+    /// Deliveries per second offered in the paced fan-out part (entries/s into the session times
+    /// subscribers) [full: 1000000]
+    #[arg(long)]
+    pub fanout_rate: Option<u64>,
     /// Frames in the replayed log [full: 100000]
     #[arg(long)]
     pub replay_frames: Option<usize>,
@@ -145,6 +149,7 @@ pub struct Plan {
     pub warmup: Duration,
     pub subscribers: usize,
     pub fanout_chunks: usize,
+    pub fanout_rate: u64,
     pub replay_frames: usize,
     pub replay_runs: usize,
     pub idle_sessions: usize,
@@ -162,6 +167,7 @@ impl Plan {
         warmup: Duration::from_secs(2),
         subscribers: 1000,
         fanout_chunks: 100,
+        fanout_rate: 1_000_000,
         replay_frames: 100_000,
         replay_runs: 5,
         idle_sessions: 200,
@@ -178,6 +184,7 @@ impl Plan {
         warmup: Duration::from_millis(100),
         subscribers: 8,
         fanout_chunks: 10,
+        fanout_rate: 8_000,
         replay_frames: 300,
         replay_runs: 1,
         idle_sessions: 4,
@@ -196,6 +203,7 @@ impl Plan {
             warmup: args.warmup.unwrap_or(base.warmup),
             subscribers: args.subscribers.unwrap_or(base.subscribers).max(1),
             fanout_chunks: args.fanout_chunks.unwrap_or(base.fanout_chunks).max(1),
+            fanout_rate: args.fanout_rate.unwrap_or(base.fanout_rate).max(1),
             replay_frames: args.replay_frames.unwrap_or(base.replay_frames).max(1),
             replay_runs: args.replay_runs.unwrap_or(base.replay_runs).max(1),
             idle_sessions: args.idle_sessions.unwrap_or(base.idle_sessions).max(1),
