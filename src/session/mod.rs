@@ -247,7 +247,10 @@ mod tests {
 
         drop(second);
         shared.release_unused_feed();
-        assert!(shared.events.lock().unwrap().is_some(), "one receiver is left");
+        assert!(
+            shared.events.lock().unwrap().is_some(),
+            "one receiver is left"
+        );
         drop(first);
         shared.release_unused_feed();
         assert!(shared.events.lock().unwrap().is_none());
