@@ -122,6 +122,7 @@ pub(crate) fn start(
         fold: view.messages().then(|| Fold::new(meta_key)),
         dirty: BTreeSet::new(),
         next_heartbeat: Instant::now() + HEARTBEAT,
+        sent: false,
         stop,
         _guard: guard,
     };
@@ -151,6 +152,9 @@ struct Subscription {
     /// Messages changed since their last snapshot.
     dirty: BTreeSet<String>,
     next_heartbeat: Instant,
+    /// Something was sent since `next_heartbeat` was set (it is moved on once per wake-up, not
+    /// per event: reading the clock was a visible share of a busy stream's cost).
+    sent: bool,
     stop: watch::Receiver<StreamStop>,
     _guard: SubscriberGuard,
 }
@@ -203,7 +207,7 @@ impl Subscription {
     }
 
     async fn send(&mut self, event: StreamEvent) -> std::result::Result<(), Gone> {
-        self.next_heartbeat = Instant::now() + HEARTBEAT;
+        self.sent = true;
         self.tx.send(Ok((self.last, event))).await.map_err(|_| Gone)
     }
 
@@ -254,6 +258,9 @@ impl Subscription {
     async fn live(&mut self) -> std::result::Result<(), Gone> {
         let mut flush_at: Option<Instant> = None;
         loop {
+            if std::mem::take(&mut self.sent) {
+                self.next_heartbeat = Instant::now() + HEARTBEAT;
+            }
             let heartbeat = self.next_heartbeat;
             tokio::select! {
                 event = self.live.recv() => {
