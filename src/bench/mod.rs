@@ -392,6 +392,21 @@ mod tests {
     }
 
     #[test]
+    fn the_bench_smoke_stage_of_the_test_script_checks_every_row_key() {
+        let script = include_str!("../../scripts/test");
+        let line = script
+            .lines()
+            .find(|line| line.starts_with("BENCH_KEYS=("))
+            .expect("scripts/test lists BENCH_KEYS");
+        let keys: Vec<&str> = line
+            .trim_start_matches("BENCH_KEYS=(")
+            .trim_end_matches(')')
+            .split_whitespace()
+            .collect();
+        assert_eq!(keys, report::ROW_KEYS);
+    }
+
+    #[test]
     fn the_server_config_raises_only_the_limits_asked_for() {
         let ctx = Ctx {
             bin: PathBuf::from("/bin/true"),

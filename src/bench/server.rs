@@ -109,6 +109,9 @@ impl ServerProcess {
                 .arg(&config_path)
                 .arg("--sqlite-synchronous")
                 .arg("normal")
+                // Nothing runs when the bench stops a server; a draining server need not wait.
+                .arg("--drain-grace")
+                .arg("2s")
                 // Warnings only: the figures are not about log formatting.
                 .env("RUST_LOG", "warn");
             match Self::spawn(command, addr, log, health_serving).await {
