@@ -12,11 +12,10 @@ use tokio::{
     sync::{Semaphore, watch},
     task::JoinHandle,
 };
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{
     server::NamedService,
     service::{RoutesBuilder, interceptor::InterceptedService},
-    transport::Server,
+    transport::{Server, server::TcpIncoming},
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 
@@ -89,13 +88,16 @@ impl RunningServer {
     /// still accepted; running turns get until the drain grace to end; then streams end with
     /// DRAINING, runtimes are stopped, the log is flushed, and the server stops.
     pub async fn drain_and_stop(self) -> anyhow::Result<()> {
+        // Refuse new work first, so nobody who sees NOT_SERVING can still start a turn.
+        if let Some(sessions) = &self.sessions {
+            sessions.context().draining.store(true, Ordering::SeqCst);
+        }
         for name in &self.served {
             self.health
                 .set_service_status(*name, ServingStatus::NotServing)
                 .await;
         }
         if let Some(sessions) = &self.sessions {
-            sessions.context().draining.store(true, Ordering::SeqCst);
             tracing::info!(grace = ?self.drain_grace, "draining");
             sessions.drain(self.drain_grace).await;
         }
@@ -306,7 +308,12 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .add_routes(routes.routes())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(shutdown_rx));
+        // A custom incoming stream ignores `Server::tcp_nodelay`: it is set on each accepted
+        // socket here, or Nagle holds back small HTTP/2 frames (streams) behind delayed ACKs.
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stopped(shutdown_rx),
+        );
     let task = tokio::spawn(server);
     tracing::info!(%local_addr, services = ?served, tls = config.tls.is_some(), tokens = config.tokens_file.is_some(), "serving gRPC");
     Ok(RunningServer {

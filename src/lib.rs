@@ -7,11 +7,13 @@
 //! - [`grpc`]: thin tonic services, conversions, the error table, authentication;
 //! - [`auth`]: the tokens file (reload, revocation) and TLS settings;
 //! - [`app`]: the composition root that wires them and serves;
-//! - [`mock_agent`]: `agent-harness mock-agent`, the scripted ACP agent of the `mock` profile.
+//! - [`mock_agent`]: `agent-harness mock-agent`, the scripted ACP agent of the `mock` profile;
+//! - [`bench`]: `agent-harness bench`, the performance figures of SPEC §14.
 
 pub mod acp;
 pub mod app;
 pub mod auth;
+pub mod bench;
 pub mod config;
 pub mod domain;
 pub mod fuzzing;

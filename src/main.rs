@@ -1,10 +1,11 @@
 //! The `agent-harness` command: `serve` runs the gRPC service; `mock-agent` runs the scripted
-//! ACP agent of the built-in `mock` profile on stdin/stdout.
+//! ACP agent of the built-in `mock` profile on stdin/stdout; `bench` measures SPEC §14.
 
 use clap::{Parser, Subcommand};
 
 use agent_harness::{
     app,
+    bench::{self, BenchArgs},
     config::{ServeArgs, ServeConfig},
     mock_agent::{self, MockAgentArgs},
 };
@@ -26,6 +27,9 @@ enum Command {
     Serve(ServeArgs),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
+    /// Measure the performance figures of SPEC §14 against a child `serve` (build with --release;
+    /// see docs/benchmarks.md).
+    Bench(BenchArgs),
 }
 
 async fn wait_for_stop_signal() -> &'static str {
@@ -41,6 +45,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::MockAgent(args) => std::process::exit(mock_agent::main(args)),
+        Command::Bench(args) => bench::main(args),
         Command::Serve(args) => {
             let program = std::env::current_exe()?;
             let config = ServeConfig::resolve(args, program)?;

@@ -421,9 +421,12 @@ impl Actor {
         if batch.is_empty() {
             return Ok(());
         }
-        // Kept for subscribers whatever their number now: one may register while the commit
-        // runs, after reading a log that does not hold these entries yet.
-        let entries = batch.entries.clone();
+        // Entries are kept for the live feed when someone is subscribed now; a subscriber who
+        // registers while the commit runs is caught below (see `publish_entries`).
+        let entries = self
+            .shared
+            .has_live_subscribers()
+            .then(|| batch.entries.clone());
         let appended = batch.entries.len() as u64;
         let mut by_direction = [0u64; 3];
         for entry in &batch.entries {
@@ -466,31 +469,43 @@ impl Actor {
                 }
             }
         }
-        if self.shared.events.receiver_count() > 0 {
-            for entry in entries {
-                let _ = self
-                    .shared
-                    .events
-                    .send(SessionEvent::Entry(Arc::new(entry)));
-            }
-        }
+        self.publish_entries(entries, appended).await;
         if queue_changed {
             self.shared.set_queue_len(self.queue.len());
             let snapshot: Vec<QueuedEntry> = self.queue.entries().cloned().collect();
-            let _ = self
-                .shared
-                .events
-                .send(SessionEvent::Queue(Arc::new(snapshot)));
+            self.shared.publish(SessionEvent::Queue(Arc::new(snapshot)));
         }
         if session_changed {
             self.ctx.activity.notify_waiters();
-            let _ = self.shared.events.send(SessionEvent::Status {
+            self.shared.publish(SessionEvent::Status {
                 status: self.record.status,
                 reason: self.record.status_reason.clone(),
             });
         }
         self.arm_idle_timer();
         Ok(())
+    }
+
+    /// Publishes committed entries to the live feed. The check comes after the head moved: a
+    /// subscriber registering after it sees the new head and reads these entries from the log;
+    /// one registered before it gets them here (read back from the log if they were not kept,
+    /// because nobody was subscribed when the commit began).
+    async fn publish_entries(&self, kept: Option<Vec<LogEntry>>, appended: u64) {
+        if appended == 0 || !self.shared.has_live_subscribers() {
+            return;
+        }
+        let entries = match kept {
+            Some(entries) => entries,
+            None => self
+                .ctx
+                .store
+                .read_log(self.record.id, self.head - appended, appended as usize)
+                .await
+                .unwrap_or_default(),
+        };
+        for entry in entries {
+            self.shared.publish(SessionEvent::Entry(Arc::new(entry)));
+        }
     }
 
     fn arm_idle_timer(&mut self) {
@@ -1974,7 +1989,7 @@ impl Actor {
     async fn on_delete(&mut self) -> Result<()> {
         self.kill_runtime();
         self.ctx.store.delete_session(self.record.id).await?;
-        let _ = self.shared.events.send(SessionEvent::Deleted);
+        self.shared.publish(SessionEvent::Deleted);
         self.finished = true;
         Ok(())
     }

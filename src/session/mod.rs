@@ -84,7 +84,9 @@ pub struct Shared {
     pub editors: Vec<String>,
     record: Mutex<SessionRecord>,
     head: AtomicU64,
-    pub events: broadcast::Sender<SessionEvent>,
+    /// The live feed: made for the first subscriber and dropped with the last, so a session
+    /// nobody watches holds no feed buffer (its slots are most of an idle session's memory).
+    events: Mutex<Option<broadcast::Sender<SessionEvent>>>,
     pub subscribers: AtomicUsize,
     queue_len: AtomicUsize,
 }
@@ -97,7 +99,7 @@ impl Shared {
             editors: record.editors.clone(),
             record: Mutex::new(record),
             head: AtomicU64::new(head),
-            events: broadcast::channel(EVENT_FEED_CAPACITY).0,
+            events: Mutex::new(None),
             subscribers: AtomicUsize::new(0),
             queue_len: AtomicUsize::new(0),
         }
@@ -115,6 +117,42 @@ impl Shared {
 
     pub fn head(&self) -> u64 {
         self.head.load(Ordering::Acquire)
+    }
+
+    /// Registers a receiver of live events, making the feed if there is none.
+    pub fn subscribe_events(&self) -> broadcast::Receiver<SessionEvent> {
+        self.events
+            .lock()
+            .expect("not poisoned")
+            .get_or_insert_with(|| broadcast::channel(EVENT_FEED_CAPACITY).0)
+            .subscribe()
+    }
+
+    /// Whether anyone receives live events now.
+    pub fn has_live_subscribers(&self) -> bool {
+        self.events
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .is_some_and(|feed| feed.receiver_count() > 0)
+    }
+
+    /// Sends an event to the live subscribers, if any.
+    pub fn publish(&self, event: SessionEvent) {
+        if let Some(feed) = self.events.lock().expect("not poisoned").as_ref() {
+            let _ = feed.send(event);
+        }
+    }
+
+    /// Drops the feed once no receiver is left (a subscriber went away).
+    fn release_unused_feed(&self) {
+        let mut events = self.events.lock().expect("not poisoned");
+        if events
+            .as_ref()
+            .is_some_and(|feed| feed.receiver_count() == 0)
+        {
+            *events = None;
+        }
     }
 
     fn set_record(&self, record: &SessionRecord) {
@@ -203,5 +241,36 @@ impl SessionHandle {
         let gone = || crate::domain::Error::session_not_found(&self.shared.id.to_string());
         self.commands.send(make(tx)).await.map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance::fixtures;
+
+    #[test]
+    fn a_session_holds_a_live_feed_only_while_someone_subscribes() {
+        let shared = Shared::new(fixtures::session("ada", 0), 0);
+        assert!(!shared.has_live_subscribers());
+        shared.publish(SessionEvent::Deleted); // nobody listens: nothing is made
+        assert!(shared.events.lock().unwrap().is_none());
+
+        let mut first = shared.subscribe_events();
+        let second = shared.subscribe_events();
+        assert!(shared.has_live_subscribers());
+        shared.publish(SessionEvent::Deleted);
+        assert!(matches!(first.try_recv(), Ok(SessionEvent::Deleted)));
+
+        drop(second);
+        shared.release_unused_feed();
+        assert!(
+            shared.events.lock().unwrap().is_some(),
+            "one receiver is left"
+        );
+        drop(first);
+        shared.release_unused_feed();
+        assert!(shared.events.lock().unwrap().is_none());
+        assert!(!shared.has_live_subscribers());
     }
 }

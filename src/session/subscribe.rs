@@ -70,6 +70,9 @@ pub const STREAM_BUFFER: usize = 256;
 pub const MESSAGE_COALESCE: Duration = Duration::from_millis(50);
 /// A heartbeat is sent after this long without any other event.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Live events taken one after another once the stream wakes, before it looks at its timers
+/// and the client again.
+const LIVE_BURST: usize = 64;
 
 /// Why the harness ends every stream (draining, or a revoked token).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -107,7 +110,7 @@ pub(crate) fn start(
         return Err(super::manager::offset_out_of_range(after, head));
     }
     // Registration first, so nothing appended from now on can be missed.
-    let live = shared.events.subscribe();
+    let live = shared.subscribe_events();
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let subscription = Subscription {
         handle,
@@ -119,6 +122,7 @@ pub(crate) fn start(
         fold: view.messages().then(|| Fold::new(meta_key)),
         dirty: BTreeSet::new(),
         next_heartbeat: Instant::now() + HEARTBEAT,
+        sent: false,
         stop,
         _guard: guard,
     };
@@ -131,6 +135,8 @@ struct SubscriberGuard(SessionHandle);
 impl Drop for SubscriberGuard {
     fn drop(&mut self) {
         self.0.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
+        // The subscription's receiver is dropped before its guard (field order).
+        self.0.shared.release_unused_feed();
     }
 }
 
@@ -146,6 +152,9 @@ struct Subscription {
     /// Messages changed since their last snapshot.
     dirty: BTreeSet<String>,
     next_heartbeat: Instant,
+    /// Something was sent since `next_heartbeat` was set (it is moved on once per wake-up, not
+    /// per event: reading the clock was a visible share of a busy stream's cost).
+    sent: bool,
     stop: watch::Receiver<StreamStop>,
     _guard: SubscriberGuard,
 }
@@ -178,7 +187,7 @@ impl Subscription {
             }
             self.fold = Some(fold);
         }
-        self.catch_up().await?;
+        self.catch_up_to_head().await?;
         self.flush_messages().await?;
         let (record, _) = self.handle.shared.snapshot();
         self.send(StreamEvent::Status {
@@ -198,8 +207,19 @@ impl Subscription {
     }
 
     async fn send(&mut self, event: StreamEvent) -> std::result::Result<(), Gone> {
-        self.next_heartbeat = Instant::now() + HEARTBEAT;
+        self.sent = true;
         self.tx.send(Ok((self.last, event))).await.map_err(|_| Gone)
+    }
+
+    /// Catches up until the head is reached: an entry committed while this subscriber
+    /// registered may not be on the live feed, but the head already counts it.
+    async fn catch_up_to_head(&mut self) -> std::result::Result<(), Gone> {
+        loop {
+            self.catch_up().await?;
+            if self.handle.shared.head() <= self.last {
+                return Ok(());
+            }
+        }
     }
 
     /// Reads the log from `last + 1` up to the head, in bounded pages.
@@ -256,37 +276,31 @@ impl Subscription {
     async fn live(&mut self) -> std::result::Result<(), Gone> {
         let mut flush_at: Option<Instant> = None;
         loop {
+            if std::mem::take(&mut self.sent) {
+                self.next_heartbeat = Instant::now() + HEARTBEAT;
+            }
             let heartbeat = self.next_heartbeat;
             tokio::select! {
                 // Live events first: whatever was logged before the stream is ended is delivered.
                 biased;
-                event = self.live.recv() => match event {
-                    Ok(SessionEvent::Entry(entry)) => {
-                        if entry.offset <= self.last {
-                            continue; // already read from the log
-                        }
-                        if entry.offset > self.last + 1 {
-                            self.catch_up().await?; // a gap: the log has it
-                            continue;
-                        }
-                        self.deliver(entry).await?;
+                event = self.live.recv() => {
+                    self.on_live(event).await?;
+                    // Take the rest of a burst without arming the select again: its timer and
+                    // notifications cost more than delivering an event.
+                    for _ in 1..LIVE_BURST {
+                        let event = match self.live.try_recv() {
+                            Ok(event) => Ok(event),
+                            Err(broadcast::error::TryRecvError::Empty) => break,
+                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                                Err(broadcast::error::RecvError::Lagged(n))
+                            }
+                            Err(broadcast::error::TryRecvError::Closed) => {
+                                Err(broadcast::error::RecvError::Closed)
+                            }
+                        };
+                        self.on_live(event).await?;
                     }
-                    Ok(SessionEvent::Queue(queue)) => self.send(StreamEvent::Queue(queue)).await?,
-                    Ok(SessionEvent::Status { status, reason }) => {
-                        self.send(StreamEvent::Status { status, reason }).await?
-                    }
-                    Ok(SessionEvent::Deleted) => {
-                        let _ = self.tx.send(Err(Error::session_not_found(&self.handle.shared.id.to_string()))).await;
-                        return Err(Gone);
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        // Fell behind the live feed: back to the log, then on with the feed.
-                        self.catch_up().await?;
-                        let (record, _) = self.handle.shared.snapshot();
-                        self.send(StreamEvent::Status { status: record.status, reason: record.status_reason }).await?;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return Err(Gone),
-                },
+                }
                 _ = sleep_until(heartbeat) => {
                     let head = self.handle.shared.head().max(self.last);
                     self.send(StreamEvent::Heartbeat { head }).await?;
@@ -306,6 +320,48 @@ impl Subscription {
             if !self.dirty.is_empty() && flush_at.is_none() {
                 flush_at = Some(Instant::now() + MESSAGE_COALESCE);
             }
+        }
+    }
+
+    /// One event of the live feed (or the feed's error).
+    async fn on_live(
+        &mut self,
+        event: std::result::Result<SessionEvent, broadcast::error::RecvError>,
+    ) -> std::result::Result<(), Gone> {
+        match event {
+            Ok(SessionEvent::Entry(entry)) => {
+                if entry.offset <= self.last {
+                    return Ok(()); // already read from the log
+                }
+                if entry.offset > self.last + 1 {
+                    return self.catch_up().await; // a gap: the log has it
+                }
+                self.deliver(entry).await
+            }
+            Ok(SessionEvent::Queue(queue)) => self.send(StreamEvent::Queue(queue)).await,
+            Ok(SessionEvent::Status { status, reason }) => {
+                self.send(StreamEvent::Status { status, reason }).await
+            }
+            Ok(SessionEvent::Deleted) => {
+                let _ = self
+                    .tx
+                    .send(Err(Error::session_not_found(
+                        &self.handle.shared.id.to_string(),
+                    )))
+                    .await;
+                Err(Gone)
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                // Fell behind the live feed: back to the log, then on with the feed.
+                self.catch_up().await?;
+                let (record, _) = self.handle.shared.snapshot();
+                self.send(StreamEvent::Status {
+                    status: record.status,
+                    reason: record.status_reason,
+                })
+                .await
+            }
+            Err(broadcast::error::RecvError::Closed) => Err(Gone),
         }
     }
 }

@@ -1,0 +1,424 @@
+//! `agent-harness bench`: the performance figures of SPEC §14, each printed beside the limit or
+//! baseline it is held against, measured in the same run.
+//!
+//! Every phase starts a real `agent-harness serve` child process (this same executable, so build
+//! it with `--release`) on a loopback port with a scratch data dir and SQLite at
+//! `synchronous=NORMAL`, drives it over several HTTP/2 connections with bounded loops for fixed
+//! durations, and stops it with SIGTERM. The mock agent runtimes are the server's children.
+//!
+//! | key | figure | held against |
+//! |---|---|---|
+//! | `rtt-p50`, `rtt-p99` | turn round trip through the harness | the mock agent over stdio ([`direct`]) |
+//! | `turns` | sustained turns/s, many sessions | the target |
+//! | `fanout-rate`, `fanout-lag` | one session to many LOG subscribers | the targets |
+//! | `replay` | catch-up replay of a long log | the target |
+//! | `translate` | TranslateChannelMessage req/s | a bare tonic echo ([`echo`]) |
+//! | `rss` | harness RSS per idle session | the target |
+//!
+//! `docs/benchmarks.md` has the command, the machine, the figures and what bounds each one.
+
+pub mod client;
+pub mod direct;
+pub mod echo;
+pub mod fanout;
+pub mod machine;
+pub mod replay;
+pub mod report;
+pub mod rss;
+pub mod rtt;
+pub mod server;
+pub mod stats;
+pub mod translate;
+pub mod turns;
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::Context;
+use tokio::time::Instant;
+
+use report::{PhaseReport, Row};
+
+/// Which figures to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Figure {
+    Rtt,
+    Turns,
+    Fanout,
+    Replay,
+    Translate,
+    Rss,
+}
+
+impl Figure {
+    pub const ALL: [Figure; 6] = [
+        Figure::Rtt,
+        Figure::Turns,
+        Figure::Fanout,
+        Figure::Replay,
+        Figure::Translate,
+        Figure::Rss,
+    ];
+
+    /// The rows a figure prints (as failed rows when its phase fails).
+    fn rows(self) -> &'static [(&'static str, &'static str, &'static str)] {
+        match self {
+            Figure::Rtt => &[
+                ("rtt-p50", rtt::FIGURE, "overhead <= 0.500 ms"),
+                ("rtt-p99", rtt::FIGURE, "overhead <= 2.000 ms"),
+            ],
+            Figure::Turns => &[("turns", turns::FIGURE, ">= 2,000 turns/s (stretch)")],
+            Figure::Fanout => &[
+                ("fanout-rate", fanout::FIGURE, ">= 1 M events/s (stretch)"),
+                ("fanout-lag", fanout::FIGURE, "p99 <= 20.000 ms"),
+            ],
+            Figure::Replay => &[("replay", replay::FIGURE, ">= 200,000 frames/s")],
+            Figure::Translate => &[("translate", translate::FIGURE, ">= 0.80 of echo")],
+            Figure::Rss => &[("rss", rss::FIGURE, "<= 64 KiB")],
+        }
+    }
+}
+
+/// The flags of `agent-harness bench`. Sizes left unset take the full run's values, or the
+/// smoke run's with `--smoke`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BenchArgs {
+    /// Tiny sizes and durations: every figure is produced in seconds (numbers meaningless)
+    #[arg(long)]
+    pub smoke: bool,
+    /// Only these figures, comma-separated [default: all]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Figure>,
+    /// Print the table as Markdown too
+    #[arg(long)]
+    pub markdown: bool,
+    /// Timed turns of the round trip, each way [full: 2000]
+    #[arg(long)]
+    pub rtt_turns: Option<usize>,
+    /// Sessions driven at once for sustained turns/s [full: 100]
+    #[arg(long)]
+    pub sessions: Option<usize>,
+    /// Measured window of each throughput phase, e.g. "10s" [full: 10s]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Warm-up before each measured window [full: 2s]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub warmup: Option<Duration>,
+    /// Subscribers of the fan-out session [full: 1000]
+    #[arg(long)]
+    pub subscribers: Option<usize>,
+    /// 100-byte chunks per turn of the saturated fan-out part [full: 100]
+    #[arg(long)]
+    pub fanout_chunks: Option<usize>,
+    /// Deliveries per second offered in the paced fan-out part (entries/s into the session times
+    /// subscribers) [full: 1000000]
+    #[arg(long)]
+    pub fanout_rate: Option<u64>,
+    /// Frames in the replayed log [full: 100000]
+    #[arg(long)]
+    pub replay_frames: Option<usize>,
+    /// Replays of that log [full: 5]
+    #[arg(long)]
+    pub replay_runs: Option<usize>,
+    /// Idle sessions whose memory is measured [full: 200]
+    #[arg(long)]
+    pub idle_sessions: Option<usize>,
+    /// Concurrent TranslateChannelMessage (and echo) calls [full: 32]
+    #[arg(long)]
+    pub translate_concurrency: Option<usize>,
+    /// Rounds of translate and echo, alternating [full: 4]
+    #[arg(long)]
+    pub translate_rounds: Option<usize>,
+    /// HTTP/2 connections per client pool (more for fan-out: 128 streams each at most) [full: 4]
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// The `agent-harness` executable to serve [default: this one]
+    #[arg(long, value_name = "PATH")]
+    pub server_bin: Option<PathBuf>,
+    /// Internal: serve the bare echo baseline on ADDR until SIGTERM
+    #[arg(long, value_name = "ADDR", hide = true)]
+    pub serve_echo: Option<SocketAddr>,
+}
+
+/// The sizes of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub rtt_turns: usize,
+    pub rtt_warmup: usize,
+    pub sessions: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub subscribers: usize,
+    pub fanout_chunks: usize,
+    pub fanout_rate: u64,
+    pub replay_frames: usize,
+    pub replay_runs: usize,
+    pub idle_sessions: usize,
+    pub translate_concurrency: usize,
+    pub translate_rounds: usize,
+    pub connections: usize,
+}
+
+impl Plan {
+    pub const FULL: Plan = Plan {
+        rtt_turns: 2000,
+        rtt_warmup: 100,
+        sessions: 100,
+        duration: Duration::from_secs(10),
+        warmup: Duration::from_secs(2),
+        subscribers: 1000,
+        fanout_chunks: 100,
+        fanout_rate: 1_000_000,
+        replay_frames: 100_000,
+        replay_runs: 5,
+        idle_sessions: 200,
+        translate_concurrency: 32,
+        translate_rounds: 4,
+        connections: 4,
+    };
+
+    pub const SMOKE: Plan = Plan {
+        rtt_turns: 20,
+        rtt_warmup: 2,
+        sessions: 4,
+        duration: Duration::from_millis(300),
+        warmup: Duration::from_millis(100),
+        subscribers: 8,
+        fanout_chunks: 10,
+        fanout_rate: 8_000,
+        replay_frames: 300,
+        replay_runs: 1,
+        idle_sessions: 4,
+        translate_concurrency: 4,
+        translate_rounds: 1,
+        connections: 2,
+    };
+
+    pub fn from_args(args: &BenchArgs) -> Self {
+        let base = if args.smoke { Self::SMOKE } else { Self::FULL };
+        Self {
+            rtt_turns: args.rtt_turns.unwrap_or(base.rtt_turns).max(1),
+            rtt_warmup: base.rtt_warmup,
+            sessions: args.sessions.unwrap_or(base.sessions).max(1),
+            duration: args.duration.unwrap_or(base.duration),
+            warmup: args.warmup.unwrap_or(base.warmup),
+            subscribers: args.subscribers.unwrap_or(base.subscribers).max(1),
+            fanout_chunks: args.fanout_chunks.unwrap_or(base.fanout_chunks).max(1),
+            fanout_rate: args.fanout_rate.unwrap_or(base.fanout_rate).max(1),
+            replay_frames: args.replay_frames.unwrap_or(base.replay_frames).max(1),
+            replay_runs: args.replay_runs.unwrap_or(base.replay_runs).max(1),
+            idle_sessions: args.idle_sessions.unwrap_or(base.idle_sessions).max(1),
+            translate_concurrency: args
+                .translate_concurrency
+                .unwrap_or(base.translate_concurrency)
+                .max(1),
+            translate_rounds: args
+                .translate_rounds
+                .unwrap_or(base.translate_rounds)
+                .max(1),
+            connections: args.connections.unwrap_or(base.connections).max(1),
+        }
+    }
+}
+
+/// What every phase shares.
+pub struct Ctx {
+    pub bin: PathBuf,
+    pub plan: Plan,
+}
+
+impl Ctx {
+    /// A `serve` config file raising only the given `[limits]`.
+    pub fn config(&self, limits: &[(&str, usize)]) -> String {
+        let mut text = String::from("[limits]\n");
+        for (key, value) in limits {
+            text.push_str(&format!("{key} = {value}\n"));
+        }
+        text
+    }
+
+    /// [`Ctx::config`] with a static files base URL (for the translator).
+    pub fn config_with_base_url(&self, base_url: &str, limits: &[(&str, usize)]) -> String {
+        format!(
+            "static_files_base_url = {base_url:?}\n{}",
+            self.config(limits)
+        )
+    }
+}
+
+/// `agent-harness bench`: runs the figures and prints the table. Fails (after printing) when a
+/// figure could not be measured; a missed target is a finding, not a failure.
+pub fn main(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.serve_echo {
+        return echo::serve(addr);
+    }
+    let bin = match &args.server_bin {
+        Some(path) => path.clone(),
+        None => std::env::current_exe().context("finding this executable")?,
+    };
+    let figures: Vec<Figure> = if args.only.is_empty() {
+        Figure::ALL.to_vec()
+    } else {
+        Figure::ALL
+            .into_iter()
+            .filter(|f| args.only.contains(f))
+            .collect()
+    };
+    let ctx = Ctx {
+        bin,
+        plan: Plan::from_args(&args),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let failed = runtime.block_on(run(&ctx, &figures, args.smoke, args.markdown));
+    if failed > 0 {
+        anyhow::bail!("{failed} figure(s) could not be measured");
+    }
+    Ok(())
+}
+
+fn header(ctx: &Ctx, smoke: bool) {
+    let machine = machine::Machine::read();
+    println!("agent-harness bench (SPEC §14)");
+    println!(
+        "  machine: {} x {} cores, kernel {}",
+        machine.cpu_model, machine.cores, machine.kernel
+    );
+    if let Some((one, five, fifteen)) = machine::load_average() {
+        println!("  load average at start: {one:.2} {five:.2} {fifteen:.2}");
+    }
+    println!(
+        "  server: {} ({} build){}",
+        ctx.bin.display(),
+        if cfg!(debug_assertions) {
+            "DEBUG — figures are not meaningful"
+        } else {
+            "release"
+        },
+        if smoke {
+            "; SMOKE sizes — figures are not meaningful"
+        } else {
+            ""
+        }
+    );
+    println!("  plan: {:?}", ctx.plan);
+}
+
+async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usize {
+    header(ctx, smoke);
+    let started = Instant::now();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let mut failed = 0;
+    for &figure in figures {
+        let phase_start = Instant::now();
+        println!("  running {figure:?} ...");
+        let outcome = match figure {
+            Figure::Rtt => rtt::run(ctx).await,
+            Figure::Turns => turns::run(ctx).await,
+            Figure::Fanout => fanout::run(ctx).await,
+            Figure::Replay => replay::run(ctx).await,
+            Figure::Translate => translate::run(ctx).await,
+            Figure::Rss => rss::run(ctx).await,
+        };
+        match outcome {
+            Ok(PhaseReport {
+                rows: more,
+                notes: more_notes,
+            }) => {
+                rows.extend(more);
+                notes.extend(more_notes);
+            }
+            Err(error) => {
+                failed += figure.rows().len();
+                let error = format!("{error:#}");
+                eprintln!("  {figure:?} failed: {error}");
+                rows.extend(
+                    figure
+                        .rows()
+                        .iter()
+                        .map(|(key, name, target)| Row::failed(key, name, target, &error)),
+                );
+            }
+        }
+        println!(
+            "  ... {figure:?} took {:.1} s",
+            phase_start.elapsed().as_secs_f64()
+        );
+    }
+    println!();
+    print!("{}", report::text_table(&rows));
+    println!();
+    for note in &notes {
+        println!("  {note}");
+    }
+    if let Some((one, five, fifteen)) = machine::load_average() {
+        println!("  load average at end: {one:.2} {five:.2} {fifteen:.2}");
+    }
+    println!("  wall time: {:.1} s", started.elapsed().as_secs_f64());
+    if markdown {
+        println!();
+        print!("{}", report::markdown_table(&rows));
+    }
+    failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_smoke_run_takes_the_smoke_sizes_unless_a_flag_says_otherwise() {
+        let args = BenchArgs {
+            smoke: true,
+            sessions: Some(7),
+            ..Default::default()
+        };
+        let plan = Plan::from_args(&args);
+        assert_eq!(plan.sessions, 7);
+        assert_eq!(plan.subscribers, Plan::SMOKE.subscribers);
+        assert_eq!(Plan::from_args(&BenchArgs::default()), Plan::FULL);
+    }
+
+    #[test]
+    fn every_printed_row_key_belongs_to_exactly_one_figure() {
+        let mut keys: Vec<&str> = Figure::ALL
+            .iter()
+            .flat_map(|f| f.rows().iter().map(|(key, _, _)| *key))
+            .collect();
+        assert_eq!(keys, report::ROW_KEYS);
+        keys.dedup();
+        assert_eq!(keys.len(), report::ROW_KEYS.len());
+    }
+
+    #[test]
+    fn the_bench_smoke_stage_of_the_test_script_checks_every_row_key() {
+        let script = include_str!("../../scripts/test");
+        let line = script
+            .lines()
+            .find(|line| line.starts_with("BENCH_KEYS=("))
+            .expect("scripts/test lists BENCH_KEYS");
+        let keys: Vec<&str> = line
+            .trim_start_matches("BENCH_KEYS=(")
+            .trim_end_matches(')')
+            .split_whitespace()
+            .collect();
+        assert_eq!(keys, report::ROW_KEYS);
+    }
+
+    #[test]
+    fn the_server_config_raises_only_the_limits_asked_for() {
+        let ctx = Ctx {
+            bin: PathBuf::from("/bin/true"),
+            plan: Plan::SMOKE,
+        };
+        let text = ctx.config_with_base_url("https://static.example", &[("live_runtimes", 300)]);
+        let file: crate::config::FileConfig = toml::from_str(&text).unwrap();
+        assert_eq!(file.limits.live_runtimes, 300);
+        assert_eq!(file.limits.queued_actions, 50);
+        assert_eq!(
+            file.static_files_base_url.as_deref(),
+            Some("https://static.example")
+        );
+    }
+}

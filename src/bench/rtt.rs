@@ -1,0 +1,101 @@
+//! Figure 1: the turn round trip through the harness (Control → mock agent → the runtime's reply
+//! seen by a subscriber), held against the same mock agent driven directly over stdio.
+//!
+//! Both sides run in the same run, interleaved in blocks so a change of background load hits
+//! both; both build the same prompt frame and parse every line (entry) until the response. The
+//! overhead is p50(harness) − p50(direct), and the same for p99 (a difference of percentiles,
+//! not a percentile of differences).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{
+    Ctx,
+    client::{self, LogStream},
+    direct::DirectAgent,
+    report::{PhaseReport, Row, Verdict, ms},
+    server::{ServerProcess, connect_pool},
+    stats::Summary,
+};
+
+/// The prompt of every timed turn: the mock agent echoes it in one chunk and ends the turn.
+pub const TURN_TEXT: &str = "ping";
+const P50_LIMIT: Duration = Duration::from_micros(500);
+const P99_LIMIT: Duration = Duration::from_millis(2);
+/// Blocks the timed turns are interleaved in (direct, harness, direct, harness, …).
+const BLOCKS: usize = 4;
+
+pub const FIGURE: &str = "turn round trip, harness vs mock agent over stdio";
+
+pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
+    let plan = &ctx.plan;
+    let server = ServerProcess::serve(&ctx.bin, "rtt", &ctx.config(&[])).await?;
+    let pool = connect_pool(server.addr(), 2).await?;
+    let (session_id, head) = client::create_session(&pool[0], server.scratch()).await?;
+    // The subscriber has a connection of its own, as a separate client would.
+    let mut stream = LogStream::open(&pool[1], &session_id, head).await?;
+    let mut control = client::sessions(&pool[0]);
+    let mut direct = DirectAgent::start(&ctx.bin, server.scratch()).await?;
+
+    let mut harness_turn = async || -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        let action_id = client::prompt(&mut control, &session_id, TURN_TEXT).await?;
+        stream.response_to(&action_id).await?;
+        Ok(start.elapsed())
+    };
+
+    for _ in 0..plan.rtt_warmup {
+        direct.turn(TURN_TEXT).await?;
+        harness_turn().await?;
+    }
+    let per_block = plan.rtt_turns.div_ceil(BLOCKS).max(1);
+    let mut through_harness = Vec::with_capacity(per_block * BLOCKS);
+    let mut direct_times = Vec::with_capacity(per_block * BLOCKS);
+    let before = server.counters();
+    for _ in 0..BLOCKS {
+        for _ in 0..per_block {
+            direct_times.push(direct.turn(TURN_TEXT).await?);
+        }
+        for _ in 0..per_block {
+            through_harness.push(harness_turn().await?);
+        }
+    }
+    let usage = before.until(&server.counters());
+    direct.stop().await?;
+    drop(stream);
+    drop(pool);
+    server.stop().await?;
+
+    let harness = Summary::of(&mut through_harness).expect("turns were timed");
+    let direct = Summary::of(&mut direct_times).expect("turns were timed");
+    let row = |key, label: &str, h: Duration, d: Duration, limit: Duration| {
+        let overhead = h.saturating_sub(d);
+        Row {
+            key,
+            figure: format!("{FIGURE}, {label}"),
+            measured: format!("{} (overhead {})", ms(h), ms(overhead)),
+            against: format!("direct {}", ms(d)),
+            ratio: Some(h.as_secs_f64() / d.as_secs_f64().max(1e-9)),
+            target: format!("overhead <= {}", ms(limit)),
+            verdict: Verdict::of(overhead <= limit),
+        }
+    };
+    Ok(PhaseReport {
+        rows: vec![
+            row("rtt-p50", "p50", harness.p50, direct.p50, P50_LIMIT),
+            row("rtt-p99", "p99", harness.p99, direct.p99, P99_LIMIT),
+        ],
+        notes: vec![
+            format!(
+                "rtt: {} turns each way after {} warm-up turns, prompt {TURN_TEXT:?} (1 chunk + \
+                 response); ratio = harness / direct; max harness {}, max direct {}",
+                harness.count,
+                plan.rtt_warmup,
+                ms(harness.max),
+                ms(direct.max)
+            ),
+            format!("rtt: {}", usage.describe()),
+        ],
+    })
+}
