@@ -89,10 +89,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
         notes: vec![
             format!(
                 "rtt: {} turns each way after {} warm-up turns, prompt {TURN_TEXT:?} (1 chunk + \
-                 response); ratio = harness / direct; max harness {}, max direct {}",
+                 response); ratio = harness / direct; harness p99.9 {}, max {}; direct p99.9 {}, \
+                 max {}",
                 harness.count,
                 plan.rtt_warmup,
+                ms(harness.p999),
                 ms(harness.max),
+                ms(direct.p999),
                 ms(direct.max)
             ),
             format!("rtt: {}", usage.describe()),

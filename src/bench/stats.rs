@@ -18,6 +18,7 @@ pub struct Summary {
     pub count: usize,
     pub p50: Duration,
     pub p99: Duration,
+    pub p999: Duration,
     pub max: Duration,
 }
 
@@ -28,6 +29,7 @@ impl Summary {
             count: samples.len(),
             p50: percentile(samples, 0.50)?,
             p99: percentile(samples, 0.99)?,
+            p999: percentile(samples, 0.999)?,
             max: *samples.last()?,
         })
     }

@@ -237,10 +237,10 @@ impl Actor {
 
     async fn run(mut self, after_restart: bool, purpose: Option<StartPurpose>) {
         if after_restart {
-            self.recover().await;
+            Box::pin(self.recover()).await;
         }
         if let Some(purpose) = purpose {
-            self.start_runtime(purpose).await;
+            Box::pin(self.start_runtime(purpose)).await;
         }
         while !self.finished {
             let deadline = self.next_deadline();
@@ -260,14 +260,14 @@ impl Actor {
                             Err(_) => break,
                         }
                     }
-                    self.on_runtime_events(events).await;
+                    Box::pin(self.on_runtime_events(events)).await;
                 }
-                status = exited => self.on_exit(status).await,
+                status = exited => Box::pin(self.on_exit(status)).await,
                 command = self.commands.recv() => match command {
-                    Some(command) => self.on_command(command).await,
+                    Some(command) => Box::pin(self.on_command(command)).await,
                     None => break,
                 },
-                _ = sleep_until(deadline) => self.on_deadline().await,
+                _ = sleep_until(deadline) => Box::pin(self.on_deadline()).await,
             }
         }
         if let Some(mut conn) = self.conn.take() {

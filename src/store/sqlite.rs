@@ -8,8 +8,11 @@
 //! - **Reads** run on a small pool of read-only connections on tokio's blocking threads, so they
 //!   never block the async runtime and never wait behind the writer (WAL readers see the last
 //!   committed state).
+//! - **Checkpoints** of the WAL into the database file run on a thread of their own, off the
+//!   commit path (see `sqlite/checkpointer.rs`).
 //! - **Schema**: versioned through `PRAGMA user_version` (see `sqlite/schema.rs`).
 
+mod checkpointer;
 mod rows;
 mod schema;
 mod writer;
@@ -141,7 +144,8 @@ impl SqliteStore {
 
         let transactions = Arc::new(AtomicU64::new(0));
         let (writes, rx) = mpsc::channel(WRITE_QUEUE);
-        let writer = Writer::new(conn, transactions.clone());
+        let checkpointer = checkpointer::Checkpointer::start(&path, synchronous)?;
+        let writer = Writer::new(conn, transactions.clone(), checkpointer);
         let handle = std::thread::Builder::new()
             .name("sqlite-writer".to_owned())
             .spawn(move || writer.run(rx))

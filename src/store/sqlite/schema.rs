@@ -110,7 +110,9 @@ CREATE TABLE actions (
 );
 "#;
 
-/// Settings of the one write connection: WAL, the configured `synchronous`, foreign keys.
+/// Settings of the one write connection: WAL, the configured `synchronous`, foreign keys, and an
+/// automatic checkpoint only as the bound of the WAL (the checkpointer thread does the regular
+/// ones, off the commit path).
 pub(super) fn configure_writer(conn: &Connection, synchronous: SqliteSynchronous) -> Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)
         .context("setting the busy timeout")?;
@@ -122,20 +124,27 @@ pub(super) fn configure_writer(conn: &Connection, synchronous: SqliteSynchronous
             "sqlite store: the database refused WAL mode (journal_mode is {mode})"
         )));
     }
-    let synchronous = match synchronous {
-        SqliteSynchronous::Normal => "NORMAL",
-        SqliteSynchronous::Full => "FULL",
-    };
+    let synchronous = synchronous_name(synchronous);
     conn.execute_batch(&format!(
         "PRAGMA synchronous = {synchronous};
          PRAGMA foreign_keys = ON;
          PRAGMA temp_store = MEMORY;
          PRAGMA cache_size = -32768;
-         PRAGMA journal_size_limit = 67108864;"
+         PRAGMA journal_size_limit = 67108864;
+         PRAGMA wal_autocheckpoint = {};",
+        super::checkpointer::WAL_BOUND_PAGES
     ))
     .context("configuring the write connection")?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(())
+}
+
+/// The `PRAGMA synchronous` value of a mode.
+pub(super) fn synchronous_name(synchronous: SqliteSynchronous) -> &'static str {
+    match synchronous {
+        SqliteSynchronous::Normal => "NORMAL",
+        SqliteSynchronous::Full => "FULL",
+    }
 }
 
 /// Settings of a read connection (opened read-only).

@@ -18,7 +18,10 @@ use rusqlite::{Connection, ToSql};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::rows::{Context, action_id_bytes};
+use super::{
+    checkpointer::Checkpointer,
+    rows::{Context, action_id_bytes},
+};
 use crate::{
     domain::{Error, ErrorCode, Result, session::SessionRecord},
     store::{Batch, QueueOp, context_to_json, to_micros, work_to_json},
@@ -100,15 +103,21 @@ pub(super) enum WriteOp {
 pub(super) struct Writer {
     conn: Connection,
     transactions: Arc<AtomicU64>,
+    checkpointer: Checkpointer,
     group: Vec<(Change, Reply)>,
     outcomes: Vec<(Reply, Result<bool>)>,
 }
 
 impl Writer {
-    pub(super) fn new(conn: Connection, transactions: Arc<AtomicU64>) -> Self {
+    pub(super) fn new(
+        conn: Connection,
+        transactions: Arc<AtomicU64>,
+        checkpointer: Checkpointer,
+    ) -> Self {
         Self {
             conn,
             transactions,
+            checkpointer,
             group: Vec::with_capacity(MAX_GROUP_CHANGES),
             outcomes: Vec::with_capacity(MAX_GROUP_CHANGES),
         }
@@ -167,7 +176,9 @@ impl Writer {
         }
     }
 
-    fn checkpoint(&self) -> Result<()> {
+    /// The final checkpoint, emptying the WAL, once the checkpointer thread has stopped.
+    fn checkpoint(&mut self) -> Result<()> {
+        self.checkpointer.stop();
         self.conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
             .context("checkpointing the WAL")
@@ -219,6 +230,7 @@ impl Writer {
             None => match self.exec("COMMIT") {
                 Ok(()) => {
                     self.transactions.fetch_add(1, Ordering::Relaxed);
+                    self.checkpointer.committed();
                     Ok(())
                 }
                 Err(e) => {
