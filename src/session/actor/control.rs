@@ -1,0 +1,549 @@
+//! Commands from callers: Control (every action of SPEC §4 with the queue rules of §6), queue
+//! edits and removals, close and delete.
+
+use super::*;
+
+impl Actor {
+    pub(super) async fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Control {
+                principal,
+                input,
+                traceparent,
+                reply,
+            } => {
+                let result = self.on_control(principal, input, traceparent).await;
+                let _ = reply.send(result);
+            }
+            Command::GetQueue { reply } => {
+                let _ = reply.send(Ok(self.queue.entries().cloned().collect()));
+            }
+            Command::EditQueued {
+                principal,
+                action_id,
+                text,
+                reply,
+            } => {
+                let _ = reply.send(self.on_edit(principal, action_id, text).await);
+            }
+            Command::RemoveQueued { action_id, reply } => {
+                let _ = reply.send(self.on_remove(action_id).await);
+            }
+            Command::Close { reply } => {
+                let _ = reply.send(self.on_close().await);
+            }
+            Command::Delete { reply } => {
+                let _ = reply.send(self.on_delete().await);
+            }
+            Command::Drain { reply } => {
+                let _ = reply.send(self.on_drain().await);
+            }
+        }
+    }
+
+    pub(super) async fn on_control(
+        &mut self,
+        principal: Principal,
+        input: ControlInput,
+        traceparent: Option<String>,
+    ) -> Result<ControlOutcome> {
+        if self.record.status == SessionStatus::Closed {
+            return Err(Error::new(
+                ErrorCode::SessionClosed,
+                format!("session {} is closed", self.record.id),
+            ));
+        }
+        let ControlInput {
+            action_id,
+            context,
+            interrupt,
+            action,
+            ..
+        } = input;
+        self.check_control(&principal, &action, &context, interrupt)?;
+        let fingerprint = fingerprint(&action, &context, interrupt);
+        let action_id = match action_id {
+            Some(action_id) => {
+                if let Some(record) = self
+                    .ctx
+                    .store
+                    .find_action(self.record.id, action_id)
+                    .await?
+                {
+                    return self.resend(record, &fingerprint);
+                }
+                action_id
+            }
+            None => ActionId::mint(),
+        };
+        let actor = principal.actor().to_owned();
+        match action {
+            Action::Prompt(_) | Action::Compact => {
+                let work = QueuedWork::from_action(&action).expect("turn-occupying");
+                let entry = QueuedEntry {
+                    action_id,
+                    work,
+                    context,
+                    actor,
+                    created_at: crate::domain::now(),
+                    traceparent,
+                };
+                self.on_turn_action(entry, fingerprint, interrupt).await
+            }
+            Action::SetModel { model } => {
+                self.require_ready()?;
+                self.check_model(&model)?;
+                let config_id = acp_frames::model_config_id(&self.config_options).to_owned();
+                self.send_config(
+                    action_id,
+                    fingerprint,
+                    &actor,
+                    &config_id,
+                    ConfigValue::Id(model),
+                )
+                .await
+            }
+            Action::SetConfigOption { config_id, value } => {
+                self.require_ready()?;
+                let value = self.check_config_option(&config_id, &value)?;
+                self.send_config(action_id, fingerprint, &actor, &config_id, value)
+                    .await
+            }
+            Action::Stop { clear_queue } => {
+                self.on_stop(action_id, fingerprint, &actor, clear_queue)
+                    .await
+            }
+            Action::RespondToPermission { request_id, answer } => {
+                self.held.check_permission_answer(&request_id, &answer)?;
+                let frame = acp_frames::permission_response(&request_id, &answer);
+                self.send_answer(action_id, fingerprint, &actor, &request_id, frame)
+                    .await
+            }
+            Action::RespondElicitation { request_id, answer } => {
+                self.held.check_elicitation_answer(&request_id, &answer)?;
+                let frame = acp_frames::elicitation_response(&request_id, &answer);
+                self.send_answer(action_id, fingerprint, &actor, &request_id, frame)
+                    .await
+            }
+        }
+    }
+
+    /// Who may do what, and the limits, before anything is stored.
+    pub(super) fn check_control(
+        &self,
+        principal: &Principal,
+        action: &Action,
+        context: &Option<Map<String, Value>>,
+        interrupt: bool,
+    ) -> Result<()> {
+        let limits = &self.ctx.limits;
+        if let Some(context) = context {
+            if !principal.may_send_context() {
+                return Err(Error::new(
+                    ErrorCode::ContextNotAllowed,
+                    "only services may send a context (trigger)",
+                ));
+            }
+            if !matches!(action, Action::Prompt(_)) {
+                return Err(Error::invalid("context applies to prompts only"));
+            }
+            let bytes = Value::Object(context.clone()).to_string().len();
+            if bytes > limits.context_bytes {
+                return Err(Error::limit(
+                    "context_bytes",
+                    limits.context_bytes,
+                    format_args!("a context of {bytes} bytes"),
+                ));
+            }
+        }
+        if action.is_answer() && !principal.may_answer() {
+            return Err(Error::new(
+                ErrorCode::Forbidden,
+                "only a person may answer a permission request or an elicitation",
+            ));
+        }
+        if interrupt && !matches!(action, Action::Prompt(_)) {
+            return Err(Error::invalid("interrupt delivery is for prompts only"));
+        }
+        match action {
+            Action::Prompt(prompt) => limits.check_prompt(prompt),
+            Action::SetModel { model } => limits.check_identifier("set_model.model", model),
+            Action::SetConfigOption { config_id, value } => {
+                limits.check_identifier("set_config_option.config_id", config_id)?;
+                limits.check_identifier("set_config_option.value", value)
+            }
+            Action::RespondToPermission {
+                answer: PermissionAnswer::Selected { option_id },
+                ..
+            } => limits.check_identifier("respond_to_permission.selected_option_id", option_id),
+            _ => Ok(()),
+        }
+    }
+
+    /// A re-sent action id: the same action reports its status now and changes nothing.
+    pub(super) fn resend(&self, record: ActionRecord, fingerprint: &str) -> Result<ControlOutcome> {
+        if record.fingerprint != fingerprint {
+            return Err(Error::new(
+                ErrorCode::ActionIdConflict,
+                format!(
+                    "action id {} was already used for a different action",
+                    record.action_id
+                ),
+            ));
+        }
+        let status = match record.state {
+            ActionState::Sent => ControlStatus::Sent,
+            ActionState::Queued => {
+                ControlStatus::Queued(self.queue.position(&record.action_id).unwrap_or(1))
+            }
+            ActionState::Removed => {
+                return Err(Error::new(
+                    ErrorCode::QueuedActionNotFound,
+                    format!(
+                        "action {} was removed from the queue before it was dispatched",
+                        record.action_id
+                    ),
+                ));
+            }
+        };
+        Ok(ControlOutcome {
+            action_id: record.action_id,
+            status,
+        })
+    }
+
+    pub(super) fn require_ready(&self) -> Result<()> {
+        if self.ready() {
+            return Ok(());
+        }
+        let why = match self.live_status() {
+            SessionStatus::Starting => {
+                "the runtime is starting; retry once the session is IDLE".to_owned()
+            }
+            SessionStatus::Suspended => {
+                "the runtime is suspended; a prompt or compact reopens it".to_owned()
+            }
+            _ => format!("the runtime is disconnected: {}", self.record.status_reason),
+        };
+        Err(Error::new(ErrorCode::RuntimeDisconnected, why))
+    }
+
+    pub(super) async fn on_turn_action(
+        &mut self,
+        entry: QueuedEntry,
+        fingerprint: String,
+        interrupt: bool,
+    ) -> Result<ControlOutcome> {
+        if self.ctx.is_draining() {
+            return Err(draining());
+        }
+        let action_id = entry.action_id;
+        let cap = self.ctx.limits.queued_actions;
+        let queued = |fingerprint: String| ActionRecord {
+            action_id,
+            fingerprint,
+            state: ActionState::Queued,
+            created_at: entry.created_at,
+        };
+        if self.conn.is_none() {
+            // SUSPENDED or DISCONNECTED: reopen, with this action queued behind the reopen.
+            if !(self.record.can_resume || self.record.can_load) {
+                return Err(Error::new(
+                    ErrorCode::RuntimeDisconnected,
+                    format!(
+                        "session {} cannot be reopened: its runtime advertises neither \
+                         session/resume nor session/load ({})",
+                        self.record.id, self.record.status_reason
+                    ),
+                ));
+            }
+            let position = self.queue.push_back(entry.clone(), cap)?;
+            let mut out = Out::default();
+            out.batch.new_actions.push(queued(fingerprint));
+            out.batch.queue.push(QueueOp::PushBack(entry));
+            out.queue_changed = true;
+            if let Err(error) = self.flush(out).await {
+                self.queue.remove(&action_id).ok();
+                return Err(error);
+            }
+            self.start_runtime(StartPurpose::Reopen).await;
+            return Ok(ControlOutcome {
+                action_id,
+                status: ControlStatus::Queued(position),
+            });
+        }
+        if interrupt && self.turn.is_some() {
+            // Behaves as a stop, and the prompt goes first.
+            self.queue.push_front(entry.clone(), cap)?;
+            let mut out = Out::default();
+            out.batch.new_actions.push(queued(fingerprint));
+            out.batch.queue.push(QueueOp::PushFront(entry));
+            out.queue_changed = true;
+            self.cancel_turn(&mut out, action_id, &self.record.owner.clone());
+            if let Err(error) = self.flush(out).await {
+                self.queue.remove(&action_id).ok();
+                return Err(error);
+            }
+            return Ok(ControlOutcome {
+                action_id,
+                status: ControlStatus::Queued(1),
+            });
+        }
+        if self.ready() && self.turn.is_none() && self.queue.is_empty() {
+            self.dispatch_entry(entry, Some(fingerprint), false).await?;
+            return Ok(sent(action_id));
+        }
+        let position = if interrupt {
+            self.queue.push_front(entry.clone(), cap)?
+        } else {
+            self.queue.push_back(entry.clone(), cap)?
+        };
+        let mut out = Out::default();
+        out.batch.new_actions.push(queued(fingerprint));
+        out.batch.queue.push(if interrupt {
+            QueueOp::PushFront(entry)
+        } else {
+            QueueOp::PushBack(entry)
+        });
+        out.queue_changed = true;
+        if let Err(error) = self.flush(out).await {
+            self.queue.remove(&action_id).ok();
+            return Err(error);
+        }
+        Ok(ControlOutcome {
+            action_id,
+            status: ControlStatus::Queued(position),
+        })
+    }
+
+    /// Answers held interactions (elicitations `cancel`, permissions `cancelled`) and then sends
+    /// `session/cancel`, so the agent is never left waiting.
+    pub(super) fn cancel_turn(&mut self, out: &mut Out, action_id: ActionId, actor: &str) {
+        if let Some(elicitation) = self.held.elicitation.take() {
+            let frame =
+                acp_frames::elicitation_response(&elicitation.id, &ElicitationAnswer::Cancel);
+            self.log_send(out, &frame, actor, Some(action_id));
+        }
+        for permission in std::mem::take(&mut self.held.permissions) {
+            let frame =
+                acp_frames::permission_response(&permission.id, &PermissionAnswer::Cancelled);
+            self.log_send(out, &frame, actor, Some(action_id));
+        }
+        let frame = acp_frames::cancel_notification(self.acp_session_id());
+        self.log_send(out, &frame, actor, Some(action_id));
+        let grace = self.profile.cancel_grace;
+        if let Some(turn) = &mut self.turn
+            && turn.cancel_deadline.is_none()
+        {
+            turn.cancel_deadline = Some(Instant::now() + grace);
+        }
+        self.refresh_status(out);
+    }
+
+    pub(super) async fn on_stop(
+        &mut self,
+        action_id: ActionId,
+        fingerprint: String,
+        actor: &str,
+        clear_queue: bool,
+    ) -> Result<ControlOutcome> {
+        let mut out = Out::default();
+        out.record_action(action_id, fingerprint, ActionState::Sent);
+        if clear_queue && !self.queue.is_empty() {
+            for entry in self.queue.clear() {
+                out.batch
+                    .action_states
+                    .push((entry.action_id, ActionState::Removed));
+            }
+            out.batch.queue.push(QueueOp::Clear);
+            out.queue_changed = true;
+        }
+        if self.ready() {
+            self.cancel_turn(&mut out, action_id, actor);
+        } else {
+            // No ACP session to cancel (starting, suspended or disconnected): the stop is
+            // recorded, and clears the queue when asked.
+            self.log_event(
+                &mut out,
+                json!({"event": "stop", "clear_queue": clear_queue,
+                       "note": "no runtime turn to cancel"}),
+                Some(action_id),
+            );
+        }
+        self.flush(out).await?;
+        Ok(sent(action_id))
+    }
+
+    pub(super) async fn send_config(
+        &mut self,
+        action_id: ActionId,
+        fingerprint: String,
+        actor: &str,
+        config_id: &str,
+        value: ConfigValue,
+    ) -> Result<ControlOutcome> {
+        let frame = acp_frames::set_config_option_request(
+            &action_id,
+            self.acp_session_id(),
+            config_id,
+            &value,
+        );
+        let mut out = Out::default();
+        out.record_action(action_id, fingerprint, ActionState::Sent);
+        self.log_send(&mut out, &frame, actor, Some(action_id));
+        self.flush(out).await?;
+        self.expect(
+            &frame["id"],
+            PendingKind::SetConfig { action_id },
+            "session/set_config_option",
+        );
+        Ok(sent(action_id))
+    }
+
+    pub(super) async fn send_answer(
+        &mut self,
+        action_id: ActionId,
+        fingerprint: String,
+        actor: &str,
+        request_id: &JsonRpcId,
+        frame: Value,
+    ) -> Result<ControlOutcome> {
+        let mut out = Out::default();
+        out.record_action(action_id, fingerprint, ActionState::Sent);
+        self.log_send(&mut out, &frame, actor, Some(action_id));
+        let released = self.held.release(request_id);
+        self.refresh_status(&mut out);
+        if let Err(error) = self.flush(out).await {
+            // Nothing was sent: the request stays held.
+            if let Some(kind) = released {
+                self.restore_held(kind, request_id);
+            }
+            return Err(error);
+        }
+        Ok(sent(action_id))
+    }
+
+    pub(super) fn restore_held(&mut self, kind: Released, id: &JsonRpcId) {
+        match kind {
+            Released::Permission => self.held.permissions.push(HeldPermission {
+                id: id.clone(),
+                options: Vec::new(),
+            }),
+            Released::Elicitation => {
+                self.held.elicitation = Some(HeldElicitation { id: id.clone() })
+            }
+        }
+    }
+
+    pub(super) async fn on_edit(
+        &mut self,
+        principal: Principal,
+        action_id: ActionId,
+        text: String,
+    ) -> Result<QueuedEntry> {
+        if self.record.status == SessionStatus::Closed {
+            return Err(Error::new(
+                ErrorCode::SessionClosed,
+                "the session is closed",
+            ));
+        }
+        let limits = self.ctx.limits.clone();
+        limits.check_prompt(&PromptAction::text(text.clone()))?;
+        let before = self.queue.get(&action_id).cloned();
+        // A user cannot speak under a service's trigger: a user's edit drops the context.
+        let drop_context = principal.kind != PrincipalKind::Service;
+        let entry = self
+            .queue
+            .edit(&action_id, text, principal.actor(), drop_context)?
+            .clone();
+        let mut out = Out::default();
+        out.batch.queue.push(QueueOp::Update(entry.clone()));
+        out.queue_changed = true;
+        if let Err(error) = self.flush(out).await {
+            if let Some(before) = before {
+                let restored: Vec<QueuedEntry> = self
+                    .queue
+                    .entries()
+                    .map(|e| {
+                        if e.action_id == action_id {
+                            before.clone()
+                        } else {
+                            e.clone()
+                        }
+                    })
+                    .collect();
+                self.queue = Queue::from_entries(restored);
+            }
+            return Err(error);
+        }
+        Ok(entry)
+    }
+
+    pub(super) async fn on_remove(&mut self, action_id: ActionId) -> Result<()> {
+        let before: Vec<QueuedEntry> = self.queue.entries().cloned().collect();
+        self.queue.remove(&action_id)?;
+        let mut out = Out::default();
+        out.batch.queue.push(QueueOp::Remove(action_id));
+        out.batch
+            .action_states
+            .push((action_id, ActionState::Removed));
+        out.queue_changed = true;
+        if let Err(error) = self.flush(out).await {
+            self.queue = Queue::from_entries(before);
+            return Err(error);
+        }
+        self.arm_idle_timer();
+        Ok(())
+    }
+
+    pub(super) async fn on_close(&mut self) -> Result<SessionRecord> {
+        if self.record.status == SessionStatus::Closed {
+            return Ok(self.record.clone());
+        }
+        let had_runtime = self.conn.is_some();
+        self.kill_runtime();
+        self.starting = None;
+        let open_turn = self.turn.take().map(|t| {
+            t.ended("failed");
+            t.action_id
+        });
+        let mut out = Out::default();
+        if !self.queue.is_empty() {
+            for entry in self.queue.clear() {
+                out.batch
+                    .action_states
+                    .push((entry.action_id, ActionState::Removed));
+            }
+            out.batch.queue.push(QueueOp::Clear);
+            out.queue_changed = true;
+        }
+        let mut event = json!({"event": "session_closed", "epoch": self.epoch});
+        if had_runtime {
+            event["runtime_stopped"] = true.into();
+        }
+        if let Some(turn) = open_turn {
+            event["failed_turn"] = turn.to_string().into();
+        }
+        self.log_event(&mut out, event, open_turn);
+        self.record.status = SessionStatus::Closed;
+        self.record.status_reason = "closed".to_owned();
+        self.touch(&mut out);
+        self.flush(out).await?;
+        Ok(self.record.clone())
+    }
+
+    pub(super) async fn on_delete(&mut self) -> Result<()> {
+        self.kill_runtime();
+        self.ctx.store.delete_session(self.record.id).await?;
+        self.shared.publish(SessionEvent::Deleted);
+        self.finished = true;
+        Ok(())
+    }
+}
+
+pub(super) fn draining() -> Error {
+    Error::new(
+        ErrorCode::Draining,
+        "the server is draining: new sessions and turns go elsewhere",
+    )
+}

@@ -1,0 +1,363 @@
+//! Frames from the runtime: logged first, then reacted to — responses end turns and handshake
+//! steps, agent requests are held or answered, notifications update state — and the dispatch
+//! of the next queued turn (SPEC §4, §6, §7).
+
+use super::*;
+
+impl Actor {
+    pub(super) async fn on_runtime_events(&mut self, events: Vec<RuntimeEvent>) {
+        let mut out = Out::default();
+        let mut frames = Vec::new();
+        let mut terminal = None;
+        for event in events {
+            if self.conn.as_ref().map(|c| c.epoch) != Some(event.epoch) {
+                continue; // from an earlier connection
+            }
+            match event.inbound {
+                Inbound::Frame { raw, value } => {
+                    let action_id = self.attribute(&value);
+                    self.log(
+                        &mut out,
+                        Direction::FromRuntime,
+                        raw,
+                        RUNTIME_ACTOR,
+                        action_id,
+                    );
+                    frames.push(value);
+                }
+                other => {
+                    terminal = Some(other);
+                    break;
+                }
+            }
+        }
+        if let Err(error) = self.flush(out).await {
+            // Nothing may be acted on before it is logged.
+            return self
+                .fault(
+                    "storage",
+                    format!("could not log runtime frames: {}", error.message),
+                )
+                .await;
+        }
+        for frame in frames {
+            if self.conn.is_none() {
+                break;
+            }
+            let span = self
+                .turn
+                .as_ref()
+                .map_or_else(tracing::Span::none, |t| t.span.clone());
+            self.react(frame).instrument(span).await;
+        }
+        if let Some(terminal) = terminal {
+            self.on_terminal(terminal).await;
+        }
+    }
+
+    pub(super) async fn on_terminal(&mut self, inbound: Inbound) {
+        match inbound {
+            Inbound::Invalid {
+                reason,
+                preview,
+                length,
+            } => {
+                let (kind, detail) = match reason {
+                    InvalidLine::NotJson(why) => (
+                        "invalid_line",
+                        format!("the runtime wrote a line that is not JSON-RPC ({why})"),
+                    ),
+                    InvalidLine::TooLong => (
+                        "line_too_long",
+                        format!(
+                            "the runtime wrote a line over the limit of {} bytes",
+                            self.ctx.limits.runtime_line_bytes
+                        ),
+                    ),
+                };
+                // The line itself is logged as an event holding its first 1 KiB and its length.
+                let mut out = Out::default();
+                self.log_event(
+                    &mut out,
+                    json!({"event": "invalid_line", "kind": kind, "length": length, "preview": preview}),
+                    self.turn.as_ref().map(|t| t.action_id),
+                );
+                let _ = self.flush(out).await;
+                self.fault(kind, detail).await;
+            }
+            Inbound::Closed => {
+                if let Some((kind, detail)) = self.on_output_closed() {
+                    self.fault(kind, detail).await;
+                }
+            }
+            Inbound::WriteFailed(why) => {
+                self.fault(
+                    "input_closed",
+                    format!("could not write to the runtime: {why}"),
+                )
+                .await;
+            }
+            Inbound::Frame { .. } => unreachable!("frames are not terminal"),
+        }
+    }
+
+    /// The action an inbound frame belongs to: the request it answers, else the running turn.
+    pub(super) fn attribute(&self, frame: &Value) -> Option<ActionId> {
+        if frame.get("method").is_none()
+            && let Some(id) = frame.get("id")
+        {
+            if let Some(action_id) = ActionId::from_jsonrpc_id(id) {
+                return Some(action_id);
+            }
+            if self.pending.contains_key(&id.to_string()) {
+                return None;
+            }
+        }
+        self.turn.as_ref().map(|t| t.action_id)
+    }
+
+    pub(super) async fn react(&mut self, frame: Value) {
+        let method = frame
+            .get("method")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        match (method, frame.get("id")) {
+            (Some(method), Some(id)) => {
+                let id = id.clone();
+                self.on_agent_request(&id, &method, frame.get("params").unwrap_or(&Value::Null))
+                    .await
+            }
+            (Some(method), None) => {
+                self.on_agent_notification(&method, frame.get("params").unwrap_or(&Value::Null))
+                    .await
+            }
+            (None, Some(id)) => {
+                let id = id.clone();
+                self.on_response(&id, &frame).await
+            }
+            (None, None) => {}
+        }
+    }
+
+    pub(super) async fn on_response(&mut self, id: &Value, frame: &Value) {
+        if let Some(pending) = self.pending.remove(&id.to_string()) {
+            return match pending.kind {
+                PendingKind::SetConfig { action_id } => {
+                    self.on_set_config_response(action_id, frame).await
+                }
+                kind => self.on_handshake_response(kind, frame).await,
+            };
+        }
+        let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
+            return;
+        };
+        if let Some(turn) = self.turn.as_ref().filter(|t| t.action_id == action_id) {
+            let stop_reason = match frame.get("result") {
+                Some(result) => result
+                    .get("stopReason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("end_turn"),
+                None => "failed",
+            };
+            turn.ended(stop_reason);
+            self.end_turn().await;
+        }
+    }
+
+    pub(super) async fn on_set_config_response(&mut self, action_id: ActionId, frame: &Value) {
+        let mut out = Out::default();
+        if let Some(result) = frame.get("result") {
+            self.adopt_config_options(result);
+            self.touch(&mut out);
+        } else {
+            tracing::info!(session = %self.record.id, %action_id, "the runtime refused a config change");
+        }
+        let creating = matches!(self.starting, Some(StartPurpose::Create { .. }));
+        if creating {
+            if let Some(error) = frame.get("error") {
+                let message = error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("refused");
+                return self
+                    .startup_fault(
+                        ErrorCode::ModelNotAdvertised,
+                        format!("the runtime refused the requested model: {message}"),
+                    )
+                    .await;
+            }
+            return self.become_ready(out).await;
+        }
+        let _ = self.flush(out).await;
+    }
+
+    pub(super) async fn end_turn(&mut self) {
+        self.turn = None;
+        // Held requests of the turn are released: a later answer gets *_NOT_PENDING.
+        self.held.clear();
+        let mut out = Out::default();
+        self.refresh_status(&mut out);
+        let _ = self.flush(out).await;
+        self.dispatch_next().await;
+    }
+
+    pub(super) async fn on_agent_request(&mut self, id: &Value, method: &str, params: &Value) {
+        let Some(agent_id) = JsonRpcId::from_json(id) else {
+            return; // not a request ACP allows; nothing can answer it
+        };
+        let turn = self.turn.as_ref().map(|t| t.action_id);
+        let mut out = Out::default();
+        match method {
+            "session/request_permission" => {
+                let options = interactions::offered_options(params);
+                if self.profile.permission_policy == PermissionPolicy::AutoAccept {
+                    let answer = interactions::auto_accept(&options);
+                    let frame = acp_frames::permission_response(&agent_id, &answer);
+                    self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+                } else {
+                    self.held.permissions.push(HeldPermission {
+                        id: agent_id,
+                        options,
+                    });
+                    self.refresh_status(&mut out);
+                }
+            }
+            "elicitation/create" => match interactions::elicitation_refusal(params, &self.held) {
+                Some(reason) => {
+                    let frame = acp_frames::error_response(id, acp_frames::INVALID_PARAMS, reason);
+                    self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+                }
+                None => {
+                    self.held.elicitation = Some(HeldElicitation { id: agent_id });
+                    self.refresh_status(&mut out);
+                }
+            },
+            _ => {
+                let message = format!("method not found: {method} is not served by this client");
+                let frame = acp_frames::error_response(id, acp_frames::METHOD_NOT_FOUND, &message);
+                self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+            }
+        }
+        if let Err(e) = self.flush(out).await {
+            self.fault("storage", e.message).await;
+        }
+    }
+
+    pub(super) async fn on_agent_notification(&mut self, method: &str, params: &Value) {
+        match method {
+            "session/update" => {
+                let update = params.get("update");
+                if update
+                    .and_then(|u| u.get("sessionUpdate"))
+                    .and_then(Value::as_str)
+                    == Some("config_option_update")
+                    && let Some(update) = update
+                {
+                    self.adopt_config_options(update);
+                    let mut out = Out::default();
+                    self.touch(&mut out);
+                    let _ = self.flush(out).await;
+                }
+            }
+            "$/cancel_request" => {
+                let Some(agent_id) = params.get("requestId").and_then(JsonRpcId::from_json) else {
+                    return;
+                };
+                // ACP: the original request still gets an answer; a cancelled one.
+                let frame = match self.held.release(&agent_id) {
+                    Some(Released::Permission) => {
+                        acp_frames::permission_response(&agent_id, &PermissionAnswer::Cancelled)
+                    }
+                    Some(Released::Elicitation) => {
+                        acp_frames::elicitation_response(&agent_id, &ElicitationAnswer::Cancel)
+                    }
+                    None => return,
+                };
+                let mut out = Out::default();
+                let turn = self.turn.as_ref().map(|t| t.action_id);
+                self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+                self.refresh_status(&mut out);
+                let _ = self.flush(out).await;
+            }
+            _ => {}
+        }
+    }
+
+    /// Sends the next queued action when the runtime is ready and no turn runs. Taking the head
+    /// of the queue and appending its frame are one store transaction.
+    pub(super) async fn dispatch_next(&mut self) {
+        if !self.ready() || self.turn.is_some() || self.ctx.is_draining() {
+            return;
+        }
+        let Some(entry) = self.queue.front().cloned() else {
+            return;
+        };
+        self.queue.pop_front();
+        if let Err(error) = self.dispatch_entry(entry.clone(), None, true).await {
+            tracing::error!(session = %self.record.id, %error, "could not dispatch the queue head");
+            // Nothing changed in the store: put it back.
+            let mut queue: Vec<QueuedEntry> = vec![entry];
+            queue.extend(self.queue.entries().cloned());
+            self.queue = Queue::from_entries(queue);
+        }
+    }
+
+    /// Logs and sends a turn's `session/prompt`. `new_action`: the fingerprint when the action id
+    /// is recorded by this very step (not yet queued); `from_queue`: it was the queue head.
+    pub(super) async fn dispatch_entry(
+        &mut self,
+        entry: QueuedEntry,
+        new_action: Option<String>,
+        from_queue: bool,
+    ) -> Result<()> {
+        let frame = match &entry.work {
+            QueuedWork::Prompt(prompt) => acp_frames::prompt_request(
+                &entry.action_id,
+                self.acp_session_id(),
+                prompt,
+                PromptOptions {
+                    meta_key: &self.ctx.meta_key,
+                    context: entry.context.as_ref(),
+                    traceparent: entry.traceparent.as_deref(),
+                },
+            ),
+            QueuedWork::Compact => {
+                acp_frames::compact_request(&entry.action_id, self.acp_session_id())
+            }
+        };
+        let mut out = Out::default();
+        if from_queue {
+            out.batch.queue.push(QueueOp::Remove(entry.action_id));
+            out.batch
+                .action_states
+                .push((entry.action_id, ActionState::Sent));
+            out.queue_changed = true;
+        }
+        if let Some(fingerprint) = new_action {
+            out.batch.new_actions.push(ActionRecord {
+                action_id: entry.action_id,
+                fingerprint,
+                state: ActionState::Sent,
+                created_at: entry.created_at,
+            });
+        }
+        if self.record.name.is_empty()
+            && let QueuedWork::Prompt(prompt) = &entry.work
+            && let Some(name) = self.ctx.limits.session_name_from_prompt(&prompt.prompt)
+        {
+            self.record.name = name;
+            self.touch(&mut out);
+        }
+        self.log_send(&mut out, &frame, &entry.actor, Some(entry.action_id));
+        let previous = self
+            .turn
+            .replace(Turn::new(self.record.id, entry.action_id));
+        self.refresh_status(&mut out);
+        if let Err(error) = self.flush(out).await {
+            self.turn = previous;
+            self.record.status = self.live_status();
+            return Err(error);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,549 @@
+//! A session's runtime over its life: start and handshake, reopen (resume or load), recovery
+//! after a harness restart, faults, suspension and draining (SPEC §8).
+
+use super::*;
+
+impl Actor {
+    /// After a harness restart (SPEC §8): a turn that was in flight is closed in the log as
+    /// FAILED ("harness restarted") and never re-sent; a session with queued work reopens at once
+    /// and drains; the rest are SUSPENDED and reopen on demand.
+    pub(super) async fn recover(&mut self) {
+        if !self.record.status.has_runtime() {
+            if self.record.status != SessionStatus::Closed
+                && !self.queue.is_empty()
+                && (self.record.can_resume || self.record.can_load)
+            {
+                tracing::info!(session = %self.record.id, queued = self.queue.len(), "reopening to drain the queue");
+                self.start_runtime(StartPurpose::Reopen).await;
+            }
+            return;
+        }
+        let turn_in_flight = matches!(
+            self.record.status,
+            SessionStatus::Running | SessionStatus::AwaitingInput
+        );
+        let mut out = Out::default();
+        if turn_in_flight {
+            self.log_event(
+                &mut out,
+                json!({"event": "harness_restarted", "epoch": self.epoch,
+                       "detail": "the harness restarted during the turn; it is not re-sent"}),
+                None,
+            );
+        }
+        if self.record.acp_session_id.is_empty() {
+            self.record.status = SessionStatus::Disconnected;
+            self.record.status_reason =
+                "harness restarted before the runtime finished starting".to_owned();
+        } else {
+            self.record.status = SessionStatus::Suspended;
+            self.record.status_reason = "harness restarted".to_owned();
+        }
+        self.touch(&mut out);
+        if let Err(error) = self.flush(out).await {
+            tracing::error!(session = %self.record.id, %error, "could not record the restart");
+            return;
+        }
+        if !self.queue.is_empty() && (self.record.can_resume || self.record.can_load) {
+            tracing::info!(session = %self.record.id, queued = self.queue.len(), "reopening to drain the queue");
+            self.start_runtime(StartPurpose::Reopen).await;
+        }
+    }
+
+    pub(super) async fn start_runtime(&mut self, purpose: StartPurpose) {
+        let permit = match self.ctx.runtime_slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let error = Error::new(
+                    ErrorCode::TooManyRuntimes,
+                    format!(
+                        "the harness runs its maximum of {} live runtimes",
+                        self.ctx.limits.live_runtimes
+                    ),
+                )
+                .with("max", self.ctx.limits.live_runtimes);
+                return self.start_failed(purpose, error).await;
+            }
+        };
+        let cwd = std::path::PathBuf::from(&self.record.cwd);
+        let spawned = match process::spawn(&self.profile, &cwd, &self.ctx.registry) {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                let error = Error::new(
+                    ErrorCode::RuntimeStartFailed,
+                    format!(
+                        "could not start runtime {:?} of profile {}: {e}",
+                        self.profile.command, self.profile.name
+                    ),
+                );
+                return self.start_failed(purpose, error).await;
+            }
+        };
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let writer = LineWriter::start(spawned.stdin, epoch, self.runtime_tx.clone());
+        tokio::spawn(connection::read_lines(
+            spawned.stdout,
+            epoch,
+            self.ctx.limits.runtime_line_bytes,
+            self.runtime_tx.clone(),
+        ));
+        self.conn = Some(Conn {
+            epoch,
+            writer,
+            killer: spawned.killer,
+            stderr: spawned.stderr,
+            exited: Some(spawned.exited),
+            exit_status: None,
+            output_closed: false,
+            exit_deadline: None,
+            next_id: 0,
+            _permit: permit,
+        });
+        self.starting = Some(purpose);
+        let mut out = Out::default();
+        self.log_event(
+            &mut out,
+            json!({"event": "runtime_started", "epoch": epoch, "pid": spawned.pid,
+                   "profile": self.profile.name, "profile_fingerprint": self.record.profile_fingerprint}),
+            None,
+        );
+        let id = self.harness_request_id();
+        let frame = acp_frames::initialize_request(id.clone());
+        self.expect(&id, PendingKind::Initialize, "initialize");
+        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+        self.refresh_status(&mut out);
+        if let Err(error) = self.flush(out).await {
+            self.fault("storage", error.message).await;
+        }
+    }
+
+    pub(super) fn harness_request_id(&mut self) -> Value {
+        let conn = self.conn.as_mut().expect("a runtime is connected");
+        let id = acp_frames::harness_request_id(conn.epoch, conn.next_id);
+        conn.next_id += 1;
+        id
+    }
+
+    pub(super) fn expect(&mut self, id: &Value, kind: PendingKind, method: &'static str) {
+        let timeout = self.profile.startup_timeout;
+        self.pending.insert(
+            id.to_string(),
+            Pending {
+                kind,
+                method,
+                deadline: Instant::now() + timeout,
+            },
+        );
+    }
+
+    /// Startup could not even begin (no runtime slot, spawn failed).
+    pub(super) async fn start_failed(&mut self, purpose: StartPurpose, error: Error) {
+        match purpose {
+            StartPurpose::Create { ready, .. } => {
+                let _ = ready.send(Err(error));
+                self.finished = true;
+            }
+            StartPurpose::Reopen => {
+                let mut out = Out::default();
+                self.log_event(
+                    &mut out,
+                    json!({"event": "reopen_failed", "reason": error.message}),
+                    None,
+                );
+                self.record.status = SessionStatus::Disconnected;
+                self.record.status_reason = error.message.clone();
+                self.touch(&mut out);
+                let _ = self.flush(out).await;
+            }
+        }
+    }
+
+    /// A reply to a handshake request: the next step, or the failure of the start.
+    pub(super) async fn on_handshake_response(&mut self, kind: PendingKind, response: &Value) {
+        if let Some(error) = response.get("error") {
+            let code = error
+                .get("code")
+                .and_then(Value::as_i64)
+                .unwrap_or_default();
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("no message");
+            let step = match kind {
+                PendingKind::Initialize => "initialize",
+                PendingKind::NewSession => "session/new",
+                PendingKind::Reopen(method) => method.as_str(),
+                PendingKind::SetConfig { .. } => "session/set_config_option",
+            };
+            let reason = format!("{step} failed with error {code}: {message}");
+            let code = if code == acp_frames::AUTH_REQUIRED {
+                ErrorCode::RuntimeAuthRequired
+            } else {
+                ErrorCode::RuntimeStartFailed
+            };
+            return self.startup_fault(code, reason).await;
+        }
+        let result = response.get("result").cloned().unwrap_or(Value::Null);
+        let mut out = Out::default();
+        match kind {
+            PendingKind::Initialize => {
+                let capabilities = result.get("agentCapabilities");
+                self.record.can_load = capabilities
+                    .and_then(|c| c.get("loadSession"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                self.record.can_resume = capabilities
+                    .and_then(|c| c.pointer("/sessionCapabilities/resume"))
+                    .is_some_and(|r| !r.is_null());
+                self.touch(&mut out);
+                let id = self.harness_request_id();
+                match self.starting {
+                    Some(StartPurpose::Create { .. }) => {
+                        let frame = acp_frames::new_session_request(id.clone(), &self.record.cwd);
+                        self.expect(&id, PendingKind::NewSession, "session/new");
+                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+                    }
+                    _ => {
+                        let method = if self.record.can_resume {
+                            ReopenMethod::Resume
+                        } else if self.record.can_load {
+                            ReopenMethod::Load
+                        } else {
+                            let _ = self.flush(out).await;
+                            return self
+                                .startup_fault(
+                                    ErrorCode::RuntimeDisconnected,
+                                    "the runtime advertises neither session/resume nor session/load"
+                                        .into(),
+                                )
+                                .await;
+                        };
+                        let frame = acp_frames::reopen_session_request(
+                            id.clone(),
+                            method,
+                            &self.record.acp_session_id,
+                            &self.record.cwd,
+                        );
+                        self.expect(&id, PendingKind::Reopen(method), method.as_str());
+                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+                    }
+                }
+                if let Err(e) = self.flush(out).await {
+                    self.fault("storage", e.message).await;
+                }
+            }
+            PendingKind::NewSession => {
+                let Some(session_id) = result.get("sessionId").and_then(Value::as_str) else {
+                    return self
+                        .startup_fault(
+                            ErrorCode::RuntimeStartFailed,
+                            "session/new answered without a sessionId".into(),
+                        )
+                        .await;
+                };
+                self.record.acp_session_id = session_id.to_owned();
+                self.adopt_config_options(&result);
+                self.touch(&mut out);
+                let requested_model = match &mut self.starting {
+                    Some(StartPurpose::Create { model, .. }) => model.take(),
+                    _ => None,
+                };
+                if let Some(model) = requested_model
+                    && model != self.record.model
+                {
+                    if let Err(error) = self.check_model(&model) {
+                        let _ = self.flush(out).await;
+                        return self.startup_fault(error.code, error.message).await;
+                    }
+                    let action_id = ActionId::mint();
+                    let config_id = acp_frames::model_config_id(&self.config_options).to_owned();
+                    let frame = acp_frames::set_config_option_request(
+                        &action_id,
+                        self.acp_session_id(),
+                        &config_id,
+                        &ConfigValue::Id(model.clone()),
+                    );
+                    let id = frame["id"].clone();
+                    self.expect(
+                        &id,
+                        PendingKind::SetConfig { action_id },
+                        "session/set_config_option",
+                    );
+                    out.record_action(
+                        action_id,
+                        fingerprint(&Action::SetModel { model }, &None, false),
+                        ActionState::Sent,
+                    );
+                    let actor = self.record.owner.clone();
+                    self.log_send(&mut out, &frame, &actor, Some(action_id));
+                    if let Err(e) = self.flush(out).await {
+                        self.fault("storage", e.message).await;
+                    }
+                } else {
+                    self.become_ready(out).await;
+                }
+            }
+            PendingKind::Reopen(_) => {
+                self.adopt_config_options(&result);
+                self.touch(&mut out);
+                self.become_ready(out).await;
+            }
+            PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
+        }
+    }
+
+    /// The handshake is done: answer CreateSession, send the first prompt, drain the queue.
+    pub(super) async fn become_ready(&mut self, mut out: Out) {
+        let purpose = self.starting.take();
+        self.refresh_status(&mut out);
+        if let Err(e) = self.flush(out).await {
+            return self.fault("storage", e.message).await;
+        }
+        match purpose {
+            Some(StartPurpose::Create {
+                ready,
+                first_prompt,
+                ..
+            }) => {
+                let mut first_action_id = None;
+                if let Some(first) = first_prompt {
+                    let entry = QueuedEntry {
+                        action_id: first.action_id,
+                        work: QueuedWork::Prompt(first.prompt),
+                        context: None,
+                        actor: first.actor,
+                        created_at: crate::domain::now(),
+                        traceparent: first.traceparent,
+                    };
+                    let fp = fingerprint(&entry.work.to_action(), &None, false);
+                    match self.dispatch_entry(entry, Some(fp), false).await {
+                        Ok(()) => first_action_id = Some(first.action_id),
+                        Err(error) => {
+                            let _ = ready.send(Err(error));
+                            self.finished = true;
+                            return;
+                        }
+                    }
+                }
+                let _ = ready.send(Ok(first_action_id));
+            }
+            _ => self.dispatch_next().await,
+        }
+    }
+
+    /// A failure during the handshake: a new session's creation fails; a reopen leaves the
+    /// session DISCONNECTED.
+    pub(super) async fn startup_fault(&mut self, code: ErrorCode, reason: String) {
+        let tail = self.stderr_tail().await;
+        let message = if tail.is_empty() {
+            reason.clone()
+        } else {
+            format!("{reason}; stderr: {tail}")
+        };
+        if matches!(self.starting, Some(StartPurpose::Create { .. })) {
+            self.fail_create(Error::new(code, message));
+        } else {
+            self.fault("handshake", reason).await;
+        }
+    }
+
+    /// A new session's runtime failed to come up: kill it and fail CreateSession (the manager
+    /// then removes the session).
+    pub(super) fn fail_create(&mut self, error: Error) {
+        self.kill_runtime();
+        if let Some(StartPurpose::Create { ready, .. }) = self.starting.take() {
+            let _ = ready.send(Err(error));
+        }
+        self.finished = true;
+    }
+
+    pub(super) async fn stderr_tail(&self) -> String {
+        let Some(conn) = &self.conn else {
+            return String::new();
+        };
+        conn.stderr.closed(STDERR_DRAIN).await;
+        conn.stderr.text(STDERR_QUOTE_CHARS)
+    }
+
+    pub(super) fn kill_runtime(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            conn.killer.kill();
+        }
+        self.pending.clear();
+        self.held.clear();
+    }
+
+    /// A runtime fault (SPEC §8): log it, fail the running turn, release held interactions,
+    /// kill the process, and leave the session DISCONNECTED with a reason. No automatic respawn.
+    pub(super) async fn fault(&mut self, kind: &str, detail: String) {
+        if self.conn.is_none() {
+            return;
+        }
+        let tail = self.stderr_tail().await;
+        if matches!(self.starting, Some(StartPurpose::Create { .. })) {
+            let message = if tail.is_empty() {
+                detail
+            } else {
+                format!("{detail}; stderr: {tail}")
+            };
+            return self.fail_create(Error::new(ErrorCode::RuntimeStartFailed, message));
+        }
+        let epoch = self.epoch;
+        let exit = self.conn.as_ref().and_then(|c| c.exit_status.clone());
+        self.kill_runtime();
+        self.starting = None;
+        let failed_turn = self.turn.take().map(|t| {
+            t.ended("failed");
+            t.action_id
+        });
+        let mut reason = detail.clone();
+        if !tail.is_empty() {
+            reason.push_str("; stderr: ");
+            reason.push_str(&tail);
+        }
+        let mut out = Out::default();
+        let mut event = json!({"event": "fault", "kind": kind, "detail": detail, "epoch": epoch});
+        if let Some(exit) = exit {
+            event["exit"] = exit.into();
+        }
+        if !tail.is_empty() {
+            event["stderr_tail"] = tail.into();
+        }
+        if let Some(turn) = failed_turn {
+            event["failed_turn"] = turn.to_string().into();
+        }
+        self.log_event(&mut out, event, failed_turn);
+        self.record.status = SessionStatus::Disconnected;
+        self.record.status_reason = reason;
+        self.touch(&mut out);
+        tracing::warn!(session = %self.record.id, kind, %detail, "runtime fault");
+        if let Err(error) = self.flush(out).await {
+            tracing::error!(session = %self.record.id, %error, "could not log a runtime fault");
+        }
+    }
+
+    pub(super) async fn on_exit(&mut self, status: Option<io::Result<ExitStatus>>) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        conn.exited = None;
+        let text = match status {
+            Some(Ok(status)) => describe_exit(status),
+            Some(Err(e)) => format!("could not be waited for: {e}"),
+            None => "ended".to_owned(),
+        };
+        conn.exit_status = Some(text.clone());
+        if conn.output_closed {
+            return self.fault("exit", format!("runtime {text}")).await;
+        }
+        // Its last lines may still be in the pipe: wait for the end of its output.
+        conn.exit_deadline = Some(Instant::now() + EXIT_DRAIN);
+    }
+
+    /// The end of the runtime's output: a fault once it is clear whether the process exited.
+    pub(super) fn on_output_closed(&mut self) -> Option<(&'static str, String)> {
+        let conn = self.conn.as_mut()?;
+        conn.output_closed = true;
+        match &conn.exit_status {
+            Some(exit) => Some(("exit", format!("runtime {exit}"))),
+            None => {
+                conn.exit_deadline = Some(Instant::now() + CLOSE_GRACE);
+                None
+            }
+        }
+    }
+
+    pub(super) async fn on_deadline(&mut self) {
+        let now = Instant::now();
+        if let Some(conn) = &self.conn
+            && conn.exit_deadline.is_some_and(|d| d <= now)
+        {
+            return match &conn.exit_status {
+                Some(exit) => self.fault("exit", format!("runtime {exit}")).await,
+                None => {
+                    self.fault("closed_output", "the runtime closed its output".to_owned())
+                        .await
+                }
+            };
+        }
+        if let Some((key, _)) = self.pending.iter().find(|(_, p)| p.deadline <= now) {
+            let key = key.clone();
+            let pending = self.pending.remove(&key).expect("just found");
+            let detail = format!(
+                "no answer to {} within {}",
+                pending.method,
+                humantime::format_duration(self.profile.startup_timeout)
+            );
+            return self.fault("timeout", detail).await;
+        }
+        if self
+            .turn
+            .as_ref()
+            .and_then(|t| t.cancel_deadline)
+            .is_some_and(|d| d <= now)
+        {
+            let detail = format!(
+                "the cancelled turn did not end within cancel_grace {}",
+                humantime::format_duration(self.profile.cancel_grace)
+            );
+            return self.fault("cancel_grace", detail).await;
+        }
+        if self.idle_deadline.is_some_and(|d| d <= now) {
+            self.idle_deadline = None;
+            self.suspend("idle timeout").await;
+        }
+    }
+
+    /// Stops the runtime on purpose (SUSPENDED); it reopens on demand.
+    pub(super) async fn suspend(&mut self, why: &str) {
+        if self.conn.is_none() || self.turn.is_some() || !self.queue.is_empty() {
+            return;
+        }
+        self.kill_runtime();
+        let mut out = Out::default();
+        self.log_event(
+            &mut out,
+            json!({"event": "runtime_stopped", "epoch": self.epoch, "reason": why}),
+            None,
+        );
+        self.record.status = SessionStatus::Suspended;
+        self.record.status_reason = why.to_owned();
+        self.touch(&mut out);
+        let _ = self.flush(out).await;
+    }
+
+    /// The harness is stopping after its drain grace: a turn still running is closed as FAILED,
+    /// the runtime is stopped, and the session is SUSPENDED (queued work survives and reopens
+    /// when the harness starts again).
+    pub(super) async fn on_drain(&mut self) -> Result<()> {
+        if self.conn.is_none() {
+            return Ok(());
+        }
+        self.kill_runtime();
+        self.starting = None;
+        let failed_turn = self.turn.take().map(|t| {
+            t.ended("failed");
+            t.action_id
+        });
+        let mut out = Out::default();
+        let mut event = json!({"event": "drain", "epoch": self.epoch, "runtime_stopped": true});
+        if let Some(turn) = failed_turn {
+            event["failed_turn"] = turn.to_string().into();
+        }
+        self.log_event(&mut out, event, failed_turn);
+        self.record.status = SessionStatus::Suspended;
+        self.record.status_reason = "the harness stopped (drain)".to_owned();
+        self.touch(&mut out);
+        self.flush(out).await
+    }
+}
+
+pub(super) fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(signal)) => format!("was killed by signal {signal}"),
+        _ => "exited".to_owned(),
+    }
+}

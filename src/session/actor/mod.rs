@@ -1,0 +1,493 @@
+//! One actor per agent session. It owns the runtime connection, the turn, the queue and the held
+//! interactions, and serialises control, runtime frames and queue edits, so edits never race
+//! dispatch. It never awaits a person or a slow operation while reading the runtime: requests
+//! for a person are parked and answered later. Every frame is logged before it is acted on
+//! (inbound: append, then react; outbound: append, then send).
+
+mod config_options;
+mod control;
+mod frames;
+mod lifecycle;
+
+use std::{
+    collections::HashMap,
+    io,
+    process::ExitStatus,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tracing::Instrument;
+
+use super::{
+    Command, ControlOutcome, ControlStatus, EngineContext, SessionEvent, SessionHandle, Shared,
+    interactions::{self, Held, HeldElicitation, HeldPermission, Released},
+};
+use crate::{
+    acp::{
+        connection::{self, Inbound, InvalidLine, LineWriter, RuntimeEvent},
+        process::{self, RuntimeKiller, StderrTail},
+    },
+    config::{PermissionPolicy, Profile},
+    domain::{
+        Action, ActionId, ElicitationAnswer, Error, ErrorCode, JsonRpcId, PermissionAnswer,
+        Principal, PrincipalKind, PromptAction, Result,
+        acp_frames::{self, ConfigValue, PromptOptions, ReopenMethod},
+        queue::{Queue, QueuedEntry, QueuedWork},
+        session::{SessionRecord, SessionStatus},
+    },
+    grpc::convert::ControlInput,
+    store::{ActionRecord, ActionState, Batch, Direction, LogEntry, QueueOp},
+    telemetry::metrics,
+};
+
+/// Actor of the log entries the runtime wrote.
+pub const RUNTIME_ACTOR: &str = "runtime";
+/// Actor of entries the harness made on its own (handshake, events, automatic answers).
+pub const HARNESS_ACTOR: &str = "harness";
+/// How long to wait for a runtime's output to close after its process exited.
+const EXIT_DRAIN: Duration = Duration::from_secs(2);
+/// How long to wait for a runtime to exit after its output closed, before calling it a closed
+/// output of a live process.
+const CLOSE_GRACE: Duration = Duration::from_millis(250);
+/// How long to wait for a dead runtime's stderr so its tail is complete.
+const STDERR_DRAIN: Duration = Duration::from_millis(500);
+/// Characters of stderr quoted in a status reason or error.
+const STDERR_QUOTE_CHARS: usize = 2000;
+/// Runtime events folded into one log commit at most.
+const INBOUND_BATCH: usize = 256;
+
+/// How a session's runtime is being started.
+pub(crate) enum StartPurpose {
+    /// A new session: `ready` answers CreateSession.
+    Create {
+        ready: oneshot::Sender<Result<Option<ActionId>>>,
+        model: Option<String>,
+        first_prompt: Option<FirstPrompt>,
+    },
+    /// A new epoch for an existing session.
+    Reopen,
+}
+
+/// The first prompt of a session opened by an origin.
+pub(crate) struct FirstPrompt {
+    pub action_id: ActionId,
+    pub prompt: PromptAction,
+    pub actor: String,
+    pub traceparent: Option<String>,
+}
+
+enum PendingKind {
+    Initialize,
+    NewSession,
+    Reopen(ReopenMethod),
+    SetConfig { action_id: ActionId },
+}
+
+struct Pending {
+    kind: PendingKind,
+    method: &'static str,
+    deadline: Instant,
+}
+
+struct Conn {
+    epoch: u32,
+    writer: LineWriter,
+    killer: RuntimeKiller,
+    stderr: Arc<StderrTail>,
+    exited: Option<oneshot::Receiver<io::Result<ExitStatus>>>,
+    exit_status: Option<String>,
+    /// The reader saw the end of the runtime's output.
+    output_closed: bool,
+    /// When to stop waiting for the other half of an ending (exit, or end of output).
+    exit_deadline: Option<Instant>,
+    next_id: u64,
+    _permit: OwnedSemaphorePermit,
+}
+
+struct Turn {
+    action_id: ActionId,
+    cancel_deadline: Option<Instant>,
+    span: tracing::Span,
+    started: Instant,
+}
+
+impl Turn {
+    fn new(session: uuid::Uuid, action_id: ActionId) -> Self {
+        let span = tracing::info_span!("turn", %session, %action_id);
+        span.in_scope(|| tracing::debug!("turn started"));
+        Self {
+            action_id,
+            cancel_deadline: None,
+            span,
+            started: Instant::now(),
+        }
+    }
+
+    /// Records how the turn ended (metrics and its span).
+    fn ended(&self, stop_reason: &str) {
+        metrics::turn_ended(stop_reason);
+        let millis = self.started.elapsed().as_millis() as u64;
+        self.span
+            .in_scope(|| tracing::info!(stop_reason, duration_ms = millis, "turn ended"));
+    }
+}
+
+/// What one step produces: a batch to commit, then lines to send, then events to publish.
+#[derive(Default)]
+struct Out {
+    batch: Batch,
+    send: Vec<Arc<str>>,
+    queue_changed: bool,
+}
+
+impl Out {
+    /// Records a new action id in this step (unique per session forever).
+    fn record_action(&mut self, action_id: ActionId, fingerprint: String, state: ActionState) {
+        self.batch.new_actions.push(ActionRecord {
+            action_id,
+            fingerprint,
+            state,
+            created_at: crate::domain::now(),
+        });
+    }
+}
+
+fn sent(action_id: ActionId) -> ControlOutcome {
+    ControlOutcome {
+        action_id,
+        status: ControlStatus::Sent,
+    }
+}
+
+pub(crate) struct Actor {
+    ctx: Arc<EngineContext>,
+    shared: Arc<Shared>,
+    record: SessionRecord,
+    profile: Arc<Profile>,
+    head: u64,
+    epoch: u32,
+    commands: mpsc::Receiver<Command>,
+    runtime_tx: mpsc::Sender<RuntimeEvent>,
+    runtime_rx: mpsc::Receiver<RuntimeEvent>,
+    conn: Option<Conn>,
+    starting: Option<StartPurpose>,
+    pending: HashMap<String, Pending>,
+    turn: Option<Turn>,
+    queue: Queue,
+    held: Held,
+    config_options: Vec<Value>,
+    idle_deadline: Option<Instant>,
+    /// Set when the session was deleted (or its creation failed): the actor stops.
+    finished: bool,
+}
+
+/// Capacity of a session's command channel.
+const COMMAND_CAPACITY: usize = 64;
+/// Capacity of the channel from the runtime reader to the actor.
+const RUNTIME_CAPACITY: usize = 1024;
+
+/// The state a session actor starts from.
+pub(crate) struct Resume {
+    pub record: SessionRecord,
+    pub head: u64,
+    pub epoch: u32,
+    pub queue: Vec<QueuedEntry>,
+    /// Loaded at harness start: its runtime died with the previous harness process.
+    pub after_restart: bool,
+}
+
+impl Actor {
+    /// Starts the actor of a session; with a purpose, it starts the runtime at once.
+    pub(crate) fn spawn(
+        ctx: Arc<EngineContext>,
+        profile: Arc<Profile>,
+        resume: Resume,
+        purpose: Option<StartPurpose>,
+    ) -> SessionHandle {
+        let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
+        let (runtime_tx, runtime_rx) = mpsc::channel(RUNTIME_CAPACITY);
+        let shared = Arc::new(Shared::new(resume.record.clone(), resume.head));
+        let after_restart = resume.after_restart;
+        let actor = Actor {
+            ctx,
+            shared: shared.clone(),
+            record: resume.record,
+            profile,
+            head: resume.head,
+            epoch: resume.epoch,
+            commands,
+            runtime_tx,
+            runtime_rx,
+            conn: None,
+            starting: None,
+            pending: HashMap::new(),
+            turn: None,
+            queue: Queue::from_entries(resume.queue),
+            held: Held::default(),
+            config_options: Vec::new(),
+            idle_deadline: None,
+            finished: false,
+        };
+        actor.shared.set_queue_len(actor.queue.len());
+        tokio::spawn(actor.run(after_restart, purpose));
+        SessionHandle {
+            shared,
+            commands: commands_tx,
+        }
+    }
+
+    async fn run(mut self, after_restart: bool, purpose: Option<StartPurpose>) {
+        if after_restart {
+            Box::pin(self.recover()).await;
+        }
+        if let Some(purpose) = purpose {
+            Box::pin(self.start_runtime(purpose)).await;
+        }
+        while !self.finished {
+            let deadline = self.next_deadline();
+            let exited = async {
+                match self.conn.as_mut().and_then(|c| c.exited.as_mut()) {
+                    Some(exited) => exited.await.ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                Some(first) = self.runtime_rx.recv() => {
+                    let mut events = vec![first];
+                    while events.len() < INBOUND_BATCH {
+                        match self.runtime_rx.try_recv() {
+                            Ok(event) => events.push(event),
+                            Err(_) => break,
+                        }
+                    }
+                    Box::pin(self.on_runtime_events(events)).await;
+                }
+                status = exited => Box::pin(self.on_exit(status)).await,
+                command = self.commands.recv() => match command {
+                    Some(command) => Box::pin(self.on_command(command)).await,
+                    None => break,
+                },
+                _ = sleep_until(deadline) => Box::pin(self.on_deadline()).await,
+            }
+        }
+        if let Some(mut conn) = self.conn.take() {
+            conn.killer.kill();
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.conn.is_some() && self.starting.is_none()
+    }
+
+    fn acp_session_id(&self) -> &str {
+        &self.record.acp_session_id
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let pending = self.pending.values().map(|p| p.deadline);
+        let cancel = self.turn.as_ref().and_then(|t| t.cancel_deadline);
+        let exit = self.conn.as_ref().and_then(|c| c.exit_deadline);
+        pending
+            .chain(cancel)
+            .chain(exit)
+            .chain(self.idle_deadline)
+            .min()
+    }
+
+    /// Appends a log entry to a step's batch, at the next offset.
+    fn log(
+        &self,
+        out: &mut Out,
+        direction: Direction,
+        json: String,
+        actor: &str,
+        action_id: Option<ActionId>,
+    ) {
+        let offset = self.head + out.batch.entries.len() as u64 + 1;
+        out.batch.entries.push(LogEntry {
+            offset,
+            direction,
+            json,
+            actor: actor.to_owned(),
+            action_id,
+            epoch: self.epoch,
+            created_at: crate::domain::now(),
+        });
+    }
+
+    /// Logs an outbound frame and schedules it to be sent after the commit.
+    fn log_send(&self, out: &mut Out, frame: &Value, actor: &str, action_id: Option<ActionId>) {
+        let text = frame.to_string();
+        out.send.push(Arc::from(text.as_str()));
+        self.log(out, Direction::ToRuntime, text, actor, action_id);
+    }
+
+    fn log_event(&self, out: &mut Out, event: Value, action_id: Option<ActionId>) {
+        self.log(
+            out,
+            Direction::Event,
+            event.to_string(),
+            HARNESS_ACTOR,
+            action_id,
+        );
+    }
+
+    /// The status the session is in, from its live state.
+    fn live_status(&self) -> SessionStatus {
+        match self.record.status {
+            SessionStatus::Closed => SessionStatus::Closed,
+            _ if self.conn.is_none() => self.record.status,
+            _ if self.starting.is_some() => SessionStatus::Starting,
+            _ if !self.held.is_empty() => SessionStatus::AwaitingInput,
+            _ if self.turn.is_some() => SessionStatus::Running,
+            _ => SessionStatus::Idle,
+        }
+    }
+
+    /// Puts the record in the batch if the status (or anything else) changed.
+    fn refresh_status(&mut self, out: &mut Out) {
+        let status = self.live_status();
+        if status != self.record.status {
+            self.record.status = status;
+            if status.has_runtime() {
+                self.record.status_reason.clear();
+            }
+            self.touch(out);
+        }
+    }
+
+    /// Marks the record changed in this step.
+    fn touch(&mut self, out: &mut Out) {
+        self.record.updated_at = crate::domain::now();
+        out.batch.session = Some(self.record.clone());
+    }
+
+    /// Commits a step, then sends its frames and publishes its events. On a storage failure
+    /// nothing is sent and the error is returned.
+    async fn flush(&mut self, out: Out) -> Result<()> {
+        let Out {
+            batch,
+            send,
+            queue_changed,
+        } = out;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // Entries are kept for the live feed when someone is subscribed now; a subscriber who
+        // registers while the commit runs is caught below (see `publish_entries`).
+        let entries = self
+            .shared
+            .has_live_subscribers()
+            .then(|| batch.entries.clone());
+        let appended = batch.entries.len() as u64;
+        let mut by_direction = [0u64; 3];
+        for entry in &batch.entries {
+            by_direction[entry.direction as usize] += 1;
+        }
+        let session_changed = batch.session.is_some();
+        if let Err(error) = self.ctx.store.commit(self.record.id, batch).await {
+            tracing::error!(session = %self.record.id, %error, "log commit failed");
+            // Whatever the store holds is the truth; offsets continue from there.
+            self.head = self
+                .ctx
+                .store
+                .head_offset(self.record.id)
+                .await
+                .unwrap_or(self.head);
+            return Err(error);
+        }
+        self.head += appended;
+        self.shared.set_head(self.head);
+        for (direction, count) in [
+            Direction::ToRuntime,
+            Direction::FromRuntime,
+            Direction::Event,
+        ]
+        .into_iter()
+        .zip(by_direction)
+        {
+            if count > 0 {
+                metrics::frames_appended(direction, count);
+            }
+        }
+        if session_changed {
+            self.shared.set_record(&self.record);
+        }
+        if let Some(conn) = &self.conn {
+            for line in send {
+                if let Err(reason) = conn.writer.send(line) {
+                    tracing::warn!(session = %self.record.id, reason, "could not send a frame");
+                    break;
+                }
+            }
+        }
+        self.publish_entries(entries, appended).await;
+        if queue_changed {
+            self.shared.set_queue_len(self.queue.len());
+            let snapshot: Vec<QueuedEntry> = self.queue.entries().cloned().collect();
+            self.shared.publish(SessionEvent::Queue(Arc::new(snapshot)));
+        }
+        if session_changed {
+            self.ctx.activity.notify_waiters();
+            self.shared.publish(SessionEvent::Status {
+                status: self.record.status,
+                reason: self.record.status_reason.clone(),
+            });
+        }
+        self.arm_idle_timer();
+        Ok(())
+    }
+
+    /// Publishes committed entries to the live feed. The check comes after the head moved: a
+    /// subscriber registering after it sees the new head and reads these entries from the log;
+    /// one registered before it gets them here (read back from the log if they were not kept,
+    /// because nobody was subscribed when the commit began).
+    async fn publish_entries(&self, kept: Option<Vec<LogEntry>>, appended: u64) {
+        if appended == 0 || !self.shared.has_live_subscribers() {
+            return;
+        }
+        let entries = match kept {
+            Some(entries) => entries,
+            None => self
+                .ctx
+                .store
+                .read_log(self.record.id, self.head - appended, appended as usize)
+                .await
+                .unwrap_or_default(),
+        };
+        for entry in entries {
+            self.shared.publish(SessionEvent::Entry(Arc::new(entry)));
+        }
+    }
+
+    fn arm_idle_timer(&mut self) {
+        self.idle_deadline = match self.profile.idle_timeout {
+            Some(idle) if self.live_status() == SessionStatus::Idle && self.queue.is_empty() => {
+                Some(Instant::now() + idle)
+            }
+            _ => None,
+        };
+    }
+}
+
+/// A digest of an action as first received, telling a re-send from a different action.
+pub(crate) fn fingerprint(
+    action: &Action,
+    context: &Option<Map<String, Value>>,
+    interrupt: bool,
+) -> String {
+    let canonical = json!({"action": action, "context": context, "interrupt": interrupt});
+    hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}
