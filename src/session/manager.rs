@@ -348,13 +348,7 @@ impl Sessions {
                 format!("session id {} is taken by a different request", existing.id),
             ));
         }
-        let found = self
-            .handles
-            .read()
-            .expect("not poisoned")
-            .get(&existing.id)
-            .map(|h| h.shared.snapshot());
-        let (record, head) = match found {
+        let (record, head) = match self.live_snapshot(existing.id) {
             Some(snapshot) => snapshot,
             None => {
                 let head = self.ctx.store.head_offset(existing.id).await?;
@@ -513,13 +507,7 @@ impl Sessions {
         };
         let mut page = Vec::with_capacity(records.len());
         for record in records {
-            let live = self
-                .handles
-                .read()
-                .expect("not poisoned")
-                .get(&record.id)
-                .map(|h| h.shared.snapshot());
-            match live {
+            match self.live_snapshot(record.id) {
                 Some(snapshot) => page.push(snapshot),
                 None => {
                     let head = self.ctx.store.head_offset(record.id).await?;
@@ -772,6 +760,15 @@ impl Sessions {
             let _ = handle.ask(|reply| Command::Drain { reply }).await;
         });
         futures::future::join_all(drains).await;
+    }
+
+    /// The record and head of a session held in memory, as they stand now.
+    fn live_snapshot(&self, id: Uuid) -> Option<(SessionRecord, u64)> {
+        self.handles
+            .read()
+            .expect("not poisoned")
+            .get(&id)
+            .map(|h| h.shared.snapshot())
     }
 
     /// Every live session handle (for draining and metrics).

@@ -349,14 +349,8 @@ impl Actor {
     ) -> Result<ControlOutcome> {
         let mut out = Out::default();
         out.record_action(action_id, fingerprint, ActionState::Sent);
-        if clear_queue && !self.queue.is_empty() {
-            for entry in self.queue.clear() {
-                out.batch
-                    .action_states
-                    .push((entry.action_id, ActionState::Removed));
-            }
-            out.batch.queue.push(QueueOp::Clear);
-            out.queue_changed = true;
+        if clear_queue {
+            self.clear_queue(&mut out);
         }
         if self.ready() {
             self.cancel_turn(&mut out, action_id, actor);
@@ -503,20 +497,9 @@ impl Actor {
         let had_runtime = self.conn.is_some();
         self.kill_runtime();
         self.starting = None;
-        let open_turn = self.turn.take().map(|t| {
-            t.ended("failed");
-            t.action_id
-        });
+        let open_turn = self.fail_running_turn();
         let mut out = Out::default();
-        if !self.queue.is_empty() {
-            for entry in self.queue.clear() {
-                out.batch
-                    .action_states
-                    .push((entry.action_id, ActionState::Removed));
-            }
-            out.batch.queue.push(QueueOp::Clear);
-            out.queue_changed = true;
-        }
+        self.clear_queue(&mut out);
         let mut event = json!({"event": "session_closed", "epoch": self.epoch});
         if had_runtime {
             event["runtime_stopped"] = true.into();

@@ -393,10 +393,7 @@ impl Actor {
         let exit = self.conn.as_ref().and_then(|c| c.exit_status.clone());
         self.kill_runtime();
         self.starting = None;
-        let failed_turn = self.turn.take().map(|t| {
-            t.ended("failed");
-            t.action_id
-        });
+        let failed_turn = self.fail_running_turn();
         let mut reason = detail.clone();
         if !tail.is_empty() {
             reason.push_str("; stderr: ");
@@ -522,10 +519,7 @@ impl Actor {
         }
         self.kill_runtime();
         self.starting = None;
-        let failed_turn = self.turn.take().map(|t| {
-            t.ended("failed");
-            t.action_id
-        });
+        let failed_turn = self.fail_running_turn();
         let mut out = Out::default();
         let mut event = json!({"event": "drain", "epoch": self.epoch, "runtime_stopped": true});
         if let Some(turn) = failed_turn {

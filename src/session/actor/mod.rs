@@ -465,6 +465,28 @@ impl Actor {
         }
     }
 
+    /// Ends the running turn as failed (the runtime is going away with it); its action id.
+    fn fail_running_turn(&mut self) -> Option<ActionId> {
+        self.turn.take().map(|turn| {
+            turn.ended("failed");
+            turn.action_id
+        })
+    }
+
+    /// Removes every queued action in this step (a clearing stop, a close).
+    fn clear_queue(&mut self, out: &mut Out) {
+        if self.queue.is_empty() {
+            return;
+        }
+        for entry in self.queue.clear() {
+            out.batch
+                .action_states
+                .push((entry.action_id, ActionState::Removed));
+        }
+        out.batch.queue.push(QueueOp::Clear);
+        out.queue_changed = true;
+    }
+
     fn arm_idle_timer(&mut self) {
         self.idle_deadline = match self.profile.idle_timeout {
             Some(idle) if self.live_status() == SessionStatus::Idle && self.queue.is_empty() => {
