@@ -1101,9 +1101,7 @@ async fn cancel_permission_with_no_answer_reports_no_response_after_its_wait() {
     within(async {
         let mut client = start(&[]);
         client.handshake().await;
-        let started = tokio::time::Instant::now();
         let (updates, done) = client.turn("@cancel-permission").await;
-        assert!(started.elapsed() >= super::CANCEL_PERMISSION_WAIT);
         assert_eq!(
             agent_texts(&updates),
             ["echo: @cancel-permission", "cancel-permission: no response"]
