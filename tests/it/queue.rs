@@ -473,3 +473,53 @@ async fn bad_actions_are_refused_and_change_nothing() {
     })
     .await
 }
+
+#[tokio::test]
+async fn sessions_never_share_a_queue() {
+    bounded(async {
+        let h = Harness::start().await;
+        let (mut busy, _watch, _) = busy_session(&h).await;
+        let queued = busy.prompt("waits behind the running turn").await;
+        assert_eq!(queued.status, pb::ControlStatus::Queued as i32);
+        let mut other = Session::create(&h, "mock").await;
+        let reply = other.prompt("runs at once").await;
+        assert_eq!(
+            reply.status,
+            pb::ControlStatus::Sent as i32,
+            "another session's queue does not hold it back"
+        );
+        assert!(other.queue().await.is_empty());
+        assert_eq!(busy.queue().await.len(), 1);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_turn_that_ends_with_an_error_response_still_lets_the_queue_drain() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        // The turn waits on a permission until the next prompt is queued, then fails.
+        let failing = session
+            .prompt("@permission\n@error -32603 the model is down")
+            .await;
+        let request = watch.agent_request("session/request_permission").await;
+        let next = session.prompt("after the failure").await;
+        assert_eq!(next.status, pb::ControlStatus::Queued as i32);
+        session
+            .act(crate::support::permission_answer(
+                crate::support::number_id(request["id"].as_i64().unwrap()),
+                Some("allow-once"),
+            ))
+            .await
+            .unwrap();
+        let error = watch.response_to(&failing.action_id).await;
+        assert_eq!(error["error"]["message"], "the model is down");
+        assert_eq!(
+            watch.response_to(&next.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+    })
+    .await
+}
