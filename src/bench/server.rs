@@ -93,11 +93,7 @@ impl ServerProcess {
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, config).context("writing the server config")?;
         let data_dir = dir.path().join("data");
-        let mut last_error = None;
-        for _ in 0..3 {
-            let port = free_port()?;
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            let log = dir.path().join(format!("serve-{port}.log"));
+        Self::start(dir, "serve", health_serving, |addr| {
             let mut command = Command::new(bin);
             command
                 .arg("serve")
@@ -114,36 +110,43 @@ impl ServerProcess {
                 .arg("2s")
                 // Warnings only: the figures are not about log formatting.
                 .env("RUST_LOG", "warn");
-            match Self::spawn(command, addr, log, health_serving).await {
-                Ok((child, pid, log)) => {
-                    return Ok(Self {
-                        child,
-                        pid,
-                        addr,
-                        log,
-                        dir,
-                    });
-                }
-                Err(e) => last_error = Some(e),
-            }
-        }
-        Err(last_error.expect("tried at least once"))
+            command
+        })
+        .await
     }
 
     /// Starts the bare echo server (`agent-harness bench --serve-echo ADDR`).
     pub async fn echo(bin: &Path) -> anyhow::Result<Self> {
         let dir = ScratchDir::new("echo")?;
-        let mut last_error = None;
-        for _ in 0..3 {
-            let port = free_port()?;
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            let log = dir.path().join(format!("echo-{port}.log"));
+        Self::start(dir, "echo", super::echo::answers, |addr| {
             let mut command = Command::new(bin);
             command
                 .arg("bench")
                 .arg("--serve-echo")
                 .arg(addr.to_string());
-            match Self::spawn(command, addr, log, super::echo::answers).await {
+            command
+        })
+        .await
+    }
+
+    /// Starts a server on a free port (retrying, since a free port may be taken before the
+    /// server binds it), logging to `<name>-<port>.log` in `dir`, until `ready` answers.
+    async fn start<F, Fut>(
+        dir: ScratchDir,
+        name: &str,
+        ready: F,
+        command: impl Fn(SocketAddr) -> Command,
+    ) -> anyhow::Result<Self>
+    where
+        F: Fn(SocketAddr) -> Fut + Copy,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let mut last_error = None;
+        for _ in 0..3 {
+            let port = free_port()?;
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let log = dir.path().join(format!("{name}-{port}.log"));
+            match Self::spawn(command(addr), addr, log, ready).await {
                 Ok((child, pid, log)) => {
                     return Ok(Self {
                         child,
