@@ -28,6 +28,7 @@ use tonic::{Code, Status};
 
 use crate::{
     harness::{Harness, assert_error, bounded, error_info, expect_err},
+    support::session_count,
     support::{Session, attachment, mock_profile_with, prompt},
 };
 
@@ -971,13 +972,7 @@ async fn configured_limits_are_enforced_with_their_reasons_and_store_nothing() {
                 .await,
         );
         assert_error(&status, Code::ResourceExhausted, "TOO_MANY_SESSIONS");
-        let listed = h
-            .sessions()
-            .list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(listed.sessions.len(), 2);
+        assert_eq!(session_count(&h).await, 2);
         // The connection serves on after every refusal.
         assert_eq!(session.get().await.id, session.id);
     })
@@ -1030,13 +1025,7 @@ async fn concurrent_creates_never_exceed_the_sessions_per_principal_limit() {
             created, 2,
             "exactly the limit is created, however the calls race"
         );
-        let listed = h
-            .sessions()
-            .list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(listed.sessions.len(), 2);
+        assert_eq!(session_count(&h).await, 2);
         h.shutdown().await;
     })
     .await

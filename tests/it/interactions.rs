@@ -10,6 +10,7 @@ use tonic::Code;
 
 use crate::{
     harness::{Harness, assert_error, bounded, expect_err},
+    support::answer_request,
     support::{
         Session, Watch, mock_profile, mock_profile_with, number_id, permission_answer,
         processes_with, stop,
@@ -218,10 +219,7 @@ async fn a_held_permission_is_released_when_the_agent_cancels_its_request() {
         watch.response_to(&turn.action_id).await;
         let late = expect_err(
             session
-                .act(permission_answer(
-                    number_id(request["id"].as_i64().unwrap()),
-                    Some("allow-once"),
-                ))
+                .act(answer_request(&request, Some("allow-once")))
                 .await,
         );
         assert_error(&late, Code::FailedPrecondition, "PERMISSION_NOT_PENDING");
@@ -241,10 +239,7 @@ async fn a_held_permission_is_released_when_its_turn_ends() {
         watch.status(pb::SessionStatus::Idle).await;
         let late = expect_err(
             session
-                .act(permission_answer(
-                    number_id(request["id"].as_i64().unwrap()),
-                    Some("allow-once"),
-                ))
+                .act(answer_request(&request, Some("allow-once")))
                 .await,
         );
         assert_error(&late, Code::FailedPrecondition, "PERMISSION_NOT_PENDING");

@@ -7,6 +7,7 @@ use tonic::Code;
 
 use crate::{
     harness::{Harness, assert_error, bounded, expect_err},
+    support::session_count,
     support::{Session, create_request, mock_profile, processes_with, prompt, set_model},
 };
 
@@ -178,13 +179,7 @@ async fn a_requested_model_is_selected_at_creation_and_an_unadvertised_one_is_re
         let status = expect_err(session.act(set_model("gpt-nonexistent")).await);
         assert_error(&status, Code::InvalidArgument, "MODEL_NOT_ADVERTISED");
         // Only the one session exists: the refused creation left nothing behind.
-        let listed = h
-            .sessions()
-            .list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(listed.sessions.len(), 1);
+        assert_eq!(session_count(&h).await, 1);
     })
     .await
 }
@@ -363,13 +358,7 @@ async fn a_caller_minted_session_id_makes_creation_idempotent() {
         request.name = Some("different".into());
         let status = expect_err(h.sessions().create_session(request).await);
         assert_error(&status, Code::AlreadyExists, "SESSION_EXISTS");
-        let listed = h
-            .sessions()
-            .list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(listed.sessions.len(), 1);
+        assert_eq!(session_count(&h).await, 1);
     })
     .await
 }

@@ -236,6 +236,25 @@ pub fn permission_answer(id: pb::JsonRpcId, option: Option<&str>) -> Action {
     })
 }
 
+/// An answer to the permission request the agent sent as `request` (its frame), on its own id.
+pub fn answer_request(request: &Value, option: Option<&str>) -> Action {
+    permission_answer(
+        number_id(request["id"].as_i64().expect("a numeric agent id")),
+        option,
+    )
+}
+
+/// How many sessions the harness lists for the (local) caller.
+pub async fn session_count(h: &Harness) -> usize {
+    h.sessions()
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("sessions are listable")
+        .into_inner()
+        .sessions
+        .len()
+}
+
 pub fn number_id(n: i64) -> pb::JsonRpcId {
     pb::JsonRpcId {
         id: Some(pb::json_rpc_id::Id::Number(n)),

@@ -17,9 +17,8 @@ use serde_json::{Value, json};
 
 use crate::{
     harness::{Harness, bounded},
-    support::{
-        Session, attachment, mock_profile_with, number_id, permission_answer, set_model, stop,
-    },
+    support::answer_request,
+    support::{Session, attachment, mock_profile_with, number_id, set_model, stop},
 };
 
 fn fixtures_dir() -> PathBuf {
@@ -405,7 +404,7 @@ async fn capture_fold_fixtures() {
             .await
             .unwrap();
         let request = watch.agent_request("session/request_permission").await;
-        session.act(permission_answer(number_id(request["id"].as_i64().unwrap()), Some("allow-once"))).await.unwrap();
+        session.act(answer_request(&request, Some("allow-once"))).await.unwrap();
         watch.response_to(&turn.action_id).await;
         let change = session.act(set_model("mock-smart")).await.unwrap();
         watch.response_to(&change.action_id).await;
@@ -447,7 +446,7 @@ async fn capture_fold_fixtures() {
         let mut watch = session.watch().await;
         let turn = session.prompt("please update the configuration").await;
         let request = watch.agent_request("session/request_permission").await;
-        session.act(permission_answer(number_id(request["id"].as_i64().unwrap()), Some("allow"))).await.unwrap();
+        session.act(answer_request(&request, Some("allow"))).await.unwrap();
         watch.response_to(&turn.action_id).await;
         write_fixture(&mut session, "ts-example-agent.jsonl").await;
     })
