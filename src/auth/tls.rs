@@ -2,12 +2,22 @@
 //! `--tls-client-ca`). Every problem is a startup error naming the file; key material is never
 //! printed.
 
-use std::{os::unix::fs::PermissionsExt, path::Path, time::Duration};
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::Context;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-use crate::config::TlsFiles;
+/// The TLS files the server reads at startup (`config` fills them from flags and file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
 
 /// How long a client may take to complete the TLS handshake before its connection is dropped
 /// (a client that never finishes must not hold a connection slot forever).

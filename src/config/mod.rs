@@ -15,6 +15,7 @@ use std::{
 use anyhow::Context;
 use serde::Deserialize;
 
+pub use crate::auth::tls::TlsFiles;
 use crate::domain::{invocation, limits::Limits};
 pub use profile::{MOCK_PROFILE, PermissionPolicy, Profile, ProfileFile};
 
@@ -166,14 +167,6 @@ impl ServiceSet {
     }
 }
 
-/// TLS files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub client_ca: Option<PathBuf>,
-}
-
 /// The resolved configuration of a `serve` process.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -197,6 +190,17 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
+    /// The session engine's options.
+    pub fn engine_options(&self) -> crate::session::EngineOptions {
+        crate::session::EngineOptions {
+            limits: self.limits.clone(),
+            profiles: self.profiles.clone(),
+            meta_key: self.invocation_meta_key.clone(),
+            static_files_base_url: self.static_files_base_url.clone(),
+            tokens_configured: self.tokens_file.is_some(),
+        }
+    }
+
     /// Flags (and their env fallbacks) over the config file over defaults. `mock_program` is the
     /// executable the built-in `mock` profile runs (normally this very binary).
     pub fn resolve(args: ServeArgs, mock_program: PathBuf) -> anyhow::Result<Self> {
@@ -264,7 +268,7 @@ impl ServeConfig {
                     "profile name {name:?} may hold only letters, digits, '-', '_' and '.'"
                 );
             }
-            let profile = Profile::from_file(&name, profile)?;
+            let profile = profile.resolve(&name)?;
             // With real principals, a runtime's working directory must be fenced in. (The
             // built-in mock profile, unless redefined here, then refuses every cwd.)
             if tokens_file.is_some() && profile.allowed_cwd_roots.is_none() {

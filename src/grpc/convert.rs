@@ -16,6 +16,7 @@ use crate::{
         origin::{ChannelAttachment, ChannelMessage, Origin, TaskAssignment},
     },
     pb::v1 as pb,
+    session::ControlInput,
     translate::{SkipReason, Translation},
 };
 
@@ -103,17 +104,15 @@ fn elicitation_value_from_pb(key: &str, value: pb::ElicitationValue) -> Result<E
     })
 }
 
-/// A decoded `ControlRequest`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ControlInput {
-    pub session_id: String,
-    pub action_id: Option<ActionId>,
-    pub context: Option<Map<String, Value>>,
-    pub interrupt: bool,
-    pub action: Action,
+impl TryFrom<pb::ControlRequest> for ControlInput {
+    type Error = Error;
+
+    fn try_from(request: pb::ControlRequest) -> Result<Self> {
+        control_from_pb(request)
+    }
 }
 
-pub fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
+fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
     use pb::control_request::Action as A;
     let action = match request.action.ok_or_else(|| missing("action"))? {
         A::Prompt(prompt) => Action::Prompt(prompt_from_pb(prompt)),
@@ -376,8 +375,8 @@ pub fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
 
 // ---- transcript and streams ---------------------------------------------------------------
 
-fn outcome_to_pb(outcome: crate::domain::fold::Outcome) -> pb::InteractionOutcome {
-    use crate::domain::fold::Outcome as O;
+fn outcome_to_pb(outcome: crate::acp::fold::Outcome) -> pb::InteractionOutcome {
+    use crate::acp::fold::Outcome as O;
     match outcome {
         O::Pending => pb::InteractionOutcome::Pending,
         O::Accepted => pb::InteractionOutcome::Accepted,
@@ -390,8 +389,8 @@ fn outcome_to_pb(outcome: crate::domain::fold::Outcome) -> pb::InteractionOutcom
     }
 }
 
-fn part_to_pb(part: &crate::domain::fold::Part) -> pb::Part {
-    use crate::domain::fold::{ControlKind, Part};
+fn part_to_pb(part: &crate::acp::fold::Part) -> pb::Part {
+    use crate::acp::fold::{ControlKind, Part};
     use pb::part::Kind;
     let kind = match part {
         Part::Text(text) => Kind::Text(pb::TextPart { text: text.clone() }),
@@ -454,8 +453,8 @@ fn part_to_pb(part: &crate::domain::fold::Part) -> pb::Part {
     pb::Part { kind: Some(kind) }
 }
 
-pub fn message_to_pb(m: &crate::domain::fold::Message) -> pb::Message {
-    use crate::domain::fold::{Role, StopReason};
+pub fn message_to_pb(m: &crate::acp::fold::Message) -> pb::Message {
+    use crate::acp::fold::{Role, StopReason};
     pb::Message {
         id: m.id.clone(),
         turn: m.turn,
@@ -484,7 +483,7 @@ pub fn message_to_pb(m: &crate::domain::fold::Message) -> pb::Message {
 }
 
 pub fn metadata_to_pb(
-    metadata: &crate::domain::fold::Metadata,
+    metadata: &crate::acp::fold::Metadata,
     status: crate::domain::session::SessionStatus,
 ) -> pb::SessionMetadata {
     pb::SessionMetadata {

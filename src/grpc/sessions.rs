@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use super::{auth, convert};
 use crate::{
     pb::v1::{self as pb, agent_session_service_server::AgentSessionService},
-    session::{ControlStatus, Sessions, manager::ListInput},
+    session::{ControlInput, ControlStatus, Sessions, manager::ListInput},
 };
 
 pub struct SessionsService {
@@ -112,7 +112,7 @@ impl AgentSessionService for SessionsService {
     async fn control(&self, request: Request<pb::ControlRequest>) -> Reply<pb::ControlResponse> {
         let principal = auth::principal(&request)?;
         let traceparent = auth::traceparent(&request);
-        let input = convert::control_from_pb(request.into_inner())?;
+        let input = ControlInput::try_from(request.into_inner())?;
         let outcome = self
             .sessions
             .control(&principal, input, traceparent)

@@ -3,8 +3,11 @@
 //! sessions ([`manager`]).
 
 pub mod actor;
+mod input;
 pub mod interactions;
 pub mod manager;
+pub mod metrics;
+pub mod profile;
 pub mod subscribe;
 
 use std::{
@@ -20,19 +23,19 @@ use uuid::Uuid;
 
 use crate::{
     acp::process::RuntimeRegistry,
-    config::Profile,
     domain::{
         ActionId, Principal, Result,
         limits::Limits,
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
-    grpc::convert::ControlInput,
     store::{LogEntry, Store},
     translate::Translator,
 };
 
+pub use input::ControlInput;
 pub use manager::Sessions;
+pub use profile::{PermissionPolicy, Profile};
 
 /// Live events of one session, for subscribers. Entries are broadcast only after they are in the
 /// log; queue and status events are full snapshots, so a subscriber that missed some can resync.
@@ -51,29 +54,69 @@ pub enum SessionEvent {
 /// Capacity of a session's live event feed; a subscriber further behind reads the log instead.
 pub const EVENT_FEED_CAPACITY: usize = 512;
 
-/// What every session shares with the rest of the harness.
-pub struct EngineContext {
-    pub store: Arc<dyn Store>,
-    pub limits: Arc<Limits>,
+/// The engine's options; `config` assembles them from flags, env and the config file.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub limits: Limits,
     pub profiles: BTreeMap<String, Arc<Profile>>,
-    pub registry: RuntimeRegistry,
-    /// One permit per live runtime process (SPEC §8: the live-runtime cap).
-    pub runtime_slots: Arc<Semaphore>,
+    /// The `_meta` key of the hidden invocation block.
     pub meta_key: String,
-    pub translator: Translator,
+    /// Where channel attachments are served from, for prompts made from an origin.
+    pub static_files_base_url: Option<String>,
     /// Whether tokens are configured (then a profile without allowed cwd roots refuses all).
     pub tokens_configured: bool,
+}
+
+/// What every session shares with the rest of the harness. Its parts are the engine's own; the
+/// rest of the harness reaches it only through the methods below.
+pub struct EngineContext {
+    store: Arc<dyn Store>,
+    limits: Arc<Limits>,
+    profiles: BTreeMap<String, Arc<Profile>>,
+    registry: RuntimeRegistry,
+    /// One permit per live runtime process (SPEC §8: the live-runtime cap).
+    runtime_slots: Arc<Semaphore>,
+    meta_key: String,
+    translator: Translator,
+    /// Whether tokens are configured (then a profile without allowed cwd roots refuses all).
+    tokens_configured: bool,
     /// Set on SIGTERM: new sessions and turn-occupying actions are refused with DRAINING.
-    pub draining: AtomicBool,
+    draining: AtomicBool,
     /// Tells every open stream when the harness ends them all.
-    pub streams: tokio::sync::watch::Sender<subscribe::StreamStop>,
+    streams: tokio::sync::watch::Sender<subscribe::StreamStop>,
     /// Notified whenever a session's status changes (draining waits on it).
-    pub activity: tokio::sync::Notify,
+    activity: tokio::sync::Notify,
 }
 
 impl EngineContext {
+    pub fn new(store: Arc<dyn Store>, registry: RuntimeRegistry, options: EngineOptions) -> Self {
+        Self {
+            store,
+            runtime_slots: Arc::new(Semaphore::new(options.limits.live_runtimes)),
+            limits: Arc::new(options.limits),
+            profiles: options.profiles,
+            registry,
+            meta_key: options.meta_key,
+            translator: Translator::new(options.static_files_base_url.as_deref()),
+            tokens_configured: options.tokens_configured,
+            draining: AtomicBool::new(false),
+            streams: tokio::sync::watch::channel(Default::default()).0,
+            activity: tokio::sync::Notify::new(),
+        }
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// From now on, new sessions and turn-occupying actions are refused with DRAINING (SIGTERM).
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends every open stream, telling its caller why.
+    pub fn stop_streams(&self, why: subscribe::StreamStop) {
+        let _ = self.streams.send(why);
     }
 }
 
@@ -157,6 +200,11 @@ impl Shared {
 
     fn set_record(&self, record: &SessionRecord) {
         *self.record.lock().expect("not poisoned") = record.clone();
+    }
+
+    /// How many Subscribe streams are open on this session.
+    pub fn subscriber_count(&self) -> usize {
+        self.subscribers.load(Ordering::Relaxed)
     }
 
     /// How many actions wait in the queue.

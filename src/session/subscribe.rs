@@ -16,12 +16,9 @@ use tokio::{
 };
 
 use super::{SessionEvent, SessionHandle};
-use crate::domain::{
-    Error, ErrorCode, Result,
-    fold::{Fold, Message},
-    log::LogEntry,
-    queue::QueuedEntry,
-    session::SessionStatus,
+use crate::{
+    acp::fold::{Fold, Message},
+    domain::{Error, ErrorCode, Result, log::LogEntry, queue::QueuedEntry, session::SessionStatus},
 };
 
 /// What a subscriber asked to see.

@@ -1,6 +1,7 @@
 //! Prometheus metrics (SPEC §12): sessions by status, turns by stop reason, queue depth, frames
 //! appended, subscribers, RPCs by method and code with latency. Counters are recorded where things
-//! happen; gauges of the session registry are computed when scraped, so they are exact.
+//! happen (the engine pushes its own, see `session::metrics`); gauges of the session registry are
+//! read through `Sessions::gauges` when scraped, so they are exact.
 
 use std::{
     net::SocketAddr,
@@ -14,13 +15,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
-use crate::{
-    domain::{log::Direction, session::SessionStatus},
-    session::Sessions,
-};
-
-pub const FRAMES_APPENDED: &str = "agent_harness_frames_appended_total";
-pub const TURNS: &str = "agent_harness_turns_total";
+use crate::session::{Sessions, metrics::Gauges};
 pub const RPCS: &str = "agent_harness_rpcs_total";
 pub const RPC_LATENCY: &str = "agent_harness_rpc_duration_seconds";
 pub const SESSIONS: &str = "agent_harness_sessions";
@@ -55,48 +50,23 @@ pub fn install() {
     handle();
 }
 
-pub fn frames_appended(direction: Direction, count: u64) {
-    let direction = match direction {
-        Direction::ToRuntime => "to_runtime",
-        Direction::FromRuntime => "from_runtime",
-        Direction::Event => "event",
-    };
-    metrics::counter!(FRAMES_APPENDED, "direction" => direction).increment(count);
-}
-
-pub fn turn_ended(stop_reason: &str) {
-    metrics::counter!(TURNS, "stop_reason" => stop_reason.to_owned()).increment(1);
-}
-
 /// Renders the exposition text, with the registry gauges computed now.
 pub fn render(sessions: Option<&Sessions>) -> String {
     if let Some(sessions) = sessions {
-        let mut by_status = [0u64; SessionStatus::ALL.len()];
-        let (mut queued, mut subscribers) = (0u64, 0u64);
-        for handle in sessions.all() {
-            let status = handle.shared.status();
-            by_status[SessionStatus::ALL
-                .iter()
-                .position(|s| *s == status)
-                .unwrap_or(0)] += 1;
-            queued += handle.shared.queue_len() as u64;
-            subscribers += handle
-                .shared
-                .subscribers
-                .load(std::sync::atomic::Ordering::Relaxed) as u64;
-        }
-        for (status, count) in SessionStatus::ALL.iter().zip(by_status) {
-            metrics::gauge!(SESSIONS, "status" => status.as_str()).set(count as f64);
-        }
-        metrics::gauge!(QUEUE_DEPTH).set(queued as f64);
-        metrics::gauge!(SUBSCRIBERS).set(subscribers as f64);
-        let ctx = sessions.context();
-        let live = ctx.limits.live_runtimes - ctx.runtime_slots.available_permits();
-        metrics::gauge!(RUNTIMES).set(live as f64);
+        set_gauges(&sessions.gauges());
     }
     let handle = handle();
     handle.run_upkeep();
     handle.render()
+}
+
+fn set_gauges(gauges: &Gauges) {
+    for (status, count) in &gauges.by_status {
+        metrics::gauge!(SESSIONS, "status" => status.as_str()).set(*count as f64);
+    }
+    metrics::gauge!(QUEUE_DEPTH).set(gauges.queued as f64);
+    metrics::gauge!(SUBSCRIBERS).set(gauges.subscribers as f64);
+    metrics::gauge!(RUNTIMES).set(gauges.live_runtimes as f64);
 }
 
 /// Serves `GET /metrics` on its own port until `shutdown` resolves.
