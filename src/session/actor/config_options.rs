@@ -1,7 +1,13 @@
 //! The runtime's advertised config options: the model option, and what a setModel or a
 //! setConfigOption may ask for (SPEC §4).
 
-use super::*;
+use serde_json::Value;
+
+use super::Actor;
+use crate::{
+    acp::frames::{self as acp_frames, ConfigValue},
+    domain::{Error, ErrorCode, Result},
+};
 
 impl Actor {
     pub(super) fn adopt_config_options(&mut self, result: &Value) {

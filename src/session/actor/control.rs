@@ -1,7 +1,25 @@
 //! Commands from callers: Control (every action of SPEC §4 with the queue rules of §6), queue
 //! edits and removals, close and delete.
 
-use super::*;
+use std::time::Instant;
+
+use serde_json::{Map, Value, json};
+
+use super::{Actor, Out, PendingKind, StartPurpose, fingerprint, sent};
+use crate::session::{
+    Command, ControlInput, ControlOutcome, ControlStatus, SessionEvent,
+    interactions::{HeldElicitation, HeldPermission, Released},
+};
+use crate::{
+    acp::frames::{self as acp_frames, ConfigValue},
+    domain::{
+        Action, ActionId, ElicitationAnswer, Error, ErrorCode, JsonRpcId, PermissionAnswer,
+        Principal, PrincipalKind, PromptAction, Result,
+        queue::{Queue, QueuedEntry, QueuedWork},
+        session::{SessionRecord, SessionStatus},
+    },
+    store::{ActionRecord, ActionState, QueueOp},
+};
 
 impl Actor {
     pub(super) async fn on_command(&mut self, command: Command) {

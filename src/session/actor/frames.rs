@@ -2,7 +2,25 @@
 //! steps, agent requests are held or answered, notifications update state — and the dispatch
 //! of the next queued turn (SPEC §4, §6, §7).
 
-use super::*;
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+use super::{Actor, HARNESS_ACTOR, Out, PendingKind, RUNTIME_ACTOR, StartPurpose, Turn};
+use crate::session::{
+    PermissionPolicy,
+    interactions::{self, HeldElicitation, HeldPermission, Released},
+};
+use crate::{
+    acp::{
+        connection::{Inbound, InvalidLine, RuntimeEvent},
+        frames::{self as acp_frames, PromptOptions, RpcErrorCode, rpc_code},
+    },
+    domain::{
+        ActionId, ElicitationAnswer, ErrorCode, JsonRpcId, PermissionAnswer, Result,
+        queue::{Queue, QueuedEntry, QueuedWork},
+    },
+    store::{ActionRecord, ActionState, Direction, QueueOp},
+};
 
 impl Actor {
     pub(super) async fn on_runtime_events(&mut self, events: Vec<RuntimeEvent>) {

@@ -1,7 +1,27 @@
 //! A session's runtime over its life: start and handshake, reopen (resume or load), recovery
 //! after a harness restart, faults, suspension and draining (SPEC §8).
 
-use super::*;
+use std::{io, process::ExitStatus, time::Instant};
+
+use serde_json::{Value, json};
+
+use super::{
+    Actor, CLOSE_GRACE, Conn, EXIT_DRAIN, HARNESS_ACTOR, Out, Pending, PendingKind, STDERR_DRAIN,
+    STDERR_QUOTE_CHARS, StartPurpose, fingerprint,
+};
+use crate::{
+    acp::{
+        connection::{self, LineWriter},
+        frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
+        process,
+    },
+    domain::{
+        Action, ActionId, Error, ErrorCode, Result,
+        queue::{QueuedEntry, QueuedWork},
+        session::SessionStatus,
+    },
+    store::ActionState,
+};
 
 impl Actor {
     /// After a harness restart (SPEC §8): a turn that was in flight is closed in the log as

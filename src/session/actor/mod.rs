@@ -17,33 +17,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
-use tracing::Instrument;
-
 use super::{
-    Command, ControlInput, ControlOutcome, ControlStatus, EngineContext, PermissionPolicy, Profile,
-    SessionEvent, SessionHandle, Shared,
-    interactions::{self, Held, HeldElicitation, HeldPermission, Released},
-    metrics,
+    Command, ControlOutcome, ControlStatus, EngineContext, Profile, SessionEvent, SessionHandle,
+    Shared, interactions::Held, metrics,
 };
 use crate::{
     acp::{
-        connection::{self, Inbound, InvalidLine, LineWriter, RuntimeEvent},
-        frames::{
-            self as acp_frames, ConfigValue, PromptOptions, ReopenMethod, RpcErrorCode, rpc_code,
-        },
-        process::{self, RuntimeKiller, StderrTail},
+        connection::{LineWriter, RuntimeEvent},
+        frames::ReopenMethod,
+        process::{RuntimeKiller, StderrTail},
     },
     domain::{
-        Action, ActionId, ElicitationAnswer, Error, ErrorCode, JsonRpcId, PermissionAnswer,
-        Principal, PrincipalKind, PromptAction, Result,
-        queue::{Queue, QueuedEntry, QueuedWork},
+        Action, ActionId, PromptAction, Result,
+        queue::{Queue, QueuedEntry},
         session::{SessionRecord, SessionStatus},
     },
     store::{ActionRecord, ActionState, Batch, Direction, LogEntry, QueueOp},
 };
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 /// Actor of the log entries the runtime wrote.
 pub const RUNTIME_ACTOR: &str = "runtime";
