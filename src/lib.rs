@@ -12,15 +12,15 @@
 
 pub mod acp;
 pub mod app;
-pub mod auth;
+pub(crate) mod auth;
 pub mod bench;
 pub mod config;
 pub mod domain;
 pub mod fuzzing;
-pub mod grpc;
+pub(crate) mod grpc;
 pub mod mock_agent;
 pub mod pb;
-pub mod session;
+pub(crate) mod session;
 pub mod store;
 pub mod telemetry;
-pub mod translate;
+pub(crate) mod translate;

@@ -21,7 +21,7 @@ pub struct TlsFiles {
 
 /// How long a client may take to complete the TLS handshake before its connection is dropped
 /// (a client that never finishes must not hold a connection slot forever).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn read_pem(path: &Path, setting: &str, label: &str) -> anyhow::Result<Vec<u8>> {
     let bytes =
@@ -40,7 +40,7 @@ fn read_pem(path: &Path, setting: &str, label: &str) -> anyhow::Result<Vec<u8>> 
 }
 
 /// Builds (and checks, by building a server with it) the TLS configuration.
-pub fn server_config(files: &TlsFiles) -> anyhow::Result<ServerTlsConfig> {
+pub(crate) fn server_config(files: &TlsFiles) -> anyhow::Result<ServerTlsConfig> {
     let cert = read_pem(&files.cert, "tls_cert", "CERTIFICATE")?;
     let key = read_pem(&files.key, "tls_key", "PRIVATE KEY")?;
     if let Ok(meta) = std::fs::metadata(&files.key)

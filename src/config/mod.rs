@@ -191,7 +191,7 @@ pub struct ServeConfig {
 
 impl ServeConfig {
     /// The session engine's options.
-    pub fn engine_options(&self) -> crate::session::EngineOptions {
+    pub(crate) fn engine_options(&self) -> crate::session::EngineOptions {
         crate::session::EngineOptions {
             limits: self.limits.clone(),
             profiles: self.profiles.clone(),

@@ -24,7 +24,7 @@ fn missing(field: &str) -> Error {
     Error::invalid(format!("{field} is required"))
 }
 
-pub fn timestamp(time: SystemTime) -> Timestamp {
+pub(crate) fn timestamp(time: SystemTime) -> Timestamp {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     Timestamp {
         seconds: since.as_secs() as i64,
@@ -34,7 +34,7 @@ pub fn timestamp(time: SystemTime) -> Timestamp {
 
 // ---- actions -------------------------------------------------------------------------------
 
-pub fn attachment_from_pb(a: pb::PromptAttachment) -> PromptAttachment {
+pub(crate) fn attachment_from_pb(a: pb::PromptAttachment) -> PromptAttachment {
     PromptAttachment {
         uri: a.uri,
         name: a.name,
@@ -43,7 +43,7 @@ pub fn attachment_from_pb(a: pb::PromptAttachment) -> PromptAttachment {
     }
 }
 
-pub fn attachment_to_pb(a: &PromptAttachment) -> pb::PromptAttachment {
+pub(crate) fn attachment_to_pb(a: &PromptAttachment) -> pb::PromptAttachment {
     pb::PromptAttachment {
         uri: a.uri.clone(),
         name: a.name.clone(),
@@ -52,21 +52,21 @@ pub fn attachment_to_pb(a: &PromptAttachment) -> pb::PromptAttachment {
     }
 }
 
-pub fn prompt_from_pb(p: pb::PromptAction) -> PromptAction {
+pub(crate) fn prompt_from_pb(p: pb::PromptAction) -> PromptAction {
     PromptAction {
         prompt: p.prompt,
         attachments: p.attachments.into_iter().map(attachment_from_pb).collect(),
     }
 }
 
-pub fn prompt_to_pb(p: &PromptAction) -> pb::PromptAction {
+pub(crate) fn prompt_to_pb(p: &PromptAction) -> pb::PromptAction {
     pb::PromptAction {
         prompt: p.prompt.clone(),
         attachments: p.attachments.iter().map(attachment_to_pb).collect(),
     }
 }
 
-pub fn jsonrpc_id_from_pb(id: Option<pb::JsonRpcId>, field: &str) -> Result<JsonRpcId> {
+pub(crate) fn jsonrpc_id_from_pb(id: Option<pb::JsonRpcId>, field: &str) -> Result<JsonRpcId> {
     match id.and_then(|id| id.id) {
         Some(pb::json_rpc_id::Id::Number(n)) => Ok(JsonRpcId::Number(n)),
         Some(pb::json_rpc_id::Id::Text(text)) => Ok(JsonRpcId::Text(text)),
@@ -74,7 +74,7 @@ pub fn jsonrpc_id_from_pb(id: Option<pb::JsonRpcId>, field: &str) -> Result<Json
     }
 }
 
-pub fn jsonrpc_id_to_pb(id: &JsonRpcId) -> pb::JsonRpcId {
+pub(crate) fn jsonrpc_id_to_pb(id: &JsonRpcId) -> pb::JsonRpcId {
     pb::JsonRpcId {
         id: Some(match id {
             JsonRpcId::Number(n) => pb::json_rpc_id::Id::Number(*n),
@@ -188,7 +188,7 @@ fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
 
 // ---- JSON <-> google.protobuf.Struct ------------------------------------------------------
 
-pub fn struct_to_json(s: Struct) -> Map<String, Value> {
+pub(crate) fn struct_to_json(s: Struct) -> Map<String, Value> {
     s.fields
         .into_iter()
         .map(|(key, value)| (key, value_to_json(value)))
@@ -217,7 +217,7 @@ fn value_to_json(value: prost_types::Value) -> Value {
 
 // ---- channel messages and translation -----------------------------------------------------
 
-pub fn channel_message_from_pb(m: pb::ChannelMessage) -> ChannelMessage {
+pub(crate) fn channel_message_from_pb(m: pb::ChannelMessage) -> ChannelMessage {
     ChannelMessage {
         message_id: m.message_id,
         channel_id: m.channel_id,
@@ -232,7 +232,7 @@ pub fn channel_message_from_pb(m: pb::ChannelMessage) -> ChannelMessage {
     }
 }
 
-pub fn origin_from_pb(origin: pb::create_session_request::Origin) -> Origin {
+pub(crate) fn origin_from_pb(origin: pb::create_session_request::Origin) -> Origin {
     use pb::create_session_request::Origin as O;
     match origin {
         O::Mention(message) => Origin::Mention(channel_message_from_pb(message)),
@@ -243,7 +243,7 @@ pub fn origin_from_pb(origin: pb::create_session_request::Origin) -> Origin {
     }
 }
 
-pub fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse {
+pub(crate) fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse {
     pb::TranslateChannelMessageResponse {
         prompt: Some(prompt_to_pb(&t.prompt)),
         skipped: t
@@ -263,7 +263,7 @@ pub fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse
 
 // ---- sessions, queue, log -----------------------------------------------------------------
 
-pub fn session_status_to_pb(status: crate::domain::session::SessionStatus) -> pb::SessionStatus {
+pub(crate) fn session_status_to_pb(status: crate::domain::session::SessionStatus) -> pb::SessionStatus {
     use crate::domain::session::SessionStatus as S;
     match status {
         S::Starting => pb::SessionStatus::Starting,
@@ -276,7 +276,7 @@ pub fn session_status_to_pb(status: crate::domain::session::SessionStatus) -> pb
     }
 }
 
-pub fn session_status_from_pb(value: i32) -> Result<crate::domain::session::SessionStatus> {
+pub(crate) fn session_status_from_pb(value: i32) -> Result<crate::domain::session::SessionStatus> {
     use crate::domain::session::SessionStatus as S;
     match pb::SessionStatus::try_from(value) {
         Ok(pb::SessionStatus::Starting) => Ok(S::Starting),
@@ -292,7 +292,7 @@ pub fn session_status_from_pb(value: i32) -> Result<crate::domain::session::Sess
     }
 }
 
-pub fn session_to_pb(
+pub(crate) fn session_to_pb(
     record: &crate::domain::session::SessionRecord,
     head: u64,
 ) -> pb::AgentSession {
@@ -315,7 +315,7 @@ pub fn session_to_pb(
     }
 }
 
-pub fn create_from_pb(request: pb::CreateSessionRequest) -> crate::session::manager::CreateInput {
+pub(crate) fn create_from_pb(request: pb::CreateSessionRequest) -> crate::session::manager::CreateInput {
     crate::session::manager::CreateInput {
         session_id: request.session_id,
         profile: request.profile,
@@ -328,7 +328,7 @@ pub fn create_from_pb(request: pb::CreateSessionRequest) -> crate::session::mana
     }
 }
 
-pub fn queued_to_pb(entry: &crate::domain::queue::QueuedEntry) -> pb::QueuedAction {
+pub(crate) fn queued_to_pb(entry: &crate::domain::queue::QueuedEntry) -> pb::QueuedAction {
     use crate::domain::queue::QueuedWork;
     let (kind, prompt, attachments) = match &entry.work {
         QueuedWork::Prompt(p) => (
@@ -348,7 +348,7 @@ pub fn queued_to_pb(entry: &crate::domain::queue::QueuedEntry) -> pb::QueuedActi
     }
 }
 
-pub fn queue_to_pb<'a>(
+pub(crate) fn queue_to_pb<'a>(
     entries: impl IntoIterator<Item = &'a crate::domain::queue::QueuedEntry>,
 ) -> pb::GetQueueResponse {
     pb::GetQueueResponse {
@@ -356,7 +356,7 @@ pub fn queue_to_pb<'a>(
     }
 }
 
-pub fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
+pub(crate) fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
     use crate::store::Direction;
     pb::LogEntry {
         offset: entry.offset,
@@ -453,7 +453,7 @@ fn part_to_pb(part: &crate::acp::fold::Part) -> pb::Part {
     pb::Part { kind: Some(kind) }
 }
 
-pub fn message_to_pb(m: &crate::acp::fold::Message) -> pb::Message {
+pub(crate) fn message_to_pb(m: &crate::acp::fold::Message) -> pb::Message {
     use crate::acp::fold::{Role, StopReason};
     pb::Message {
         id: m.id.clone(),
@@ -482,7 +482,7 @@ pub fn message_to_pb(m: &crate::acp::fold::Message) -> pb::Message {
     }
 }
 
-pub fn metadata_to_pb(
+pub(crate) fn metadata_to_pb(
     metadata: &crate::acp::fold::Metadata,
     status: crate::domain::session::SessionStatus,
 ) -> pb::SessionMetadata {
@@ -508,7 +508,7 @@ pub fn metadata_to_pb(
     }
 }
 
-pub fn view_from_pb(value: i32) -> Result<crate::session::subscribe::View> {
+pub(crate) fn view_from_pb(value: i32) -> Result<crate::session::subscribe::View> {
     use crate::session::subscribe::View;
     match pb::SubscribeView::try_from(value) {
         Ok(pb::SubscribeView::Unspecified | pb::SubscribeView::All) => Ok(View::All),
@@ -520,7 +520,7 @@ pub fn view_from_pb(value: i32) -> Result<crate::session::subscribe::View> {
     }
 }
 
-pub fn stream_event_to_pb(
+pub(crate) fn stream_event_to_pb(
     offset: u64,
     event: &crate::session::subscribe::StreamEvent,
 ) -> pb::SubscribeResponse {

@@ -13,12 +13,12 @@ use crate::{
     session::{ControlInput, ControlStatus, Sessions, manager::ListInput},
 };
 
-pub struct SessionsService {
+pub(crate) struct SessionsService {
     sessions: Arc<Sessions>,
 }
 
 impl SessionsService {
-    pub fn new(sessions: Arc<Sessions>) -> Self {
+    pub(crate) fn new(sessions: Arc<Sessions>) -> Self {
         Self { sessions }
     }
 }

@@ -7,7 +7,7 @@ use crate::domain::{Action, ActionId};
 
 /// One Control call: an action for a session, with how to deliver it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ControlInput {
+pub(crate) struct ControlInput {
     pub session_id: String,
     pub action_id: Option<ActionId>,
     pub context: Option<Map<String, Value>>,

@@ -4,8 +4,8 @@
 
 use crate::domain::{log::Direction, session::SessionStatus};
 
-pub const FRAMES_APPENDED: &str = "agent_harness_frames_appended_total";
-pub const TURNS: &str = "agent_harness_turns_total";
+pub(crate) const FRAMES_APPENDED: &str = "agent_harness_frames_appended_total";
+pub(crate) const TURNS: &str = "agent_harness_turns_total";
 
 pub(crate) fn frames_appended(direction: Direction, count: u64) {
     let direction = match direction {
@@ -22,7 +22,7 @@ pub(crate) fn turn_ended(stop_reason: &str) {
 
 /// The registry's gauges at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Gauges {
+pub(crate) struct Gauges {
     /// Sessions per status, in the order of [`SessionStatus::ALL`].
     pub by_status: Vec<(SessionStatus, u64)>,
     /// Actions waiting in every queue.

@@ -44,7 +44,7 @@ pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(10);
 
 impl Profile {
     /// What the runtime transport needs to start this profile's runtime.
-    pub fn launch(&self) -> RuntimeSpec<'_> {
+    pub(crate) fn launch(&self) -> RuntimeSpec<'_> {
         RuntimeSpec {
             command: &self.command,
             args: &self.args,
@@ -53,7 +53,7 @@ impl Profile {
     }
 
     /// The built-in `mock` profile: our own scripted agent (`agent-harness mock-agent`).
-    pub fn builtin_mock(program: PathBuf) -> Self {
+    pub(crate) fn builtin_mock(program: PathBuf) -> Self {
         Self {
             name: MOCK_PROFILE.to_owned(),
             command: program,
@@ -68,7 +68,7 @@ impl Profile {
     }
 
     /// A digest of everything that shapes the runtime, so a session records what it ran with.
-    pub fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         let mut hasher = Sha256::new();
         let mut field = |label: &str, value: &[u8]| {
             hasher.update((label.len() as u64).to_le_bytes());

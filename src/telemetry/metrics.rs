@@ -16,12 +16,12 @@ use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
 use crate::session::{Sessions, metrics::Gauges};
-pub const RPCS: &str = "agent_harness_rpcs_total";
-pub const RPC_LATENCY: &str = "agent_harness_rpc_duration_seconds";
-pub const SESSIONS: &str = "agent_harness_sessions";
-pub const QUEUE_DEPTH: &str = "agent_harness_queue_depth";
-pub const SUBSCRIBERS: &str = "agent_harness_subscribers";
-pub const RUNTIMES: &str = "agent_harness_live_runtimes";
+pub(crate) const RPCS: &str = "agent_harness_rpcs_total";
+pub(crate) const RPC_LATENCY: &str = "agent_harness_rpc_duration_seconds";
+pub(crate) const SESSIONS: &str = "agent_harness_sessions";
+pub(crate) const QUEUE_DEPTH: &str = "agent_harness_queue_depth";
+pub(crate) const SUBSCRIBERS: &str = "agent_harness_subscribers";
+pub(crate) const RUNTIMES: &str = "agent_harness_live_runtimes";
 
 /// The process-wide recorder (the `metrics` facade has one global recorder).
 fn handle() -> &'static PrometheusHandle {
@@ -46,12 +46,12 @@ fn handle() -> &'static PrometheusHandle {
 }
 
 /// Makes sure the recorder exists before anything is recorded.
-pub fn install() {
+pub(crate) fn install() {
     handle();
 }
 
 /// Renders the exposition text, with the registry gauges computed now.
-pub fn render(sessions: Option<&Sessions>) -> String {
+pub(crate) fn render(sessions: Option<&Sessions>) -> String {
     if let Some(sessions) = sessions {
         set_gauges(&sessions.gauges());
     }
@@ -70,7 +70,7 @@ fn set_gauges(gauges: &Gauges) {
 }
 
 /// Serves `GET /metrics` on its own port until `shutdown` resolves.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     sessions: Option<Arc<Sessions>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -121,7 +121,7 @@ fn bytes_of(text: String) -> hyper::body::Bytes {
 }
 
 /// Binds the metrics port.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
@@ -129,7 +129,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// (For unary RPCs that is the whole call; an error tonic reports in the response head carries
 /// its code there, and a success has none until the trailers, so it counts as OK.)
 #[derive(Debug, Clone, Default)]
-pub struct RpcMetricsLayer;
+pub(crate) struct RpcMetricsLayer;
 
 impl<S> Layer<S> for RpcMetricsLayer {
     type Service = RpcMetrics<S>;
@@ -140,7 +140,7 @@ impl<S> Layer<S> for RpcMetricsLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct RpcMetrics<S> {
+pub(crate) struct RpcMetrics<S> {
     inner: S,
 }
 

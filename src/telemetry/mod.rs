@@ -1,6 +1,6 @@
 //! Telemetry: Prometheus metrics on their own port, and logging set-up (text or JSON).
 
-pub mod metrics;
+pub(crate) mod metrics;
 
 use crate::config::LogFormat;
 

@@ -39,9 +39,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 /// Actor of the log entries the runtime wrote.
-pub const RUNTIME_ACTOR: &str = "runtime";
+pub(crate) const RUNTIME_ACTOR: &str = "runtime";
 /// Actor of entries the harness made on its own (handshake, events, automatic answers).
-pub const HARNESS_ACTOR: &str = "harness";
+pub(crate) const HARNESS_ACTOR: &str = "harness";
 /// How long to wait for a runtime's output to close after its process exited.
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
 /// How long to wait for a runtime to exit after its output closed, before calling it a closed

@@ -24,7 +24,7 @@ use crate::{
 
 /// A CreateSession request, decoded.
 #[derive(Debug, Clone, Default)]
-pub struct CreateInput {
+pub(crate) struct CreateInput {
     pub session_id: Option<String>,
     pub profile: String,
     pub cwd: String,
@@ -37,14 +37,14 @@ pub struct CreateInput {
 
 /// A created (or idempotently found) session.
 #[derive(Debug, Clone)]
-pub struct Created {
+pub(crate) struct Created {
     pub record: SessionRecord,
     pub head: u64,
     pub first_action_id: Option<ActionId>,
 }
 
 impl Sessions {
-    pub async fn create(
+    pub(crate) async fn create(
         &self,
         principal: &Principal,
         input: CreateInput,

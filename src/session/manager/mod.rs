@@ -15,10 +15,9 @@ use std::{
 
 use uuid::Uuid;
 
-pub use create::{CreateInput, Created};
-pub use reads::ListInput;
+pub(crate) use create::CreateInput;
+pub(crate) use reads::ListInput;
 pub(crate) use reads::offset_out_of_range;
-pub use transcript::Transcript;
 
 use super::{
     Command, ControlInput, ControlOutcome, EngineContext, Profile, SessionHandle,
@@ -32,13 +31,13 @@ use crate::domain::{
     session::{SessionRecord, SessionStatus},
 };
 
-pub const DEFAULT_PAGE_SIZE: usize = 50;
-pub const MAX_PAGE_SIZE: usize = 500;
+pub(crate) const DEFAULT_PAGE_SIZE: usize = 50;
+pub(crate) const MAX_PAGE_SIZE: usize = 500;
 /// ReadLog defaults (SPEC §3.4).
-pub const DEFAULT_LOG_LIMIT: usize = 500;
-pub const MAX_LOG_LIMIT: usize = 5000;
+pub(crate) const DEFAULT_LOG_LIMIT: usize = 500;
+pub(crate) const MAX_LOG_LIMIT: usize = 5000;
 
-pub struct Sessions {
+pub(crate) struct Sessions {
     ctx: Arc<EngineContext>,
     handles: RwLock<HashMap<Uuid, SessionHandle>>,
     /// Held from counting a principal's live sessions to storing a new one, so concurrent
@@ -48,7 +47,7 @@ pub struct Sessions {
 
 impl Sessions {
     /// Opens the registry over the store: every session that is not closed gets its actor back.
-    pub async fn open(ctx: Arc<EngineContext>) -> Result<Self> {
+    pub(crate) async fn open(ctx: Arc<EngineContext>) -> Result<Self> {
         let reaped = ctx.registry.reap_leftovers();
         if reaped > 0 {
             tracing::warn!(
@@ -73,7 +72,7 @@ impl Sessions {
         Ok(sessions)
     }
 
-    pub fn context(&self) -> &Arc<EngineContext> {
+    pub(crate) fn context(&self) -> &Arc<EngineContext> {
         &self.ctx
     }
 
@@ -117,7 +116,7 @@ impl Sessions {
     }
 
     /// The handle of a session the caller may see; any other reads as SESSION_NOT_FOUND.
-    pub async fn handle(&self, principal: &Principal, session_id: &str) -> Result<SessionHandle> {
+    pub(crate) async fn handle(&self, principal: &Principal, session_id: &str) -> Result<SessionHandle> {
         let id = parse_session_id(session_id)?;
         let found = self.handles.read().expect("not poisoned").get(&id).cloned();
         let handle = match found {
@@ -144,7 +143,7 @@ impl Sessions {
         Ok(handle)
     }
 
-    pub async fn control(
+    pub(crate) async fn control(
         &self,
         principal: &Principal,
         input: ControlInput,
@@ -162,7 +161,7 @@ impl Sessions {
             .await
     }
 
-    pub async fn get_queue(
+    pub(crate) async fn get_queue(
         &self,
         principal: &Principal,
         session_id: &str,
@@ -171,7 +170,7 @@ impl Sessions {
         handle.ask(|reply| Command::GetQueue { reply }).await
     }
 
-    pub async fn edit_queued(
+    pub(crate) async fn edit_queued(
         &self,
         principal: &Principal,
         session_id: &str,
@@ -191,7 +190,7 @@ impl Sessions {
             .await
     }
 
-    pub async fn remove_queued(
+    pub(crate) async fn remove_queued(
         &self,
         principal: &Principal,
         session_id: &str,
@@ -204,7 +203,7 @@ impl Sessions {
             .await
     }
 
-    pub async fn close(
+    pub(crate) async fn close(
         &self,
         principal: &Principal,
         session_id: &str,
@@ -215,7 +214,7 @@ impl Sessions {
         Ok((record, handle.shared.head()))
     }
 
-    pub async fn delete(&self, principal: &Principal, session_id: &str) -> Result<()> {
+    pub(crate) async fn delete(&self, principal: &Principal, session_id: &str) -> Result<()> {
         let handle = self.handle(principal, session_id).await?;
         handle.ask(|reply| Command::Delete { reply }).await?;
         self.handles
@@ -228,7 +227,7 @@ impl Sessions {
 
     /// Draining (SPEC §12): waits until no turn runs or `grace` has passed, ends every stream
     /// with DRAINING, then stops every runtime. New sessions and turns are already refused.
-    pub async fn drain(&self, grace: std::time::Duration) {
+    pub(crate) async fn drain(&self, grace: std::time::Duration) {
         let deadline = tokio::time::Instant::now() + grace;
         loop {
             let activity = self.ctx.activity.notified();
@@ -276,7 +275,7 @@ impl Sessions {
     }
 
     /// The registry's gauges now, for a metrics scrape.
-    pub fn gauges(&self) -> Gauges {
+    pub(crate) fn gauges(&self) -> Gauges {
         let mut by_status = [0u64; SessionStatus::ALL.len()];
         let (mut queued, mut subscribers) = (0u64, 0u64);
         for handle in self.all() {
@@ -299,7 +298,7 @@ impl Sessions {
     }
 
     /// Every live session handle (for draining and metrics).
-    pub fn all(&self) -> Vec<SessionHandle> {
+    pub(crate) fn all(&self) -> Vec<SessionHandle> {
         self.handles
             .read()
             .expect("not poisoned")

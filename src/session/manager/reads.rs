@@ -18,7 +18,7 @@ use crate::{
 
 /// A ListSessions page request.
 #[derive(Debug, Clone, Default)]
-pub struct ListInput {
+pub(crate) struct ListInput {
     pub page_size: i32,
     pub page_token: String,
     pub statuses: Vec<SessionStatus>,
@@ -31,7 +31,7 @@ const PAGE_OVERHEAD_BYTES: usize = 64 * 1024;
 const ENTRY_OVERHEAD_BYTES: usize = 128;
 
 impl Sessions {
-    pub async fn get(
+    pub(crate) async fn get(
         &self,
         principal: &Principal,
         session_id: &str,
@@ -39,7 +39,7 @@ impl Sessions {
         Ok(self.handle(principal, session_id).await?.shared.snapshot())
     }
 
-    pub async fn list(
+    pub(crate) async fn list(
         &self,
         principal: &Principal,
         input: ListInput,
@@ -82,7 +82,7 @@ impl Sessions {
         Ok((page, next))
     }
 
-    pub async fn read_log(
+    pub(crate) async fn read_log(
         &self,
         principal: &Principal,
         session_id: &str,
@@ -124,7 +124,7 @@ impl Sessions {
     }
 
     /// Opens a stream of a session from `after` (see [`subscribe`]).
-    pub async fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         principal: &Principal,
         session_id: &str,

@@ -11,7 +11,7 @@ use crate::{
 
 impl Sessions {
     /// The folded transcript, paged by turns, oldest first.
-    pub async fn transcript(
+    pub(crate) async fn transcript(
         &self,
         principal: &Principal,
         session_id: &str,
@@ -73,7 +73,7 @@ impl Sessions {
 
 /// A page of a transcript.
 #[derive(Debug, Clone)]
-pub struct Transcript {
+pub(crate) struct Transcript {
     pub messages: Vec<Message>,
     pub metadata: Metadata,
     pub status: SessionStatus,
