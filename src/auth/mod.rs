@@ -134,7 +134,10 @@ impl TokenStore {
 
     /// Watches for SIGHUP and, with `poll`, for changes of the file; reloads on either. The task
     /// runs until aborted.
-    pub(crate) fn watch(self: &Arc<Self>, poll: Option<Duration>) -> anyhow::Result<JoinHandle<()>> {
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        poll: Option<Duration>,
+    ) -> anyhow::Result<JoinHandle<()>> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut hangup = signal(SignalKind::hangup())
             .map_err(|e| anyhow::anyhow!("installing the SIGHUP handler: {e}"))?;

@@ -16,7 +16,10 @@ use crate::{
         origin::{ChannelAttachment, ChannelMessage, Origin, TaskAssignment},
     },
     pb::v1 as pb,
-    session::ControlInput,
+    session::{
+        ControlInput,
+        manager::{CreateInput, ListInput},
+    },
     translate::{SkipReason, Translation},
 };
 
@@ -263,7 +266,9 @@ pub(crate) fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageR
 
 // ---- sessions, queue, log -----------------------------------------------------------------
 
-pub(crate) fn session_status_to_pb(status: crate::domain::session::SessionStatus) -> pb::SessionStatus {
+pub(crate) fn session_status_to_pb(
+    status: crate::domain::session::SessionStatus,
+) -> pb::SessionStatus {
     use crate::domain::session::SessionStatus as S;
     match status {
         S::Starting => pb::SessionStatus::Starting,
@@ -315,16 +320,35 @@ pub(crate) fn session_to_pb(
     }
 }
 
-pub(crate) fn create_from_pb(request: pb::CreateSessionRequest) -> crate::session::manager::CreateInput {
-    crate::session::manager::CreateInput {
-        session_id: request.session_id,
-        profile: request.profile,
-        cwd: request.cwd,
-        model: request.model,
-        name: request.name,
-        origin: request.origin.map(origin_from_pb),
-        labels: request.labels.into_iter().collect(),
-        editors: request.editors,
+impl From<pb::CreateSessionRequest> for CreateInput {
+    fn from(request: pb::CreateSessionRequest) -> Self {
+        Self {
+            session_id: request.session_id,
+            profile: request.profile,
+            cwd: request.cwd,
+            model: request.model,
+            name: request.name,
+            origin: request.origin.map(origin_from_pb),
+            labels: request.labels.into_iter().collect(),
+            editors: request.editors,
+        }
+    }
+}
+
+impl TryFrom<pb::ListSessionsRequest> for ListInput {
+    type Error = Error;
+
+    fn try_from(request: pb::ListSessionsRequest) -> Result<Self> {
+        Ok(Self {
+            page_size: request.page_size,
+            page_token: request.page_token,
+            statuses: request
+                .statuses
+                .into_iter()
+                .map(session_status_from_pb)
+                .collect::<Result<_>>()?,
+            labels: request.labels.into_iter().collect(),
+        })
     }
 }
 

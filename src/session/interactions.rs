@@ -43,7 +43,11 @@ impl Held {
     }
 
     /// Checks an answer to a permission request against what is held and offered.
-    pub(crate) fn check_permission_answer(&self, id: &JsonRpcId, answer: &PermissionAnswer) -> Result<()> {
+    pub(crate) fn check_permission_answer(
+        &self,
+        id: &JsonRpcId,
+        answer: &PermissionAnswer,
+    ) -> Result<()> {
         let held = self
             .permissions
             .iter()

@@ -89,7 +89,11 @@ pub(crate) struct EngineContext {
 }
 
 impl EngineContext {
-    pub(crate) fn new(store: Arc<dyn Store>, registry: RuntimeRegistry, options: EngineOptions) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        registry: RuntimeRegistry,
+        options: EngineOptions,
+    ) -> Self {
         Self {
             store,
             runtime_slots: Arc::new(Semaphore::new(options.limits.live_runtimes)),

@@ -116,7 +116,11 @@ impl Sessions {
     }
 
     /// The handle of a session the caller may see; any other reads as SESSION_NOT_FOUND.
-    pub(crate) async fn handle(&self, principal: &Principal, session_id: &str) -> Result<SessionHandle> {
+    pub(crate) async fn handle(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+    ) -> Result<SessionHandle> {
         let id = parse_session_id(session_id)?;
         let found = self.handles.read().expect("not poisoned").get(&id).cloned();
         let handle = match found {
