@@ -39,7 +39,7 @@ use crate::{
 };
 
 /// How long in-flight calls may take to finish once the server stops accepting new ones.
-pub const STOP_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A serving harness.
 pub struct RunningServer {
@@ -95,7 +95,7 @@ impl RunningServer {
     }
 
     /// Stops accepting calls, lets in-flight calls finish (open streams end at once; anything
-    /// else still open after [`STOP_GRACE`] is cut), and returns when the server is down.
+    /// else still open after `STOP_GRACE` (5 s) is cut), and returns when the server is down.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         if let Some((_, watcher)) = self.tokens.take() {
             watcher.abort();

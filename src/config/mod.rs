@@ -2,7 +2,7 @@
 //! environment fallback, over a TOML config file whose top-level keys mirror the flags in
 //! snake_case, over defaults. Unknown keys in the file are an error naming the key.
 
-pub mod profile;
+pub(crate) mod profile;
 
 use std::{
     collections::BTreeMap,
@@ -19,9 +19,9 @@ pub use crate::auth::tls::TlsFiles;
 use crate::domain::{invocation, limits::Limits};
 pub use profile::{MOCK_PROFILE, PermissionPolicy, Profile, ProfileFile};
 
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
-pub const DEFAULT_DATA_DIR: &str = "./data";
-pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+pub(crate) const DEFAULT_DATA_DIR: &str = "./data";
+pub(crate) const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
 
 /// Which gRPC services a process serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Deserialize)]

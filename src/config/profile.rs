@@ -27,7 +27,7 @@ pub struct ProfileFile {
 }
 
 /// Parses a duration such as `"30s"`, `"500ms"`, `"2m"`.
-pub fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
+pub(crate) fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
     humantime::parse_duration(text)
         .map_err(|e| anyhow::anyhow!("{field} = {text:?} is not a duration such as \"30s\": {e}"))
 }
