@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 pub use crate::auth::tls::TlsFiles;
 use crate::domain::{invocation, limits::Limits};
+pub use crate::telemetry::LogFormat;
 pub use profile::{MOCK_PROFILE, PermissionPolicy, Profile, ProfileFile};
 
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -33,14 +34,6 @@ pub enum ServiceName {
     Translator,
     /// `RuntimeGatewayService`.
     Gateway,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
 }
 
 /// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
