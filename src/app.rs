@@ -1,25 +1,15 @@
 //! The composition root: builds every part from a [`ServeConfig`], serves gRPC, and stops cleanly.
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, atomic::Ordering},
-    time::Duration,
-};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use tokio::{
-    net::TcpListener,
-    sync::{Semaphore, watch},
-    task::JoinHandle,
-};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use tonic::{
     server::NamedService,
     service::{RoutesBuilder, interceptor::InterceptedService},
     transport::{Server, server::TcpIncoming},
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
-
-use std::sync::atomic::AtomicBool;
 
 use tower::util::MapResponseLayer;
 
@@ -49,7 +39,7 @@ use crate::{
 };
 
 /// How long in-flight calls may take to finish once the server stops accepting new ones.
-pub const STOP_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A serving harness.
 pub struct RunningServer {
@@ -90,7 +80,7 @@ impl RunningServer {
     pub async fn drain_and_stop(self) -> anyhow::Result<()> {
         // Refuse new work first, so nobody who sees NOT_SERVING can still start a turn.
         if let Some(sessions) = &self.sessions {
-            sessions.context().draining.store(true, Ordering::SeqCst);
+            sessions.context().start_draining();
         }
         for name in &self.served {
             self.health
@@ -105,16 +95,15 @@ impl RunningServer {
     }
 
     /// Stops accepting calls, lets in-flight calls finish (open streams end at once; anything
-    /// else still open after [`STOP_GRACE`] is cut), and returns when the server is down.
+    /// else still open after `STOP_GRACE` (5 s) is cut), and returns when the server is down.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         if let Some((_, watcher)) = self.tokens.take() {
             watcher.abort();
         }
         if let Some(sessions) = &self.sessions {
-            let _ = sessions
+            sessions
                 .context()
-                .streams
-                .send(crate::session::subscribe::StreamStop::Draining);
+                .stop_streams(crate::session::subscribe::StreamStop::Draining);
         }
         let _ = self.shutdown.send(true);
         match tokio::time::timeout(STOP_GRACE, &mut self.task).await {
@@ -164,19 +153,8 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<Sq
             .with_context(|| format!("opening the store {}", path.display()))?,
     );
     let store: Arc<dyn Store> = sqlite.clone();
-    let ctx = Arc::new(EngineContext {
-        store,
-        limits: Arc::new(config.limits.clone()),
-        profiles: config.profiles.clone(),
-        registry: RuntimeRegistry::open(&config.data_dir).context("runtime registry")?,
-        runtime_slots: Arc::new(Semaphore::new(config.limits.live_runtimes)),
-        meta_key: config.invocation_meta_key.clone(),
-        translator: Translator::new(config.static_files_base_url.as_deref()),
-        tokens_configured: config.tokens_file.is_some(),
-        draining: AtomicBool::new(false),
-        streams: tokio::sync::watch::channel(Default::default()).0,
-        activity: tokio::sync::Notify::new(),
-    });
+    let registry = RuntimeRegistry::open(&config.data_dir).context("runtime registry")?;
+    let ctx = Arc::new(EngineContext::new(store, registry, config.engine_options()));
     Ok((Sessions::open(ctx).await?, sqlite))
 }
 

@@ -5,7 +5,7 @@
 //! - [`runtime_lines`]: the runtime line reader (`acp::connection::read_lines`) against a
 //!   plain reference model: the same frames, the same fault at the same place, nothing after it,
 //!   every frame a JSON object within the line limit, previews bounded.
-//! - [`fold_entries`] / [`fold_bytes`]: the fold (`domain::fold`) never panics, is
+//! - [`fold_entries`] / [`fold_bytes`]: the fold (`acp::fold`) never panics, is
 //!   deterministic, announces every change it makes (a subscriber keeping the last snapshot of
 //!   each announced message ends with exactly the transcript), and pages cover every message
 //!   once.
@@ -26,10 +26,12 @@ use tokio::{
 };
 
 use crate::{
-    acp::connection::{Inbound, InvalidLine, PREVIEW_BYTES, read_lines},
+    acp::{
+        connection::{Inbound, InvalidLine, PREVIEW_BYTES, read_lines},
+        fold::{Fold, page_turns},
+    },
     domain::{
         ActionId,
-        fold::{Fold, page_turns},
         invocation::DEFAULT_META_KEY,
         log::{Direction, LogEntry},
     },
@@ -255,7 +257,7 @@ pub fn fold_bytes(data: &[u8]) {
 pub fn fold_entries(entries: &[LogEntry]) {
     let mut fold = Fold::new(DEFAULT_META_KEY);
     // What a MESSAGES-view subscriber would hold: the last snapshot of each announced message.
-    let mut announced: BTreeMap<String, crate::domain::fold::Message> = BTreeMap::new();
+    let mut announced: BTreeMap<String, crate::acp::fold::Message> = BTreeMap::new();
     for entry in entries {
         for id in fold.apply(entry) {
             let message = fold

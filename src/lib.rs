@@ -1,26 +1,38 @@
 //! agent-harness: a gRPC service that bridges callers to coding agents speaking ACP.
 //!
-//! The layout follows the data flow of SPEC §2:
-//! - [`domain`]: actions, ids, attachments, ACP frames, queue rules, limits — pure, no I/O;
-//! - [`translate`]: channel messages → prompt attachments;
-//! - [`config`]: flags, env, config file, runtime profiles;
-//! - [`grpc`]: thin tonic services, conversions, the error table, authentication;
-//! - [`auth`]: the tokens file (reload, revocation) and TLS settings;
-//! - [`app`]: the composition root that wires them and serves;
-//! - [`mock_agent`]: `agent-harness mock-agent`, the scripted ACP agent of the `mock` profile;
-//! - [`bench`]: `agent-harness bench`, the performance figures of SPEC §14.
+//! The layout follows the data flow of SPEC §2, in layers that point one way (`tests/layers.rs`
+//! enforces it): transport → engine → runtime transport and storage → domain.
+//! - transport: `grpc` (thin tonic services, proto ↔ engine conversions, the error table,
+//!   authentication) and `auth` (the tokens file, TLS settings);
+//! - engine: `session` — one actor per session, the registry, Subscribe streams; it defines its
+//!   own inputs, profiles, options and metrics, and never sees proto types;
+//! - runtime transport: [`acp`] — runtime processes, the JSON-RPC line connection, the ACP wire
+//!   format ([`acp::frames`]) and the fold of a logged session into a transcript ([`acp::fold`]);
+//! - storage: [`store`] — the `Store` trait and its implementations;
+//! - [`domain`]: actions, ids, queue rules, limits, principals, the error type — pure, no I/O,
+//!   importing nothing else of the crate;
+//! - beside them: `translate` (channel messages → prompt attachments), [`config`] (flags, env,
+//!   config file: it only assembles each subsystem's options), [`telemetry`] (metrics endpoint,
+//!   logging), and [`app`], the composition root that wires everything and serves.
+//!
+//! The public surface is what the binary, the integration tests, the fuzz targets and the
+//! benchmark need: [`app`] (start, drain, stop a server), [`config`] (`ServeConfig`, the config
+//! file, profiles), [`pb`] (the generated gRPC types), [`domain`], [`acp`] (frames, fold,
+//! connection reading), [`store`], [`telemetry::init_logging`], and — until they move to their
+//! own crates — [`mock_agent`], [`mod@bench`] and [`fuzzing`]. `auth`, `grpc`, `session` and
+//! `translate` are private to the crate, so the dead-code lint sees everything in them.
 
 pub mod acp;
 pub mod app;
-pub mod auth;
+pub(crate) mod auth;
 pub mod bench;
 pub mod config;
 pub mod domain;
 pub mod fuzzing;
-pub mod grpc;
+pub(crate) mod grpc;
 pub mod mock_agent;
 pub mod pb;
-pub mod session;
+pub(crate) mod session;
 pub mod store;
 pub mod telemetry;
-pub mod translate;
+pub(crate) mod translate;

@@ -1,4 +1,4 @@
-//! The fold (`domain::fold`): one log entry per line; the line's first byte chooses direction,
+//! The fold (`acp::fold`): one log entry per line; the line's first byte chooses direction,
 //! action id and epoch, the rest is the frame's JSON text.
 #![no_main]
 

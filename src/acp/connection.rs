@@ -14,7 +14,7 @@ use tokio::{
 /// How many bytes of an invalid line are kept in its fault event.
 pub const PREVIEW_BYTES: usize = 1024;
 /// Lines waiting to be written to a runtime before it counts as not reading its input.
-pub const WRITE_QUEUE_LINES: usize = 4096;
+pub(crate) const WRITE_QUEUE_LINES: usize = 4096;
 
 /// Why a line from a runtime was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,13 +151,13 @@ fn memchr(bytes: &[u8]) -> Option<usize> {
 
 /// Feeds lines to a runtime's stdin.
 #[derive(Debug, Clone)]
-pub struct LineWriter {
+pub(crate) struct LineWriter {
     lines: mpsc::Sender<Arc<str>>,
 }
 
 impl LineWriter {
     /// Starts the writer task; a write failure is reported as [`Inbound::WriteFailed`].
-    pub fn start<W: AsyncWrite + Unpin + Send + 'static>(
+    pub(crate) fn start<W: AsyncWrite + Unpin + Send + 'static>(
         stdin: W,
         epoch: u32,
         events: mpsc::Sender<RuntimeEvent>,
@@ -190,7 +190,7 @@ impl LineWriter {
     }
 
     /// Queues one line (without its newline). Fails when the runtime has stopped reading.
-    pub fn send(&self, line: Arc<str>) -> Result<(), &'static str> {
+    pub(crate) fn send(&self, line: Arc<str>) -> Result<(), &'static str> {
         self.lines.try_send(line).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => "the runtime is not reading its input",
             mpsc::error::TrySendError::Closed(_) => "the runtime's input is closed",

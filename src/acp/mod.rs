@@ -1,6 +1,20 @@
-//! ACP runtimes: starting the agent process ([`process`]) and the JSON-RPC line connection over
-//! its stdio ([`connection`]). What the frames mean lives in `domain::acp_frames`; what to do
-//! with them lives in the session actor.
+//! ACP runtimes: starting the agent process ([`process`]), the JSON-RPC line connection over its
+//! stdio ([`connection`]), the wire format of the frames ([`frames`]) and the fold of a logged
+//! frame sequence into a transcript ([`fold`]). What to do with the frames lives in the session
+//! actor.
 
 pub mod connection;
+pub mod fold;
+pub mod frames;
 pub mod process;
+
+use std::{collections::BTreeMap, path::Path};
+
+/// How to launch one runtime: the program, its arguments, and exactly the environment it gets
+/// besides `PATH`, `HOME` and `LANG`. Whoever owns the profile lends it for the spawn.
+#[derive(Debug, Clone, Copy)]
+pub struct RuntimeSpec<'a> {
+    pub command: &'a Path,
+    pub args: &'a [String],
+    pub env: &'a BTreeMap<String, String>,
+}

@@ -17,7 +17,7 @@ use tokio::{
     sync::oneshot,
 };
 
-use crate::config::Profile;
+use super::RuntimeSpec;
 
 /// Variables a runtime inherits from the harness; everything else comes from the profile.
 pub const INHERITED_ENV: [&str; 3] = ["PATH", "HOME", "LANG"];
@@ -184,18 +184,18 @@ impl Drop for RuntimeKiller {
     }
 }
 
-/// Starts a runtime for a profile in `cwd`.
+/// Starts a runtime in `cwd`.
 pub fn spawn(
-    profile: &Profile,
+    profile: RuntimeSpec<'_>,
     cwd: &Path,
     registry: &RuntimeRegistry,
 ) -> io::Result<SpawnedRuntime> {
-    let mut command = Command::new(&profile.command);
+    let mut command = Command::new(profile.command);
     command
-        .args(&profile.args)
+        .args(profile.args)
         .current_dir(cwd)
         .env_clear()
-        .envs(runtime_env(&profile.env))
+        .envs(runtime_env(profile.env))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -13,8 +13,8 @@
 //! - A token missing from the new table — or now naming another principal or kind — is revoked:
 //!   calls with it are UNAUTHENTICATED, and every stream opened with it ends UNAUTHENTICATED.
 
-pub mod tls;
-pub mod tokens;
+pub(crate) mod tls;
+pub(crate) mod tokens;
 
 use std::{
     os::unix::fs::MetadataExt,
@@ -25,10 +25,10 @@ use std::{
 
 use tokio::{sync::watch, task::JoinHandle};
 
-pub use tokens::{Grant, TokenTable};
+pub(crate) use tokens::{Grant, TokenTable};
 
 /// How often the tokens file is checked for changes, unless configured otherwise.
-pub const DEFAULT_TOKENS_POLL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_TOKENS_POLL: Duration = Duration::from_secs(1);
 
 /// What identifies one version of the file on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +60,7 @@ pub struct Reloaded {
 
 /// The live token table of a server, and its source file.
 #[derive(Debug)]
-pub struct TokenStore {
+pub(crate) struct TokenStore {
     path: PathBuf,
     table: watch::Sender<Arc<TokenTable>>,
     /// The file version last read (successfully or not).
@@ -69,7 +69,7 @@ pub struct TokenStore {
 
 impl TokenStore {
     /// Loads the tokens file; any problem with it is an error naming the file and the problem.
-    pub fn open(path: &Path) -> anyhow::Result<Arc<Self>> {
+    pub(crate) fn open(path: &Path) -> anyhow::Result<Arc<Self>> {
         let loaded = stamp(path);
         let table = TokenTable::load(path)?;
         if table.is_empty() {
@@ -84,13 +84,13 @@ impl TokenStore {
     }
 
     /// The grant of a presented bearer token, if the current table lists it.
-    pub fn authenticate(&self, token: &str) -> Option<Grant> {
+    pub(crate) fn authenticate(&self, token: &str) -> Option<Grant> {
         self.table.borrow().authenticate(token)
     }
 
     /// Rereads the file now. On failure the previous table stays in force and the error is
     /// logged (and returned).
-    pub fn reload(&self) -> anyhow::Result<Reloaded> {
+    pub(crate) fn reload(&self) -> anyhow::Result<Reloaded> {
         *self.loaded.lock().expect("not poisoned") = stamp(&self.path);
         let next = match TokenTable::load(&self.path) {
             Ok(next) => next,
@@ -118,7 +118,7 @@ impl TokenStore {
 
     /// Resolves when `grant` no longer holds (its token was revoked). Never resolves while it
     /// holds, nor after the store is gone.
-    pub fn revocation(&self, grant: Grant) -> impl Future<Output = ()> + Send + 'static {
+    pub(crate) fn revocation(&self, grant: Grant) -> impl Future<Output = ()> + Send + 'static {
         let mut table = self.table.subscribe();
         async move {
             loop {
@@ -134,7 +134,10 @@ impl TokenStore {
 
     /// Watches for SIGHUP and, with `poll`, for changes of the file; reloads on either. The task
     /// runs until aborted.
-    pub fn watch(self: &Arc<Self>, poll: Option<Duration>) -> anyhow::Result<JoinHandle<()>> {
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        poll: Option<Duration>,
+    ) -> anyhow::Result<JoinHandle<()>> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut hangup = signal(SignalKind::hangup())
             .map_err(|e| anyhow::anyhow!("installing the SIGHUP handler: {e}"))?;

@@ -2,16 +2,26 @@
 //! `--tls-client-ca`). Every problem is a startup error naming the file; key material is never
 //! printed.
 
-use std::{os::unix::fs::PermissionsExt, path::Path, time::Duration};
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::Context;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-use crate::config::TlsFiles;
+/// The TLS files the server reads at startup (`config` fills them from flags and file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
 
 /// How long a client may take to complete the TLS handshake before its connection is dropped
 /// (a client that never finishes must not hold a connection slot forever).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn read_pem(path: &Path, setting: &str, label: &str) -> anyhow::Result<Vec<u8>> {
     let bytes =
@@ -30,7 +40,7 @@ fn read_pem(path: &Path, setting: &str, label: &str) -> anyhow::Result<Vec<u8>> 
 }
 
 /// Builds (and checks, by building a server with it) the TLS configuration.
-pub fn server_config(files: &TlsFiles) -> anyhow::Result<ServerTlsConfig> {
+pub(crate) fn server_config(files: &TlsFiles) -> anyhow::Result<ServerTlsConfig> {
     let cert = read_pem(&files.cert, "tls_cert", "CERTIFICATE")?;
     let key = read_pem(&files.key, "tls_key", "PRIVATE KEY")?;
     if let Ok(meta) = std::fs::metadata(&files.key)

@@ -23,10 +23,10 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 use crate::domain::PrincipalKind;
 
 /// Longest principal id a tokens file may name, in bytes (as `x-acting-user`).
-pub const MAX_PRINCIPAL_BYTES: usize = 256;
+pub(crate) const MAX_PRINCIPAL_BYTES: usize = 256;
 
 /// A SHA-256 digest.
-pub type Digest32 = [u8; 32];
+pub(crate) type Digest32 = [u8; 32];
 
 /// The kinds a token may carry (`local` exists only without tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -54,7 +54,7 @@ struct RowFormat {
 /// What a valid token grants: who the caller is. Also the identity of an open stream's
 /// credential, so a reload can tell whether it still holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grant {
+pub(crate) struct Grant {
     pub digest: Digest32,
     pub principal: String,
     pub kind: PrincipalKind,
@@ -62,25 +62,25 @@ pub struct Grant {
 
 /// The loaded tokens.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TokenTable {
+pub(crate) struct TokenTable {
     grants: Vec<Grant>,
 }
 
 /// The SHA-256 digest of a token.
-pub fn digest(token: &str) -> Digest32 {
+pub(crate) fn digest(token: &str) -> Digest32 {
     Sha256::digest(token.as_bytes()).into()
 }
 
 impl TokenTable {
     /// Reads and validates a tokens file; the error names the file and what is wrong with it.
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading tokens file {}", path.display()))?;
         Self::parse(&text).with_context(|| format!("tokens file {}", path.display()))
     }
 
     /// Parses the text of a tokens file.
-    pub fn parse(text: &str) -> anyhow::Result<Self> {
+    pub(crate) fn parse(text: &str) -> anyhow::Result<Self> {
         let file: FileFormat = toml::from_str(text).map_err(|e| {
             // toml's own rendering quotes the offending line, which may hold a secret.
             let line = e
@@ -129,16 +129,16 @@ impl TokenTable {
         Ok(Self { grants })
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.grants.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.grants.is_empty()
     }
 
     /// The grant of a presented token, comparing its digest with every entry in constant time.
-    pub fn authenticate(&self, token: &str) -> Option<Grant> {
+    pub(crate) fn authenticate(&self, token: &str) -> Option<Grant> {
         let presented = digest(token);
         let mut found = subtle::Choice::from(0);
         let mut index: u64 = 0;
@@ -152,12 +152,12 @@ impl TokenTable {
 
     /// Whether a grant made earlier still holds (its token is still listed, for the same
     /// principal and kind).
-    pub fn still_grants(&self, grant: &Grant) -> bool {
+    pub(crate) fn still_grants(&self, grant: &Grant) -> bool {
         self.grants.iter().any(|g| g == grant)
     }
 
     /// How many grants of `self` the `next` table no longer holds.
-    pub fn revoked_by(&self, next: &TokenTable) -> usize {
+    pub(crate) fn revoked_by(&self, next: &TokenTable) -> usize {
         self.grants.iter().filter(|g| !next.still_grants(g)).count()
     }
 }
@@ -177,7 +177,7 @@ fn parse_digest(text: &str) -> Option<Digest32> {
 
 /// A principal id: 1 to [`MAX_PRINCIPAL_BYTES`] bytes, no control characters, no surrounding
 /// whitespace (it is compared exactly with session owners and editors).
-pub fn check_principal(id: &str) -> anyhow::Result<()> {
+pub(crate) fn check_principal(id: &str) -> anyhow::Result<()> {
     if id.is_empty() || id.len() > MAX_PRINCIPAL_BYTES {
         anyhow::bail!("must hold 1 to {MAX_PRINCIPAL_BYTES} bytes");
     }

@@ -13,9 +13,9 @@ use tokio::{
     time::Instant,
 };
 
-use crate::domain::{
-    ActionId, PromptAction,
-    acp_frames::{self, PromptOptions},
+use crate::{
+    acp::frames::{self as acp_frames, PromptOptions},
+    domain::{ActionId, PromptAction},
 };
 
 /// How long one exchange with the agent may take before the run fails.

@@ -2,7 +2,7 @@
 //! environment fallback, over a TOML config file whose top-level keys mirror the flags in
 //! snake_case, over defaults. Unknown keys in the file are an error naming the key.
 
-pub mod profile;
+pub(crate) mod profile;
 
 use std::{
     collections::BTreeMap,
@@ -15,12 +15,14 @@ use std::{
 use anyhow::Context;
 use serde::Deserialize;
 
+pub use crate::auth::tls::TlsFiles;
 use crate::domain::{invocation, limits::Limits};
+pub use crate::telemetry::LogFormat;
 pub use profile::{MOCK_PROFILE, PermissionPolicy, Profile, ProfileFile};
 
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
-pub const DEFAULT_DATA_DIR: &str = "./data";
-pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+pub(crate) const DEFAULT_DATA_DIR: &str = "./data";
+pub(crate) const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
 
 /// Which gRPC services a process serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Deserialize)]
@@ -32,14 +34,6 @@ pub enum ServiceName {
     Translator,
     /// `RuntimeGatewayService`.
     Gateway,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
 }
 
 /// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
@@ -166,14 +160,6 @@ impl ServiceSet {
     }
 }
 
-/// TLS files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub client_ca: Option<PathBuf>,
-}
-
 /// The resolved configuration of a `serve` process.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -197,6 +183,17 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
+    /// The session engine's options.
+    pub(crate) fn engine_options(&self) -> crate::session::EngineOptions {
+        crate::session::EngineOptions {
+            limits: self.limits.clone(),
+            profiles: self.profiles.clone(),
+            meta_key: self.invocation_meta_key.clone(),
+            static_files_base_url: self.static_files_base_url.clone(),
+            tokens_configured: self.tokens_file.is_some(),
+        }
+    }
+
     /// Flags (and their env fallbacks) over the config file over defaults. `mock_program` is the
     /// executable the built-in `mock` profile runs (normally this very binary).
     pub fn resolve(args: ServeArgs, mock_program: PathBuf) -> anyhow::Result<Self> {
@@ -264,7 +261,7 @@ impl ServeConfig {
                     "profile name {name:?} may hold only letters, digits, '-', '_' and '.'"
                 );
             }
-            let profile = Profile::from_file(&name, profile)?;
+            let profile = profile.resolve(&name)?;
             // With real principals, a runtime's working directory must be fenced in. (The
             // built-in mock profile, unless redefined here, then refuses every cwd.)
             if tokens_file.is_some() && profile.allowed_cwd_roots.is_none() {

@@ -1,11 +1,10 @@
-//! The pure domain: actions, ids, attachments, ACP frames, the hidden invocation block, the queue,
-//! limits, principals. No tonic types and no I/O, so every rule here is unit-tested alone.
+//! The pure domain: actions, ids, attachments, the hidden invocation block, the queue, limits,
+//! principals, the error table. No tonic types, no ACP wire format and no I/O, and nothing else of
+//! the crate, so every rule here is unit-tested alone.
 
-pub mod acp_frames;
 pub mod action;
 pub mod action_id;
 pub mod error;
-pub mod fold;
 pub mod invocation;
 pub mod limits;
 pub mod log;

@@ -22,26 +22,26 @@ use crate::{
 };
 
 /// Header naming the user a service acts for.
-pub const ACTING_USER_HEADER: &str = "x-acting-user";
+pub(crate) const ACTING_USER_HEADER: &str = "x-acting-user";
 /// Longest bearer token read, in bytes; anything longer cannot be one of ours.
 const MAX_TOKEN_BYTES: usize = 4096;
 
 /// Authenticates requests (SPEC §11).
 #[derive(Debug, Clone, Default)]
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     tokens: Option<Arc<TokenStore>>,
 }
 
 /// The token a request was authenticated with, so its streams can watch for revocation.
 #[derive(Debug, Clone)]
-pub struct Credential {
+pub(crate) struct Credential {
     store: Arc<TokenStore>,
     grant: Grant,
 }
 
 impl Credential {
     /// Resolves when the token is revoked.
-    pub fn revoked(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub(crate) fn revoked(&self) -> impl Future<Output = ()> + Send + 'static {
         self.store.revocation(self.grant.clone())
     }
 }
@@ -55,18 +55,19 @@ fn unauthenticated() -> Error {
 
 impl Authenticator {
     /// Every caller is `local`.
-    pub fn no_tokens() -> Self {
+    pub(crate) fn no_tokens() -> Self {
         Self { tokens: None }
     }
 
     /// Callers present bearer tokens listed in `store`.
-    pub fn with_tokens(store: Arc<TokenStore>) -> Self {
+    pub(crate) fn with_tokens(store: Arc<TokenStore>) -> Self {
         Self {
             tokens: Some(store),
         }
     }
 
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Error> {
+    #[cfg(test)]
+    fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Error> {
         Ok(self.authenticate_with_credential(metadata)?.0)
     }
 
@@ -149,14 +150,14 @@ impl Interceptor for Authenticator {
 }
 
 /// The credential a request was authenticated with (none without tokens).
-pub fn credential<T>(request: &Request<T>) -> Option<Credential> {
+pub(crate) fn credential<T>(request: &Request<T>) -> Option<Credential> {
     request.extensions().get::<Credential>().cloned()
 }
 
 /// A server stream that ends with UNAUTHENTICATED as soon as `credential` is revoked (SPEC
 /// §9.4), whatever the inner stream is doing (catching up, live, or idle). Without a credential
 /// the stream is returned as it is.
-pub fn end_when_revoked<T: Send + 'static>(
+pub(crate) fn end_when_revoked<T: Send + 'static>(
     stream: Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>,
     credential: Option<Credential>,
 ) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>> {
@@ -185,7 +186,7 @@ pub fn end_when_revoked<T: Send + 'static>(
 }
 
 /// The principal the [`Authenticator`] attached to a request.
-pub fn principal<T>(request: &Request<T>) -> Result<Principal, Status> {
+pub(crate) fn principal<T>(request: &Request<T>) -> Result<Principal, Status> {
     request
         .extensions()
         .get::<Principal>()
@@ -194,7 +195,7 @@ pub fn principal<T>(request: &Request<T>) -> Result<Principal, Status> {
 }
 
 /// The caller's W3C trace context, if it sent one.
-pub fn traceparent<T>(request: &Request<T>) -> Option<String> {
+pub(crate) fn traceparent<T>(request: &Request<T>) -> Option<String> {
     let value = request.metadata().get("traceparent")?.to_str().ok()?;
     is_traceparent(value).then(|| value.to_owned())
 }

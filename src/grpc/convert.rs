@@ -16,6 +16,10 @@ use crate::{
         origin::{ChannelAttachment, ChannelMessage, Origin, TaskAssignment},
     },
     pb::v1 as pb,
+    session::{
+        ControlInput,
+        manager::{CreateInput, ListInput},
+    },
     translate::{SkipReason, Translation},
 };
 
@@ -23,7 +27,7 @@ fn missing(field: &str) -> Error {
     Error::invalid(format!("{field} is required"))
 }
 
-pub fn timestamp(time: SystemTime) -> Timestamp {
+pub(crate) fn timestamp(time: SystemTime) -> Timestamp {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     Timestamp {
         seconds: since.as_secs() as i64,
@@ -33,7 +37,7 @@ pub fn timestamp(time: SystemTime) -> Timestamp {
 
 // ---- actions -------------------------------------------------------------------------------
 
-pub fn attachment_from_pb(a: pb::PromptAttachment) -> PromptAttachment {
+pub(crate) fn attachment_from_pb(a: pb::PromptAttachment) -> PromptAttachment {
     PromptAttachment {
         uri: a.uri,
         name: a.name,
@@ -42,7 +46,7 @@ pub fn attachment_from_pb(a: pb::PromptAttachment) -> PromptAttachment {
     }
 }
 
-pub fn attachment_to_pb(a: &PromptAttachment) -> pb::PromptAttachment {
+pub(crate) fn attachment_to_pb(a: &PromptAttachment) -> pb::PromptAttachment {
     pb::PromptAttachment {
         uri: a.uri.clone(),
         name: a.name.clone(),
@@ -51,21 +55,21 @@ pub fn attachment_to_pb(a: &PromptAttachment) -> pb::PromptAttachment {
     }
 }
 
-pub fn prompt_from_pb(p: pb::PromptAction) -> PromptAction {
+pub(crate) fn prompt_from_pb(p: pb::PromptAction) -> PromptAction {
     PromptAction {
         prompt: p.prompt,
         attachments: p.attachments.into_iter().map(attachment_from_pb).collect(),
     }
 }
 
-pub fn prompt_to_pb(p: &PromptAction) -> pb::PromptAction {
+pub(crate) fn prompt_to_pb(p: &PromptAction) -> pb::PromptAction {
     pb::PromptAction {
         prompt: p.prompt.clone(),
         attachments: p.attachments.iter().map(attachment_to_pb).collect(),
     }
 }
 
-pub fn jsonrpc_id_from_pb(id: Option<pb::JsonRpcId>, field: &str) -> Result<JsonRpcId> {
+pub(crate) fn jsonrpc_id_from_pb(id: Option<pb::JsonRpcId>, field: &str) -> Result<JsonRpcId> {
     match id.and_then(|id| id.id) {
         Some(pb::json_rpc_id::Id::Number(n)) => Ok(JsonRpcId::Number(n)),
         Some(pb::json_rpc_id::Id::Text(text)) => Ok(JsonRpcId::Text(text)),
@@ -73,7 +77,7 @@ pub fn jsonrpc_id_from_pb(id: Option<pb::JsonRpcId>, field: &str) -> Result<Json
     }
 }
 
-pub fn jsonrpc_id_to_pb(id: &JsonRpcId) -> pb::JsonRpcId {
+pub(crate) fn jsonrpc_id_to_pb(id: &JsonRpcId) -> pb::JsonRpcId {
     pb::JsonRpcId {
         id: Some(match id {
             JsonRpcId::Number(n) => pb::json_rpc_id::Id::Number(*n),
@@ -103,17 +107,15 @@ fn elicitation_value_from_pb(key: &str, value: pb::ElicitationValue) -> Result<E
     })
 }
 
-/// A decoded `ControlRequest`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ControlInput {
-    pub session_id: String,
-    pub action_id: Option<ActionId>,
-    pub context: Option<Map<String, Value>>,
-    pub interrupt: bool,
-    pub action: Action,
+impl TryFrom<pb::ControlRequest> for ControlInput {
+    type Error = Error;
+
+    fn try_from(request: pb::ControlRequest) -> Result<Self> {
+        control_from_pb(request)
+    }
 }
 
-pub fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
+fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
     use pb::control_request::Action as A;
     let action = match request.action.ok_or_else(|| missing("action"))? {
         A::Prompt(prompt) => Action::Prompt(prompt_from_pb(prompt)),
@@ -189,7 +191,7 @@ pub fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
 
 // ---- JSON <-> google.protobuf.Struct ------------------------------------------------------
 
-pub fn struct_to_json(s: Struct) -> Map<String, Value> {
+pub(crate) fn struct_to_json(s: Struct) -> Map<String, Value> {
     s.fields
         .into_iter()
         .map(|(key, value)| (key, value_to_json(value)))
@@ -218,7 +220,7 @@ fn value_to_json(value: prost_types::Value) -> Value {
 
 // ---- channel messages and translation -----------------------------------------------------
 
-pub fn channel_message_from_pb(m: pb::ChannelMessage) -> ChannelMessage {
+pub(crate) fn channel_message_from_pb(m: pb::ChannelMessage) -> ChannelMessage {
     ChannelMessage {
         message_id: m.message_id,
         channel_id: m.channel_id,
@@ -233,7 +235,7 @@ pub fn channel_message_from_pb(m: pb::ChannelMessage) -> ChannelMessage {
     }
 }
 
-pub fn origin_from_pb(origin: pb::create_session_request::Origin) -> Origin {
+pub(crate) fn origin_from_pb(origin: pb::create_session_request::Origin) -> Origin {
     use pb::create_session_request::Origin as O;
     match origin {
         O::Mention(message) => Origin::Mention(channel_message_from_pb(message)),
@@ -244,7 +246,7 @@ pub fn origin_from_pb(origin: pb::create_session_request::Origin) -> Origin {
     }
 }
 
-pub fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse {
+pub(crate) fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse {
     pb::TranslateChannelMessageResponse {
         prompt: Some(prompt_to_pb(&t.prompt)),
         skipped: t
@@ -264,7 +266,9 @@ pub fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse
 
 // ---- sessions, queue, log -----------------------------------------------------------------
 
-pub fn session_status_to_pb(status: crate::domain::session::SessionStatus) -> pb::SessionStatus {
+pub(crate) fn session_status_to_pb(
+    status: crate::domain::session::SessionStatus,
+) -> pb::SessionStatus {
     use crate::domain::session::SessionStatus as S;
     match status {
         S::Starting => pb::SessionStatus::Starting,
@@ -277,7 +281,7 @@ pub fn session_status_to_pb(status: crate::domain::session::SessionStatus) -> pb
     }
 }
 
-pub fn session_status_from_pb(value: i32) -> Result<crate::domain::session::SessionStatus> {
+pub(crate) fn session_status_from_pb(value: i32) -> Result<crate::domain::session::SessionStatus> {
     use crate::domain::session::SessionStatus as S;
     match pb::SessionStatus::try_from(value) {
         Ok(pb::SessionStatus::Starting) => Ok(S::Starting),
@@ -293,7 +297,7 @@ pub fn session_status_from_pb(value: i32) -> Result<crate::domain::session::Sess
     }
 }
 
-pub fn session_to_pb(
+pub(crate) fn session_to_pb(
     record: &crate::domain::session::SessionRecord,
     head: u64,
 ) -> pb::AgentSession {
@@ -316,20 +320,39 @@ pub fn session_to_pb(
     }
 }
 
-pub fn create_from_pb(request: pb::CreateSessionRequest) -> crate::session::manager::CreateInput {
-    crate::session::manager::CreateInput {
-        session_id: request.session_id,
-        profile: request.profile,
-        cwd: request.cwd,
-        model: request.model,
-        name: request.name,
-        origin: request.origin.map(origin_from_pb),
-        labels: request.labels.into_iter().collect(),
-        editors: request.editors,
+impl From<pb::CreateSessionRequest> for CreateInput {
+    fn from(request: pb::CreateSessionRequest) -> Self {
+        Self {
+            session_id: request.session_id,
+            profile: request.profile,
+            cwd: request.cwd,
+            model: request.model,
+            name: request.name,
+            origin: request.origin.map(origin_from_pb),
+            labels: request.labels.into_iter().collect(),
+            editors: request.editors,
+        }
     }
 }
 
-pub fn queued_to_pb(entry: &crate::domain::queue::QueuedEntry) -> pb::QueuedAction {
+impl TryFrom<pb::ListSessionsRequest> for ListInput {
+    type Error = Error;
+
+    fn try_from(request: pb::ListSessionsRequest) -> Result<Self> {
+        Ok(Self {
+            page_size: request.page_size,
+            page_token: request.page_token,
+            statuses: request
+                .statuses
+                .into_iter()
+                .map(session_status_from_pb)
+                .collect::<Result<_>>()?,
+            labels: request.labels.into_iter().collect(),
+        })
+    }
+}
+
+pub(crate) fn queued_to_pb(entry: &crate::domain::queue::QueuedEntry) -> pb::QueuedAction {
     use crate::domain::queue::QueuedWork;
     let (kind, prompt, attachments) = match &entry.work {
         QueuedWork::Prompt(p) => (
@@ -349,7 +372,7 @@ pub fn queued_to_pb(entry: &crate::domain::queue::QueuedEntry) -> pb::QueuedActi
     }
 }
 
-pub fn queue_to_pb<'a>(
+pub(crate) fn queue_to_pb<'a>(
     entries: impl IntoIterator<Item = &'a crate::domain::queue::QueuedEntry>,
 ) -> pb::GetQueueResponse {
     pb::GetQueueResponse {
@@ -357,7 +380,7 @@ pub fn queue_to_pb<'a>(
     }
 }
 
-pub fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
+pub(crate) fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
     use crate::store::Direction;
     pb::LogEntry {
         offset: entry.offset,
@@ -376,8 +399,8 @@ pub fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
 
 // ---- transcript and streams ---------------------------------------------------------------
 
-fn outcome_to_pb(outcome: crate::domain::fold::Outcome) -> pb::InteractionOutcome {
-    use crate::domain::fold::Outcome as O;
+fn outcome_to_pb(outcome: crate::acp::fold::Outcome) -> pb::InteractionOutcome {
+    use crate::acp::fold::Outcome as O;
     match outcome {
         O::Pending => pb::InteractionOutcome::Pending,
         O::Accepted => pb::InteractionOutcome::Accepted,
@@ -390,8 +413,8 @@ fn outcome_to_pb(outcome: crate::domain::fold::Outcome) -> pb::InteractionOutcom
     }
 }
 
-fn part_to_pb(part: &crate::domain::fold::Part) -> pb::Part {
-    use crate::domain::fold::{ControlKind, Part};
+fn part_to_pb(part: &crate::acp::fold::Part) -> pb::Part {
+    use crate::acp::fold::{ControlKind, Part};
     use pb::part::Kind;
     let kind = match part {
         Part::Text(text) => Kind::Text(pb::TextPart { text: text.clone() }),
@@ -454,8 +477,8 @@ fn part_to_pb(part: &crate::domain::fold::Part) -> pb::Part {
     pb::Part { kind: Some(kind) }
 }
 
-pub fn message_to_pb(m: &crate::domain::fold::Message) -> pb::Message {
-    use crate::domain::fold::{Role, StopReason};
+pub(crate) fn message_to_pb(m: &crate::acp::fold::Message) -> pb::Message {
+    use crate::acp::fold::{Role, StopReason};
     pb::Message {
         id: m.id.clone(),
         turn: m.turn,
@@ -483,8 +506,8 @@ pub fn message_to_pb(m: &crate::domain::fold::Message) -> pb::Message {
     }
 }
 
-pub fn metadata_to_pb(
-    metadata: &crate::domain::fold::Metadata,
+pub(crate) fn metadata_to_pb(
+    metadata: &crate::acp::fold::Metadata,
     status: crate::domain::session::SessionStatus,
 ) -> pb::SessionMetadata {
     pb::SessionMetadata {
@@ -509,7 +532,7 @@ pub fn metadata_to_pb(
     }
 }
 
-pub fn view_from_pb(value: i32) -> Result<crate::session::subscribe::View> {
+pub(crate) fn view_from_pb(value: i32) -> Result<crate::session::subscribe::View> {
     use crate::session::subscribe::View;
     match pb::SubscribeView::try_from(value) {
         Ok(pb::SubscribeView::Unspecified | pb::SubscribeView::All) => Ok(View::All),
@@ -521,7 +544,7 @@ pub fn view_from_pb(value: i32) -> Result<crate::session::subscribe::View> {
     }
 }
 
-pub fn stream_event_to_pb(
+pub(crate) fn stream_event_to_pb(
     offset: u64,
     event: &crate::session::subscribe::StreamEvent,
 ) -> pb::SubscribeResponse {

@@ -14,7 +14,7 @@ use crate::{
 };
 
 #[derive(Debug, Default)]
-pub struct GatewayService;
+pub(crate) struct GatewayService;
 
 #[tonic::async_trait]
 impl RuntimeGatewayService for GatewayService {

@@ -10,15 +10,18 @@ use tonic::{Request, Response, Status};
 use super::{auth, convert};
 use crate::{
     pb::v1::{self as pb, agent_session_service_server::AgentSessionService},
-    session::{ControlStatus, Sessions, manager::ListInput},
+    session::{
+        ControlInput, ControlStatus, Sessions,
+        manager::{CreateInput, ListInput},
+    },
 };
 
-pub struct SessionsService {
+pub(crate) struct SessionsService {
     sessions: Arc<Sessions>,
 }
 
 impl SessionsService {
-    pub fn new(sessions: Arc<Sessions>) -> Self {
+    pub(crate) fn new(sessions: Arc<Sessions>) -> Self {
         Self { sessions }
     }
 }
@@ -36,7 +39,7 @@ impl AgentSessionService for SessionsService {
     ) -> Reply<pb::CreateSessionResponse> {
         let principal = auth::principal(&request)?;
         let traceparent = auth::traceparent(&request);
-        let input = convert::create_from_pb(request.into_inner());
+        let input = CreateInput::from(request.into_inner());
         let created = self.sessions.create(&principal, input, traceparent).await?;
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(convert::session_to_pb(&created.record, created.head)),
@@ -63,17 +66,7 @@ impl AgentSessionService for SessionsService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Reply<pb::ListSessionsResponse> {
         let principal = auth::principal(&request)?;
-        let request = request.into_inner();
-        let input = ListInput {
-            page_size: request.page_size,
-            page_token: request.page_token,
-            statuses: request
-                .statuses
-                .into_iter()
-                .map(convert::session_status_from_pb)
-                .collect::<Result<_, _>>()?,
-            labels: request.labels.into_iter().collect(),
-        };
+        let input = ListInput::try_from(request.into_inner())?;
         let (page, next_page_token) = self.sessions.list(&principal, input).await?;
         Ok(Response::new(pb::ListSessionsResponse {
             sessions: page
@@ -112,7 +105,7 @@ impl AgentSessionService for SessionsService {
     async fn control(&self, request: Request<pb::ControlRequest>) -> Reply<pb::ControlResponse> {
         let principal = auth::principal(&request)?;
         let traceparent = auth::traceparent(&request);
-        let input = convert::control_from_pb(request.into_inner())?;
+        let input = ControlInput::try_from(request.into_inner())?;
         let outcome = self
             .sessions
             .control(&principal, input, traceparent)

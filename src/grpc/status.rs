@@ -10,13 +10,13 @@ use tonic_types::{ErrorDetails, StatusExt};
 use crate::domain::error::{Error, ErrorCode};
 
 /// `ErrorInfo.domain` of every error.
-pub const ERROR_DOMAIN: &str = "agent-harness";
+pub(crate) const ERROR_DOMAIN: &str = "agent-harness";
 
 /// How long a client should wait before retrying a DRAINING refusal.
-pub const DRAINING_RETRY_DELAY: Duration = Duration::from_secs(1);
+pub(crate) const DRAINING_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// The gRPC code for each reason.
-pub fn grpc_code(code: ErrorCode) -> Code {
+pub(crate) fn grpc_code(code: ErrorCode) -> Code {
     use ErrorCode::*;
     match code {
         InvalidArgument
@@ -49,7 +49,7 @@ pub fn grpc_code(code: ErrorCode) -> Code {
 /// Longest status message sent, in bytes. Messages may quote what the caller sent; unbounded,
 /// a hostile value would make a `grpc-message` header larger than clients accept (they then
 /// see a bare protocol error instead of the table's status).
-pub const MAX_MESSAGE_BYTES: usize = 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 1024;
 
 fn bounded_message(message: &str) -> String {
     if message.len() <= MAX_MESSAGE_BYTES {
@@ -63,7 +63,7 @@ fn bounded_message(message: &str) -> String {
 }
 
 /// Builds the status for an error.
-pub fn to_status(error: &Error) -> Status {
+pub(crate) fn to_status(error: &Error) -> Status {
     let metadata: std::collections::HashMap<String, String> = error
         .metadata
         .iter()
@@ -93,7 +93,7 @@ const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
 /// message limit (OUT_OF_RANGE, no details) before any handler runs. This turns that refusal
 /// into the table's LIMIT_EXCEEDED with its `ErrorInfo` (limit `grpc_message_bytes`), like every
 /// other limit. Everything else passes through untouched.
-pub fn message_limit_mapper(
+pub(crate) fn message_limit_mapper(
     max: usize,
 ) -> impl Fn(http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> + Clone {
     move |response| {

@@ -14,13 +14,13 @@ use crate::{
     translate::Translator,
 };
 
-pub struct TranslatorService {
+pub(crate) struct TranslatorService {
     translator: Arc<Translator>,
     limits: Arc<Limits>,
 }
 
 impl TranslatorService {
-    pub fn new(translator: Arc<Translator>, limits: Arc<Limits>) -> Self {
+    pub(crate) fn new(translator: Arc<Translator>, limits: Arc<Limits>) -> Self {
         Self { translator, limits }
     }
 }

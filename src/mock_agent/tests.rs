@@ -18,8 +18,8 @@ use tokio::{
 };
 
 use super::{MockAgentArgs, run_with_stderr};
+use crate::acp::frames::{self as acp_frames, ConfigValue, ReopenMethod};
 use crate::domain::{
-    acp_frames::{self, ConfigValue, ReopenMethod},
     action::{
         ElicitationAnswer, ElicitationValue, JsonRpcId, PermissionAnswer, PromptAction,
         PromptAttachment,

@@ -9,50 +9,45 @@ use crate::domain::{
 
 /// A permission option as the agent offered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OfferedOption {
+pub(crate) struct OfferedOption {
     pub option_id: String,
     pub kind: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldPermission {
+pub(crate) struct HeldPermission {
     pub id: JsonRpcId,
     pub options: Vec<OfferedOption>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldElicitation {
+pub(crate) struct HeldElicitation {
     pub id: JsonRpcId,
 }
 
 /// Everything currently held for a person, in arrival order.
 #[derive(Debug, Default, Clone)]
-pub struct Held {
+pub(crate) struct Held {
     pub permissions: Vec<HeldPermission>,
     pub elicitation: Option<HeldElicitation>,
 }
 
 impl Held {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.permissions.is_empty() && self.elicitation.is_none()
     }
 
-    /// The ids of every held request, for metadata.
-    pub fn ids(&self) -> Vec<JsonRpcId> {
-        self.permissions
-            .iter()
-            .map(|p| p.id.clone())
-            .chain(self.elicitation.iter().map(|e| e.id.clone()))
-            .collect()
-    }
-
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.permissions.clear();
         self.elicitation = None;
     }
 
     /// Checks an answer to a permission request against what is held and offered.
-    pub fn check_permission_answer(&self, id: &JsonRpcId, answer: &PermissionAnswer) -> Result<()> {
+    pub(crate) fn check_permission_answer(
+        &self,
+        id: &JsonRpcId,
+        answer: &PermissionAnswer,
+    ) -> Result<()> {
         let held = self
             .permissions
             .iter()
@@ -78,7 +73,7 @@ impl Held {
         Ok(())
     }
 
-    pub fn check_elicitation_answer(
+    pub(crate) fn check_elicitation_answer(
         &self,
         id: &JsonRpcId,
         _answer: &ElicitationAnswer,
@@ -93,7 +88,7 @@ impl Held {
     }
 
     /// Releases a held request by id; whether it was held, and as what.
-    pub fn release(&mut self, id: &JsonRpcId) -> Option<Released> {
+    pub(crate) fn release(&mut self, id: &JsonRpcId) -> Option<Released> {
         if let Some(index) = self.permissions.iter().position(|p| &p.id == id) {
             self.permissions.remove(index);
             return Some(Released::Permission);
@@ -108,13 +103,13 @@ impl Held {
 
 /// What kind of request was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Released {
+pub(crate) enum Released {
     Permission,
     Elicitation,
 }
 
 /// Reads the options of a `session/request_permission`.
-pub fn offered_options(params: &Value) -> Vec<OfferedOption> {
+pub(crate) fn offered_options(params: &Value) -> Vec<OfferedOption> {
     params
         .get("options")
         .and_then(Value::as_array)
@@ -138,7 +133,7 @@ pub fn offered_options(params: &Value) -> Vec<OfferedOption> {
 
 /// The auto-accept policy's answer: the first `allow_always` option, else `allow_once`, else
 /// cancelled.
-pub fn auto_accept(options: &[OfferedOption]) -> PermissionAnswer {
+pub(crate) fn auto_accept(options: &[OfferedOption]) -> PermissionAnswer {
     ["allow_always", "allow_once"]
         .iter()
         .find_map(|kind| options.iter().find(|o| o.kind == *kind))
@@ -149,7 +144,7 @@ pub fn auto_accept(options: &[OfferedOption]) -> PermissionAnswer {
 }
 
 /// Why an elicitation is refused at once, if it is.
-pub fn elicitation_refusal(params: &Value, held: &Held) -> Option<&'static str> {
+pub(crate) fn elicitation_refusal(params: &Value, held: &Held) -> Option<&'static str> {
     if params.get("sessionId").is_none() || params.get("requestId").is_some() {
         return Some("request-scoped elicitation is not supported; use session scope");
     }

@@ -2,10 +2,13 @@
 //! queue and held interactions ([`actor`]), and the registry that creates, finds and authorises
 //! sessions ([`manager`]).
 
-pub mod actor;
-pub mod interactions;
-pub mod manager;
-pub mod subscribe;
+pub(crate) mod actor;
+mod input;
+pub(crate) mod interactions;
+pub(crate) mod manager;
+pub(crate) mod metrics;
+pub(crate) mod profile;
+pub(crate) mod subscribe;
 
 use std::{
     collections::BTreeMap,
@@ -20,24 +23,24 @@ use uuid::Uuid;
 
 use crate::{
     acp::process::RuntimeRegistry,
-    config::Profile,
     domain::{
         ActionId, Principal, Result,
         limits::Limits,
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
-    grpc::convert::ControlInput,
     store::{LogEntry, Store},
     translate::Translator,
 };
 
-pub use manager::Sessions;
+pub(crate) use input::ControlInput;
+pub(crate) use manager::Sessions;
+pub(crate) use profile::{PermissionPolicy, Profile};
 
 /// Live events of one session, for subscribers. Entries are broadcast only after they are in the
 /// log; queue and status events are full snapshots, so a subscriber that missed some can resync.
 #[derive(Debug, Clone)]
-pub enum SessionEvent {
+pub(crate) enum SessionEvent {
     Entry(Arc<LogEntry>),
     Queue(Arc<Vec<QueuedEntry>>),
     Status {
@@ -49,36 +52,80 @@ pub enum SessionEvent {
 }
 
 /// Capacity of a session's live event feed; a subscriber further behind reads the log instead.
-pub const EVENT_FEED_CAPACITY: usize = 512;
+pub(crate) const EVENT_FEED_CAPACITY: usize = 512;
 
-/// What every session shares with the rest of the harness.
-pub struct EngineContext {
-    pub store: Arc<dyn Store>,
-    pub limits: Arc<Limits>,
+/// The engine's options; `config` assembles them from flags, env and the config file.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineOptions {
+    pub limits: Limits,
     pub profiles: BTreeMap<String, Arc<Profile>>,
-    pub registry: RuntimeRegistry,
-    /// One permit per live runtime process (SPEC §8: the live-runtime cap).
-    pub runtime_slots: Arc<Semaphore>,
+    /// The `_meta` key of the hidden invocation block.
     pub meta_key: String,
-    pub translator: Translator,
+    /// Where channel attachments are served from, for prompts made from an origin.
+    pub static_files_base_url: Option<String>,
     /// Whether tokens are configured (then a profile without allowed cwd roots refuses all).
     pub tokens_configured: bool,
+}
+
+/// What every session shares with the rest of the harness. Its parts are the engine's own; the
+/// rest of the harness reaches it only through the methods below.
+pub(crate) struct EngineContext {
+    store: Arc<dyn Store>,
+    limits: Arc<Limits>,
+    profiles: BTreeMap<String, Arc<Profile>>,
+    registry: RuntimeRegistry,
+    /// One permit per live runtime process (SPEC §8: the live-runtime cap).
+    runtime_slots: Arc<Semaphore>,
+    meta_key: String,
+    translator: Translator,
+    /// Whether tokens are configured (then a profile without allowed cwd roots refuses all).
+    tokens_configured: bool,
     /// Set on SIGTERM: new sessions and turn-occupying actions are refused with DRAINING.
-    pub draining: AtomicBool,
+    draining: AtomicBool,
     /// Tells every open stream when the harness ends them all.
-    pub streams: tokio::sync::watch::Sender<subscribe::StreamStop>,
+    streams: tokio::sync::watch::Sender<subscribe::StreamStop>,
     /// Notified whenever a session's status changes (draining waits on it).
-    pub activity: tokio::sync::Notify,
+    activity: tokio::sync::Notify,
 }
 
 impl EngineContext {
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        registry: RuntimeRegistry,
+        options: EngineOptions,
+    ) -> Self {
+        Self {
+            store,
+            runtime_slots: Arc::new(Semaphore::new(options.limits.live_runtimes)),
+            limits: Arc::new(options.limits),
+            profiles: options.profiles,
+            registry,
+            meta_key: options.meta_key,
+            translator: Translator::new(options.static_files_base_url.as_deref()),
+            tokens_configured: options.tokens_configured,
+            draining: AtomicBool::new(false),
+            streams: tokio::sync::watch::channel(Default::default()).0,
+            activity: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// From now on, new sessions and turn-occupying actions are refused with DRAINING (SIGTERM).
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends every open stream, telling its caller why.
+    pub(crate) fn stop_streams(&self, why: subscribe::StreamStop) {
+        let _ = self.streams.send(why);
     }
 }
 
 /// The part of a session anyone may read without asking its actor.
-pub struct Shared {
+pub(crate) struct Shared {
     pub id: Uuid,
     pub owner: String,
     pub editors: Vec<String>,
@@ -106,21 +153,21 @@ impl Shared {
     }
 
     /// The session record as it stands, with its head offset.
-    pub fn snapshot(&self) -> (SessionRecord, u64) {
+    pub(crate) fn snapshot(&self) -> (SessionRecord, u64) {
         let record = self.record.lock().expect("not poisoned").clone();
         (record, self.head())
     }
 
-    pub fn status(&self) -> SessionStatus {
+    pub(crate) fn status(&self) -> SessionStatus {
         self.record.lock().expect("not poisoned").status
     }
 
-    pub fn head(&self) -> u64 {
+    pub(crate) fn head(&self) -> u64 {
         self.head.load(Ordering::Acquire)
     }
 
     /// Registers a receiver of live events, making the feed if there is none.
-    pub fn subscribe_events(&self) -> broadcast::Receiver<SessionEvent> {
+    pub(crate) fn subscribe_events(&self) -> broadcast::Receiver<SessionEvent> {
         self.events
             .lock()
             .expect("not poisoned")
@@ -129,7 +176,7 @@ impl Shared {
     }
 
     /// Whether anyone receives live events now.
-    pub fn has_live_subscribers(&self) -> bool {
+    pub(crate) fn has_live_subscribers(&self) -> bool {
         self.events
             .lock()
             .expect("not poisoned")
@@ -138,7 +185,7 @@ impl Shared {
     }
 
     /// Sends an event to the live subscribers, if any.
-    pub fn publish(&self, event: SessionEvent) {
+    pub(crate) fn publish(&self, event: SessionEvent) {
         if let Some(feed) = self.events.lock().expect("not poisoned").as_ref() {
             let _ = feed.send(event);
         }
@@ -159,8 +206,13 @@ impl Shared {
         *self.record.lock().expect("not poisoned") = record.clone();
     }
 
+    /// How many Subscribe streams are open on this session.
+    pub(crate) fn subscriber_count(&self) -> usize {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+
     /// How many actions wait in the queue.
-    pub fn queue_len(&self) -> usize {
+    pub(crate) fn queue_len(&self) -> usize {
         self.queue_len.load(Ordering::Relaxed)
     }
 
@@ -175,13 +227,13 @@ impl Shared {
 
 /// What a Control did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlStatus {
+pub(crate) enum ControlStatus {
     Sent,
     Queued(u32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ControlOutcome {
+pub(crate) struct ControlOutcome {
     pub action_id: ActionId,
     pub status: ControlStatus,
 }
@@ -223,14 +275,14 @@ pub(crate) enum Command {
 
 /// A cheap, cloneable way to reach one session.
 #[derive(Clone)]
-pub struct SessionHandle {
+pub(crate) struct SessionHandle {
     pub shared: Arc<Shared>,
     commands: mpsc::Sender<Command>,
 }
 
 impl SessionHandle {
     /// The queue as it stands (empty if the session is gone).
-    pub async fn queue_snapshot(&self) -> Vec<QueuedEntry> {
+    pub(crate) async fn queue_snapshot(&self) -> Vec<QueuedEntry> {
         self.ask(|reply| Command::GetQueue { reply })
             .await
             .unwrap_or_default()

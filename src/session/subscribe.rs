@@ -16,17 +16,14 @@ use tokio::{
 };
 
 use super::{SessionEvent, SessionHandle};
-use crate::domain::{
-    Error, ErrorCode, Result,
-    fold::{Fold, Message},
-    log::LogEntry,
-    queue::QueuedEntry,
-    session::SessionStatus,
+use crate::{
+    acp::fold::{Fold, Message},
+    domain::{Error, ErrorCode, Result, log::LogEntry, queue::QueuedEntry, session::SessionStatus},
 };
 
 /// What a subscriber asked to see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum View {
+pub(crate) enum View {
     All,
     Log,
     Messages,
@@ -43,7 +40,7 @@ impl View {
 
 /// One event of a stream, with the log offset it reflects.
 #[derive(Debug, Clone)]
-pub enum StreamEvent {
+pub(crate) enum StreamEvent {
     Entry(Arc<LogEntry>),
     Message(Box<Message>),
     Queue(Arc<Vec<QueuedEntry>>),
@@ -60,23 +57,23 @@ pub enum StreamEvent {
 }
 
 /// Items of a stream: events, or the error that ends it.
-pub type StreamItem = std::result::Result<(u64, StreamEvent), Error>;
+pub(crate) type StreamItem = std::result::Result<(u64, StreamEvent), Error>;
 
 /// Entries read from the log per page while catching up.
-pub const REPLAY_PAGE: usize = 1000;
+pub(crate) const REPLAY_PAGE: usize = 1000;
 /// Events buffered per subscriber before the network takes them.
-pub const STREAM_BUFFER: usize = 256;
+pub(crate) const STREAM_BUFFER: usize = 256;
 /// Live message snapshots are sent at most this often per message.
-pub const MESSAGE_COALESCE: Duration = Duration::from_millis(50);
+pub(crate) const MESSAGE_COALESCE: Duration = Duration::from_millis(50);
 /// A heartbeat is sent after this long without any other event.
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
+pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
 /// Live events taken one after another once the stream wakes, before it looks at its timers
 /// and the client again.
 const LIVE_BURST: usize = 64;
 
 /// Why the harness ends every stream (draining, or a revoked token).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum StreamStop {
+pub(crate) enum StreamStop {
     #[default]
     Open,
     Draining,

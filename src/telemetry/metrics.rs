@@ -1,6 +1,7 @@
 //! Prometheus metrics (SPEC §12): sessions by status, turns by stop reason, queue depth, frames
 //! appended, subscribers, RPCs by method and code with latency. Counters are recorded where things
-//! happen; gauges of the session registry are computed when scraped, so they are exact.
+//! happen (the engine pushes its own, see `session::metrics`); gauges of the session registry are
+//! read through `Sessions::gauges` when scraped, so they are exact.
 
 use std::{
     net::SocketAddr,
@@ -14,19 +15,13 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
-use crate::{
-    domain::{log::Direction, session::SessionStatus},
-    session::Sessions,
-};
-
-pub const FRAMES_APPENDED: &str = "agent_harness_frames_appended_total";
-pub const TURNS: &str = "agent_harness_turns_total";
-pub const RPCS: &str = "agent_harness_rpcs_total";
-pub const RPC_LATENCY: &str = "agent_harness_rpc_duration_seconds";
-pub const SESSIONS: &str = "agent_harness_sessions";
-pub const QUEUE_DEPTH: &str = "agent_harness_queue_depth";
-pub const SUBSCRIBERS: &str = "agent_harness_subscribers";
-pub const RUNTIMES: &str = "agent_harness_live_runtimes";
+use crate::session::{Sessions, metrics::Gauges};
+pub(crate) const RPCS: &str = "agent_harness_rpcs_total";
+pub(crate) const RPC_LATENCY: &str = "agent_harness_rpc_duration_seconds";
+pub(crate) const SESSIONS: &str = "agent_harness_sessions";
+pub(crate) const QUEUE_DEPTH: &str = "agent_harness_queue_depth";
+pub(crate) const SUBSCRIBERS: &str = "agent_harness_subscribers";
+pub(crate) const RUNTIMES: &str = "agent_harness_live_runtimes";
 
 /// The process-wide recorder (the `metrics` facade has one global recorder).
 fn handle() -> &'static PrometheusHandle {
@@ -51,56 +46,31 @@ fn handle() -> &'static PrometheusHandle {
 }
 
 /// Makes sure the recorder exists before anything is recorded.
-pub fn install() {
+pub(crate) fn install() {
     handle();
 }
 
-pub fn frames_appended(direction: Direction, count: u64) {
-    let direction = match direction {
-        Direction::ToRuntime => "to_runtime",
-        Direction::FromRuntime => "from_runtime",
-        Direction::Event => "event",
-    };
-    metrics::counter!(FRAMES_APPENDED, "direction" => direction).increment(count);
-}
-
-pub fn turn_ended(stop_reason: &str) {
-    metrics::counter!(TURNS, "stop_reason" => stop_reason.to_owned()).increment(1);
-}
-
 /// Renders the exposition text, with the registry gauges computed now.
-pub fn render(sessions: Option<&Sessions>) -> String {
+pub(crate) fn render(sessions: Option<&Sessions>) -> String {
     if let Some(sessions) = sessions {
-        let mut by_status = [0u64; SessionStatus::ALL.len()];
-        let (mut queued, mut subscribers) = (0u64, 0u64);
-        for handle in sessions.all() {
-            let status = handle.shared.status();
-            by_status[SessionStatus::ALL
-                .iter()
-                .position(|s| *s == status)
-                .unwrap_or(0)] += 1;
-            queued += handle.shared.queue_len() as u64;
-            subscribers += handle
-                .shared
-                .subscribers
-                .load(std::sync::atomic::Ordering::Relaxed) as u64;
-        }
-        for (status, count) in SessionStatus::ALL.iter().zip(by_status) {
-            metrics::gauge!(SESSIONS, "status" => status.as_str()).set(count as f64);
-        }
-        metrics::gauge!(QUEUE_DEPTH).set(queued as f64);
-        metrics::gauge!(SUBSCRIBERS).set(subscribers as f64);
-        let ctx = sessions.context();
-        let live = ctx.limits.live_runtimes - ctx.runtime_slots.available_permits();
-        metrics::gauge!(RUNTIMES).set(live as f64);
+        set_gauges(&sessions.gauges());
     }
     let handle = handle();
     handle.run_upkeep();
     handle.render()
 }
 
+fn set_gauges(gauges: &Gauges) {
+    for (status, count) in &gauges.by_status {
+        metrics::gauge!(SESSIONS, "status" => status.as_str()).set(*count as f64);
+    }
+    metrics::gauge!(QUEUE_DEPTH).set(gauges.queued as f64);
+    metrics::gauge!(SUBSCRIBERS).set(gauges.subscribers as f64);
+    metrics::gauge!(RUNTIMES).set(gauges.live_runtimes as f64);
+}
+
 /// Serves `GET /metrics` on its own port until `shutdown` resolves.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     sessions: Option<Arc<Sessions>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -151,7 +121,7 @@ fn bytes_of(text: String) -> hyper::body::Bytes {
 }
 
 /// Binds the metrics port.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
@@ -159,7 +129,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// (For unary RPCs that is the whole call; an error tonic reports in the response head carries
 /// its code there, and a success has none until the trailers, so it counts as OK.)
 #[derive(Debug, Clone, Default)]
-pub struct RpcMetricsLayer;
+pub(crate) struct RpcMetricsLayer;
 
 impl<S> Layer<S> for RpcMetricsLayer {
     type Service = RpcMetrics<S>;
@@ -170,7 +140,7 @@ impl<S> Layer<S> for RpcMetricsLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct RpcMetrics<S> {
+pub(crate) struct RpcMetrics<S> {
     inner: S,
 }
 

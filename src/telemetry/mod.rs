@@ -1,8 +1,17 @@
 //! Telemetry: Prometheus metrics on their own port, and logging set-up (text or JSON).
 
-pub mod metrics;
+pub(crate) mod metrics;
 
-use crate::config::LogFormat;
+use serde::Deserialize;
+
+/// How logs are written: text for people, or one JSON object per line for collectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
 
 /// Installs the global `tracing` subscriber: `RUST_LOG` filters (default `info`), logs go to
 /// stderr as text (coloured only on a terminal) or as one JSON object per line.

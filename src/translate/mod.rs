@@ -8,15 +8,15 @@ use crate::domain::{
 };
 
 /// The entity type of images.
-pub const STATIC_IMAGE: &str = "static/image";
+pub(crate) const STATIC_IMAGE: &str = "static/image";
 /// The entity type of videos.
-pub const STATIC_VIDEO: &str = "static/video";
+pub(crate) const STATIC_VIDEO: &str = "static/video";
 /// Longest accepted entity id, in bytes.
-pub const MAX_ENTITY_ID_BYTES: usize = 256;
+pub(crate) const MAX_ENTITY_ID_BYTES: usize = 256;
 
 /// Why an attachment was not translated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SkipReason {
+pub(crate) enum SkipReason {
     /// Not an image or a video: documents reach agents through mentions, never as anonymously
     /// fetchable links.
     UnsupportedType,
@@ -26,7 +26,7 @@ pub enum SkipReason {
 
 /// An attachment left out, by its index in the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Skipped {
+pub(crate) struct Skipped {
     pub index: u32,
     pub entity_type: String,
     pub reason: SkipReason,
@@ -34,32 +34,28 @@ pub struct Skipped {
 
 /// The translated prompt and what was left out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Translation {
+pub(crate) struct Translation {
     pub prompt: PromptAction,
     pub skipped: Vec<Skipped>,
 }
 
 /// Builds `{base}/file/{entity_id}` links to the static file service.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StaticFileLinks {
+pub(crate) struct StaticFileLinks {
     base_url: String,
 }
 
 impl StaticFileLinks {
     /// Strips every trailing `/` so links never carry `//file/`.
-    pub fn new(base_url: &str) -> Self {
+    pub(crate) fn new(base_url: &str) -> Self {
         Self {
             base_url: base_url.trim_end_matches('/').to_owned(),
         }
     }
 
-    pub fn base_url(&self) -> &str {
-        &self.base_url
-    }
-
     /// Translates a channel message: its content becomes the prompt text, images and videos
     /// become attachments in the message's order, everything else is reported as skipped.
-    pub fn translate(&self, message: &ChannelMessage) -> Translation {
+    pub(crate) fn translate(&self, message: &ChannelMessage) -> Translation {
         let mut attachments = Vec::new();
         let mut skipped = Vec::new();
         for (index, attachment) in message.attachments.iter().enumerate() {
@@ -96,7 +92,7 @@ impl StaticFileLinks {
 }
 
 /// `[A-Za-z0-9._~-]{1,256}` and not `.` or `..`: a single, unreserved path segment.
-pub fn is_valid_entity_id(entity_id: &str) -> bool {
+pub(crate) fn is_valid_entity_id(entity_id: &str) -> bool {
     (1..=MAX_ENTITY_ID_BYTES).contains(&entity_id.len())
         && entity_id != "."
         && entity_id != ".."
@@ -107,18 +103,18 @@ pub fn is_valid_entity_id(entity_id: &str) -> bool {
 
 /// The translator as configured: with no base URL it refuses with NOT_CONFIGURED.
 #[derive(Debug, Clone, Default)]
-pub struct Translator {
+pub(crate) struct Translator {
     links: Option<StaticFileLinks>,
 }
 
 impl Translator {
-    pub fn new(base_url: Option<&str>) -> Self {
+    pub(crate) fn new(base_url: Option<&str>) -> Self {
         Self {
             links: base_url.map(StaticFileLinks::new),
         }
     }
 
-    pub fn links(&self) -> Result<&StaticFileLinks> {
+    pub(crate) fn links(&self) -> Result<&StaticFileLinks> {
         self.links.as_ref().ok_or_else(|| {
             Error::new(
                 ErrorCode::NotConfigured,
@@ -127,7 +123,7 @@ impl Translator {
         })
     }
 
-    pub fn translate(&self, message: &ChannelMessage) -> Result<Translation> {
+    pub(crate) fn translate(&self, message: &ChannelMessage) -> Result<Translation> {
         Ok(self.links()?.translate(message))
     }
 }
@@ -189,7 +185,7 @@ mod tests {
     #[test]
     fn a_base_url_with_several_trailing_slashes_is_stripped_of_all_of_them() {
         let links = StaticFileLinks::new("https://static.example/base///");
-        assert_eq!(links.base_url(), "https://static.example/base");
+        assert_eq!(links.base_url, "https://static.example/base");
         let t = links.translate(&message(vec![ChannelAttachment::new("static/image", "a")]));
         assert_eq!(
             t.prompt.attachments[0].uri,

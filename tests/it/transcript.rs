@@ -5,9 +5,9 @@
 use std::{path::PathBuf, time::Duration};
 
 use agent_harness::{
+    acp::fold::{ControlKind, Fold, Outcome, Part, Role, StopReason},
     domain::{
         ActionId,
-        fold::{ControlKind, Fold, Outcome, Part, Role, StopReason},
         invocation::DEFAULT_META_KEY,
         log::{Direction, LogEntry},
     },

@@ -1,12 +1,18 @@
 //! The runtime's advertised config options: the model option, and what a setModel or a
 //! setConfigOption may ask for (SPEC §4).
 
-use super::*;
+use serde_json::Value;
+
+use super::Actor;
+use crate::{
+    acp::frames::{self as acp_frames, ConfigValue},
+    domain::{Error, ErrorCode, Result},
+};
 
 impl Actor {
     pub(super) fn adopt_config_options(&mut self, result: &Value) {
         if let Some(options) = result.get("configOptions").and_then(Value::as_array) {
-            self.config_options = options.clone();
+            self.runtime.config_options = options.clone();
             if let Some(model) = self.current_model() {
                 self.record.model = model;
             }
@@ -14,10 +20,7 @@ impl Actor {
     }
 
     pub(super) fn model_option(&self) -> Option<&Value> {
-        let id = acp_frames::model_config_id(&self.config_options);
-        self.config_options
-            .iter()
-            .find(|o| o.get("id").and_then(Value::as_str) == Some(id))
+        acp_frames::model_option(&self.runtime.config_options)
     }
 
     pub(super) fn current_model(&self) -> Option<String> {
@@ -45,12 +48,10 @@ impl Actor {
     }
 
     pub(super) fn check_config_option(&self, config_id: &str, value: &str) -> Result<ConfigValue> {
-        let option = self
-            .config_options
-            .iter()
-            .find(|o| o.get("id").and_then(Value::as_str) == Some(config_id))
+        let option = acp_frames::config_option(&self.runtime.config_options, config_id)
             .ok_or_else(|| {
                 let ids: Vec<&str> = self
+                    .runtime
                     .config_options
                     .iter()
                     .filter_map(|o| o.get("id").and_then(Value::as_str))
@@ -96,18 +97,9 @@ impl Actor {
 
 /// The values of a select config option, flattening groups.
 pub(super) fn select_values(option: &Value) -> Vec<String> {
-    pub(super) fn collect(options: &Value, out: &mut Vec<String>) {
-        for option in options.as_array().into_iter().flatten() {
-            if let Some(value) = option.get("value").and_then(Value::as_str) {
-                out.push(value.to_owned());
-            } else if let Some(group) = option.get("options") {
-                collect(group, out);
-            }
-        }
-    }
-    let mut values = Vec::new();
-    if let Some(options) = option.get("options") {
-        collect(options, &mut values);
-    }
-    values
+    acp_frames::select_choices(option)
+        .into_iter()
+        .filter_map(|choice| choice.get("value").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect()
 }

@@ -1,7 +1,25 @@
 //! Commands from callers: Control (every action of SPEC §4 with the queue rules of §6), queue
 //! edits and removals, close and delete.
 
-use super::*;
+use std::time::Instant;
+
+use serde_json::{Map, Value, json};
+
+use super::{Actor, Out, PendingKind, StartPurpose, fingerprint, sent};
+use crate::session::{
+    Command, ControlInput, ControlOutcome, ControlStatus, SessionEvent,
+    interactions::{HeldElicitation, HeldPermission, Released},
+};
+use crate::{
+    acp::frames::{self as acp_frames, ConfigValue},
+    domain::{
+        Action, ActionId, ElicitationAnswer, Error, ErrorCode, JsonRpcId, PermissionAnswer,
+        Principal, PrincipalKind, PromptAction, Result,
+        queue::{Queue, QueuedEntry, QueuedWork},
+        session::{SessionRecord, SessionStatus},
+    },
+    store::{ActionRecord, ActionState, QueueOp},
+};
 
 impl Actor {
     pub(super) async fn on_command(&mut self, command: Command) {
@@ -16,7 +34,7 @@ impl Actor {
                 let _ = reply.send(result);
             }
             Command::GetQueue { reply } => {
-                let _ = reply.send(Ok(self.queue.entries().cloned().collect()));
+                let _ = reply.send(Ok(self.work.queue.entries().cloned().collect()));
             }
             Command::EditQueued {
                 principal,
@@ -93,7 +111,8 @@ impl Actor {
             Action::SetModel { model } => {
                 self.require_ready()?;
                 self.check_model(&model)?;
-                let config_id = acp_frames::model_config_id(&self.config_options).to_owned();
+                let config_id =
+                    acp_frames::model_config_id(&self.runtime.config_options).to_owned();
                 self.send_config(
                     action_id,
                     fingerprint,
@@ -114,13 +133,17 @@ impl Actor {
                     .await
             }
             Action::RespondToPermission { request_id, answer } => {
-                self.held.check_permission_answer(&request_id, &answer)?;
+                self.work
+                    .held
+                    .check_permission_answer(&request_id, &answer)?;
                 let frame = acp_frames::permission_response(&request_id, &answer);
                 self.send_answer(action_id, fingerprint, &actor, &request_id, frame)
                     .await
             }
             Action::RespondElicitation { request_id, answer } => {
-                self.held.check_elicitation_answer(&request_id, &answer)?;
+                self.work
+                    .held
+                    .check_elicitation_answer(&request_id, &answer)?;
                 let frame = acp_frames::elicitation_response(&request_id, &answer);
                 self.send_answer(action_id, fingerprint, &actor, &request_id, frame)
                     .await
@@ -194,7 +217,7 @@ impl Actor {
         let status = match record.state {
             ActionState::Sent => ControlStatus::Sent,
             ActionState::Queued => {
-                ControlStatus::Queued(self.queue.position(&record.action_id).unwrap_or(1))
+                ControlStatus::Queued(self.work.queue.position(&record.action_id).unwrap_or(1))
             }
             ActionState::Removed => {
                 return Err(Error::new(
@@ -245,7 +268,7 @@ impl Actor {
             state: ActionState::Queued,
             created_at: entry.created_at,
         };
-        if self.conn.is_none() {
+        if self.runtime.conn.is_none() {
             // SUSPENDED or DISCONNECTED: reopen, with this action queued behind the reopen.
             if !(self.record.can_resume || self.record.can_load) {
                 return Err(Error::new(
@@ -257,13 +280,13 @@ impl Actor {
                     ),
                 ));
             }
-            let position = self.queue.push_back(entry.clone(), cap)?;
+            let position = self.work.queue.push_back(entry.clone(), cap)?;
             let mut out = Out::default();
             out.batch.new_actions.push(queued(fingerprint));
             out.batch.queue.push(QueueOp::PushBack(entry));
             out.queue_changed = true;
             if let Err(error) = self.flush(out).await {
-                self.queue.remove(&action_id).ok();
+                self.work.queue.remove(&action_id).ok();
                 return Err(error);
             }
             self.start_runtime(StartPurpose::Reopen).await;
@@ -272,16 +295,16 @@ impl Actor {
                 status: ControlStatus::Queued(position),
             });
         }
-        if interrupt && self.turn.is_some() {
+        if interrupt && self.work.turn.is_some() {
             // Behaves as a stop, and the prompt goes first.
-            self.queue.push_front(entry.clone(), cap)?;
+            self.work.queue.push_front(entry.clone(), cap)?;
             let mut out = Out::default();
             out.batch.new_actions.push(queued(fingerprint));
             out.batch.queue.push(QueueOp::PushFront(entry));
             out.queue_changed = true;
             self.cancel_turn(&mut out, action_id, &self.record.owner.clone());
             if let Err(error) = self.flush(out).await {
-                self.queue.remove(&action_id).ok();
+                self.work.queue.remove(&action_id).ok();
                 return Err(error);
             }
             return Ok(ControlOutcome {
@@ -289,14 +312,14 @@ impl Actor {
                 status: ControlStatus::Queued(1),
             });
         }
-        if self.ready() && self.turn.is_none() && self.queue.is_empty() {
+        if self.ready() && self.work.turn.is_none() && self.work.queue.is_empty() {
             self.dispatch_entry(entry, Some(fingerprint), false).await?;
             return Ok(sent(action_id));
         }
         let position = if interrupt {
-            self.queue.push_front(entry.clone(), cap)?
+            self.work.queue.push_front(entry.clone(), cap)?
         } else {
-            self.queue.push_back(entry.clone(), cap)?
+            self.work.queue.push_back(entry.clone(), cap)?
         };
         let mut out = Out::default();
         out.batch.new_actions.push(queued(fingerprint));
@@ -307,7 +330,7 @@ impl Actor {
         });
         out.queue_changed = true;
         if let Err(error) = self.flush(out).await {
-            self.queue.remove(&action_id).ok();
+            self.work.queue.remove(&action_id).ok();
             return Err(error);
         }
         Ok(ControlOutcome {
@@ -319,12 +342,12 @@ impl Actor {
     /// Answers held interactions (elicitations `cancel`, permissions `cancelled`) and then sends
     /// `session/cancel`, so the agent is never left waiting.
     pub(super) fn cancel_turn(&mut self, out: &mut Out, action_id: ActionId, actor: &str) {
-        if let Some(elicitation) = self.held.elicitation.take() {
+        if let Some(elicitation) = self.work.held.elicitation.take() {
             let frame =
                 acp_frames::elicitation_response(&elicitation.id, &ElicitationAnswer::Cancel);
             self.log_send(out, &frame, actor, Some(action_id));
         }
-        for permission in std::mem::take(&mut self.held.permissions) {
+        for permission in std::mem::take(&mut self.work.held.permissions) {
             let frame =
                 acp_frames::permission_response(&permission.id, &PermissionAnswer::Cancelled);
             self.log_send(out, &frame, actor, Some(action_id));
@@ -332,7 +355,7 @@ impl Actor {
         let frame = acp_frames::cancel_notification(self.acp_session_id());
         self.log_send(out, &frame, actor, Some(action_id));
         let grace = self.profile.cancel_grace;
-        if let Some(turn) = &mut self.turn
+        if let Some(turn) = &mut self.work.turn
             && turn.cancel_deadline.is_none()
         {
             turn.cancel_deadline = Some(Instant::now() + grace);
@@ -405,7 +428,7 @@ impl Actor {
         let mut out = Out::default();
         out.record_action(action_id, fingerprint, ActionState::Sent);
         self.log_send(&mut out, &frame, actor, Some(action_id));
-        let released = self.held.release(request_id);
+        let released = self.work.held.release(request_id);
         self.refresh_status(&mut out);
         if let Err(error) = self.flush(out).await {
             // Nothing was sent: the request stays held.
@@ -419,12 +442,12 @@ impl Actor {
 
     pub(super) fn restore_held(&mut self, kind: Released, id: &JsonRpcId) {
         match kind {
-            Released::Permission => self.held.permissions.push(HeldPermission {
+            Released::Permission => self.work.held.permissions.push(HeldPermission {
                 id: id.clone(),
                 options: Vec::new(),
             }),
             Released::Elicitation => {
-                self.held.elicitation = Some(HeldElicitation { id: id.clone() })
+                self.work.held.elicitation = Some(HeldElicitation { id: id.clone() })
             }
         }
     }
@@ -443,10 +466,11 @@ impl Actor {
         }
         let limits = self.ctx.limits.clone();
         limits.check_prompt(&PromptAction::text(text.clone()))?;
-        let before = self.queue.get(&action_id).cloned();
+        let before = self.work.queue.get(&action_id).cloned();
         // A user cannot speak under a service's trigger: a user's edit drops the context.
         let drop_context = principal.kind != PrincipalKind::Service;
         let entry = self
+            .work
             .queue
             .edit(&action_id, text, principal.actor(), drop_context)?
             .clone();
@@ -456,6 +480,7 @@ impl Actor {
         if let Err(error) = self.flush(out).await {
             if let Some(before) = before {
                 let restored: Vec<QueuedEntry> = self
+                    .work
                     .queue
                     .entries()
                     .map(|e| {
@@ -466,7 +491,7 @@ impl Actor {
                         }
                     })
                     .collect();
-                self.queue = Queue::from_entries(restored);
+                self.work.queue = Queue::from_entries(restored);
             }
             return Err(error);
         }
@@ -474,8 +499,8 @@ impl Actor {
     }
 
     pub(super) async fn on_remove(&mut self, action_id: ActionId) -> Result<()> {
-        let before: Vec<QueuedEntry> = self.queue.entries().cloned().collect();
-        self.queue.remove(&action_id)?;
+        let before: Vec<QueuedEntry> = self.work.queue.entries().cloned().collect();
+        self.work.queue.remove(&action_id)?;
         let mut out = Out::default();
         out.batch.queue.push(QueueOp::Remove(action_id));
         out.batch
@@ -483,7 +508,7 @@ impl Actor {
             .push((action_id, ActionState::Removed));
         out.queue_changed = true;
         if let Err(error) = self.flush(out).await {
-            self.queue = Queue::from_entries(before);
+            self.work.queue = Queue::from_entries(before);
             return Err(error);
         }
         self.arm_idle_timer();
@@ -494,13 +519,13 @@ impl Actor {
         if self.record.status == SessionStatus::Closed {
             return Ok(self.record.clone());
         }
-        let had_runtime = self.conn.is_some();
+        let had_runtime = self.runtime.conn.is_some();
         self.kill_runtime();
-        self.starting = None;
+        self.runtime.starting = None;
         let open_turn = self.fail_running_turn();
         let mut out = Out::default();
         self.clear_queue(&mut out);
-        let mut event = json!({"event": "session_closed", "epoch": self.epoch});
+        let mut event = json!({"event": "session_closed", "epoch": self.runtime.epoch});
         if had_runtime {
             event["runtime_stopped"] = true.into();
         }

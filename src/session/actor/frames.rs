@@ -2,7 +2,25 @@
 //! steps, agent requests are held or answered, notifications update state — and the dispatch
 //! of the next queued turn (SPEC §4, §6, §7).
 
-use super::*;
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+use super::{Actor, HARNESS_ACTOR, Out, PendingKind, RUNTIME_ACTOR, StartPurpose, Turn};
+use crate::session::{
+    PermissionPolicy,
+    interactions::{self, HeldElicitation, HeldPermission, Released},
+};
+use crate::{
+    acp::{
+        connection::{Inbound, InvalidLine, RuntimeEvent},
+        frames::{self as acp_frames, PromptOptions, RpcErrorCode, rpc_code},
+    },
+    domain::{
+        ActionId, ElicitationAnswer, ErrorCode, JsonRpcId, PermissionAnswer, Result,
+        queue::{Queue, QueuedEntry, QueuedWork},
+    },
+    store::{ActionRecord, ActionState, Direction, QueueOp},
+};
 
 impl Actor {
     pub(super) async fn on_runtime_events(&mut self, events: Vec<RuntimeEvent>) {
@@ -10,7 +28,7 @@ impl Actor {
         let mut frames = Vec::new();
         let mut terminal = None;
         for event in events {
-            if self.conn.as_ref().map(|c| c.epoch) != Some(event.epoch) {
+            if self.runtime.conn.as_ref().map(|c| c.epoch) != Some(event.epoch) {
                 continue; // from an earlier connection
             }
             match event.inbound {
@@ -41,10 +59,11 @@ impl Actor {
                 .await;
         }
         for frame in frames {
-            if self.conn.is_none() {
+            if self.runtime.conn.is_none() {
                 break;
             }
             let span = self
+                .work
                 .turn
                 .as_ref()
                 .map_or_else(tracing::Span::none, |t| t.span.clone());
@@ -80,7 +99,7 @@ impl Actor {
                 self.log_event(
                     &mut out,
                     json!({"event": "invalid_line", "kind": kind, "length": length, "preview": preview}),
-                    self.turn.as_ref().map(|t| t.action_id),
+                    self.work.turn.as_ref().map(|t| t.action_id),
                 );
                 let _ = self.flush(out).await;
                 self.fault(kind, detail).await;
@@ -109,11 +128,11 @@ impl Actor {
             if let Some(action_id) = ActionId::from_jsonrpc_id(id) {
                 return Some(action_id);
             }
-            if self.pending.contains_key(&id.to_string()) {
+            if self.runtime.pending.contains_key(&id.to_string()) {
                 return None;
             }
         }
-        self.turn.as_ref().map(|t| t.action_id)
+        self.work.turn.as_ref().map(|t| t.action_id)
     }
 
     pub(super) async fn react(&mut self, frame: Value) {
@@ -140,7 +159,7 @@ impl Actor {
     }
 
     pub(super) async fn on_response(&mut self, id: &Value, frame: &Value) {
-        if let Some(pending) = self.pending.remove(&id.to_string()) {
+        if let Some(pending) = self.runtime.pending.remove(&id.to_string()) {
             return match pending.kind {
                 PendingKind::SetConfig { action_id } => {
                     self.on_set_config_response(action_id, frame).await
@@ -151,7 +170,7 @@ impl Actor {
         let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
             return;
         };
-        if let Some(turn) = self.turn.as_ref().filter(|t| t.action_id == action_id) {
+        if let Some(turn) = self.work.turn.as_ref().filter(|t| t.action_id == action_id) {
             let stop_reason = match frame.get("result") {
                 Some(result) => result
                     .get("stopReason")
@@ -172,7 +191,7 @@ impl Actor {
         } else {
             tracing::info!(session = %self.record.id, %action_id, "the runtime refused a config change");
         }
-        let creating = matches!(self.starting, Some(StartPurpose::Create { .. }));
+        let creating = matches!(self.runtime.starting, Some(StartPurpose::Create { .. }));
         if creating {
             if let Some(error) = frame.get("error") {
                 let message = error
@@ -192,9 +211,9 @@ impl Actor {
     }
 
     pub(super) async fn end_turn(&mut self) {
-        self.turn = None;
+        self.work.turn = None;
         // Held requests of the turn are released: a later answer gets *_NOT_PENDING.
-        self.held.clear();
+        self.work.held.clear();
         let mut out = Out::default();
         self.refresh_status(&mut out);
         let _ = self.flush(out).await;
@@ -205,7 +224,7 @@ impl Actor {
         let Some(agent_id) = JsonRpcId::from_json(id) else {
             return; // not a request ACP allows; nothing can answer it
         };
-        let turn = self.turn.as_ref().map(|t| t.action_id);
+        let turn = self.work.turn.as_ref().map(|t| t.action_id);
         let mut out = Out::default();
         match method {
             "session/request_permission" => {
@@ -215,26 +234,36 @@ impl Actor {
                     let frame = acp_frames::permission_response(&agent_id, &answer);
                     self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
                 } else {
-                    self.held.permissions.push(HeldPermission {
+                    self.work.held.permissions.push(HeldPermission {
                         id: agent_id,
                         options,
                     });
                     self.refresh_status(&mut out);
                 }
             }
-            "elicitation/create" => match interactions::elicitation_refusal(params, &self.held) {
-                Some(reason) => {
-                    let frame = acp_frames::error_response(id, acp_frames::INVALID_PARAMS, reason);
-                    self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+            "elicitation/create" => {
+                match interactions::elicitation_refusal(params, &self.work.held) {
+                    Some(reason) => {
+                        let frame = acp_frames::error_response(
+                            id,
+                            rpc_code(RpcErrorCode::InvalidParams),
+                            reason,
+                        );
+                        self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+                    }
+                    None => {
+                        self.work.held.elicitation = Some(HeldElicitation { id: agent_id });
+                        self.refresh_status(&mut out);
+                    }
                 }
-                None => {
-                    self.held.elicitation = Some(HeldElicitation { id: agent_id });
-                    self.refresh_status(&mut out);
-                }
-            },
+            }
             _ => {
                 let message = format!("method not found: {method} is not served by this client");
-                let frame = acp_frames::error_response(id, acp_frames::METHOD_NOT_FOUND, &message);
+                let frame = acp_frames::error_response(
+                    id,
+                    rpc_code(RpcErrorCode::MethodNotFound),
+                    &message,
+                );
                 self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
             }
         }
@@ -264,7 +293,7 @@ impl Actor {
                     return;
                 };
                 // ACP: the original request still gets an answer; a cancelled one.
-                let frame = match self.held.release(&agent_id) {
+                let frame = match self.work.held.release(&agent_id) {
                     Some(Released::Permission) => {
                         acp_frames::permission_response(&agent_id, &PermissionAnswer::Cancelled)
                     }
@@ -274,7 +303,7 @@ impl Actor {
                     None => return,
                 };
                 let mut out = Out::default();
-                let turn = self.turn.as_ref().map(|t| t.action_id);
+                let turn = self.work.turn.as_ref().map(|t| t.action_id);
                 self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
                 self.refresh_status(&mut out);
                 let _ = self.flush(out).await;
@@ -286,19 +315,19 @@ impl Actor {
     /// Sends the next queued action when the runtime is ready and no turn runs. Taking the head
     /// of the queue and appending its frame are one store transaction.
     pub(super) async fn dispatch_next(&mut self) {
-        if !self.ready() || self.turn.is_some() || self.ctx.is_draining() {
+        if !self.ready() || self.work.turn.is_some() || self.ctx.is_draining() {
             return;
         }
-        let Some(entry) = self.queue.front().cloned() else {
+        let Some(entry) = self.work.queue.front().cloned() else {
             return;
         };
-        self.queue.pop_front();
+        self.work.queue.pop_front();
         if let Err(error) = self.dispatch_entry(entry.clone(), None, true).await {
             tracing::error!(session = %self.record.id, %error, "could not dispatch the queue head");
             // Nothing changed in the store: put it back.
             let mut queue: Vec<QueuedEntry> = vec![entry];
-            queue.extend(self.queue.entries().cloned());
-            self.queue = Queue::from_entries(queue);
+            queue.extend(self.work.queue.entries().cloned());
+            self.work.queue = Queue::from_entries(queue);
         }
     }
 
@@ -350,11 +379,12 @@ impl Actor {
         }
         self.log_send(&mut out, &frame, &entry.actor, Some(entry.action_id));
         let previous = self
+            .work
             .turn
             .replace(Turn::new(self.record.id, entry.action_id));
         self.refresh_status(&mut out);
         if let Err(error) = self.flush(out).await {
-            self.turn = previous;
+            self.work.turn = previous;
             self.record.status = self.live_status();
             return Err(error);
         }

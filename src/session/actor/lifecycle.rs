@@ -1,7 +1,27 @@
 //! A session's runtime over its life: start and handshake, reopen (resume or load), recovery
 //! after a harness restart, faults, suspension and draining (SPEC §8).
 
-use super::*;
+use std::{io, process::ExitStatus, time::Instant};
+
+use serde_json::{Value, json};
+
+use super::{
+    Actor, CLOSE_GRACE, Conn, EXIT_DRAIN, HARNESS_ACTOR, Out, Pending, PendingKind, STDERR_DRAIN,
+    STDERR_QUOTE_CHARS, StartPurpose, fingerprint,
+};
+use crate::{
+    acp::{
+        connection::{self, LineWriter},
+        frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
+        process,
+    },
+    domain::{
+        Action, ActionId, Error, ErrorCode, Result,
+        queue::{QueuedEntry, QueuedWork},
+        session::SessionStatus,
+    },
+    store::ActionState,
+};
 
 impl Actor {
     /// After a harness restart (SPEC §8): a turn that was in flight is closed in the log as
@@ -10,10 +30,10 @@ impl Actor {
     pub(super) async fn recover(&mut self) {
         if !self.record.status.has_runtime() {
             if self.record.status != SessionStatus::Closed
-                && !self.queue.is_empty()
+                && !self.work.queue.is_empty()
                 && (self.record.can_resume || self.record.can_load)
             {
-                tracing::info!(session = %self.record.id, queued = self.queue.len(), "reopening to drain the queue");
+                tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening to drain the queue");
                 self.start_runtime(StartPurpose::Reopen).await;
             }
             return;
@@ -26,7 +46,7 @@ impl Actor {
         if turn_in_flight {
             self.log_event(
                 &mut out,
-                json!({"event": "harness_restarted", "epoch": self.epoch,
+                json!({"event": "harness_restarted", "epoch": self.runtime.epoch,
                        "detail": "the harness restarted during the turn; it is not re-sent"}),
                 None,
             );
@@ -44,8 +64,8 @@ impl Actor {
             tracing::error!(session = %self.record.id, %error, "could not record the restart");
             return;
         }
-        if !self.queue.is_empty() && (self.record.can_resume || self.record.can_load) {
-            tracing::info!(session = %self.record.id, queued = self.queue.len(), "reopening to drain the queue");
+        if !self.work.queue.is_empty() && (self.record.can_resume || self.record.can_load) {
+            tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening to drain the queue");
             self.start_runtime(StartPurpose::Reopen).await;
         }
     }
@@ -66,7 +86,7 @@ impl Actor {
             }
         };
         let cwd = std::path::PathBuf::from(&self.record.cwd);
-        let spawned = match process::spawn(&self.profile, &cwd, &self.ctx.registry) {
+        let spawned = match process::spawn(self.profile.launch(), &cwd, &self.ctx.registry) {
             Ok(spawned) => spawned,
             Err(e) => {
                 let error = Error::new(
@@ -79,16 +99,16 @@ impl Actor {
                 return self.start_failed(purpose, error).await;
             }
         };
-        self.epoch += 1;
-        let epoch = self.epoch;
-        let writer = LineWriter::start(spawned.stdin, epoch, self.runtime_tx.clone());
+        self.runtime.epoch += 1;
+        let epoch = self.runtime.epoch;
+        let writer = LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
         tokio::spawn(connection::read_lines(
             spawned.stdout,
             epoch,
             self.ctx.limits.runtime_line_bytes,
-            self.runtime_tx.clone(),
+            self.runtime.events_tx.clone(),
         ));
-        self.conn = Some(Conn {
+        self.runtime.conn = Some(Conn {
             epoch,
             writer,
             killer: spawned.killer,
@@ -100,7 +120,7 @@ impl Actor {
             next_id: 0,
             _permit: permit,
         });
-        self.starting = Some(purpose);
+        self.runtime.starting = Some(purpose);
         let mut out = Out::default();
         self.log_event(
             &mut out,
@@ -119,7 +139,7 @@ impl Actor {
     }
 
     pub(super) fn harness_request_id(&mut self) -> Value {
-        let conn = self.conn.as_mut().expect("a runtime is connected");
+        let conn = self.runtime.conn.as_mut().expect("a runtime is connected");
         let id = acp_frames::harness_request_id(conn.epoch, conn.next_id);
         conn.next_id += 1;
         id
@@ -127,7 +147,7 @@ impl Actor {
 
     pub(super) fn expect(&mut self, id: &Value, kind: PendingKind, method: &'static str) {
         let timeout = self.profile.startup_timeout;
-        self.pending.insert(
+        self.runtime.pending.insert(
             id.to_string(),
             Pending {
                 kind,
@@ -177,7 +197,7 @@ impl Actor {
                 PendingKind::SetConfig { .. } => "session/set_config_option",
             };
             let reason = format!("{step} failed with error {code}: {message}");
-            let code = if code == acp_frames::AUTH_REQUIRED {
+            let code = if code == rpc_code(RpcErrorCode::AuthRequired) {
                 ErrorCode::RuntimeAuthRequired
             } else {
                 ErrorCode::RuntimeStartFailed
@@ -198,7 +218,7 @@ impl Actor {
                     .is_some_and(|r| !r.is_null());
                 self.touch(&mut out);
                 let id = self.harness_request_id();
-                match self.starting {
+                match self.runtime.starting {
                     Some(StartPurpose::Create { .. }) => {
                         let frame = acp_frames::new_session_request(id.clone(), &self.record.cwd);
                         self.expect(&id, PendingKind::NewSession, "session/new");
@@ -245,7 +265,7 @@ impl Actor {
                 self.record.acp_session_id = session_id.to_owned();
                 self.adopt_config_options(&result);
                 self.touch(&mut out);
-                let requested_model = match &mut self.starting {
+                let requested_model = match &mut self.runtime.starting {
                     Some(StartPurpose::Create { model, .. }) => model.take(),
                     _ => None,
                 };
@@ -257,7 +277,8 @@ impl Actor {
                         return self.startup_fault(error.code, error.message).await;
                     }
                     let action_id = ActionId::mint();
-                    let config_id = acp_frames::model_config_id(&self.config_options).to_owned();
+                    let config_id =
+                        acp_frames::model_config_id(&self.runtime.config_options).to_owned();
                     let frame = acp_frames::set_config_option_request(
                         &action_id,
                         self.acp_session_id(),
@@ -295,7 +316,7 @@ impl Actor {
 
     /// The handshake is done: answer CreateSession, send the first prompt, drain the queue.
     pub(super) async fn become_ready(&mut self, mut out: Out) {
-        let purpose = self.starting.take();
+        let purpose = self.runtime.starting.take();
         self.refresh_status(&mut out);
         if let Err(e) = self.flush(out).await {
             return self.fault("storage", e.message).await;
@@ -341,7 +362,7 @@ impl Actor {
         } else {
             format!("{reason}; stderr: {tail}")
         };
-        if matches!(self.starting, Some(StartPurpose::Create { .. })) {
+        if matches!(self.runtime.starting, Some(StartPurpose::Create { .. })) {
             self.fail_create(Error::new(code, message));
         } else {
             self.fault("handshake", reason).await;
@@ -352,14 +373,14 @@ impl Actor {
     /// then removes the session).
     pub(super) fn fail_create(&mut self, error: Error) {
         self.kill_runtime();
-        if let Some(StartPurpose::Create { ready, .. }) = self.starting.take() {
+        if let Some(StartPurpose::Create { ready, .. }) = self.runtime.starting.take() {
             let _ = ready.send(Err(error));
         }
         self.finished = true;
     }
 
     pub(super) async fn stderr_tail(&self) -> String {
-        let Some(conn) = &self.conn else {
+        let Some(conn) = &self.runtime.conn else {
             return String::new();
         };
         conn.stderr.closed(STDERR_DRAIN).await;
@@ -367,21 +388,21 @@ impl Actor {
     }
 
     pub(super) fn kill_runtime(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
+        if let Some(mut conn) = self.runtime.conn.take() {
             conn.killer.kill();
         }
-        self.pending.clear();
-        self.held.clear();
+        self.runtime.pending.clear();
+        self.work.held.clear();
     }
 
     /// A runtime fault (SPEC §8): log it, fail the running turn, release held interactions,
     /// kill the process, and leave the session DISCONNECTED with a reason. No automatic respawn.
     pub(super) async fn fault(&mut self, kind: &str, detail: String) {
-        if self.conn.is_none() {
+        if self.runtime.conn.is_none() {
             return;
         }
         let tail = self.stderr_tail().await;
-        if matches!(self.starting, Some(StartPurpose::Create { .. })) {
+        if matches!(self.runtime.starting, Some(StartPurpose::Create { .. })) {
             let message = if tail.is_empty() {
                 detail
             } else {
@@ -389,10 +410,14 @@ impl Actor {
             };
             return self.fail_create(Error::new(ErrorCode::RuntimeStartFailed, message));
         }
-        let epoch = self.epoch;
-        let exit = self.conn.as_ref().and_then(|c| c.exit_status.clone());
+        let epoch = self.runtime.epoch;
+        let exit = self
+            .runtime
+            .conn
+            .as_ref()
+            .and_then(|c| c.exit_status.clone());
         self.kill_runtime();
-        self.starting = None;
+        self.runtime.starting = None;
         let failed_turn = self.fail_running_turn();
         let mut reason = detail.clone();
         if !tail.is_empty() {
@@ -421,7 +446,7 @@ impl Actor {
     }
 
     pub(super) async fn on_exit(&mut self, status: Option<io::Result<ExitStatus>>) {
-        let Some(conn) = self.conn.as_mut() else {
+        let Some(conn) = self.runtime.conn.as_mut() else {
             return;
         };
         conn.exited = None;
@@ -440,7 +465,7 @@ impl Actor {
 
     /// The end of the runtime's output: a fault once it is clear whether the process exited.
     pub(super) fn on_output_closed(&mut self) -> Option<(&'static str, String)> {
-        let conn = self.conn.as_mut()?;
+        let conn = self.runtime.conn.as_mut()?;
         conn.output_closed = true;
         match &conn.exit_status {
             Some(exit) => Some(("exit", format!("runtime {exit}"))),
@@ -453,7 +478,7 @@ impl Actor {
 
     pub(super) async fn on_deadline(&mut self) {
         let now = Instant::now();
-        if let Some(conn) = &self.conn
+        if let Some(conn) = &self.runtime.conn
             && conn.exit_deadline.is_some_and(|d| d <= now)
         {
             return match &conn.exit_status {
@@ -464,9 +489,9 @@ impl Actor {
                 }
             };
         }
-        if let Some((key, _)) = self.pending.iter().find(|(_, p)| p.deadline <= now) {
+        if let Some((key, _)) = self.runtime.pending.iter().find(|(_, p)| p.deadline <= now) {
             let key = key.clone();
-            let pending = self.pending.remove(&key).expect("just found");
+            let pending = self.runtime.pending.remove(&key).expect("just found");
             let detail = format!(
                 "no answer to {} within {}",
                 pending.method,
@@ -475,6 +500,7 @@ impl Actor {
             return self.fault("timeout", detail).await;
         }
         if self
+            .work
             .turn
             .as_ref()
             .and_then(|t| t.cancel_deadline)
@@ -486,22 +512,22 @@ impl Actor {
             );
             return self.fault("cancel_grace", detail).await;
         }
-        if self.idle_deadline.is_some_and(|d| d <= now) {
-            self.idle_deadline = None;
+        if self.work.idle_deadline.is_some_and(|d| d <= now) {
+            self.work.idle_deadline = None;
             self.suspend("idle timeout").await;
         }
     }
 
     /// Stops the runtime on purpose (SUSPENDED); it reopens on demand.
     pub(super) async fn suspend(&mut self, why: &str) {
-        if self.conn.is_none() || self.turn.is_some() || !self.queue.is_empty() {
+        if self.runtime.conn.is_none() || self.work.turn.is_some() || !self.work.queue.is_empty() {
             return;
         }
         self.kill_runtime();
         let mut out = Out::default();
         self.log_event(
             &mut out,
-            json!({"event": "runtime_stopped", "epoch": self.epoch, "reason": why}),
+            json!({"event": "runtime_stopped", "epoch": self.runtime.epoch, "reason": why}),
             None,
         );
         self.record.status = SessionStatus::Suspended;
@@ -514,14 +540,15 @@ impl Actor {
     /// the runtime is stopped, and the session is SUSPENDED (queued work survives and reopens
     /// when the harness starts again).
     pub(super) async fn on_drain(&mut self) -> Result<()> {
-        if self.conn.is_none() {
+        if self.runtime.conn.is_none() {
             return Ok(());
         }
         self.kill_runtime();
-        self.starting = None;
+        self.runtime.starting = None;
         let failed_turn = self.fail_running_turn();
         let mut out = Out::default();
-        let mut event = json!({"event": "drain", "epoch": self.epoch, "runtime_stopped": true});
+        let mut event =
+            json!({"event": "drain", "epoch": self.runtime.epoch, "runtime_stopped": true});
         if let Some(turn) = failed_turn {
             event["failed_turn"] = turn.to_string().into();
         }

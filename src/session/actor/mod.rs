@@ -17,37 +17,31 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
-use tracing::Instrument;
-
 use super::{
-    Command, ControlOutcome, ControlStatus, EngineContext, SessionEvent, SessionHandle, Shared,
-    interactions::{self, Held, HeldElicitation, HeldPermission, Released},
+    Command, ControlOutcome, ControlStatus, EngineContext, Profile, SessionEvent, SessionHandle,
+    Shared, interactions::Held, metrics,
 };
 use crate::{
     acp::{
-        connection::{self, Inbound, InvalidLine, LineWriter, RuntimeEvent},
-        process::{self, RuntimeKiller, StderrTail},
+        connection::{LineWriter, RuntimeEvent},
+        frames::ReopenMethod,
+        process::{RuntimeKiller, StderrTail},
     },
-    config::{PermissionPolicy, Profile},
     domain::{
-        Action, ActionId, ElicitationAnswer, Error, ErrorCode, JsonRpcId, PermissionAnswer,
-        Principal, PrincipalKind, PromptAction, Result,
-        acp_frames::{self, ConfigValue, PromptOptions, ReopenMethod},
-        queue::{Queue, QueuedEntry, QueuedWork},
+        Action, ActionId, PromptAction, Result,
+        queue::{Queue, QueuedEntry},
         session::{SessionRecord, SessionStatus},
     },
-    grpc::convert::ControlInput,
     store::{ActionRecord, ActionState, Batch, Direction, LogEntry, QueueOp},
-    telemetry::metrics,
 };
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 /// Actor of the log entries the runtime wrote.
-pub const RUNTIME_ACTOR: &str = "runtime";
+pub(crate) const RUNTIME_ACTOR: &str = "runtime";
 /// Actor of entries the harness made on its own (handshake, events, automatic answers).
-pub const HARNESS_ACTOR: &str = "harness";
+pub(crate) const HARNESS_ACTOR: &str = "harness";
 /// How long to wait for a runtime's output to close after its process exited.
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
 /// How long to wait for a runtime to exit after its output closed, before calling it a closed
@@ -169,20 +163,34 @@ pub(crate) struct Actor {
     record: SessionRecord,
     profile: Arc<Profile>,
     head: u64,
-    epoch: u32,
     commands: mpsc::Receiver<Command>,
-    runtime_tx: mpsc::Sender<RuntimeEvent>,
-    runtime_rx: mpsc::Receiver<RuntimeEvent>,
+    runtime: RuntimeLink,
+    work: Work,
+    /// Set when the session was deleted (or its creation failed): the actor stops.
+    finished: bool,
+}
+
+/// The actor's side of its runtime, for the current epoch: the connection (when one is up), the
+/// handshake under way, the harness's own requests awaiting answers, and what the runtime
+/// advertised.
+struct RuntimeLink {
+    epoch: u32,
+    /// Lines and exits from the runtime reader; the sender is lent to each new connection.
+    events_tx: mpsc::Sender<RuntimeEvent>,
+    events_rx: mpsc::Receiver<RuntimeEvent>,
     conn: Option<Conn>,
     starting: Option<StartPurpose>,
     pending: HashMap<String, Pending>,
+    config_options: Vec<Value>,
+}
+
+/// What the session is doing for its callers: the running turn, the queue behind it, the
+/// requests held for a person, and when an idle runtime is stopped.
+struct Work {
     turn: Option<Turn>,
     queue: Queue,
     held: Held,
-    config_options: Vec<Value>,
     idle_deadline: Option<Instant>,
-    /// Set when the session was deleted (or its creation failed): the actor stops.
-    finished: bool,
 }
 
 /// Capacity of a session's command channel.
@@ -218,21 +226,25 @@ impl Actor {
             record: resume.record,
             profile,
             head: resume.head,
-            epoch: resume.epoch,
             commands,
-            runtime_tx,
-            runtime_rx,
-            conn: None,
-            starting: None,
-            pending: HashMap::new(),
-            turn: None,
-            queue: Queue::from_entries(resume.queue),
-            held: Held::default(),
-            config_options: Vec::new(),
-            idle_deadline: None,
+            runtime: RuntimeLink {
+                epoch: resume.epoch,
+                events_tx: runtime_tx,
+                events_rx: runtime_rx,
+                conn: None,
+                starting: None,
+                pending: HashMap::new(),
+                config_options: Vec::new(),
+            },
+            work: Work {
+                turn: None,
+                queue: Queue::from_entries(resume.queue),
+                held: Held::default(),
+                idle_deadline: None,
+            },
             finished: false,
         };
-        actor.shared.set_queue_len(actor.queue.len());
+        actor.shared.set_queue_len(actor.work.queue.len());
         tokio::spawn(actor.run(after_restart, purpose));
         SessionHandle {
             shared,
@@ -250,17 +262,17 @@ impl Actor {
         while !self.finished {
             let deadline = self.next_deadline();
             let exited = async {
-                match self.conn.as_mut().and_then(|c| c.exited.as_mut()) {
+                match self.runtime.conn.as_mut().and_then(|c| c.exited.as_mut()) {
                     Some(exited) => exited.await.ok(),
                     None => std::future::pending().await,
                 }
             };
             tokio::select! {
                 biased;
-                Some(first) = self.runtime_rx.recv() => {
+                Some(first) = self.runtime.events_rx.recv() => {
                     let mut events = vec![first];
                     while events.len() < INBOUND_BATCH {
-                        match self.runtime_rx.try_recv() {
+                        match self.runtime.events_rx.try_recv() {
                             Ok(event) => events.push(event),
                             Err(_) => break,
                         }
@@ -275,13 +287,13 @@ impl Actor {
                 _ = sleep_until(deadline) => Box::pin(self.on_deadline()).await,
             }
         }
-        if let Some(mut conn) = self.conn.take() {
+        if let Some(mut conn) = self.runtime.conn.take() {
             conn.killer.kill();
         }
     }
 
     fn ready(&self) -> bool {
-        self.conn.is_some() && self.starting.is_none()
+        self.runtime.conn.is_some() && self.runtime.starting.is_none()
     }
 
     fn acp_session_id(&self) -> &str {
@@ -289,13 +301,13 @@ impl Actor {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let pending = self.pending.values().map(|p| p.deadline);
-        let cancel = self.turn.as_ref().and_then(|t| t.cancel_deadline);
-        let exit = self.conn.as_ref().and_then(|c| c.exit_deadline);
+        let pending = self.runtime.pending.values().map(|p| p.deadline);
+        let cancel = self.work.turn.as_ref().and_then(|t| t.cancel_deadline);
+        let exit = self.runtime.conn.as_ref().and_then(|c| c.exit_deadline);
         pending
             .chain(cancel)
             .chain(exit)
-            .chain(self.idle_deadline)
+            .chain(self.work.idle_deadline)
             .min()
     }
 
@@ -315,7 +327,7 @@ impl Actor {
             json,
             actor: actor.to_owned(),
             action_id,
-            epoch: self.epoch,
+            epoch: self.runtime.epoch,
             created_at: crate::domain::now(),
         });
     }
@@ -341,10 +353,10 @@ impl Actor {
     fn live_status(&self) -> SessionStatus {
         match self.record.status {
             SessionStatus::Closed => SessionStatus::Closed,
-            _ if self.conn.is_none() => self.record.status,
-            _ if self.starting.is_some() => SessionStatus::Starting,
-            _ if !self.held.is_empty() => SessionStatus::AwaitingInput,
-            _ if self.turn.is_some() => SessionStatus::Running,
+            _ if self.runtime.conn.is_none() => self.record.status,
+            _ if self.runtime.starting.is_some() => SessionStatus::Starting,
+            _ if !self.work.held.is_empty() => SessionStatus::AwaitingInput,
+            _ if self.work.turn.is_some() => SessionStatus::Running,
             _ => SessionStatus::Idle,
         }
     }
@@ -418,7 +430,7 @@ impl Actor {
         if session_changed {
             self.shared.set_record(&self.record);
         }
-        if let Some(conn) = &self.conn {
+        if let Some(conn) = &self.runtime.conn {
             for line in send {
                 if let Err(reason) = conn.writer.send(line) {
                     tracing::warn!(session = %self.record.id, reason, "could not send a frame");
@@ -428,8 +440,8 @@ impl Actor {
         }
         self.publish_entries(entries, appended).await;
         if queue_changed {
-            self.shared.set_queue_len(self.queue.len());
-            let snapshot: Vec<QueuedEntry> = self.queue.entries().cloned().collect();
+            self.shared.set_queue_len(self.work.queue.len());
+            let snapshot: Vec<QueuedEntry> = self.work.queue.entries().cloned().collect();
             self.shared.publish(SessionEvent::Queue(Arc::new(snapshot)));
         }
         if session_changed {
@@ -467,7 +479,7 @@ impl Actor {
 
     /// Ends the running turn as failed (the runtime is going away with it); its action id.
     fn fail_running_turn(&mut self) -> Option<ActionId> {
-        self.turn.take().map(|turn| {
+        self.work.turn.take().map(|turn| {
             turn.ended("failed");
             turn.action_id
         })
@@ -475,10 +487,10 @@ impl Actor {
 
     /// Removes every queued action in this step (a clearing stop, a close).
     fn clear_queue(&mut self, out: &mut Out) {
-        if self.queue.is_empty() {
+        if self.work.queue.is_empty() {
             return;
         }
-        for entry in self.queue.clear() {
+        for entry in self.work.queue.clear() {
             out.batch
                 .action_states
                 .push((entry.action_id, ActionState::Removed));
@@ -488,8 +500,10 @@ impl Actor {
     }
 
     fn arm_idle_timer(&mut self) {
-        self.idle_deadline = match self.profile.idle_timeout {
-            Some(idle) if self.live_status() == SessionStatus::Idle && self.queue.is_empty() => {
+        self.work.idle_deadline = match self.profile.idle_timeout {
+            Some(idle)
+                if self.live_status() == SessionStatus::Idle && self.work.queue.is_empty() =>
+            {
                 Some(Instant::now() + idle)
             }
             _ => None,

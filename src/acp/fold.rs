@@ -13,8 +13,9 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::{
-    Action, ActionId, JsonRpcId, PromptAttachment, acp_frames,
+use super::frames as acp_frames;
+use crate::domain::{
+    Action, ActionId, JsonRpcId, PromptAttachment,
     action::{ElicitationAnswer, PermissionAnswer},
     log::{Direction, LogEntry},
 };
@@ -36,15 +37,19 @@ pub enum StopReason {
 }
 
 impl StopReason {
+    /// The stop reason a `session/prompt` result names, in ACP's own vocabulary.
     fn parse(text: &str) -> Option<Self> {
-        match text {
-            "end_turn" => Some(Self::EndTurn),
-            "max_tokens" => Some(Self::MaxTokens),
-            "max_turn_requests" => Some(Self::MaxTurnRequests),
-            "refusal" => Some(Self::Refusal),
-            "cancelled" => Some(Self::Cancelled),
-            _ => None,
-        }
+        use agent_client_protocol_schema::v1::StopReason as Wire;
+        let wire: Wire = serde_json::from_value(Value::String(text.to_owned())).ok()?;
+        Some(match wire {
+            Wire::EndTurn => Self::EndTurn,
+            Wire::MaxTokens => Self::MaxTokens,
+            Wire::MaxTurnRequests => Self::MaxTurnRequests,
+            Wire::Refusal => Self::Refusal,
+            Wire::Cancelled => Self::Cancelled,
+            // A reason newer than this harness knows reads as unknown, as any other text does.
+            _ => return None,
+        })
     }
 }
 
@@ -798,12 +803,7 @@ impl Fold {
     fn adopt_config_options(&mut self, options: Vec<Value>) {
         self.metadata.config_options_json = Value::Array(options.clone()).to_string();
         self.config_options = options;
-        let model_id = acp_frames::model_config_id(&self.config_options);
-        let model_option = self
-            .config_options
-            .iter()
-            .find(|o| o.get("id").and_then(Value::as_str) == Some(model_id));
-        match model_option {
+        match acp_frames::model_option(&self.config_options) {
             Some(option) => {
                 self.metadata.model = str_field(option, "currentValue");
                 self.metadata.models = model_values(option);
@@ -910,27 +910,17 @@ fn push_content(parts: &mut Vec<Part>, content: &Value, thought: bool) {
 }
 
 fn model_values(option: &Value) -> Vec<ModelOption> {
-    fn collect(options: &Value, out: &mut Vec<ModelOption>) {
-        for option in options.as_array().into_iter().flatten() {
-            if let Some(value) = option.get("value").and_then(Value::as_str) {
-                out.push(ModelOption {
-                    value: value.to_owned(),
-                    name: str_field(option, "name"),
-                    description: option
-                        .get("description")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                });
-            } else if let Some(group) = option.get("options") {
-                collect(group, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    if let Some(options) = option.get("options") {
-        collect(options, &mut out);
-    }
-    out
+    acp_frames::select_choices(option)
+        .into_iter()
+        .map(|choice| ModelOption {
+            value: str_field(choice, "value"),
+            name: str_field(choice, "name"),
+            description: choice
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        })
+        .collect()
 }
 
 /// Pages of a transcript by turns.
@@ -946,10 +936,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::domain::{
-        PromptAction,
-        acp_frames::{self, PromptOptions},
-        invocation::DEFAULT_META_KEY,
+    use crate::{
+        acp::frames::PromptOptions,
+        domain::{PromptAction, invocation::DEFAULT_META_KEY},
     };
 
     /// Builds a log the way the harness writes one.

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{
+use crate::domain::{
     action::{
         Action, ElicitationAnswer, JsonRpcId, PermissionAnswer, PromptAction, PromptAttachment,
     },
@@ -13,12 +13,13 @@ use super::{
 
 /// ACP protocol version spoken with runtimes.
 pub const PROTOCOL_VERSION: u16 = 1;
-/// JSON-RPC error: method not found.
-pub const METHOD_NOT_FOUND: i64 = -32601;
-/// JSON-RPC error: invalid params.
-pub const INVALID_PARAMS: i64 = -32602;
-/// ACP error: authentication required.
-pub const AUTH_REQUIRED: i64 = -32000;
+/// JSON-RPC and ACP error codes, in the protocol crate's vocabulary.
+pub use agent_client_protocol_schema::v1::ErrorCode as RpcErrorCode;
+
+/// The number a JSON-RPC error frame carries for `code`.
+pub fn rpc_code(code: RpcErrorCode) -> i64 {
+    i64::from(i32::from(code))
+}
 /// The config id used for models when no advertised option is categorised `model`.
 pub const DEFAULT_MODEL_CONFIG_ID: &str = "model";
 
@@ -259,6 +260,37 @@ pub fn model_config_id(config_options: &[Value]) -> &str {
         .find(|option| option.get("category").and_then(Value::as_str) == Some("model"))
         .and_then(|option| option.get("id").and_then(Value::as_str))
         .unwrap_or(DEFAULT_MODEL_CONFIG_ID)
+}
+
+/// The advertised config option with this id.
+pub fn config_option<'a>(config_options: &'a [Value], id: &str) -> Option<&'a Value> {
+    config_options
+        .iter()
+        .find(|option| option.get("id").and_then(Value::as_str) == Some(id))
+}
+
+/// The advertised option that selects the model (see [`model_config_id`]).
+pub fn model_option(config_options: &[Value]) -> Option<&Value> {
+    config_option(config_options, model_config_id(config_options))
+}
+
+/// The choices of a select config option, in order, with groups flattened: each is an object
+/// with a `value` (and perhaps a `name` and a `description`).
+pub fn select_choices(option: &Value) -> Vec<&Value> {
+    fn collect<'a>(options: &'a Value, out: &mut Vec<&'a Value>) {
+        for option in options.as_array().into_iter().flatten() {
+            if option.get("value").and_then(Value::as_str).is_some() {
+                out.push(option);
+            } else if let Some(group) = option.get("options") {
+                collect(group, out);
+            }
+        }
+    }
+    let mut choices = Vec::new();
+    if let Some(options) = option.get("options") {
+        collect(options, &mut choices);
+    }
+    choices
 }
 
 /// Whether a prompt block is the hidden invocation block.

@@ -1,0 +1,353 @@
+//! Creating a session: everything is validated before anything is stored; a create repeated
+//! with the same session id and request finds the session it made.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::Sessions;
+use crate::{
+    domain::{
+        ActionId, Error, ErrorCode, Principal, PromptAction, Result,
+        action_id::parse_session_id,
+        origin::Origin,
+        session::{SessionRecord, SessionStatus},
+    },
+    session::actor::{Actor, FirstPrompt, Resume, StartPurpose},
+};
+
+/// A CreateSession request, decoded.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CreateInput {
+    pub session_id: Option<String>,
+    pub profile: String,
+    pub cwd: String,
+    pub model: Option<String>,
+    pub name: Option<String>,
+    pub origin: Option<Origin>,
+    pub labels: BTreeMap<String, String>,
+    pub editors: Vec<String>,
+}
+
+/// A created (or idempotently found) session.
+#[derive(Debug, Clone)]
+pub(crate) struct Created {
+    pub record: SessionRecord,
+    pub head: u64,
+    pub first_action_id: Option<ActionId>,
+}
+
+impl Sessions {
+    pub(crate) async fn create(
+        &self,
+        principal: &Principal,
+        input: CreateInput,
+        traceparent: Option<String>,
+    ) -> Result<Created> {
+        let ctx = &self.ctx;
+        let limits = &ctx.limits;
+        let profile = ctx.profiles.get(&input.profile).cloned().ok_or_else(|| {
+            let known: Vec<&str> = ctx.profiles.keys().map(String::as_str).collect();
+            Error::new(
+                ErrorCode::ProfileNotFound,
+                format!(
+                    "profile {:?} is not configured; configured: {}",
+                    input.profile,
+                    known.join(", ")
+                ),
+            )
+        })?;
+        let cwd = self.check_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())?;
+        let session_id = match &input.session_id {
+            Some(id) => parse_session_id(id)?,
+            None => Uuid::now_v7(),
+        };
+        if let Some(name) = &input.name {
+            limits.check_session_name(name)?;
+        }
+        if let Some(model) = &input.model {
+            limits.check_identifier("model", model)?;
+        }
+        self.check_labels_and_editors(&input.labels, &input.editors)?;
+        let first_prompt = match &input.origin {
+            Some(origin) => self.first_prompt(origin)?,
+            None => None,
+        };
+        if let Some(prompt) = &first_prompt {
+            limits.check_prompt(prompt)?;
+        }
+        if ctx.is_draining() {
+            return Err(Error::new(
+                ErrorCode::Draining,
+                "the server is draining: create the session elsewhere",
+            ));
+        }
+        let owner = principal.actor().to_owned();
+        let request_fingerprint = request_fingerprint(&owner, &input);
+
+        if input.session_id.is_some()
+            && let Some(existing) = ctx.store.get_session(session_id).await?
+        {
+            return self
+                .idempotent(existing, &owner, &request_fingerprint)
+                .await;
+        }
+        let admission = self.admission.lock().await;
+        if ctx.store.count_live_sessions(&owner).await? >= limits.sessions_per_principal as u64 {
+            return Err(Error::new(
+                ErrorCode::TooManySessions,
+                format!(
+                    "{owner} owns its maximum of {} live sessions; close some first",
+                    limits.sessions_per_principal
+                ),
+            )
+            .with("max", limits.sessions_per_principal));
+        }
+
+        let now = crate::domain::now();
+        let record = SessionRecord {
+            id: session_id,
+            name: input.name.clone().unwrap_or_default(),
+            owner: owner.clone(),
+            profile: profile.name.clone(),
+            cwd: cwd.to_string_lossy().into_owned(),
+            model: String::new(),
+            acp_session_id: String::new(),
+            status: SessionStatus::Starting,
+            status_reason: String::new(),
+            created_at: now,
+            updated_at: now,
+            labels: input.labels.clone(),
+            profile_fingerprint: profile.fingerprint(),
+            editors: input.editors.clone(),
+            request_fingerprint: request_fingerprint.clone(),
+            can_resume: false,
+            can_load: false,
+        };
+        let stored = ctx.store.create_session(&record).await;
+        drop(admission);
+        if let Err(error) = stored {
+            if error.code == ErrorCode::SessionExists
+                && let Some(existing) = ctx.store.get_session(session_id).await?
+            {
+                return self
+                    .idempotent(existing, &owner, &request_fingerprint)
+                    .await;
+            }
+            return Err(error);
+        }
+
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let first = first_prompt.map(|prompt| FirstPrompt {
+            action_id: ActionId::mint(),
+            prompt,
+            actor: owner.clone(),
+            traceparent,
+        });
+        let handle = Actor::spawn(
+            ctx.clone(),
+            profile.clone(),
+            Resume {
+                record,
+                head: 0,
+                epoch: 0,
+                queue: Vec::new(),
+                after_restart: false,
+            },
+            Some(StartPurpose::Create {
+                ready: ready_tx,
+                model: input.model.clone(),
+                first_prompt: first,
+            }),
+        );
+        self.handles
+            .write()
+            .expect("not poisoned")
+            .insert(session_id, handle.clone());
+        let started = ready_rx.await.unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorCode::RuntimeStartFailed,
+                "the session stopped while its runtime was starting",
+            ))
+        });
+        match started {
+            Ok(first_action_id) => {
+                let (record, head) = handle.shared.snapshot();
+                tracing::info!(session = %session_id, profile = %profile.name, %owner, "session created");
+                Ok(Created {
+                    record,
+                    head,
+                    first_action_id,
+                })
+            }
+            Err(error) => {
+                // No session is left behind: not in memory, not in the store.
+                self.handles
+                    .write()
+                    .expect("not poisoned")
+                    .remove(&session_id);
+                if let Err(e) = ctx.store.delete_session(session_id).await {
+                    tracing::error!(session = %session_id, error = %e, "could not remove a failed session");
+                }
+                tracing::info!(session = %session_id, %error, "session creation failed");
+                Err(error)
+            }
+        }
+    }
+
+    async fn idempotent(
+        &self,
+        existing: SessionRecord,
+        owner: &str,
+        request_fingerprint: &str,
+    ) -> Result<Created> {
+        if existing.owner != owner || existing.request_fingerprint != request_fingerprint {
+            return Err(Error::new(
+                ErrorCode::SessionExists,
+                format!("session id {} is taken by a different request", existing.id),
+            ));
+        }
+        let (record, head) = match self.live_snapshot(existing.id) {
+            Some(snapshot) => snapshot,
+            None => {
+                let head = self.ctx.store.head_offset(existing.id).await?;
+                (existing, head)
+            }
+        };
+        let first_action_id = self.first_prompt_id(record.id).await?;
+        Ok(Created {
+            record,
+            head,
+            first_action_id,
+        })
+    }
+
+    /// The action id of a session's first prompt, read back from its log.
+    async fn first_prompt_id(&self, session_id: Uuid) -> Result<Option<ActionId>> {
+        let entries = self.ctx.store.read_log(session_id, 0, 64).await?;
+        Ok(entries.iter().find_map(|entry| {
+            let frame: Value = serde_json::from_str(&entry.json).ok()?;
+            (frame.get("method")?.as_str()? == "session/prompt")
+                .then_some(entry.action_id)
+                .flatten()
+        }))
+    }
+
+    fn first_prompt(&self, origin: &Origin) -> Result<Option<PromptAction>> {
+        let prompt = match origin {
+            Origin::Mention(message) => {
+                if message.attachments.is_empty() {
+                    PromptAction::text(message.content.clone())
+                } else {
+                    self.ctx.translator.translate(message)?.prompt
+                }
+            }
+            Origin::TaskAssignment(task) => PromptAction::text(task.prompt.clone()),
+        };
+        let empty = prompt.prompt.trim().is_empty() && prompt.attachments.is_empty();
+        Ok((!empty).then_some(prompt))
+    }
+
+    /// `cwd` must be absolute, exist, and — canonicalised — lie under an allowed root.
+    fn check_cwd(&self, cwd: &str, roots: Option<&[PathBuf]>) -> Result<PathBuf> {
+        let path = Path::new(cwd);
+        if cwd.is_empty() || !path.is_absolute() {
+            return Err(Error::invalid(format!(
+                "cwd {cwd:?} must be an absolute path"
+            )));
+        }
+        if cwd.len() > 4096 {
+            return Err(Error::limit(
+                "cwd_bytes",
+                4096,
+                format_args!("a cwd of {} bytes", cwd.len()),
+            ));
+        }
+        let canonical = std::fs::canonicalize(path)
+            .map_err(|e| Error::invalid(format!("cwd {cwd:?} cannot be used: {e}")))?;
+        if !canonical.is_dir() {
+            return Err(Error::invalid(format!("cwd {cwd:?} is not a directory")));
+        }
+        match roots {
+            None if self.ctx.tokens_configured => Err(Error::invalid(
+                "this profile has no allowed_cwd_roots, so it accepts no cwd",
+            )),
+            None => Ok(canonical),
+            Some(roots) => {
+                let allowed = roots.iter().any(|root| {
+                    std::fs::canonicalize(root).is_ok_and(|root| canonical.starts_with(root))
+                });
+                if allowed {
+                    Ok(canonical)
+                } else {
+                    Err(Error::invalid(format!(
+                        "cwd {cwd:?} is not under an allowed root of this profile"
+                    )))
+                }
+            }
+        }
+    }
+
+    fn check_labels_and_editors(
+        &self,
+        labels: &BTreeMap<String, String>,
+        editors: &[String],
+    ) -> Result<()> {
+        let limits = &self.ctx.limits;
+        if labels.len() > limits.labels {
+            return Err(Error::limit(
+                "labels",
+                limits.labels,
+                format_args!("{} labels", labels.len()),
+            ));
+        }
+        for (key, value) in labels {
+            if key.is_empty() {
+                return Err(Error::invalid("a label key is empty"));
+            }
+            if key.len() > limits.label_bytes || value.len() > limits.label_bytes {
+                return Err(Error::limit(
+                    "label_bytes",
+                    limits.label_bytes,
+                    format_args!("label {key:?}"),
+                ));
+            }
+        }
+        if editors.len() > limits.editors {
+            return Err(Error::limit(
+                "editors",
+                limits.editors,
+                format_args!("{} editors", editors.len()),
+            ));
+        }
+        for editor in editors {
+            limits.check_identifier("editor", editor)?;
+        }
+        Ok(())
+    }
+}
+
+fn request_fingerprint(owner: &str, input: &CreateInput) -> String {
+    let origin = match &input.origin {
+        None => Value::Null,
+        Some(Origin::Mention(m)) => json!({
+            "mention": {"message_id": m.message_id, "channel_id": m.channel_id, "thread_id": m.thread_id,
+                        "sender_id": m.sender_id, "content": m.content,
+                        "attachments": m.attachments.iter().map(|a| [&a.entity_type, &a.entity_id]).collect::<Vec<_>>()}
+        }),
+        Some(Origin::TaskAssignment(t)) => {
+            json!({"task_assignment": {"prompt": t.prompt, "assigned_by": t.assigned_by}})
+        }
+    };
+    let canonical = json!({
+        "owner": owner, "profile": input.profile, "cwd": input.cwd, "model": input.model,
+        "name": input.name, "origin": origin, "labels": input.labels, "editors": input.editors,
+    });
+    hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
+}

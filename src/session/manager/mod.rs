@@ -1,0 +1,318 @@
+//! The registry of sessions: finds them for a caller (another caller's session reads as
+//! SESSION_NOT_FOUND), brings stored ones back, and routes each operation to the session's actor.
+//! Creating sessions ([`create`]), reading sessions and logs ([`reads`]) and paging transcripts
+//! ([`transcript`]) live beside it. No global lock is held across an await.
+
+mod create;
+mod reads;
+mod transcript;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, RwLock},
+};
+
+use uuid::Uuid;
+
+pub(crate) use create::CreateInput;
+pub(crate) use reads::ListInput;
+pub(crate) use reads::offset_out_of_range;
+
+use super::{
+    Command, ControlInput, ControlOutcome, EngineContext, Profile, SessionHandle,
+    actor::{Actor, Resume},
+    metrics::Gauges,
+};
+use crate::domain::{
+    ActionId, Error, Principal, Result,
+    action_id::parse_session_id,
+    queue::QueuedEntry,
+    session::{SessionRecord, SessionStatus},
+};
+
+pub(crate) const DEFAULT_PAGE_SIZE: usize = 50;
+pub(crate) const MAX_PAGE_SIZE: usize = 500;
+/// ReadLog defaults (SPEC §3.4).
+pub(crate) const DEFAULT_LOG_LIMIT: usize = 500;
+pub(crate) const MAX_LOG_LIMIT: usize = 5000;
+
+pub(crate) struct Sessions {
+    ctx: Arc<EngineContext>,
+    handles: RwLock<HashMap<Uuid, SessionHandle>>,
+    /// Held from counting a principal's live sessions to storing a new one, so concurrent
+    /// creates cannot both pass the cap (two quick store calls; creates only).
+    admission: tokio::sync::Mutex<()>,
+}
+
+impl Sessions {
+    /// Opens the registry over the store: every session that is not closed gets its actor back.
+    pub(crate) async fn open(ctx: Arc<EngineContext>) -> Result<Self> {
+        let reaped = ctx.registry.reap_leftovers();
+        if reaped > 0 {
+            tracing::warn!(
+                reaped,
+                "killed runtimes left over from a previous harness process"
+            );
+        }
+        let sessions = Self {
+            ctx: ctx.clone(),
+            handles: RwLock::new(HashMap::new()),
+            admission: tokio::sync::Mutex::new(()),
+        };
+        for record in ctx.store.open_sessions().await? {
+            let id = record.id;
+            let handle = sessions.resume(record, true).await?;
+            sessions
+                .handles
+                .write()
+                .expect("not poisoned")
+                .insert(id, handle);
+        }
+        Ok(sessions)
+    }
+
+    pub(crate) fn context(&self) -> &Arc<EngineContext> {
+        &self.ctx
+    }
+
+    /// Brings back the actor of a stored session, without a runtime (`after_restart`: loaded
+    /// at harness start, so its runtime died with the previous process).
+    async fn resume(&self, record: SessionRecord, after_restart: bool) -> Result<SessionHandle> {
+        let store = &self.ctx.store;
+        let head = store.head_offset(record.id).await?;
+        let epoch = match head {
+            0 => 0,
+            head => store
+                .read_log(record.id, head - 1, 1)
+                .await?
+                .first()
+                .map_or(0, |e| e.epoch),
+        };
+        let queue = store.load_queue(record.id).await?;
+        let profile = self
+            .ctx
+            .profiles
+            .get(&record.profile)
+            .cloned()
+            .unwrap_or_else(|| {
+                Arc::new(Profile::builtin_mock(PathBuf::from(format!(
+                    "/nonexistent/profile-{}-is-no-longer-configured",
+                    record.profile
+                ))))
+            });
+        Ok(Actor::spawn(
+            self.ctx.clone(),
+            profile,
+            Resume {
+                record,
+                head,
+                epoch,
+                queue,
+                after_restart,
+            },
+            None,
+        ))
+    }
+
+    /// The handle of a session the caller may see; any other reads as SESSION_NOT_FOUND.
+    pub(crate) async fn handle(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+    ) -> Result<SessionHandle> {
+        let id = parse_session_id(session_id)?;
+        let found = self.handles.read().expect("not poisoned").get(&id).cloned();
+        let handle = match found {
+            Some(handle) => handle,
+            None => {
+                // Closed sessions are not kept in memory; bring one back on demand.
+                let record = self
+                    .ctx
+                    .store
+                    .get_session(id)
+                    .await?
+                    .ok_or_else(|| Error::session_not_found(session_id))?;
+                if !principal.may_access(&record.owner, &record.editors) {
+                    return Err(Error::session_not_found(session_id));
+                }
+                let handle = self.resume(record, false).await?;
+                let mut handles = self.handles.write().expect("not poisoned");
+                handles.entry(id).or_insert(handle).clone()
+            }
+        };
+        if !principal.may_access(&handle.shared.owner, &handle.shared.editors) {
+            return Err(Error::session_not_found(session_id));
+        }
+        Ok(handle)
+    }
+
+    pub(crate) async fn control(
+        &self,
+        principal: &Principal,
+        input: ControlInput,
+        traceparent: Option<String>,
+    ) -> Result<ControlOutcome> {
+        let handle = self.handle(principal, &input.session_id).await?;
+        let principal = principal.clone();
+        handle
+            .ask(|reply| Command::Control {
+                principal,
+                input,
+                traceparent,
+                reply,
+            })
+            .await
+    }
+
+    pub(crate) async fn get_queue(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+    ) -> Result<Vec<QueuedEntry>> {
+        let handle = self.handle(principal, session_id).await?;
+        handle.ask(|reply| Command::GetQueue { reply }).await
+    }
+
+    pub(crate) async fn edit_queued(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+        action_id: &str,
+        text: String,
+    ) -> Result<QueuedEntry> {
+        let handle = self.handle(principal, session_id).await?;
+        let action_id = parse_queued_id(action_id)?;
+        let principal = principal.clone();
+        handle
+            .ask(|reply| Command::EditQueued {
+                principal,
+                action_id,
+                text,
+                reply,
+            })
+            .await
+    }
+
+    pub(crate) async fn remove_queued(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+        action_id: &str,
+    ) -> Result<()> {
+        let handle = self.handle(principal, session_id).await?;
+        let action_id = parse_queued_id(action_id)?;
+        handle
+            .ask(|reply| Command::RemoveQueued { action_id, reply })
+            .await
+    }
+
+    pub(crate) async fn close(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+    ) -> Result<(SessionRecord, u64)> {
+        let handle = self.handle(principal, session_id).await?;
+        let record = handle.ask(|reply| Command::Close { reply }).await?;
+        tracing::info!(session = %record.id, "session closed");
+        Ok((record, handle.shared.head()))
+    }
+
+    pub(crate) async fn delete(&self, principal: &Principal, session_id: &str) -> Result<()> {
+        let handle = self.handle(principal, session_id).await?;
+        handle.ask(|reply| Command::Delete { reply }).await?;
+        self.handles
+            .write()
+            .expect("not poisoned")
+            .remove(&handle.shared.id);
+        tracing::info!(session = %handle.shared.id, "session deleted");
+        Ok(())
+    }
+
+    /// Draining (SPEC §12): waits until no turn runs or `grace` has passed, ends every stream
+    /// with DRAINING, then stops every runtime. New sessions and turns are already refused.
+    pub(crate) async fn drain(&self, grace: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let activity = self.ctx.activity.notified();
+            let busy = self
+                .all()
+                .iter()
+                .filter(|h| {
+                    matches!(
+                        h.shared.status(),
+                        SessionStatus::Running
+                            | SessionStatus::AwaitingInput
+                            | SessionStatus::Starting
+                    )
+                })
+                .count();
+            if busy == 0 {
+                break;
+            }
+            tracing::info!(busy, "draining: waiting for running turns");
+            if tokio::time::timeout_at(deadline, activity).await.is_err() {
+                tracing::warn!(
+                    busy,
+                    "draining: grace period over; failing the turns still running"
+                );
+                break;
+            }
+        }
+        let _ = self
+            .ctx
+            .streams
+            .send(super::subscribe::StreamStop::Draining);
+        let drains = self.all().into_iter().map(|handle| async move {
+            let _ = handle.ask(|reply| Command::Drain { reply }).await;
+        });
+        futures::future::join_all(drains).await;
+    }
+
+    /// The record and head of a session held in memory, as they stand now.
+    fn live_snapshot(&self, id: Uuid) -> Option<(SessionRecord, u64)> {
+        self.handles
+            .read()
+            .expect("not poisoned")
+            .get(&id)
+            .map(|h| h.shared.snapshot())
+    }
+
+    /// The registry's gauges now, for a metrics scrape.
+    pub(crate) fn gauges(&self) -> Gauges {
+        let mut by_status = [0u64; SessionStatus::ALL.len()];
+        let (mut queued, mut subscribers) = (0u64, 0u64);
+        for handle in self.all() {
+            let status = handle.shared.status();
+            by_status[SessionStatus::ALL
+                .iter()
+                .position(|s| *s == status)
+                .unwrap_or(0)] += 1;
+            queued += handle.shared.queue_len() as u64;
+            subscribers += handle.shared.subscriber_count() as u64;
+        }
+        let live_runtimes =
+            self.ctx.limits.live_runtimes - self.ctx.runtime_slots.available_permits();
+        Gauges {
+            by_status: SessionStatus::ALL.iter().copied().zip(by_status).collect(),
+            queued,
+            subscribers,
+            live_runtimes: live_runtimes as u64,
+        }
+    }
+
+    /// Every live session handle (for draining and metrics).
+    pub(crate) fn all(&self) -> Vec<SessionHandle> {
+        self.handles
+            .read()
+            .expect("not poisoned")
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+fn parse_queued_id(text: &str) -> Result<ActionId> {
+    ActionId::from_stored(text)
+        .ok_or_else(|| Error::invalid(format!("action_id {text:?} is not a UUID")))
+}

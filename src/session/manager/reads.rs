@@ -1,0 +1,187 @@
+//! Reading sessions and their logs: ListSessions pages, ReadLog pages held under the message
+//! limit, and Subscribe streams.
+
+use std::{collections::BTreeMap, time::SystemTime};
+
+use base64::Engine;
+use uuid::Uuid;
+
+use super::{DEFAULT_LOG_LIMIT, DEFAULT_PAGE_SIZE, MAX_LOG_LIMIT, MAX_PAGE_SIZE, Sessions};
+use crate::{
+    domain::{
+        Error, ErrorCode, Principal, PrincipalKind, Result,
+        session::{SessionRecord, SessionStatus},
+    },
+    session::subscribe::{self, StreamItem, View},
+    store::{LogEntry, SessionQuery},
+};
+
+/// A ListSessions page request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ListInput {
+    pub page_size: i32,
+    pub page_token: String,
+    pub statuses: Vec<SessionStatus>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Room kept in a ReadLog page for the response's own fields.
+const PAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+/// What one entry costs in a page besides its JSON (offset, actor, ids, time, framing).
+const ENTRY_OVERHEAD_BYTES: usize = 128;
+
+impl Sessions {
+    pub(crate) async fn get(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+    ) -> Result<(SessionRecord, u64)> {
+        Ok(self.handle(principal, session_id).await?.shared.snapshot())
+    }
+
+    pub(crate) async fn list(
+        &self,
+        principal: &Principal,
+        input: ListInput,
+    ) -> Result<(Vec<(SessionRecord, u64)>, String)> {
+        let page_size = match input.page_size {
+            n if n < 0 => return Err(Error::invalid("page_size must not be negative")),
+            0 => DEFAULT_PAGE_SIZE,
+            n => (n as usize).min(MAX_PAGE_SIZE),
+        };
+        let after = if input.page_token.is_empty() {
+            None
+        } else {
+            Some(decode_page_token(&input.page_token)?)
+        };
+        let query = SessionQuery {
+            owner_or_editor: (principal.kind != PrincipalKind::Local)
+                .then(|| principal.actor().to_owned()),
+            statuses: input.statuses,
+            labels: input.labels,
+            page_size: page_size + 1,
+            after,
+        };
+        let mut records = self.ctx.store.list_sessions(&query).await?;
+        let more = records.len() > page_size;
+        records.truncate(page_size);
+        let next = match (more, records.last()) {
+            (true, Some(last)) => encode_page_token(last.created_at, last.id),
+            _ => String::new(),
+        };
+        let mut page = Vec::with_capacity(records.len());
+        for record in records {
+            match self.live_snapshot(record.id) {
+                Some(snapshot) => page.push(snapshot),
+                None => {
+                    let head = self.ctx.store.head_offset(record.id).await?;
+                    page.push((record, head));
+                }
+            }
+        }
+        Ok((page, next))
+    }
+
+    pub(crate) async fn read_log(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<(Vec<LogEntry>, u64)> {
+        let handle = self.handle(principal, session_id).await?;
+        let limit = match limit as usize {
+            0 => DEFAULT_LOG_LIMIT,
+            n => n.min(MAX_LOG_LIMIT),
+        };
+        let head = handle.shared.head();
+        if after > head {
+            return Err(offset_out_of_range(after, head));
+        }
+        let mut entries = self
+            .ctx
+            .store
+            .read_log(handle.shared.id, after, limit)
+            .await?;
+        // A page also stays under the gRPC message limit: it ends before the entry that would
+        // overflow it (an entry larger than the limit on its own still comes, alone).
+        let budget = self
+            .ctx
+            .limits
+            .grpc_message_bytes
+            .saturating_sub(PAGE_OVERHEAD_BYTES);
+        let mut used = 0;
+        let fits = entries
+            .iter()
+            .position(|e| {
+                used += e.json.len() + ENTRY_OVERHEAD_BYTES;
+                used > budget
+            })
+            .unwrap_or(entries.len())
+            .max(1);
+        entries.truncate(fits);
+        Ok((entries, head))
+    }
+
+    /// Opens a stream of a session from `after` (see [`subscribe`]).
+    pub(crate) async fn subscribe(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+        after: u64,
+        view: View,
+    ) -> Result<tokio::sync::mpsc::Receiver<StreamItem>> {
+        let handle = self.handle(principal, session_id).await?;
+        subscribe::start(
+            handle,
+            self.ctx.store.clone(),
+            self.ctx.meta_key.clone(),
+            after,
+            view,
+            self.ctx.streams.subscribe(),
+            self.ctx.limits.subscribers_per_session,
+        )
+    }
+}
+
+pub(crate) fn offset_out_of_range(after: u64, head: u64) -> Error {
+    Error::new(
+        ErrorCode::OffsetOutOfRange,
+        format!("after_offset {after} is beyond the head offset {head}"),
+    )
+    .with("head_offset", head)
+}
+
+fn encode_page_token(created_at: SystemTime, id: Uuid) -> String {
+    let micros = crate::store::to_micros(created_at);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{micros}:{id}"))
+}
+
+fn decode_page_token(token: &str) -> Result<(SystemTime, Uuid)> {
+    let bad = || Error::invalid("page_token is not a token this server issued");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (micros, id) = text.split_once(':').ok_or_else(bad)?;
+    let micros: i64 = micros.parse().map_err(|_| bad())?;
+    let id = Uuid::try_parse(id).map_err(|_| bad())?;
+    Ok((crate::store::from_micros(micros), id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_token_round_trips_and_garbage_is_invalid() {
+        let at = crate::store::from_micros(1_700_000_000_123_456);
+        let id = Uuid::now_v7();
+        let token = encode_page_token(at, id);
+        assert_eq!(decode_page_token(&token).unwrap(), (at, id));
+        assert_eq!(
+            decode_page_token("%%%").unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+    }
+}

@@ -1,0 +1,34 @@
+//! What the engine reports to the metrics recorder (SPEC §12): counters pushed where things
+//! happen, and a snapshot of the registry's gauges taken when someone scrapes. The `metrics`
+//! facade is the only dependency, so the engine knows nothing of how metrics are exported.
+
+use crate::domain::{log::Direction, session::SessionStatus};
+
+pub(crate) const FRAMES_APPENDED: &str = "agent_harness_frames_appended_total";
+pub(crate) const TURNS: &str = "agent_harness_turns_total";
+
+pub(crate) fn frames_appended(direction: Direction, count: u64) {
+    let direction = match direction {
+        Direction::ToRuntime => "to_runtime",
+        Direction::FromRuntime => "from_runtime",
+        Direction::Event => "event",
+    };
+    metrics::counter!(FRAMES_APPENDED, "direction" => direction).increment(count);
+}
+
+pub(crate) fn turn_ended(stop_reason: &str) {
+    metrics::counter!(TURNS, "stop_reason" => stop_reason.to_owned()).increment(1);
+}
+
+/// The registry's gauges at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Gauges {
+    /// Sessions per status, in the order of [`SessionStatus::ALL`].
+    pub by_status: Vec<(SessionStatus, u64)>,
+    /// Actions waiting in every queue.
+    pub queued: u64,
+    /// Open Subscribe streams.
+    pub subscribers: u64,
+    /// Runtime processes alive now.
+    pub live_runtimes: u64,
+}

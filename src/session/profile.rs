@@ -1,0 +1,108 @@
+//! A runtime profile as the engine applies it (SPEC §8): how to launch the runtime, how to answer
+//! its permission requests, where its sessions may work, and how long to wait for it. `config`
+//! builds these from the config file; the built-in `mock` profile runs our own scripted agent.
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::acp::RuntimeSpec;
+
+/// The built-in profile's name.
+pub const MOCK_PROFILE: &str = "mock";
+
+/// How permission requests are answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionPolicy {
+    /// Hold the request for a person (status AWAITING_INPUT).
+    #[default]
+    Ask,
+    /// Answer with the first `allow_always` option, else `allow_once`, else cancelled.
+    AutoAccept,
+}
+
+/// A resolved profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    pub name: String,
+    pub command: PathBuf,
+    pub args: Vec<String>,
+    /// Exactly what the runtime gets besides `PATH`, `HOME` and `LANG`.
+    pub env: BTreeMap<String, String>,
+    pub permission_policy: PermissionPolicy,
+    /// `None`: any absolute path (allowed only in no-token mode).
+    pub allowed_cwd_roots: Option<Vec<PathBuf>>,
+    pub startup_timeout: Duration,
+    pub cancel_grace: Duration,
+    pub idle_timeout: Option<Duration>,
+}
+
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(10);
+
+impl Profile {
+    /// What the runtime transport needs to start this profile's runtime.
+    pub(crate) fn launch(&self) -> RuntimeSpec<'_> {
+        RuntimeSpec {
+            command: &self.command,
+            args: &self.args,
+            env: &self.env,
+        }
+    }
+
+    /// The built-in `mock` profile: our own scripted agent (`agent-harness mock-agent`).
+    pub(crate) fn builtin_mock(program: PathBuf) -> Self {
+        Self {
+            name: MOCK_PROFILE.to_owned(),
+            command: program,
+            args: vec!["mock-agent".to_owned()],
+            env: BTreeMap::new(),
+            permission_policy: PermissionPolicy::Ask,
+            allowed_cwd_roots: None,
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            cancel_grace: DEFAULT_CANCEL_GRACE,
+            idle_timeout: None,
+        }
+    }
+
+    /// A digest of everything that shapes the runtime, so a session records what it ran with.
+    pub(crate) fn fingerprint(&self) -> String {
+        let mut hasher = Sha256::new();
+        let mut field = |label: &str, value: &[u8]| {
+            hasher.update((label.len() as u64).to_le_bytes());
+            hasher.update(label.as_bytes());
+            hasher.update((value.len() as u64).to_le_bytes());
+            hasher.update(value);
+        };
+        field("command", self.command.as_os_str().as_encoded_bytes());
+        for arg in &self.args {
+            field("arg", arg.as_bytes());
+        }
+        for (key, value) in &self.env {
+            field("env.key", key.as_bytes());
+            field("env.value", value.as_bytes());
+        }
+        field(
+            "permission_policy",
+            format!("{:?}", self.permission_policy).as_bytes(),
+        );
+        hex::encode(hasher.finalize())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fingerprint_changes_with_the_command_line_and_environment() {
+        let base = Profile::builtin_mock("/bin/agent".into());
+        let mut other = base.clone();
+        other.env.insert("K".into(), "v".into());
+        assert_ne!(base.fingerprint(), other.fingerprint());
+        assert_eq!(base.fingerprint(), base.clone().fingerprint());
+        assert_eq!(base.fingerprint().len(), 64);
+    }
+}

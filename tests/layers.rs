@@ -1,0 +1,258 @@
+//! The layers of SPEC §2 point one way: transport (`grpc`, `auth`) → engine (`session`) → runtime
+//! transport (`acp`) and storage (`store`) → `domain`. This test reads every `src/**/*.rs`, collects
+//! the top-level modules each one names through `crate::…` (in `use` lines, grouped
+//! `use crate::{a, b::c}` forms and inline paths alike), and fails naming the file and the edge
+//! when a layer reaches the wrong way, so the rule stays enforced as the code grows.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+};
+
+/// Which top-level module reaches which, with the files that do it.
+type Edges = BTreeMap<(String, String), BTreeSet<String>>;
+
+/// The top-level modules each named under `crate::` in `source` (comments ignored).
+fn referenced_modules(source: &str) -> BTreeSet<String> {
+    let code: String = source
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = BTreeSet::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("crate::") {
+        // `agent_harness_crate::` or `my_crate::` are not the crate root.
+        let preceded_by_ident = rest[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_');
+        rest = &rest[at + "crate::".len()..];
+        if preceded_by_ident {
+            continue;
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let body = group_body(group);
+            for item in split_top_level(body) {
+                if let Some(name) = leading_ident(item.trim()) {
+                    found.insert(name);
+                }
+            }
+        } else if let Some(name) = leading_ident(rest) {
+            found.insert(name);
+        }
+    }
+    found.remove("self");
+    found
+}
+
+/// The text of a `{ … }` group up to its matching brace (the opening one already consumed).
+fn group_body(text: &str) -> &str {
+    let mut depth = 1;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[..i];
+                }
+            }
+            _ => {}
+        }
+    }
+    text
+}
+
+/// The comma-separated items of a group, nested groups kept whole.
+fn split_top_level(body: &str) -> Vec<&str> {
+    let (mut items, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in body.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&body[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&body[start..]);
+    items
+}
+
+fn leading_ident(text: &str) -> Option<String> {
+    let ident: String = text
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    (!ident.is_empty() && !ident.starts_with(|c: char| c.is_ascii_digit())).then_some(ident)
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).expect("src/ is readable") {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every edge between top-level modules of the library, read from the sources.
+fn crate_edges() -> Edges {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut edges = Edges::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src/");
+        let top = relative
+            .components()
+            .next()
+            .expect("a file under src/")
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_owned();
+        // The binary is its own crate: `crate::` there is not the library.
+        if top == "main" {
+            continue;
+        }
+        let source = fs::read_to_string(&file).expect("source is readable");
+        for target in referenced_modules(&source) {
+            if target != top {
+                edges
+                    .entry((top.clone(), target))
+                    .or_default()
+                    .insert(format!("src/{}", relative.display()));
+            }
+        }
+    }
+    edges
+}
+
+/// The edges from `from` to any of `to`, described for a failure message.
+fn forbidden(edges: &Edges, from: &[&str], to: impl Fn(&str) -> bool) -> Vec<String> {
+    edges
+        .iter()
+        .filter(|((a, b), _)| from.contains(&a.as_str()) && to(b))
+        .flat_map(|((a, b), files)| files.iter().map(move |file| format!("{file}: {a} → {b}")))
+        .collect()
+}
+
+#[test]
+fn the_domain_imports_nothing_else_of_the_crate() {
+    let bad = forbidden(&crate_edges(), &["domain"], |_| true);
+    assert!(bad.is_empty(), "domain must stay pure:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn the_engine_storage_and_runtime_transport_never_import_the_transport_or_telemetry() {
+    let bad = forbidden(&crate_edges(), &["session", "store", "acp"], |to| {
+        ["grpc", "auth", "telemetry"].contains(&to)
+    });
+    assert!(bad.is_empty(), "layers reach upwards:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn storage_and_the_runtime_transport_never_import_the_engine() {
+    let bad = forbidden(&crate_edges(), &["store", "acp"], |to| to == "session");
+    assert!(bad.is_empty(), "layers reach upwards:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn no_top_level_modules_import_each_other_in_a_circle() {
+    let edges = crate_edges();
+    let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (a, b) in edges.keys() {
+        graph.entry(a).or_default().insert(b);
+    }
+    let mut circles = BTreeSet::new();
+    // A circle through `a → b` exists when `b` reaches `a`; report the path it takes, once,
+    // starting from its first module in name order.
+    for (a, b) in edges.keys() {
+        if let Some(back) = path_between(&graph, b, a) {
+            let mut circle: Vec<&str> = std::iter::once(a.as_str()).chain(back).collect();
+            circle.pop();
+            let first = (0..circle.len())
+                .min_by_key(|&i| circle[i])
+                .expect("a circle has modules");
+            circle.rotate_left(first);
+            circle.push(circle[0]);
+            let via: Vec<String> = circle
+                .windows(2)
+                .map(|pair| {
+                    let files = &edges[&(pair[0].to_owned(), pair[1].to_owned())];
+                    let file = files.iter().next().expect("an edge has a file");
+                    format!("{} → {} ({file})", pair[0], pair[1])
+                })
+                .collect();
+            circles.insert(via.join(", "));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles between top-level modules:\n{}",
+        circles.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// The modules on a path from `from` to `to` (both included), if there is one.
+fn path_between<'a>(
+    graph: &BTreeMap<&'a str, BTreeSet<&'a str>>,
+    from: &'a str,
+    to: &'a str,
+) -> Option<Vec<&'a str>> {
+    let mut came_from: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut frontier = vec![from];
+    let mut seen = BTreeSet::from([from]);
+    while let Some(node) = frontier.pop() {
+        if node == to {
+            let mut path = vec![to];
+            let mut at = to;
+            while let Some(prev) = came_from.get(at) {
+                path.push(prev);
+                at = prev;
+            }
+            path.reverse();
+            return Some(path);
+        }
+        for next in graph.get(node).into_iter().flatten() {
+            if seen.insert(next) {
+                came_from.insert(next, node);
+                frontier.push(next);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn grouped_nested_and_inline_crate_paths_are_all_collected() {
+    let source = r#"
+        use crate::{
+            acp::{frames, process::spawn},
+            domain::{self, Error},
+        };
+        use crate::store::Store; // crate::grpc in a comment does not count
+        fn f() { let _ = crate::telemetry::metrics::install(); }
+        use other_crate::auth;
+    "#;
+    let found: Vec<String> = referenced_modules(source).into_iter().collect();
+    assert_eq!(found, ["acp", "domain", "store", "telemetry"]);
+}
+
+#[test]
+fn a_circle_is_found_with_the_path_it_takes() {
+    let graph = BTreeMap::from([
+        ("a", BTreeSet::from(["b"])),
+        ("b", BTreeSet::from(["c"])),
+        ("c", BTreeSet::from(["a"])),
+    ]);
+    assert_eq!(path_between(&graph, "b", "a"), Some(vec!["b", "c", "a"]));
+    assert_eq!(path_between(&graph, "a", "d"), None);
+}
