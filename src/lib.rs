@@ -6,19 +6,18 @@
 //! - [`config`]: flags, env, config file, runtime profiles;
 //! - [`grpc`]: thin tonic services, conversions, the error table, authentication;
 //! - [`auth`]: the tokens file (reload, revocation) and TLS settings;
-//! - [`app`]: the composition root that wires them and serves;
-//! - [`mock_agent`]: `agent-harness mock-agent`, the scripted ACP agent of the `mock` profile;
-//! - [`bench`]: `agent-harness bench`, the performance figures of SPEC §14.
+//! - [`app`]: the composition root that wires them and serves.
+//!
+//! The scripted mock agent (`agent-harness mock-agent`), the benchmark and the test kit (the
+//! shared integration-test harness and the fuzz invariants) are crates of their own under
+//! `crates/`, outside this library.
 
 pub mod acp;
 pub mod app;
 pub mod auth;
-pub mod bench;
 pub mod config;
 pub mod domain;
-pub mod fuzzing;
 pub mod grpc;
-pub mod mock_agent;
 pub mod pb;
 pub mod session;
 pub mod store;

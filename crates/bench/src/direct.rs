@@ -13,7 +13,7 @@ use tokio::{
     time::Instant,
 };
 
-use crate::domain::{
+use agent_harness::domain::{
     ActionId, PromptAction,
     acp_frames::{self, PromptOptions},
 };
