@@ -18,7 +18,8 @@ ARG APP_UID=10001
 # --- build ------------------------------------------------------------------------------------
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS build
 WORKDIR /src
-# Everything cargo reads (see .dockerignore). build.rs compiles proto/ with protox, so no
+# Everything cargo reads (see .dockerignore): the root package and the workspace members under
+# crates/ (the mock agent is compiled into the binary; the bench and the test kit are not). build.rs compiles proto/ with protox, so no
 # protoc is needed; SQLite is bundled and built with the image's C compiler.
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -18,19 +18,19 @@
 //! The public surface is what the binary, the integration tests, the fuzz targets and the
 //! benchmark need: [`app`] (start, drain, stop a server), [`config`] (`ServeConfig`, the config
 //! file, profiles), [`pb`] (the generated gRPC types), [`domain`], [`acp`] (frames, fold,
-//! connection reading), [`store`], [`telemetry::init_logging`], and — until they move to their
-//! own crates — [`mock_agent`], [`mod@bench`] and [`fuzzing`]. `auth`, `grpc`, `session` and
+//! connection reading), [`store`] and [`telemetry::init_logging`]. `auth`, `grpc`, `session` and
 //! `translate` are private to the crate, so the dead-code lint sees everything in them.
+//!
+//! The scripted mock agent (`agent-harness mock-agent`), the benchmark and the test kit (the
+//! shared integration-test harness and the fuzz invariants) are crates of their own under
+//! `crates/`, outside this library.
 
 pub mod acp;
 pub mod app;
 pub(crate) mod auth;
-pub mod bench;
 pub mod config;
 pub mod domain;
-pub mod fuzzing;
 pub(crate) mod grpc;
-pub mod mock_agent;
 pub mod pb;
 pub(crate) mod session;
 pub mod store;

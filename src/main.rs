@@ -1,14 +1,14 @@
 //! The `agent-harness` command: `serve` runs the gRPC service; `mock-agent` runs the scripted
-//! ACP agent of the built-in `mock` profile on stdin/stdout; `bench` measures SPEC §14.
+//! ACP agent of the built-in `mock` profile on stdin/stdout (the `agent-harness-mock-agent`
+//! crate). The benchmark is a binary of its own (`crates/bench`).
 
 use clap::{Parser, Subcommand};
 
 use agent_harness::{
     app,
-    bench::{self, BenchArgs},
     config::{ServeArgs, ServeConfig},
-    mock_agent::{self, MockAgentArgs},
 };
+use agent_harness_mock_agent::{self as mock_agent, MockAgentArgs};
 
 #[derive(Parser)]
 #[command(
@@ -27,9 +27,6 @@ enum Command {
     Serve(ServeArgs),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
-    /// Measure the performance figures of SPEC §14 against a child `serve` (build with --release;
-    /// see docs/benchmarks.md).
-    Bench(BenchArgs),
 }
 
 async fn wait_for_stop_signal() -> &'static str {
@@ -45,7 +42,6 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::MockAgent(args) => std::process::exit(mock_agent::main(args)),
-        Command::Bench(args) => bench::main(args),
         Command::Serve(args) => {
             let program = std::env::current_exe()?;
             let config = ServeConfig::resolve(args, program)?;

@@ -12,9 +12,7 @@ use tokio::{
 const LIMIT: Duration = Duration::from_secs(20);
 
 async fn within<F: Future>(body: F) -> F::Output {
-    tokio::time::timeout(LIMIT, body)
-        .await
-        .expect("the test did not finish in time")
+    agent_harness_testkit::within(LIMIT, body).await
 }
 
 struct Agent {

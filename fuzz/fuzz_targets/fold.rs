@@ -3,5 +3,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    agent_harness::fuzzing::fold_bytes(data);
+    agent_harness_testkit::fuzzing::fold_bytes(data);
 });

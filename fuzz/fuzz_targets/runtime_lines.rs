@@ -4,5 +4,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    agent_harness::fuzzing::runtime_lines_bytes(data);
+    agent_harness_testkit::fuzzing::runtime_lines_bytes(data);
 });

@@ -304,16 +304,6 @@ impl ServeConfig {
             profiles,
         })
     }
-
-    /// A configuration for tests and embedding: defaults, listening on an ephemeral loopback port.
-    pub fn for_tests(data_dir: PathBuf, mock_program: PathBuf) -> Self {
-        let args = ServeArgs {
-            listen: Some("127.0.0.1:0".parse().expect("valid")),
-            data_dir: Some(data_dir),
-            ..Default::default()
-        };
-        Self::from_parts(args, FileConfig::default(), mock_program).expect("defaults are valid")
-    }
 }
 
 #[cfg(test)]

@@ -135,13 +135,7 @@ impl Interceptor for Bearer {
 pub type Client = AgentSessionServiceClient<InterceptedService<Channel, Bearer>>;
 
 pub fn client(h: &Harness, token: Option<&str>, acting_user: Option<&str>) -> Client {
-    AgentSessionServiceClient::with_interceptor(
-        h.channel(),
-        Bearer {
-            token: token.map(str::to_owned),
-            acting_user: acting_user.map(str::to_owned),
-        },
-    )
+    AgentSessionServiceClient::with_interceptor(h.channel(), Bearer::new(token, acting_user))
 }
 
 pub fn as_user(h: &Harness, token: &str) -> Client {
@@ -219,6 +213,146 @@ pub async fn log_len(client: &mut Client, session_id: &str) -> usize {
         .len()
 }
 
+/// Every RPC a bearer token guards, each with a way to call it (the table the authorization tests
+/// run over, so a new RPC is covered by adding one row).
+#[derive(Debug, Clone)]
+enum Rpc {
+    CreateSession,
+    GetSession,
+    ListSessions,
+    CloseSession,
+    DeleteSession,
+    Control(Action),
+    GetQueue,
+    EditQueuedPrompt,
+    RemoveQueuedAction,
+    ReadLog,
+    GetTranscript,
+    Subscribe,
+    TranslateChannelMessage,
+}
+
+impl Rpc {
+    /// One row per RPC; `Control` twice, as a prompt and as a stop.
+    fn every() -> Vec<Rpc> {
+        vec![
+            Rpc::CreateSession,
+            Rpc::GetSession,
+            Rpc::ListSessions,
+            Rpc::CloseSession,
+            Rpc::DeleteSession,
+            Rpc::Control(prompt("hijack")),
+            Rpc::Control(crate::support::stop(true)),
+            Rpc::GetQueue,
+            Rpc::EditQueuedPrompt,
+            Rpc::RemoveQueuedAction,
+            Rpc::ReadLog,
+            Rpc::GetTranscript,
+            Rpc::Subscribe,
+            Rpc::TranslateChannelMessage,
+        ]
+    }
+
+    /// The RPCs that name one session (and so must hide another user's).
+    fn about_a_session() -> Vec<Rpc> {
+        Self::every()
+            .into_iter()
+            .filter(|rpc| {
+                !matches!(
+                    rpc,
+                    Rpc::CreateSession | Rpc::ListSessions | Rpc::TranslateChannelMessage
+                )
+            })
+            .collect()
+    }
+
+    /// Calls the RPC through `bearer` about `session_id` (and its queued `action_id`); the
+    /// reply's content is dropped.
+    async fn call(
+        &self,
+        h: &Harness,
+        bearer: &Bearer,
+        session_id: &str,
+        action_id: &str,
+    ) -> Result<(), Status> {
+        let mut sessions = AgentSessionServiceClient::with_interceptor(h.channel(), bearer.clone());
+        let session_id = session_id.to_owned();
+        let action_id = action_id.to_owned();
+        match self.clone() {
+            Rpc::CreateSession => sessions.create_session(create_request(h)).await.map(drop),
+            Rpc::GetSession => sessions
+                .get_session(pb::GetSessionRequest { session_id })
+                .await
+                .map(drop),
+            Rpc::ListSessions => sessions
+                .list_sessions(pb::ListSessionsRequest::default())
+                .await
+                .map(drop),
+            Rpc::CloseSession => sessions
+                .close_session(pb::CloseSessionRequest { session_id })
+                .await
+                .map(drop),
+            Rpc::DeleteSession => sessions
+                .delete_session(pb::DeleteSessionRequest { session_id })
+                .await
+                .map(drop),
+            Rpc::Control(action) => sessions
+                .control(control(&session_id, action))
+                .await
+                .map(drop),
+            Rpc::GetQueue => sessions
+                .get_queue(pb::GetQueueRequest { session_id })
+                .await
+                .map(drop),
+            Rpc::EditQueuedPrompt => sessions
+                .edit_queued_prompt(pb::EditQueuedPromptRequest {
+                    session_id,
+                    action_id,
+                    prompt: "changed".into(),
+                })
+                .await
+                .map(drop),
+            Rpc::RemoveQueuedAction => sessions
+                .remove_queued_action(pb::RemoveQueuedActionRequest {
+                    session_id,
+                    action_id,
+                })
+                .await
+                .map(drop),
+            Rpc::ReadLog => sessions
+                .read_log(pb::ReadLogRequest {
+                    session_id,
+                    after_offset: 0,
+                    limit: 10,
+                })
+                .await
+                .map(drop),
+            Rpc::GetTranscript => sessions
+                .get_transcript(pb::GetTranscriptRequest {
+                    session_id,
+                    page_size: 0,
+                    page_token: String::new(),
+                })
+                .await
+                .map(drop),
+            Rpc::Subscribe => sessions
+                .subscribe(pb::SubscribeRequest {
+                    session_id,
+                    after_offset: 0,
+                    view: 0,
+                })
+                .await
+                .map(drop),
+            Rpc::TranslateChannelMessage => {
+                ChannelTranslatorServiceClient::with_interceptor(h.channel(), bearer.clone())
+                    .translate_channel_message(pb::TranslateChannelMessageRequest::default())
+                    .await
+                    .map(drop)
+            }
+        }
+    }
+}
+
 fn context() -> prost_types::Struct {
     prost_types::Struct {
         fields: [(
@@ -236,26 +370,22 @@ async fn a_call_without_a_token_or_with_an_unknown_one_is_unauthenticated_but_he
  {
     bounded(async {
         let (h, _file) = start().await;
+        let some_id = uuid::Uuid::now_v7().to_string();
         for token in [None, Some("not-a-listed-token")] {
-            let status = expect_err(
-                client(&h, token, None)
-                    .list_sessions(pb::ListSessionsRequest::default())
-                    .await,
-            );
-            assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
-            let mut translator = ChannelTranslatorServiceClient::with_interceptor(
-                h.channel(),
-                Bearer {
-                    token: token.map(str::to_owned),
-                    acting_user: None,
-                },
-            );
-            let status = expect_err(
-                translator
-                    .translate_channel_message(pb::TranslateChannelMessageRequest::default())
-                    .await,
-            );
-            assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+            let bearer = Bearer::new(token, None);
+            for rpc in Rpc::every() {
+                let status = expect_err(rpc.call(&h, &bearer, &some_id, &some_id).await);
+                assert_eq!(
+                    status.code(),
+                    Code::Unauthenticated,
+                    "{token:?}: {rpc:?}: {status:?}"
+                );
+                assert_eq!(
+                    crate::harness::error_reason(&status),
+                    "UNAUTHENTICATED",
+                    "{token:?}: {rpc:?}"
+                );
+            }
         }
         // The same message for a missing and a wrong token: a prober learns nothing.
         let missing = expect_err(
@@ -319,121 +449,25 @@ async fn another_users_session_reads_as_not_found_through_every_rpc_and_is_left_
         let log_before = log_len(&mut ada, &id).await;
 
         let outsiders = [
-            ("another user", client(&h, Some(BOB), None)),
-            ("a service acting for itself", client(&h, Some(CI), None)),
+            ("another user", Bearer::new(Some(BOB), None)),
+            ("a service acting for itself", Bearer::new(Some(CI), None)),
             (
                 "a service acting for another user",
-                client(&h, Some(CI), Some("bob")),
+                Bearer::new(Some(CI), Some("bob")),
             ),
         ];
         let unknown_id = uuid::Uuid::now_v7().to_string();
-        for (who, mut outsider) in outsiders {
-            let not_found = |status: Status, rpc: &str| {
-                assert_eq!(status.code(), Code::NotFound, "{who}: {rpc}: {status:?}");
+        for (who, bearer) in outsiders {
+            for rpc in Rpc::about_a_session() {
+                let status = expect_err(rpc.call(&h, &bearer, &id, &queued.action_id).await);
+                assert_eq!(status.code(), Code::NotFound, "{who}: {rpc:?}: {status:?}");
                 assert_eq!(
                     crate::harness::error_reason(&status),
                     "SESSION_NOT_FOUND",
-                    "{who}: {rpc}"
-                );
-            };
-            let sid = || id.clone();
-            not_found(
-                expect_err(
-                    outsider
-                        .get_session(pb::GetSessionRequest { session_id: sid() })
-                        .await,
-                ),
-                "GetSession",
-            );
-            for action in [prompt("hijack"), crate::support::stop(true)] {
-                not_found(
-                    expect_err(outsider.control(control(&id, action)).await),
-                    "Control",
+                    "{who}: {rpc:?}"
                 );
             }
-            not_found(
-                expect_err(
-                    outsider
-                        .get_queue(pb::GetQueueRequest { session_id: sid() })
-                        .await,
-                ),
-                "GetQueue",
-            );
-            not_found(
-                expect_err(
-                    outsider
-                        .edit_queued_prompt(pb::EditQueuedPromptRequest {
-                            session_id: sid(),
-                            action_id: queued.action_id.clone(),
-                            prompt: "changed".into(),
-                        })
-                        .await,
-                ),
-                "EditQueuedPrompt",
-            );
-            not_found(
-                expect_err(
-                    outsider
-                        .remove_queued_action(pb::RemoveQueuedActionRequest {
-                            session_id: sid(),
-                            action_id: queued.action_id.clone(),
-                        })
-                        .await,
-                ),
-                "RemoveQueuedAction",
-            );
-            not_found(
-                expect_err(
-                    outsider
-                        .read_log(pb::ReadLogRequest {
-                            session_id: sid(),
-                            after_offset: 0,
-                            limit: 10,
-                        })
-                        .await,
-                ),
-                "ReadLog",
-            );
-            not_found(
-                expect_err(
-                    outsider
-                        .get_transcript(pb::GetTranscriptRequest {
-                            session_id: sid(),
-                            page_size: 0,
-                            page_token: String::new(),
-                        })
-                        .await,
-                ),
-                "GetTranscript",
-            );
-            not_found(
-                expect_err(
-                    outsider
-                        .subscribe(pb::SubscribeRequest {
-                            session_id: sid(),
-                            after_offset: 0,
-                            view: 0,
-                        })
-                        .await,
-                ),
-                "Subscribe",
-            );
-            not_found(
-                expect_err(
-                    outsider
-                        .close_session(pb::CloseSessionRequest { session_id: sid() })
-                        .await,
-                ),
-                "CloseSession",
-            );
-            not_found(
-                expect_err(
-                    outsider
-                        .delete_session(pb::DeleteSessionRequest { session_id: sid() })
-                        .await,
-                ),
-                "DeleteSession",
-            );
+            let mut outsider = AgentSessionServiceClient::with_interceptor(h.channel(), bearer);
             let listed = outsider
                 .list_sessions(pb::ListSessionsRequest::default())
                 .await
@@ -446,7 +480,9 @@ async fn another_users_session_reads_as_not_found_through_every_rpc_and_is_left_
             // Someone else's session and no session at all are indistinguishable.
             let hidden = expect_err(
                 outsider
-                    .get_session(pb::GetSessionRequest { session_id: sid() })
+                    .get_session(pb::GetSessionRequest {
+                        session_id: id.clone(),
+                    })
                     .await,
             );
             let absent = expect_err(
@@ -796,7 +832,7 @@ async fn a_malformed_tokens_file_on_reload_keeps_the_previous_tokens() {
 }
 
 fn base_config(data_dir: &Path) -> ServeConfig {
-    ServeConfig::for_tests(
+    crate::harness::test_config(
         data_dir.to_owned(),
         env!("CARGO_BIN_EXE_agent-harness").into(),
     )

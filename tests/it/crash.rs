@@ -14,7 +14,10 @@ use std::{
 use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::support::{Session, processes_with};
+use crate::{
+    harness::within,
+    support::{Session, processes_with},
+};
 
 /// A `serve` process on a free loopback port.
 struct Server {
@@ -168,7 +171,7 @@ fn same_entry(before: &pb::LogEntry, after: &pb::LogEntry) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_every_logged_entry_is_unchanged_and_both_queued_prompts_are_still_queued() {
-    tokio::time::timeout(Duration::from_secs(60), async {
+    within(Duration::from_secs(60), async {
         let (dir, data, id, log, [running, first, second], _marker) =
             crash_with_work_in_flight("plain").await;
         let server = Server::start(&data, &dir.path().join("config.toml"));
@@ -204,13 +207,12 @@ async fn after_kill_9_every_logged_entry_is_unchanged_and_both_queued_prompts_ar
         );
     })
     .await
-    .expect("in time")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_the_interrupted_turn_reads_failed_is_never_resent_and_the_queue_drains_in_order()
  {
-    tokio::time::timeout(Duration::from_secs(60), async {
+    within(Duration::from_secs(60), async {
         let (dir, data, id, log, [running, first, second], _marker) =
             crash_with_work_in_flight("resumable").await;
         let server = Server::start(&data, &dir.path().join("config.toml"));
@@ -281,5 +283,4 @@ async fn after_kill_9_the_interrupted_turn_reads_failed_is_never_resent_and_the_
         );
     })
     .await
-    .expect("in time")
 }

@@ -15,9 +15,9 @@ use std::{
 
 use agent_harness::{
     domain::limits::Limits,
-    fuzzing,
     pb::v1::{self as pb, control_request::Action},
 };
+use agent_harness_testkit::fuzzing;
 use proptest::{
     prelude::*,
     test_runner::{Config, TestRunner},
@@ -27,7 +27,7 @@ use tempfile::TempDir;
 use tonic::{Code, Status};
 
 use crate::{
-    harness::{Harness, assert_error, bounded, error_info, expect_err},
+    harness::{Harness, assert_error, bounded, error_info, expect_err, within},
     support::session_count,
     support::{Session, attachment, mock_profile_with, prompt},
 };
@@ -750,9 +750,7 @@ fn random_hostile_control_requests_always_get_a_clear_status_store_nothing_and_t
             .run(&strategy, |(request, expected)| {
                 let mut client = client.clone();
                 let result = rt.block_on(async {
-                    tokio::time::timeout(Duration::from_secs(10), client.control(request))
-                        .await
-                        .expect("an answer within 10 s")
+                    within(Duration::from_secs(10), client.control(request)).await
                 });
                 assert_clear_refusal(result, &expected);
                 Ok(())
@@ -788,9 +786,7 @@ fn random_hostile_create_requests_always_get_a_clear_status_store_nothing_and_th
             .run(&strategy, |(request, expected)| {
                 let mut client = client.clone();
                 let result = rt.block_on(async {
-                    tokio::time::timeout(Duration::from_secs(10), client.create_session(request))
-                        .await
-                        .expect("an answer within 10 s")
+                    within(Duration::from_secs(10), client.create_session(request)).await
                 });
                 assert_clear_refusal(result, &expected);
                 Ok(())
@@ -991,14 +987,14 @@ async fn a_message_over_the_grpc_limit_is_limit_exceeded_and_the_connection_serv
             assert_error(&status, Code::InvalidArgument, "LIMIT_EXCEEDED");
             assert_eq!(error_info(&status).metadata["limit"], "grpc_message_bytes");
             // The same connection goes on serving.
-            let got = tokio::time::timeout(
+            let got = within(
                 Duration::from_secs(5),
                 session.client.get_session(pb::GetSessionRequest {
                     session_id: session.id.clone(),
                 }),
             )
             .await;
-            assert!(matches!(got, Ok(Ok(_))), "after {size} bytes: {got:?}");
+            assert!(got.is_ok(), "after {size} bytes: {got:?}");
         }
         h.shutdown().await;
     })
@@ -1354,9 +1350,8 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
         // SAFETY: signalling the child we started, by its pid.
 
         assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-        let status = tokio::time::timeout(Duration::from_secs(20), server.wait())
+        let status = within(Duration::from_secs(20), server.wait())
             .await
-            .expect("the server stops on SIGTERM")
             .unwrap();
         assert!(status.success(), "{status:?}");
     })

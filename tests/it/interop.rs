@@ -61,9 +61,7 @@ async fn ts_harness() -> Harness {
 }
 
 async fn within<F: std::future::Future>(body: F) -> F::Output {
-    tokio::time::timeout(INTEROP_TIMEOUT, body)
-        .await
-        .expect("the interop test finishes in time")
+    crate::harness::within(INTEROP_TIMEOUT, body).await
 }
 
 async fn ts_turn_answered(option: &str, expect_text: &str) {

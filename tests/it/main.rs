@@ -2,7 +2,9 @@
 //! real loopback connection. `harness` starts servers and hands out clients; each other module
 //! covers one area. Run with `cargo nextest run --test it` (or `scripts/test` for everything).
 
-mod harness;
+// The shared harness and session helpers live in the test kit (`crates/testkit`); imported here
+// so the modules below reach them as `crate::harness` and `crate::support`.
+use agent_harness_testkit::{harness, support};
 
 mod auth;
 mod crash;
@@ -18,7 +20,6 @@ mod reflection;
 mod scale;
 mod services;
 mod sessions;
-mod support;
 mod tls;
 mod transcript;
 mod translator;

@@ -94,7 +94,7 @@ impl Files {
 }
 
 fn config(data: &TempDir, tls: TlsFiles) -> ServeConfig {
-    let mut config = ServeConfig::for_tests(
+    let mut config = crate::harness::test_config(
         data.path().to_owned(),
         env!("CARGO_BIN_EXE_agent-harness").into(),
     );

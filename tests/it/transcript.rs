@@ -16,7 +16,7 @@ use agent_harness::{
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{Harness, bounded},
+    harness::{Harness, bounded, within},
     support::answer_request,
     support::{Session, attachment, mock_profile_with, number_id, set_model, stop},
 };
@@ -375,7 +375,7 @@ async fn write_fixture(session: &mut Session, name: &str) {
 #[tokio::test]
 #[ignore = "regenerates the committed fixtures; needs the TS example agent"]
 async fn capture_fold_fixtures() {
-    tokio::time::timeout(Duration::from_secs(120), async {
+    within(Duration::from_secs(120), async {
         let ts_agent = std::env::var("AGENT_HARNESS_TS_AGENT").expect("AGENT_HARNESS_TS_AGENT");
         let node = std::env::split_paths(&std::env::var_os("PATH").unwrap())
             .map(|d| d.join("node"))
@@ -451,5 +451,4 @@ async fn capture_fold_fixtures() {
         write_fixture(&mut session, "ts-example-agent.jsonl").await;
     })
     .await
-    .expect("captured in time")
 }

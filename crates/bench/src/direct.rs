@@ -13,7 +13,7 @@ use tokio::{
     time::Instant,
 };
 
-use crate::{
+use agent_harness::{
     acp::frames::{self as acp_frames, PromptOptions},
     domain::{ActionId, PromptAction},
 };

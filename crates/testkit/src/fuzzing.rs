@@ -10,8 +10,6 @@
 //!   each announced message ends with exactly the transcript), and pages cover every message
 //!   once.
 
-#![doc(hidden)]
-
 use std::{
     collections::{BTreeMap, HashSet},
     pin::Pin,
@@ -25,7 +23,7 @@ use tokio::{
     sync::mpsc,
 };
 
-use crate::{
+use agent_harness::{
     acp::{
         connection::{Inbound, InvalidLine, PREVIEW_BYTES, read_lines},
         fold::{Fold, page_turns},
@@ -257,7 +255,7 @@ pub fn fold_bytes(data: &[u8]) {
 pub fn fold_entries(entries: &[LogEntry]) {
     let mut fold = Fold::new(DEFAULT_META_KEY);
     // What a MESSAGES-view subscriber would hold: the last snapshot of each announced message.
-    let mut announced: BTreeMap<String, crate::acp::fold::Message> = BTreeMap::new();
+    let mut announced: BTreeMap<String, agent_harness::acp::fold::Message> = BTreeMap::new();
     for entry in entries {
         for id in fold.apply(entry) {
             let message = fold

@@ -1,8 +1,6 @@
 //! Helpers for session tests: profiles running our mock agent with flags, creating sessions,
 //! sending actions, and waiting on the session's own stream (never on the clock).
 
-#![allow(dead_code)]
-
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use agent_harness::{
@@ -33,7 +31,7 @@ pub fn mock_profile_with(
     args.extend(flags.iter().map(|f| f.to_string()));
     let mut profile = Profile {
         name: name.to_owned(),
-        command: env!("CARGO_BIN_EXE_agent-harness").into(),
+        command: crate::service_bin(),
         args,
         env: BTreeMap::new(),
         permission_policy: PermissionPolicy::Ask,

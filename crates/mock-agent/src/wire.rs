@@ -1,6 +1,7 @@
 //! ACP v1 frames the mock agent writes, appended as single lines to an output buffer. The hot
 //! path (text chunks) is written directly, without building a `Value`.
 
+use agent_client_protocol_schema::v1::{ErrorCode, StopReason};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -26,10 +27,10 @@ pub fn response(buf: &mut Vec<u8>, id: &Value, result: &impl Serialize) {
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"error":{"code":CODE,"message":MESSAGE}}`.
-pub fn error(buf: &mut Vec<u8>, id: &Value, code: i64, message: &str) {
+pub fn error(buf: &mut Vec<u8>, id: &Value, code: ErrorCode, message: &str) {
     json_into(
         buf,
-        &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+        &json!({"jsonrpc": "2.0", "id": id, "error": {"code": i32::from(code), "message": message}}),
     );
     end(buf);
 }
@@ -102,12 +103,12 @@ pub fn block_chunk(buf: &mut Vec<u8>, session_id: &str, block: &Value) {
 }
 
 /// The prompt's answer: `{"stopReason": REASON}`.
-pub fn stop(buf: &mut Vec<u8>, id: &Value, reason: &str) {
+pub fn stop(buf: &mut Vec<u8>, id: &Value, reason: StopReason) {
     buf.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
     json_into(buf, id);
-    buf.extend_from_slice(br#","result":{"stopReason":""#);
-    buf.extend_from_slice(reason.as_bytes());
-    buf.extend_from_slice(b"\"}}");
+    buf.extend_from_slice(br#","result":{"stopReason":"#);
+    json_into(buf, &reason);
+    buf.extend_from_slice(b"}}");
     end(buf);
 }
 
@@ -156,11 +157,11 @@ mod tests {
             json!("018f0000-0000-7000-8000-000000000000"),
         ] {
             assert_eq!(
-                line(|b| stop(b, &id, "end_turn")),
+                line(|b| stop(b, &id, StopReason::EndTurn)),
                 json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "end_turn"}})
             );
             assert_eq!(
-                line(|b| error(b, &id, -32601, "no")),
+                line(|b| error(b, &id, ErrorCode::MethodNotFound, "no")),
                 json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "no"}})
             );
             assert_eq!(

@@ -1,4 +1,6 @@
 //! `agent-harness mock-agent`: a deterministic, scripted ACP v1 **agent** on its own stdin/stdout.
+//! A crate of its own that the service binary runs as a subcommand; it shares the ACP vocabulary
+//! (stop reasons, JSON-RPC error codes) with the harness through `agent-client-protocol-schema`.
 //!
 //! It is the built-in `mock` runtime profile (SPEC §8, §13), the peer of the harness's tests and
 //! the runtime its benchmarks measure against. Prompts are echoed back; lines of the user's text
@@ -25,10 +27,7 @@ use tokio::{
     sync::mpsc,
 };
 
-pub use agent::{
-    AUTH_REQUIRED, CANCEL_PERMISSION_WAIT, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST,
-    METHOD_NOT_FOUND, PARSE_ERROR,
-};
+pub use agent::CANCEL_PERMISSION_WAIT;
 pub use args::MockAgentArgs;
 
 use agent::{Agent, Incoming};

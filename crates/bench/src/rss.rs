@@ -25,7 +25,7 @@ use super::{
     server::{ServerProcess, connect_pool},
     turns::CREATE_CONCURRENCY,
 };
-use crate::pb::v1 as pb;
+use agent_harness::pb::v1 as pb;
 
 pub const FIGURE: &str = "harness RSS per idle session after one turn";
 const LIMIT_KIB: f64 = 64.0;

@@ -21,7 +21,7 @@ use super::{
     server::{ServerProcess, connect_pool},
     stats::{median, spread},
 };
-use crate::pb::v1::{
+use agent_harness::pb::v1::{
     self as pb, channel_translator_service_client::ChannelTranslatorServiceClient,
 };
 
@@ -105,7 +105,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
         &ctx.config_with_base_url(BASE_URL, &[]),
     )
     .await?;
-    let echo_server = ServerProcess::echo(&ctx.bin).await?;
+    let echo_server = ServerProcess::echo().await?;
     let harness_pool = connect_pool(harness.addr(), plan.connections).await?;
     let echo_pool = connect_pool(echo_server.addr(), plan.connections).await?;
     let c = plan.translate_concurrency;

@@ -16,7 +16,7 @@ use super::{
     server::{ServerProcess, connect_pool},
     stats::{median, spread},
 };
-use crate::pb::v1::{self as pb, subscribe_response::Event};
+use agent_harness::pb::v1::{self as pb, subscribe_response::Event};
 
 pub const FIGURE: &str = "catch-up replay to one subscriber";
 const TARGET: f64 = 200_000.0;

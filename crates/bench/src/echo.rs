@@ -1,5 +1,5 @@
 //! The baseline of the translator figure: a bare tonic echo service in this same binary, served
-//! only by `agent-harness bench --serve-echo ADDR` (a hidden flag the benchmark uses to start it
+//! only by `agent-harness-bench --serve-echo ADDR` (a hidden flag the benchmark uses to start it
 //! as a child process). It is never part of `serve`, its reflection or its health.
 //!
 //! `agent_harness.bench.Echo/Echo` takes a `TranslateChannelMessageRequest` and answers with the
@@ -23,7 +23,7 @@ use tonic::{
     transport::{Channel, Server},
 };
 
-use crate::pb::v1::TranslateChannelMessageRequest;
+use agent_harness::pb::v1::TranslateChannelMessageRequest;
 
 /// The echo's full service name (deliberately outside `agent_harness.v1`).
 pub const SERVICE: &str = "agent_harness.bench.Echo";
@@ -115,7 +115,7 @@ pub async fn answers(addr: SocketAddr) -> bool {
     )
 }
 
-/// `agent-harness bench --serve-echo ADDR`: serves the echo until SIGTERM or Ctrl-C, on the
+/// `agent-harness-bench --serve-echo ADDR`: serves the echo until SIGTERM or Ctrl-C, on the
 /// same kind of runtime as `serve`.
 pub fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -143,7 +143,7 @@ pub fn serve(addr: SocketAddr) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::v1::ChannelMessage;
+    use agent_harness::pb::v1::ChannelMessage;
 
     #[tokio::test]
     async fn the_echo_answers_with_the_message_it_was_sent_and_refuses_other_paths() {
@@ -155,7 +155,7 @@ mod tests {
                     .add_service(EchoService)
                     .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
             );
-            let channel = crate::bench::server::connect(addr).await.unwrap();
+            let channel = crate::server::connect(addr).await.unwrap();
             let message = EchoMessage {
                 message: Some(ChannelMessage {
                     message_id: "m-1".into(),

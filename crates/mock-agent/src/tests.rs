@@ -18,8 +18,8 @@ use tokio::{
 };
 
 use super::{MockAgentArgs, run_with_stderr};
-use crate::acp::frames::{self as acp_frames, ConfigValue, ReopenMethod};
-use crate::domain::{
+use agent_harness::acp::frames::{self as acp_frames, ConfigValue, ReopenMethod};
+use agent_harness::domain::{
     action::{
         ElicitationAnswer, ElicitationValue, JsonRpcId, PermissionAnswer, PromptAction,
         PromptAttachment,
@@ -27,13 +27,9 @@ use crate::domain::{
     action_id::ActionId,
 };
 
-const LIMIT: Duration = Duration::from_secs(10);
-
 /// Every test body runs under this bound: a hang fails instead of blocking the suite.
 async fn within<F: Future>(body: F) -> F::Output {
-    tokio::time::timeout(LIMIT, body)
-        .await
-        .expect("the test did not finish in time")
+    agent_harness_testkit::within(Duration::from_secs(10), body).await
 }
 
 /// stderr captured in memory.

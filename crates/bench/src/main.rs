@@ -1,8 +1,9 @@
-//! `agent-harness bench`: the performance figures of SPEC §14, each printed beside the limit or
+//! `agent-harness-bench`: the performance figures of SPEC §14, each printed beside the limit or
 //! baseline it is held against, measured in the same run.
 //!
-//! Every phase starts a real `agent-harness serve` child process (this same executable, so build
-//! it with `--release`) on a loopback port with a scratch data dir and SQLite at
+//! Every phase starts a real `agent-harness serve` child process (by default the `agent-harness`
+//! built next to this binary, so build both with `--release`; `--server-bin` names another) on a
+//! loopback port with a scratch data dir and SQLite at
 //! `synchronous=NORMAL`, drives it over several HTTP/2 connections with bounded loops for fixed
 //! durations, and stops it with SIGTERM. The mock agent runtimes are the server's children.
 //!
@@ -17,19 +18,19 @@
 //!
 //! `docs/benchmarks.md` has the command, the machine, the figures and what bounds each one.
 
-pub mod client;
-pub mod direct;
-pub mod echo;
-pub mod fanout;
-pub mod machine;
-pub mod replay;
-pub mod report;
-pub mod rss;
-pub mod rtt;
-pub mod server;
-pub mod stats;
-pub mod translate;
-pub mod turns;
+mod client;
+mod direct;
+mod echo;
+mod fanout;
+mod machine;
+mod replay;
+mod report;
+mod rss;
+mod rtt;
+mod server;
+mod stats;
+mod translate;
+mod turns;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -78,7 +79,7 @@ impl Figure {
     }
 }
 
-/// The flags of `agent-harness bench`. Sizes left unset take the full run's values, or the
+/// The flags of `agent-harness-bench`. Sizes left unset take the full run's values, or the
 /// smoke run's with `--smoke`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct BenchArgs {
@@ -131,7 +132,7 @@ pub struct BenchArgs {
     /// HTTP/2 connections per client pool (more for fan-out: 128 streams each at most) [full: 4]
     #[arg(long)]
     pub connections: Option<usize>,
-    /// The `agent-harness` executable to serve [default: this one]
+    /// The `agent-harness` executable to serve [default: the one next to this binary]
     #[arg(long, value_name = "PATH")]
     pub server_bin: Option<PathBuf>,
     /// Internal: serve the bare echo baseline on ADDR until SIGTERM
@@ -245,15 +246,28 @@ impl Ctx {
     }
 }
 
-/// `agent-harness bench`: runs the figures and prints the table. Fails (after printing) when a
-/// figure could not be measured; a missed target is a finding, not a failure.
-pub fn main(args: BenchArgs) -> anyhow::Result<()> {
+#[derive(clap::Parser)]
+#[command(
+    name = "agent-harness-bench",
+    version,
+    about = "Measure the performance figures of SPEC §14 against a child `agent-harness serve` \
+             (build both with --release; see docs/benchmarks.md)"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+/// Runs the figures and prints the table. Fails (after printing) when a figure could not be
+/// measured; a missed target is a finding, not a failure.
+fn main() -> anyhow::Result<()> {
+    let args = <Cli as clap::Parser>::parse().args;
     if let Some(addr) = args.serve_echo {
         return echo::serve(addr);
     }
     let bin = match &args.server_bin {
         Some(path) => path.clone(),
-        None => std::env::current_exe().context("finding this executable")?,
+        None => sibling_server()?,
     };
     let figures: Vec<Figure> = if args.only.is_empty() {
         Figure::ALL.to_vec()
@@ -277,9 +291,23 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `agent-harness` beside this executable: cargo puts every binary of the workspace in the
+/// same target directory (`target/release/agent-harness` and `target/release/agent-harness-bench`).
+fn sibling_server() -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().context("finding this executable")?;
+    let bin = me.with_file_name("agent-harness");
+    anyhow::ensure!(
+        bin.is_file(),
+        "no agent-harness next to {} (build it: `cargo build --release --bin agent-harness`, or \
+         pass --server-bin PATH)",
+        me.display()
+    );
+    Ok(bin)
+}
+
 fn header(ctx: &Ctx, smoke: bool) {
     let machine = machine::Machine::read();
-    println!("agent-harness bench (SPEC §14)");
+    println!("agent-harness-bench (SPEC §14)");
     println!(
         "  machine: {} x {} cores, kernel {}",
         machine.cpu_model, machine.cores, machine.kernel
@@ -393,7 +421,7 @@ mod tests {
 
     #[test]
     fn the_bench_smoke_stage_of_the_test_script_checks_every_row_key() {
-        let script = include_str!("../../scripts/test");
+        let script = include_str!("../../../scripts/test");
         let line = script
             .lines()
             .find(|line| line.starts_with("BENCH_KEYS=("))
@@ -413,7 +441,7 @@ mod tests {
             plan: Plan::SMOKE,
         };
         let text = ctx.config_with_base_url("https://static.example", &[("live_runtimes", 300)]);
-        let file: crate::config::FileConfig = toml::from_str(&text).unwrap();
+        let file: agent_harness::config::FileConfig = toml::from_str(&text).unwrap();
         assert_eq!(file.limits.live_runtimes, 300);
         assert_eq!(file.limits.queued_actions, 50);
         assert_eq!(

@@ -1,39 +1,13 @@
 //! The mock agent's mini-language, pure: how a prompt's blocks split into user text, links and
 //! hidden blocks, and how `@verb args` lines of the user text become [`Directive`]s.
 
+use agent_client_protocol_schema::v1::{ErrorCode, StopReason};
 use serde_json::Value;
 
-/// The stop reasons a prompt can end with (ACP v1 `StopReason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    EndTurn,
-    MaxTokens,
-    MaxTurnRequests,
-    Refusal,
-    Cancelled,
-}
-
-impl StopReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::EndTurn => "end_turn",
-            Self::MaxTokens => "max_tokens",
-            Self::MaxTurnRequests => "max_turn_requests",
-            Self::Refusal => "refusal",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "end_turn" => Self::EndTurn,
-            "max_tokens" => Self::MaxTokens,
-            "max_turn_requests" => Self::MaxTurnRequests,
-            "refusal" => Self::Refusal,
-            "cancelled" => Self::Cancelled,
-            _ => return None,
-        })
-    }
+/// A stop reason by its ACP wire name (`end_turn`, `max_tokens`, …), read through the schema
+/// crate's own type so the mock agent and the harness share one vocabulary.
+fn parse_stop_reason(text: &str) -> Option<StopReason> {
+    serde_json::from_value(Value::String(text.to_owned())).ok()
 }
 
 /// Which elicitation `@elicit` sends.
@@ -87,7 +61,7 @@ pub enum Directive {
     IgnoreCancel,
     Stop(StopReason),
     Error {
-        code: i64,
+        code: ErrorCode,
         message: String,
     },
     Stderr(String),
@@ -169,11 +143,11 @@ fn known(verb: &str, rest: &str) -> Option<Directive> {
         }),
         ("wait-cancel", _) => bare(Directive::WaitCancel),
         ("ignore-cancel", _) => bare(Directive::IgnoreCancel),
-        ("stop", [reason]) => StopReason::parse(reason).map(Directive::Stop),
+        ("stop", [reason]) => parse_stop_reason(reason).map(Directive::Stop),
         ("error", [code, ..]) => {
             let message = rest[code.len()..].trim();
             Some(Directive::Error {
-                code: code.parse().ok()?,
+                code: ErrorCode::from(code.parse::<i32>().ok()?),
                 message: if message.is_empty() {
                     DEFAULT_ERROR_MESSAGE.to_owned()
                 } else {
@@ -376,14 +350,14 @@ mod tests {
         assert_eq!(
             one("@error -32603 it broke badly"),
             Directive::Error {
-                code: -32603,
+                code: ErrorCode::InternalError,
                 message: "it broke badly".into()
             }
         );
         assert_eq!(
             one("@error 5"),
             Directive::Error {
-                code: 5,
+                code: ErrorCode::Other(5),
                 message: DEFAULT_ERROR_MESSAGE.into()
             }
         );
@@ -410,11 +384,10 @@ mod tests {
             "refusal",
             "cancelled",
         ] {
-            assert_eq!(
-                one(&format!("@stop {reason}")),
-                Directive::Stop(StopReason::parse(reason).unwrap())
-            );
-            assert_eq!(StopReason::parse(reason).unwrap().as_str(), reason);
+            let Directive::Stop(parsed) = one(&format!("@stop {reason}")) else {
+                panic!("@stop {reason} is a stop directive");
+            };
+            assert_eq!(serde_json::to_value(parsed).unwrap(), reason);
         }
         assert_eq!(one("@stop tired"), Directive::Unknown("@stop tired".into()));
     }

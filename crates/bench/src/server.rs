@@ -115,15 +115,14 @@ impl ServerProcess {
         .await
     }
 
-    /// Starts the bare echo server (`agent-harness bench --serve-echo ADDR`).
-    pub async fn echo(bin: &Path) -> anyhow::Result<Self> {
+    /// Starts the bare echo server (`agent-harness-bench --serve-echo ADDR`).
+    pub async fn echo() -> anyhow::Result<Self> {
+        // The echo is this benchmark binary itself, so its build matches the bench's.
+        let bin = std::env::current_exe().context("finding this executable")?;
         let dir = ScratchDir::new("echo")?;
         Self::start(dir, "echo", super::echo::answers, |addr| {
-            let mut command = Command::new(bin);
-            command
-                .arg("bench")
-                .arg("--serve-echo")
-                .arg(addr.to_string());
+            let mut command = Command::new(&bin);
+            command.arg("--serve-echo").arg(addr.to_string());
             command
         })
         .await

@@ -39,7 +39,7 @@ use super::{
     server::{ServerProcess, connect_pool},
     stats::Histogram,
 };
-use crate::pb::v1::{self as pb, subscribe_response::Event};
+use agent_harness::pb::v1::{self as pb, subscribe_response::Event};
 
 pub const FIGURE: &str = "fan-out, 1 session to many subscribers, LOG view";
 const RATE_TARGET: f64 = 1_000_000.0;

@@ -12,25 +12,14 @@ use tokio::{
     time::Instant,
 };
 
+use agent_client_protocol_schema::v1::{ErrorCode, StopReason};
+
 use super::{
     args::MockAgentArgs,
     options::ConfigOptions,
-    script::{Directive, ElicitKind, PromptView, Script, StopReason, chunk_text},
+    script::{Directive, ElicitKind, PromptView, Script, chunk_text},
     wire::{self, ChunkKind},
 };
-
-/// JSON-RPC: parse error.
-pub const PARSE_ERROR: i64 = -32700;
-/// JSON-RPC: invalid request.
-pub const INVALID_REQUEST: i64 = -32600;
-/// JSON-RPC: method not found.
-pub const METHOD_NOT_FOUND: i64 = -32601;
-/// JSON-RPC: invalid params.
-pub const INVALID_PARAMS: i64 = -32602;
-/// JSON-RPC: internal error (the start-failure flags).
-pub const INTERNAL_ERROR: i64 = -32603;
-/// ACP: authentication required.
-pub const AUTH_REQUIRED: i64 = -32000;
 
 /// How long `@cancel-permission` waits for any answer.
 pub const CANCEL_PERMISSION_WAIT: Duration = Duration::from_secs(1);
@@ -228,7 +217,12 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
 
     fn handle(&mut self, message: Incoming) {
         let Incoming::Message(message) = message else {
-            wire::error(self.buf(), &Value::Null, PARSE_ERROR, "Parse error");
+            wire::error(
+                self.buf(),
+                &Value::Null,
+                ErrorCode::ParseError,
+                "Parse error",
+            );
             return;
         };
         let params = message.get("params").unwrap_or(&Value::Null);
@@ -246,7 +240,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             (None, id) => wire::error(
                 self.buf(),
                 id.unwrap_or(&Value::Null),
-                INVALID_REQUEST,
+                ErrorCode::InvalidRequest,
                 "Invalid Request: neither a request, a notification nor a response",
             ),
         }
@@ -284,7 +278,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                     wire::error(
                         self.buf(),
                         id,
-                        INTERNAL_ERROR,
+                        ErrorCode::InternalError,
                         "mock agent: initialize failed (--fail-initialize)",
                     );
                 } else {
@@ -294,12 +288,17 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             }
             "session/new" => {
                 if self.args.auth_required {
-                    wire::error(self.buf(), id, AUTH_REQUIRED, "authentication required");
+                    wire::error(
+                        self.buf(),
+                        id,
+                        ErrorCode::AuthRequired,
+                        "authentication required",
+                    );
                 } else if self.args.fail_new_session {
                     wire::error(
                         self.buf(),
                         id,
-                        INTERNAL_ERROR,
+                        ErrorCode::InternalError,
                         "mock agent: session/new failed (--fail-new-session)",
                     );
                 } else {
@@ -353,14 +352,14 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             _ => wire::error(
                 self.buf(),
                 id,
-                METHOD_NOT_FOUND,
+                ErrorCode::MethodNotFound,
                 &format!("Method not found: {method}"),
             ),
         }
     }
 
     fn invalid_params(&mut self, id: &Value, message: &str) {
-        wire::error(self.buf(), id, INVALID_PARAMS, message);
+        wire::error(self.buf(), id, ErrorCode::InvalidParams, message);
     }
 
     fn initialize_result(&self) -> Value {
@@ -400,7 +399,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
 
     fn end_turn(&mut self, reason: StopReason) {
         if let Some(turn) = self.turn.take() {
-            wire::stop(&mut self.out.buf, &turn.id, reason.as_str());
+            wire::stop(&mut self.out.buf, &turn.id, reason);
         }
     }
 
@@ -491,7 +490,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
         let (user_text, has_user_text, links) = match PromptView::read(blocks) {
             PromptView::Compact => {
                 wire::text_chunk(buf, session_id, ChunkKind::Agent, "compacted");
-                wire::stop(buf, id, StopReason::EndTurn.as_str());
+                wire::stop(buf, id, StopReason::EndTurn);
                 return;
             }
             PromptView::Ordinary {
@@ -516,7 +515,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             }
         }
         if script.directives.is_empty() {
-            wire::stop(buf, id, StopReason::EndTurn.as_str());
+            wire::stop(buf, id, StopReason::EndTurn);
             return;
         }
         self.turn = Some(Turn {
@@ -541,7 +540,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             return Step::Continue;
         };
         let Some(directive) = turn.directives.next() else {
-            wire::stop(&mut self.out.buf, &turn.id, StopReason::EndTurn.as_str());
+            wire::stop(&mut self.out.buf, &turn.id, StopReason::EndTurn);
             return Step::Continue;
         };
         let session_id = turn.session_id.as_str();
@@ -671,7 +670,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             // Lifted into the turn's flags when the script was read.
             Directive::IgnoreCancel | Directive::EchoAll => {}
             Directive::Stop(reason) => {
-                wire::stop(self.buf(), &turn.id, reason.as_str());
+                wire::stop(self.buf(), &turn.id, reason);
                 return Step::Continue;
             }
             Directive::Error { code, message } => {

@@ -6,7 +6,7 @@ use std::{path::Path, time::Duration};
 use anyhow::{Context, bail};
 use tonic::{Streaming, transport::Channel};
 
-use crate::pb::v1::{
+use agent_harness::pb::v1::{
     self as pb, agent_session_service_client::AgentSessionServiceClient, control_request::Action,
     subscribe_response::Event,
 };
@@ -140,18 +140,4 @@ impl LogStream {
             .await
             .map(drop)
     }
-}
-
-/// Closes a session (stops its runtime); the log stays.
-pub async fn close_session(channel: &Channel, session_id: &str) -> anyhow::Result<()> {
-    tokio::time::timeout(
-        WAIT_TIMEOUT,
-        sessions(channel).close_session(pb::CloseSessionRequest {
-            session_id: session_id.to_owned(),
-        }),
-    )
-    .await
-    .context("CloseSession timed out")?
-    .context("CloseSession")?;
-    Ok(())
 }

@@ -9,13 +9,15 @@
 //! `Harness::start_with(|config| { … })` edits the [`ServeConfig`] before the server starts.
 //! Every test body runs inside [`bounded`], so a hang fails the test instead of the run.
 
-#![allow(dead_code)] // Not every test binary module uses every helper.
-
-use std::{future::Future, net::SocketAddr, path::Path, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use agent_harness::{
     app::{self, RunningServer},
-    config::ServeConfig,
+    config::{FileConfig, ServeArgs, ServeConfig},
     pb::v1::{
         agent_session_service_client::AgentSessionServiceClient,
         channel_translator_service_client::ChannelTranslatorServiceClient,
@@ -34,8 +36,7 @@ use tonic_reflection::pb::{
 };
 use tonic_types::{ErrorInfo, StatusExt};
 
-/// How long one test may take before it fails as hung.
-pub const TEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub use crate::{TEST_TIMEOUT, bounded, within};
 
 /// The static files base URL every harness gets unless a test changes it.
 pub const STATIC_BASE_URL: &str = "https://static.example";
@@ -49,12 +50,15 @@ pub const TRANSLATOR_SERVICE: &str = "agent_harness.v1.ChannelTranslatorService"
 pub const GATEWAY_SERVICE: &str = "agent_harness.v1.RuntimeGatewayService";
 pub const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
 
-/// Runs a test body, failing it if it takes longer than [`TEST_TIMEOUT`].
-pub async fn bounded<F: Future>(body: F) -> F::Output {
-    match tokio::time::timeout(TEST_TIMEOUT, body).await {
-        Ok(output) => output,
-        Err(_) => panic!("test did not finish within {TEST_TIMEOUT:?}"),
-    }
+/// A configuration for tests: defaults, listening on an ephemeral loopback port, with `data_dir`
+/// and `mock_program` as the built-in `mock` profile's program.
+pub fn test_config(data_dir: PathBuf, mock_program: PathBuf) -> ServeConfig {
+    let args = ServeArgs {
+        listen: Some("127.0.0.1:0".parse().expect("valid")),
+        data_dir: Some(data_dir),
+        ..Default::default()
+    };
+    ServeConfig::from_parts(args, FileConfig::default(), mock_program).expect("defaults are valid")
 }
 
 /// A running server and a connection to it.
@@ -79,10 +83,7 @@ impl Harness {
             .prefix("agent-harness-it-")
             .tempdir()
             .expect("temporary data dir");
-        let mut config = ServeConfig::for_tests(
-            data_dir.path().to_path_buf(),
-            env!("CARGO_BIN_EXE_agent-harness").into(),
-        );
+        let mut config = test_config(data_dir.path().to_path_buf(), crate::service_bin());
         config.static_files_base_url = Some(STATIC_BASE_URL.to_owned());
         configure(&mut config);
 

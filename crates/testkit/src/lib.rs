@@ -1,0 +1,51 @@
+//! The test kit of agent-harness: what the integration tests (`tests/`) and the fuzz targets
+//! (`fuzz/`) share, outside the shipped library.
+//!
+//! - [`harness`]: a real server in-process on `127.0.0.1:0` with typed clients for each service,
+//!   and the assertions on error statuses;
+//! - [`support`]: session helpers — mock-agent profiles, sessions, actions, and waiting on a
+//!   session's own stream (never on the clock);
+//! - [`fuzzing`]: the invariants of the code that reads hostile runtime output, driven by the
+//!   property tests and by `cargo fuzz`;
+//! - [`within`] / [`bounded`]: the one timeout every test body runs under, so a hang fails the
+//!   test instead of the run.
+
+pub mod fuzzing;
+pub mod harness;
+pub mod support;
+
+use std::{future::Future, path::PathBuf, time::Duration};
+
+/// How long one test may take before it fails as hung, unless it names its own limit.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `body`, failing the test if it takes longer than `limit`.
+pub async fn within<F: Future>(limit: Duration, body: F) -> F::Output {
+    match tokio::time::timeout(limit, body).await {
+        Ok(output) => output,
+        Err(_) => panic!("test did not finish within {limit:?}"),
+    }
+}
+
+/// [`within`] the default [`TEST_TIMEOUT`].
+pub async fn bounded<F: Future>(body: F) -> F::Output {
+    within(TEST_TIMEOUT, body).await
+}
+
+/// The `agent-harness` executable of this build: the mock agent's program in the test profiles.
+/// Cargo builds a package's binaries before its integration tests, into the directory above the
+/// test executable's `deps/`.
+pub fn service_bin() -> PathBuf {
+    let test_exe = std::env::current_exe().expect("the test executable's path");
+    let bin = test_exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test executable sits in <target>/<profile>/deps")
+        .join("agent-harness");
+    assert!(
+        bin.is_file(),
+        "{} not found: build it first (`cargo build --bin agent-harness`)",
+        bin.display()
+    );
+    bin
+}
