@@ -11,6 +11,7 @@ mod health;
 mod hostile;
 mod interactions;
 mod interop;
+mod interrupts;
 mod log;
 mod operations;
 mod process_tree;

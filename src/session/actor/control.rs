@@ -257,10 +257,19 @@ impl Actor {
                     ),
                 ));
             }
-            let position = self.queue.push_back(entry.clone(), cap)?;
+            // An interrupt goes first here too (SPEC §6); there is no turn to stop.
+            let position = if interrupt {
+                self.queue.push_front(entry.clone(), cap)?
+            } else {
+                self.queue.push_back(entry.clone(), cap)?
+            };
             let mut out = Out::default();
             out.batch.new_actions.push(queued(fingerprint));
-            out.batch.queue.push(QueueOp::PushBack(entry));
+            out.batch.queue.push(if interrupt {
+                QueueOp::PushFront(entry)
+            } else {
+                QueueOp::PushBack(entry)
+            });
             out.queue_changed = true;
             if let Err(error) = self.flush(out).await {
                 self.queue.remove(&action_id).ok();
@@ -273,13 +282,14 @@ impl Actor {
             });
         }
         if interrupt && self.turn.is_some() {
-            // Behaves as a stop, and the prompt goes first.
+            // Behaves as a stop (by the caller, SPEC §5.1), and the prompt goes first.
+            let actor = entry.actor.clone();
             self.queue.push_front(entry.clone(), cap)?;
             let mut out = Out::default();
             out.batch.new_actions.push(queued(fingerprint));
             out.batch.queue.push(QueueOp::PushFront(entry));
             out.queue_changed = true;
-            self.cancel_turn(&mut out, action_id, &self.record.owner.clone());
+            self.cancel_turn(&mut out, action_id, &actor);
             if let Err(error) = self.flush(out).await {
                 self.queue.remove(&action_id).ok();
                 return Err(error);
