@@ -6,6 +6,7 @@ mod harness;
 
 mod auth;
 mod crash;
+mod create_crash;
 mod faults;
 mod health;
 mod hostile;
