@@ -114,7 +114,7 @@ pub fn runtime_env(profile_env: &BTreeMap<String, String>) -> Vec<(OsString, OsS
 }
 
 /// The environment variable that marks a runtime and all its descendants (module doc).
-pub const MARKER_VAR: &str = "AGENT_HARNESS_RUNTIME";
+pub const MARKER_VAR: &str = "HARNESS_RUNTIME_MARKER";
 
 /// The executable that can run `runtime-watchdog` (normally this very binary); unset in embedded
 /// uses, which then go without a watchdog.

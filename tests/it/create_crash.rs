@@ -67,3 +67,47 @@ async fn a_runtime_crashing_during_create_session_leaves_no_session_counting_tow
     })
     .await
 }
+
+#[tokio::test]
+async fn a_create_session_its_caller_gave_up_on_leaves_no_session_when_the_runtime_then_crashes() {
+    bounded(async {
+        let hung = uuid::Uuid::now_v7().to_string();
+        let h = Harness::start_with(|config| {
+            config.limits.sessions_per_principal = 1;
+            mock_profile(
+                config,
+                "hangs",
+                &["--stderr-at-start", &hung, "--hang-initialize"],
+            );
+        })
+        .await;
+        // The caller stops waiting while the handshake hangs (its deadline passes).
+        let mut request = tonic::Request::new(create_request(&h, "hangs"));
+        request.set_timeout(Duration::from_millis(300));
+        expect_err(h.sessions().create_session(request).await);
+        // Then the runtime crashes.
+        let pids = processes_with(&hung);
+        assert!(!pids.is_empty(), "the runtime is still starting");
+        for pid in pids {
+            // SAFETY: only sends a signal to the runtime this test started.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        // The failed creation is cleaned up: the cap has room again (it may take a moment for
+        // the crash to be noticed, so retry only on TOO_MANY_SESSIONS).
+        loop {
+            match h
+                .sessions()
+                .create_session(create_request(&h, "mock"))
+                .await
+            {
+                Ok(_) => break,
+                Err(status) if status.code() == Code::ResourceExhausted => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(status) => panic!("{status:?}"),
+            }
+        }
+        assert_eq!(session_count(&h).await, 1, "only the new session is left");
+    })
+    .await
+}
