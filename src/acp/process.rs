@@ -396,11 +396,19 @@ pub struct SpawnedRuntime {
 /// Kills a runtime's whole process tree (agents launched through `npx` have children).
 pub struct RuntimeKiller {
     kill: Option<oneshot::Sender<()>>,
+    pgid: u32,
+    /// Set once the leader is reaped: its pid (and so the group id) may then be reused.
+    reaped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RuntimeKiller {
     pub fn kill(&mut self) {
         if let Some(kill) = self.kill.take() {
+            // The group at once, so the runtime is dead by the time its fault is reported; the
+            // supervisor then reaps it and sweeps descendants that left the group.
+            if !self.reaped.load(std::sync::atomic::Ordering::Acquire) {
+                kill_group(self.pgid);
+            }
             let _ = kill.send(());
         }
     }
@@ -472,7 +480,16 @@ pub fn spawn(
     let (kill_tx, kill_rx) = oneshot::channel();
     let (exit_tx, exit_rx) = oneshot::channel();
     let registry = registry.clone();
-    tokio::spawn(supervise(child, pid, marker, kill_rx, exit_tx, registry));
+    let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(supervise(
+        child,
+        pid,
+        marker,
+        kill_rx,
+        exit_tx,
+        registry,
+        reaped.clone(),
+    ));
     Ok(SpawnedRuntime {
         pid,
         stdin,
@@ -480,6 +497,8 @@ pub fn spawn(
         stderr,
         killer: RuntimeKiller {
             kill: Some(kill_tx),
+            pgid: pid,
+            reaped: reaped.clone(),
         },
         exited: exit_rx,
     })
@@ -494,6 +513,7 @@ async fn supervise(
     kill: oneshot::Receiver<()>,
     exited: oneshot::Sender<io::Result<ExitStatus>>,
     registry: RuntimeRegistry,
+    reaped: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let status = tokio::select! {
         status = child.wait() => {
@@ -506,6 +526,7 @@ async fn supervise(
             child.wait().await
         }
     };
+    reaped.store(true, std::sync::atomic::Ordering::Release);
     // Descendants that left the group (or outlived a wrapper) still carry the marker.
     let _ = tokio::task::spawn_blocking(move || sweep(|m| m == marker)).await;
     registry.forget(pid);

@@ -221,3 +221,45 @@ async fn a_leftover_descendant_of_an_earlier_harness_whose_leader_is_gone_is_kil
     .await
     .expect("in time")
 }
+
+#[tokio::test]
+async fn closing_a_session_kills_a_descendant_that_left_the_runtimes_process_group() {
+    crate::harness::bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("helper.pid");
+        let program = env!("CARGO_BIN_EXE_agent-harness");
+        let script = format!(
+            "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {}; \"$0\" mock-agent; exit $?",
+            pid_file.display()
+        );
+        let h = crate::harness::Harness::start_with(|config| {
+            crate::support::mock_profile_with(config, "wrapped", &[], |profile| {
+                profile.command = "sh".into();
+                profile.args = vec!["-c".into(), script, program.into()];
+            })
+        })
+        .await;
+        let mut session = Session::create(&h, "wrapped").await;
+        let helper: u32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _cleanup = KillOnDrop(vec![helper]);
+        assert!(!dead(helper), "the helper runs in a session of its own");
+        session
+            .client
+            .close_session(pb::CloseSessionRequest {
+                session_id: session.id.clone(),
+            })
+            .await
+            .unwrap();
+        within(
+            Duration::from_secs(10),
+            "a descendant outside the runtime's group survived its session",
+            || dead(helper),
+        )
+        .await;
+    })
+    .await
+}
