@@ -161,10 +161,16 @@ impl RuntimeRegistry {
         std::fs::create_dir_all(&dir)?;
         let data_dir_prefix = format!("{}/", data_dir_marker(data_dir)?);
         let instance_prefix = format!("{data_dir_prefix}{}/", uuid::Uuid::now_v7().simple());
-        let watchdog = match WATCHDOG_PROGRAM.get() {
-            Some(program) => Some(Arc::new(Watchdog::start(program, &instance_prefix)?)),
-            None => None,
-        };
+        // Without its watchdog the harness still works; only a `kill -9` then leaves descendants
+        // for the next start to reap.
+        let watchdog = WATCHDOG_PROGRAM.get().and_then(|program| {
+            Watchdog::start(program, &instance_prefix)
+                .inspect_err(|error| {
+                    tracing::warn!(program = %program.display(), %error, "could not start the runtime watchdog");
+                })
+                .ok()
+                .map(Arc::new)
+        });
         Ok(Self {
             dir,
             data_dir_prefix,
