@@ -27,14 +27,33 @@ enum Command {
     Serve(ServeArgs),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
+    /// Internal: started by `serve`; kills its runtimes' process trees when `serve` dies.
+    #[command(hide = true)]
+    RuntimeWatchdog {
+        #[arg(long)]
+        marker_prefix: String,
+    },
 }
 
-async fn wait_for_stop_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = tokio::signal::ctrl_c() => "SIGINT",
+/// Waits for SIGTERM or SIGINT. SIGHUP never stops the server: with a tokens file the token
+/// watcher reloads it (each handler gets the signal); without one it is logged and ignored.
+/// Both handlers are installed before the server starts, so no signal finds the default action.
+async fn wait_for_stop_signal(
+    mut term: tokio::signal::unix::Signal,
+    mut interrupt: tokio::signal::unix::Signal,
+    mut hangup: tokio::signal::unix::Signal,
+    tokens_configured: bool,
+) -> &'static str {
+    loop {
+        tokio::select! {
+            _ = term.recv() => return "SIGTERM",
+            _ = interrupt.recv() => return "SIGINT",
+            _ = hangup.recv() => {
+                if !tokens_configured {
+                    tracing::info!("SIGHUP: no tokens file to reload; ignored");
+                }
+            }
+        }
     }
 }
 
@@ -42,16 +61,25 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::MockAgent(args) => std::process::exit(mock_agent::main(args)),
+        Command::RuntimeWatchdog { marker_prefix } => {
+            std::process::exit(agent_harness::acp::process::watchdog_main(&marker_prefix))
+        }
         Command::Serve(args) => {
             let program = std::env::current_exe()?;
+            agent_harness::acp::process::set_watchdog_program(program.clone());
             let config = ServeConfig::resolve(args, program)?;
             agent_harness::telemetry::init_logging(config.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
             runtime.block_on(async {
+                use tokio::signal::unix::{SignalKind, signal};
+                let term = signal(SignalKind::terminate())?;
+                let interrupt = signal(SignalKind::interrupt())?;
+                let hangup = signal(SignalKind::hangup())?;
+                let tokens_configured = config.tokens_file.is_some();
                 let server = app::start(config).await?;
-                let signal = wait_for_stop_signal().await;
+                let signal = wait_for_stop_signal(term, interrupt, hangup, tokens_configured).await;
                 tracing::info!(signal, "stopping: draining first");
                 server.drain_and_stop().await?;
                 tracing::info!("stopped");

@@ -153,6 +153,10 @@ fn memchr(bytes: &[u8]) -> Option<usize> {
 #[derive(Debug, Clone)]
 pub(crate) struct LineWriter {
     lines: mpsc::Sender<Arc<str>>,
+    epoch: u32,
+    events: mpsc::Sender<RuntimeEvent>,
+    /// A full queue has been reported (once is enough: it is a fault).
+    reported_full: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LineWriter {
@@ -163,6 +167,12 @@ impl LineWriter {
         events: mpsc::Sender<RuntimeEvent>,
     ) -> Self {
         let (tx, mut rx) = mpsc::channel::<Arc<str>>(WRITE_QUEUE_LINES);
+        let writer = Self {
+            lines: tx,
+            epoch,
+            events: events.clone(),
+            reported_full: Default::default(),
+        };
         tokio::spawn(async move {
             let mut out = BufWriter::with_capacity(64 * 1024, stdin);
             while let Some(line) = rx.recv().await {
@@ -186,13 +196,34 @@ impl LineWriter {
             }
             let _ = out.shutdown().await;
         });
-        Self { lines: tx }
+        writer
     }
 
-    /// Queues one line (without its newline). Fails when the runtime has stopped reading.
+    /// Queues one line (without its newline). Fails when the runtime has stopped reading; a
+    /// full queue is then also reported as [`Inbound::WriteFailed`], so the line that could not
+    /// be queued ends in a fault (SPEC §8) rather than being dropped unnoticed.
     pub(crate) fn send(&self, line: Arc<str>) -> Result<(), &'static str> {
         self.lines.try_send(line).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => "the runtime is not reading its input",
+            mpsc::error::TrySendError::Full(_) => {
+                const WHY: &str = "the runtime is not reading its input";
+                if !self
+                    .reported_full
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    let events = self.events.clone();
+                    let epoch = self.epoch;
+                    // The caller may be the actor that drains `events`: never wait here.
+                    tokio::spawn(async move {
+                        let _ = events
+                            .send(RuntimeEvent {
+                                epoch,
+                                inbound: Inbound::WriteFailed(WHY.to_owned()),
+                            })
+                            .await;
+                    });
+                }
+                WHY
+            }
             mpsc::error::TrySendError::Closed(_) => "the runtime's input is closed",
         })
     }
@@ -302,6 +333,32 @@ mod tests {
             }
         ));
         assert_eq!(events.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_runtime_that_stops_reading_its_input_is_reported_as_a_write_failure_once() {
+        // A pipe of 16 bytes that nobody reads: the writer task blocks, and the queue fills.
+        let (client, _unread) = tokio::io::duplex(16);
+        let (tx, mut rx) = mpsc::channel(4);
+        let writer = LineWriter::start(client, 9, tx);
+        let mut refused = 0;
+        for _ in 0..WRITE_QUEUE_LINES + 16 {
+            if writer.send("{\"a\":1}".into()).is_err() {
+                refused += 1;
+            }
+        }
+        assert!(refused > 0, "the queue is bounded");
+        let event = timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the full queue is reported")
+            .unwrap();
+        assert_eq!(event.epoch, 9);
+        assert!(
+            matches!(&event.inbound, Inbound::WriteFailed(why) if why.contains("not reading")),
+            "{:?}",
+            event.inbound
+        );
+        assert!(rx.try_recv().is_err(), "reported once");
     }
 
     #[tokio::test]

@@ -1,6 +1,37 @@
 //! Starting and stopping runtime processes (SPEC §8): the session's cwd, an explicit environment,
 //! its own process group, killed if the harness dies, stderr drained into a bounded tail, and a
 //! record on disk so a later harness process can reap runtimes left over from a crash.
+//!
+//! # A runtime's whole process tree is the runtime
+//!
+//! Agents are often started through wrappers (`npx`, `sh -c`, `uvx`) whose children do the work,
+//! and those children may leave the runtime's process group or ignore the end of their input.
+//! Neither the leader's pid nor its group is therefore enough to find them. Instead every runtime
+//! is started with one extra environment variable, [`MARKER_VAR`], whose value is
+//! `<data dir id>/<harness instance>/<runtime number>`. The environment is inherited by every
+//! descendant (unless one scrubs it on purpose), and `/proc/<pid>/environ` shows it to us
+//! whatever became of the leader. Three sweeps use it:
+//!
+//! - **Stopping a runtime** (or its leader exiting) kills the process group and then every
+//!   process carrying that runtime's exact marker.
+//! - **A harness killed with `kill -9`** cannot clean up itself, and the parent-death signal only
+//!   reaches the leader. So each harness starts one tiny watchdog (`agent-harness
+//!   runtime-watchdog`, its own session, not a runtime) that holds the read end of a pipe whose
+//!   write end only the harness holds. When the harness dies, for whatever reason, the kernel
+//!   closes that end; the watchdog wakes on end of input, kills every process carrying this
+//!   harness instance's marker (again until none is left, as a dying wrapper may still fork),
+//!   and exits. It needs no signal handling and no polling, and it cannot mistake a later
+//!   harness's runtimes for this one's: the instance is part of the marker.
+//! - **The next start** on the same data directory kills every process carrying the data
+//!   directory's marker from any other instance, in case the watchdog itself was killed too
+//!   (the older record of group leaders is still honoured as well).
+//!
+//! Signals go through a pidfd opened *before* the environment is checked, so a pid reused by an
+//! unrelated process between the check and the kill is never hit.
+//!
+//! The watchdog runs only where the harness knows its own executable
+//! ([`set_watchdog_program`], done by the `serve` command); embedded uses (tests) still get the
+//! marker sweeps on stop and on start.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -82,19 +113,79 @@ pub fn runtime_env(profile_env: &BTreeMap<String, String>) -> Vec<(OsString, OsS
     env
 }
 
-/// Bookkeeping of live runtimes on disk (`<data_dir>/runtimes/<pid>` holding the process start
-/// time), so a restarted harness can kill what a crashed one left behind without ever killing an
-/// unrelated process that reused the pid.
+/// The environment variable that marks a runtime and all its descendants (module doc).
+pub const MARKER_VAR: &str = "HARNESS_RUNTIME_MARKER";
+
+/// The executable that can run `runtime-watchdog` (normally this very binary); unset in embedded
+/// uses, which then go without a watchdog.
+static WATCHDOG_PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Names the executable whose `runtime-watchdog` subcommand guards runtimes against a harness
+/// killed without warning. Call once, before the engine starts.
+pub fn set_watchdog_program(program: PathBuf) {
+    let _ = WATCHDOG_PROGRAM.set(program);
+}
+
+/// The first part of the marker of every runtime started on `data_dir` (which must exist): a
+/// hash of its canonical path, so the marker carries no path and stays short.
+pub fn data_dir_marker(data_dir: &Path) -> io::Result<String> {
+    let canonical = std::fs::canonicalize(data_dir)?;
+    // FNV-1a: stable across builds and processes, unlike std's hasher.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in canonical.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    Ok(format!("{hash:016x}"))
+}
+
+/// Bookkeeping of live runtimes: the marker they carry (module doc), the watchdog of this
+/// harness instance, and a record on disk (`<data_dir>/runtimes/<pid>` holding the process start
+/// time) of each group leader, so a restarted harness can kill what a crashed one left behind
+/// without ever killing an unrelated process that reused the pid.
 #[derive(Debug, Clone)]
 pub struct RuntimeRegistry {
     dir: PathBuf,
+    /// `<data dir id>/`: every runtime ever started on this data directory.
+    data_dir_prefix: String,
+    /// `<data dir id>/<instance>/`: every runtime of this harness instance.
+    instance_prefix: String,
+    next_runtime: Arc<std::sync::atomic::AtomicU64>,
+    /// Dropped with the last clone: the watchdog then sweeps (by then nothing is left to kill).
+    _watchdog: Option<Arc<Watchdog>>,
 }
 
 impl RuntimeRegistry {
     pub fn open(data_dir: &Path) -> io::Result<Self> {
         let dir = data_dir.join("runtimes");
         std::fs::create_dir_all(&dir)?;
-        Ok(Self { dir })
+        let data_dir_prefix = format!("{}/", data_dir_marker(data_dir)?);
+        let instance_prefix = format!("{data_dir_prefix}{}/", uuid::Uuid::now_v7().simple());
+        // Without its watchdog the harness still works; only a `kill -9` then leaves descendants
+        // for the next start to reap.
+        let watchdog = WATCHDOG_PROGRAM.get().and_then(|program| {
+            Watchdog::start(program, &instance_prefix)
+                .inspect_err(|error| {
+                    tracing::warn!(program = %program.display(), %error, "could not start the runtime watchdog");
+                })
+                .ok()
+                .map(Arc::new)
+        });
+        Ok(Self {
+            dir,
+            data_dir_prefix,
+            instance_prefix,
+            next_runtime: Arc::default(),
+            _watchdog: watchdog,
+        })
+    }
+
+    /// A fresh marker value for the next runtime.
+    fn next_marker(&self) -> String {
+        let n = self
+            .next_runtime
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}{n}", self.instance_prefix)
     }
 
     fn record(&self, pid: u32) {
@@ -107,36 +198,179 @@ impl RuntimeRegistry {
         let _ = std::fs::remove_file(self.dir.join(pid.to_string()));
     }
 
-    /// Kills the process group of every recorded runtime that is still the same process; returns
-    /// how many were reaped.
+    /// Kills what earlier harness processes on this data directory left running: the process
+    /// group of every recorded runtime that is still the same process, then every process that
+    /// carries the data directory's marker from another instance. Returns how many were killed.
     pub fn reap_leftovers(&self) -> usize {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return 0;
-        };
         let mut reaped = 0;
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let pid = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.parse::<u32>().ok());
-            let recorded = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|t| t.trim().parse::<u64>().ok());
-            if let (Some(pid), Some(recorded)) = (pid, recorded)
-                && process_start_time(pid) == Some(recorded)
-            {
-                kill_group(pid);
-                reaped += 1;
-                tracing::warn!(
-                    pid,
-                    "reaped a runtime left over from a previous harness process"
-                );
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let pid = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.parse::<u32>().ok());
+                let recorded = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<u64>().ok());
+                if let (Some(pid), Some(recorded)) = (pid, recorded)
+                    && process_start_time(pid) == Some(recorded)
+                {
+                    kill_group(pid);
+                    reaped += 1;
+                    tracing::warn!(
+                        pid,
+                        "reaped a runtime left over from a previous harness process"
+                    );
+                }
+                let _ = std::fs::remove_file(&path);
             }
-            let _ = std::fs::remove_file(&path);
         }
-        reaped
+        let descendants = sweep(|marker| {
+            marker.starts_with(&self.data_dir_prefix) && !marker.starts_with(&self.instance_prefix)
+        });
+        if descendants > 0 {
+            tracing::warn!(
+                descendants,
+                "killed runtime descendants left over from a previous harness process"
+            );
+        }
+        reaped + descendants
     }
+}
+
+/// The watchdog child of one harness instance (module doc). Dropping it closes the pipe, which
+/// makes the watchdog sweep and exit; a thread then collects its exit status.
+#[derive(Debug)]
+struct Watchdog {
+    child: Mutex<Option<std::process::Child>>,
+}
+
+impl Watchdog {
+    fn start(program: &Path, instance_prefix: &str) -> io::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let mut command = std::process::Command::new(program);
+        command
+            .args(["runtime-watchdog", "--marker-prefix", instance_prefix])
+            .env_remove(MARKER_VAR)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: only async-signal-safe calls between fork and exec. Its own session keeps it out
+        // of the harness's process group and terminal, so signals meant for those miss it.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(Self {
+            child: Mutex::new(Some(command.spawn()?)),
+        })
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.lock().expect("not poisoned").take() {
+            drop(child.stdin.take());
+            std::thread::spawn(move || child.wait());
+        }
+    }
+}
+
+/// `agent-harness runtime-watchdog`: waits for the end of its input (its harness is gone), then
+/// kills every process whose marker starts with `marker_prefix`. Returns the exit code.
+pub fn watchdog_main(marker_prefix: &str) -> i32 {
+    use std::io::Read;
+    if marker_prefix.is_empty() {
+        return 2;
+    }
+    let mut stdin = io::stdin().lock();
+    let mut buf = [0u8; 64];
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    sweep(|marker| marker.starts_with(marker_prefix));
+    0
+}
+
+/// The value of [`MARKER_VAR`] in a process's initial environment, if it has one we can read.
+fn marker_of(pid: u32) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let key = MARKER_VAR.as_bytes();
+    environ.split(|b| *b == 0).find_map(|entry| {
+        let value = entry.strip_prefix(key)?.strip_prefix(b"=")?;
+        String::from_utf8(value.to_vec()).ok()
+    })
+}
+
+/// Kills every process whose marker matches, again and again until a pass finds none (a process
+/// being killed may still have forked), within a bound. Returns how many kills were sent.
+fn sweep(matches: impl Fn(&str) -> bool) -> usize {
+    let own = std::process::id();
+    let mut killed = 0;
+    for _ in 0..100 {
+        let mut found = 0;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid == own {
+                continue;
+            }
+            // The pidfd pins the process: if the pid is reused after this, signalling fails
+            // instead of hitting the newcomer.
+            let pidfd = pidfd_open(pid);
+            if marker_of(pid).is_some_and(|marker| matches(&marker)) && kill(pid, pidfd.as_ref()) {
+                found += 1;
+            }
+        }
+        if found == 0 {
+            break;
+        }
+        killed += found;
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    killed
+}
+
+fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative result is a fresh fd that we own.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// SIGKILL through the pidfd when there is one (kernels before 5.3 have none: plain kill).
+fn kill(pid: u32, pidfd: Option<&std::os::fd::OwnedFd>) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: both calls only send a signal.
+    let sent = unsafe {
+        match pidfd {
+            Some(fd) => libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            ),
+            None => libc::kill(pid as libc::pid_t, libc::SIGKILL) as libc::c_long,
+        }
+    };
+    sent == 0
 }
 
 /// Field 22 of `/proc/<pid>/stat`: the process start time in clock ticks since boot.
@@ -165,14 +399,22 @@ pub struct SpawnedRuntime {
     pub exited: oneshot::Receiver<io::Result<ExitStatus>>,
 }
 
-/// Kills a runtime's whole process group (agents launched through `npx` have children).
+/// Kills a runtime's whole process tree (agents launched through `npx` have children).
 pub struct RuntimeKiller {
     kill: Option<oneshot::Sender<()>>,
+    pgid: u32,
+    /// Set once the leader is reaped: its pid (and so the group id) may then be reused.
+    reaped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RuntimeKiller {
     pub fn kill(&mut self) {
         if let Some(kill) = self.kill.take() {
+            // The group at once, so the runtime is dead by the time its fault is reported; the
+            // supervisor then reaps it and sweeps descendants that left the group.
+            if !self.reaped.load(std::sync::atomic::Ordering::Acquire) {
+                kill_group(self.pgid);
+            }
             let _ = kill.send(());
         }
     }
@@ -190,12 +432,14 @@ pub fn spawn(
     cwd: &Path,
     registry: &RuntimeRegistry,
 ) -> io::Result<SpawnedRuntime> {
+    let marker = registry.next_marker();
     let mut command = Command::new(profile.command);
     command
         .args(profile.args)
         .current_dir(cwd)
         .env_clear()
         .envs(runtime_env(profile.env))
+        .env(MARKER_VAR, &marker)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -242,7 +486,16 @@ pub fn spawn(
     let (kill_tx, kill_rx) = oneshot::channel();
     let (exit_tx, exit_rx) = oneshot::channel();
     let registry = registry.clone();
-    tokio::spawn(supervise(child, pid, kill_rx, exit_tx, registry));
+    let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(supervise(
+        child,
+        pid,
+        marker,
+        kill_rx,
+        exit_tx,
+        registry,
+        reaped.clone(),
+    ));
     Ok(SpawnedRuntime {
         pid,
         stdin,
@@ -250,19 +503,23 @@ pub fn spawn(
         stderr,
         killer: RuntimeKiller {
             kill: Some(kill_tx),
+            pgid: pid,
+            reaped: reaped.clone(),
         },
         exited: exit_rx,
     })
 }
 
-/// Owns the child: reports its exit, or kills its group when asked (or when the killer is
+/// Owns the child: reports its exit, or kills its tree when asked (or when the killer is
 /// dropped), and always reaps it.
 async fn supervise(
     mut child: Child,
     pid: u32,
+    marker: String,
     kill: oneshot::Receiver<()>,
     exited: oneshot::Sender<io::Result<ExitStatus>>,
     registry: RuntimeRegistry,
+    reaped: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let status = tokio::select! {
         status = child.wait() => {
@@ -275,6 +532,9 @@ async fn supervise(
             child.wait().await
         }
     };
+    reaped.store(true, std::sync::atomic::Ordering::Release);
+    // Descendants that left the group (or outlived a wrapper) still carry the marker.
+    let _ = tokio::task::spawn_blocking(move || sweep(|m| m == marker)).await;
     registry.forget(pid);
     let _ = exited.send(status);
 }

@@ -17,7 +17,22 @@ pub(crate) fn frames_appended(direction: Direction, count: u64) {
 }
 
 pub(crate) fn turn_ended(stop_reason: &str) {
-    metrics::counter!(TURNS, "stop_reason" => stop_reason.to_owned()).increment(1);
+    metrics::counter!(TURNS, "stop_reason" => stop_reason_label(stop_reason)).increment(1);
+}
+
+/// The label for a turn's stop reason: one of ACP's stop reasons, `failed` (the harness ended
+/// it), or `other`. The text comes from the agent; passing it through would let an agent grow
+/// the label set, and so the metrics memory, without bound.
+fn stop_reason_label(stop_reason: &str) -> &'static str {
+    match stop_reason {
+        "end_turn" => "end_turn",
+        "max_tokens" => "max_tokens",
+        "max_turn_requests" => "max_turn_requests",
+        "refusal" => "refusal",
+        "cancelled" => "cancelled",
+        "failed" => "failed",
+        _ => "other",
+    }
 }
 
 /// The registry's gauges at one moment.

@@ -125,6 +125,43 @@ pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// The label for an RPC's method: its path when it names a method of a service this binary
+/// knows, else `unknown`. The path is whatever the client sent; passing it through would let any
+/// client grow the label set without bound.
+pub fn method_label(path: &str) -> &'static str {
+    static KNOWN: OnceLock<std::collections::HashSet<String>> = OnceLock::new();
+    let known = KNOWN.get_or_init(|| {
+        use prost::Message;
+        let sets = [
+            crate::pb::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ];
+        let mut known = std::collections::HashSet::new();
+        for set in sets {
+            let set = prost_types::FileDescriptorSet::decode(set).expect("built-in descriptors");
+            for file in set.file {
+                for service in &file.service {
+                    for method in &service.method {
+                        known.insert(format!(
+                            "/{}{}/{}",
+                            file.package
+                                .as_deref()
+                                .map(|p| format!("{p}."))
+                                .unwrap_or_default(),
+                            service.name(),
+                            method.name()
+                        ));
+                    }
+                }
+            }
+        }
+        known
+    });
+    known.get(path).map_or("unknown", String::as_str)
+}
+
 /// A tower layer counting RPCs by method and gRPC code, with their latency to the response head.
 /// (For unary RPCs that is the whole call; an error tonic reports in the response head carries
 /// its code there, and a success has none until the trailers, so it counts as OK.)
@@ -158,7 +195,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let method = request.uri().path().to_owned();
+        let method = method_label(request.uri().path());
         let started = Instant::now();
         let future = self.inner.call(request);
         Box::pin(async move {
@@ -174,11 +211,63 @@ where
                 Err(_) => tonic::Code::Unknown,
             };
             let code = format!("{code:?}");
-            metrics::counter!(RPCS, "method" => method.clone(), "code" => code.clone())
-                .increment(1);
+            metrics::counter!(RPCS, "method" => method, "code" => code.clone()).increment(1);
             metrics::histogram!(RPC_LATENCY, "method" => method, "code" => code)
                 .record(started.elapsed().as_secs_f64());
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_reason_the_agent_made_up_is_counted_as_other_never_as_its_own_label() {
+        install();
+        crate::session::metrics::turn_ended("end_turn");
+        crate::session::metrics::turn_ended("made_up_by_the_agent_1f3a");
+        let text = render(None);
+        let turns: Vec<&str> = text.lines().filter(|l| l.starts_with(crate::session::metrics::TURNS)).collect();
+        assert!(
+            turns.iter().any(|l| l.contains(r#"stop_reason="other""#)),
+            "{turns:?}"
+        );
+        assert!(
+            turns
+                .iter()
+                .any(|l| l.contains(r#"stop_reason="end_turn""#)),
+            "{turns:?}"
+        );
+        assert!(!text.contains("made_up_by_the_agent_1f3a"), "{turns:?}");
+    }
+
+    #[tokio::test]
+    async fn an_rpc_to_a_path_no_service_has_is_counted_as_method_unknown_never_by_its_path() {
+        install();
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(()))
+        });
+        let mut service = RpcMetricsLayer.layer(inner);
+        for path in [
+            "/agent_harness.v1.AgentSessionService/GetSession",
+            "/made.up.Service/Path_7c1e",
+        ] {
+            let request = Request::builder().uri(path).body(()).unwrap();
+            service.call(request).await.unwrap();
+        }
+        let text = render(None);
+        assert!(!text.contains("Path_7c1e"));
+        let rpcs: Vec<&str> = text.lines().filter(|l| l.starts_with(RPCS)).collect();
+        assert!(
+            rpcs.iter().any(|l| l.contains(r#"method="unknown""#)),
+            "{rpcs:?}"
+        );
+        assert!(
+            rpcs.iter().any(|l| l
+                .contains(r#"method="/agent_harness.v1.AgentSessionService/GetSession""#)),
+            "{rpcs:?}"
+        );
     }
 }

@@ -280,10 +280,19 @@ impl Actor {
                     ),
                 ));
             }
-            let position = self.work.queue.push_back(entry.clone(), cap)?;
+            // An interrupt goes first here too (SPEC §6); there is no turn to stop.
+            let position = if interrupt {
+                self.work.queue.push_front(entry.clone(), cap)?
+            } else {
+                self.work.queue.push_back(entry.clone(), cap)?
+            };
             let mut out = Out::default();
             out.batch.new_actions.push(queued(fingerprint));
-            out.batch.queue.push(QueueOp::PushBack(entry));
+            out.batch.queue.push(if interrupt {
+                QueueOp::PushFront(entry)
+            } else {
+                QueueOp::PushBack(entry)
+            });
             out.queue_changed = true;
             if let Err(error) = self.flush(out).await {
                 self.work.queue.remove(&action_id).ok();
@@ -296,13 +305,14 @@ impl Actor {
             });
         }
         if interrupt && self.work.turn.is_some() {
-            // Behaves as a stop, and the prompt goes first.
+            // Behaves as a stop (by the caller, SPEC §5.1), and the prompt goes first.
+            let actor = entry.actor.clone();
             self.work.queue.push_front(entry.clone(), cap)?;
             let mut out = Out::default();
             out.batch.new_actions.push(queued(fingerprint));
             out.batch.queue.push(QueueOp::PushFront(entry));
             out.queue_changed = true;
-            self.cancel_turn(&mut out, action_id, &self.record.owner.clone());
+            self.cancel_turn(&mut out, action_id, &actor);
             if let Err(error) = self.flush(out).await {
                 self.work.queue.remove(&action_id).ok();
                 return Err(error);

@@ -170,35 +170,41 @@ impl Sessions {
             .write()
             .expect("not poisoned")
             .insert(session_id, handle.clone());
-        let started = ready_rx.await.unwrap_or_else(|_| {
-            Err(Error::new(
-                ErrorCode::RuntimeStartFailed,
-                "the session stopped while its runtime was starting",
-            ))
-        });
-        match started {
-            Ok(first_action_id) => {
-                let (record, head) = handle.shared.snapshot();
-                tracing::info!(session = %session_id, profile = %profile.name, %owner, "session created");
-                Ok(Created {
-                    record,
-                    head,
-                    first_action_id,
-                })
-            }
-            Err(error) => {
-                // No session is left behind: not in memory, not in the store.
-                self.handles
-                    .write()
-                    .expect("not poisoned")
-                    .remove(&session_id);
-                if let Err(e) = ctx.store.delete_session(session_id).await {
-                    tracing::error!(session = %session_id, error = %e, "could not remove a failed session");
+        // The rest runs in a task of its own: a caller who gives up (and so drops this future)
+        // must not leave a session whose start fails behind, in memory or in the store (§8).
+        let handles = self.handles.clone();
+        let ctx = ctx.clone();
+        let finish = tokio::spawn(async move {
+            let started = ready_rx.await.unwrap_or_else(|_| {
+                Err(Error::new(
+                    ErrorCode::RuntimeStartFailed,
+                    "the session stopped while its runtime was starting",
+                ))
+            });
+            match started {
+                Ok(first_action_id) => {
+                    let (record, head) = handle.shared.snapshot();
+                    tracing::info!(session = %session_id, profile = %profile.name, %owner, "session created");
+                    Ok(Created {
+                        record,
+                        head,
+                        first_action_id,
+                    })
                 }
-                tracing::info!(session = %session_id, %error, "session creation failed");
-                Err(error)
+                Err(error) => {
+                    // No session is left behind: not in memory, not in the store.
+                    handles.write().expect("not poisoned").remove(&session_id);
+                    if let Err(e) = ctx.store.delete_session(session_id).await {
+                        tracing::error!(session = %session_id, error = %e, "could not remove a failed session");
+                    }
+                    tracing::info!(session = %session_id, %error, "session creation failed");
+                    Err(error)
+                }
             }
-        }
+        });
+        finish
+            .await
+            .map_err(|e| Error::internal(format!("creating the session failed: {e}")))?
     }
 
     async fn idempotent(

@@ -39,7 +39,8 @@ pub(crate) const MAX_LOG_LIMIT: usize = 5000;
 
 pub(crate) struct Sessions {
     ctx: Arc<EngineContext>,
-    handles: RwLock<HashMap<Uuid, SessionHandle>>,
+    /// Shared with the task that finishes a create (see `Sessions::create`).
+    handles: Arc<RwLock<HashMap<Uuid, SessionHandle>>>,
     /// Held from counting a principal's live sessions to storing a new one, so concurrent
     /// creates cannot both pass the cap (two quick store calls; creates only).
     admission: tokio::sync::Mutex<()>,
@@ -57,7 +58,7 @@ impl Sessions {
         }
         let sessions = Self {
             ctx: ctx.clone(),
-            handles: RwLock::new(HashMap::new()),
+            handles: Arc::new(RwLock::new(HashMap::new())),
             admission: tokio::sync::Mutex::new(()),
         };
         for record in ctx.store.open_sessions().await? {
