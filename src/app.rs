@@ -42,6 +42,7 @@ use crate::{
     session::{EngineContext, Sessions},
     store::{
         Store,
+        postgres::{PostgresOptions, PostgresStore},
         sqlite::{DB_FILE_NAME, SqliteStore},
     },
     telemetry::{self, metrics::RpcMetricsLayer},
@@ -55,7 +56,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 pub struct RunningServer {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
-    store: Option<Arc<SqliteStore>>,
+    store: Option<Arc<dyn Store>>,
     sessions: Option<Arc<Sessions>>,
     health: HealthReporter,
     served: Vec<&'static str>,
@@ -155,17 +156,25 @@ fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// The session engine over the configured store.
-async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<SqliteStore>)> {
+async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<dyn Store>)> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let path = config.data_dir.join(DB_FILE_NAME);
-    let sqlite = Arc::new(
-        SqliteStore::open(&path, config.sqlite_synchronous)
-            .with_context(|| format!("opening the store {}", path.display()))?,
-    );
-    let store: Arc<dyn Store> = sqlite.clone();
+    let store: Arc<dyn Store> = match &config.database_url {
+        Some(url) => {
+            let postgres = PostgresStore::connect(PostgresOptions::new(url.clone())).await?;
+            tracing::info!(database = postgres.target(), "store: PostgreSQL");
+            Arc::new(postgres)
+        }
+        None => {
+            let path = config.data_dir.join(DB_FILE_NAME);
+            Arc::new(
+                SqliteStore::open(&path, config.sqlite_synchronous)
+                    .with_context(|| format!("opening the store {}", path.display()))?,
+            )
+        }
+    };
     let ctx = Arc::new(EngineContext {
-        store,
+        store: store.clone(),
         limits: Arc::new(config.limits.clone()),
         profiles: config.profiles.clone(),
         registry: RuntimeRegistry::open(&config.data_dir).context("runtime registry")?,
@@ -177,7 +186,7 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<Sq
         streams: tokio::sync::watch::channel(Default::default()).0,
         activity: tokio::sync::Notify::new(),
     });
-    Ok((Sessions::open(ctx).await?, sqlite))
+    Ok((Sessions::open(ctx).await?, store))
 }
 
 /// The live tokens and the task that reloads them.
