@@ -13,6 +13,7 @@ mod interactions;
 mod interop;
 mod log;
 mod operations;
+mod postgres;
 mod queue;
 mod reflection;
 mod scale;
