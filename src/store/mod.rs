@@ -251,6 +251,19 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Sessions that are not closed and that no replica holds a live lease on (never claimed,
+    /// released, or expired: their owner is gone), oldest first, for failover. A store serving
+    /// one process has no other owners to lose (the default: none).
+    async fn orphaned_sessions(&self) -> Result<Vec<Uuid>> {
+        Ok(Vec::new())
+    }
+
+    /// Whether the store can serve right now (for readiness): an embedded store always can; a
+    /// database store asks its database.
+    async fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Finishes pending writes and releases the store's resources. Later writes fail.
     async fn close(&self) -> Result<()> {
         Ok(())

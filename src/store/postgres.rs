@@ -926,6 +926,34 @@ impl Store for PostgresStore {
             .transpose()
     }
 
+    async fn orphaned_sessions(&self) -> Result<Vec<Uuid>> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT s.id FROM sessions s LEFT JOIN leases l ON l.session_id = s.id \
+                 WHERE s.status <> $1 AND (l.session_id IS NULL OR l.expires_at <= now()) \
+                 ORDER BY s.created_at, s.id",
+            )
+            .await
+            .context("listing orphaned sessions")?;
+        Ok(client
+            .query(&stmt, &[&SessionStatus::Closed.as_str()])
+            .await
+            .context("listing orphaned sessions")?
+            .iter()
+            .map(|row| row.get(0))
+            .collect())
+    }
+
+    async fn check(&self) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .context("checking the database")?;
+        Ok(())
+    }
+
     async fn close(&self) -> Result<()> {
         self.pool.close();
         Ok(())

@@ -272,6 +272,38 @@ async fn renewing_extends_only_the_leases_the_replica_still_holds() {
 }
 
 #[tokio::test]
+async fn orphaned_sessions_are_the_open_ones_without_a_live_lease() {
+    with_store(|store, _| async move {
+        let never = session("user:alice", 1);
+        let expired = session("user:alice", 2);
+        let live = session("user:alice", 3);
+        let mut closed = session("user:alice", 4);
+        closed.status = crate::domain::session::SessionStatus::Closed;
+        for record in [&never, &expired, &live, &closed] {
+            store.create_session(record).await.unwrap();
+        }
+        store
+            .claim_lease(expired.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        store.claim_lease(live.id, "a", TTL).await.unwrap();
+        assert_eq!(
+            store.orphaned_sessions().await.unwrap(),
+            vec![never.id, expired.id]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reachable_database_passes_the_check() {
+    with_store(|store, _| async move {
+        store.check().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn claiming_the_lease_of_an_unknown_session_fails_with_session_not_found() {
     with_store(|store, _| async move {
         let error = store
