@@ -1,17 +1,21 @@
 //! The PostgreSQL store (SPEC §9.1, §9.2, §15): several replicas on one database.
 //!
 //! - **Connections**: a `deadpool-postgres` pool of `tokio-postgres` clients, each with its
-//!   prepared statements cached. Chosen over `sqlx` by measured append throughput (see the
-//!   report of the change that added this store).
+//!   prepared statements cached. Chosen over `sqlx` by a measured append of 8-entry batches on
+//!   the local server: equal or better (about 2,200–3,100 batches/s with 16 writers against
+//!   2,100–2,900 for sqlx, the same within noise for one writer), with far fewer dependencies,
+//!   and its request pipelining is what `postgres/commit.rs` builds on.
 //! - **Commits**: one transaction per [`Batch`]. It first locks the session's row, so commits of
 //!   one session are serialised even from two replicas and the head read inside it stays the
 //!   head; with a fence it also share-locks the lease row, so a claim by another replica waits
-//!   for it or fences it off — never both. Durable on return (`COMMIT` waits for the WAL flush).
+//!   for it or fences it off — never both. The batch's statements are then pipelined (see
+//!   `postgres/commit.rs`). Durable on return (`COMMIT` waits for the WAL flush).
 //! - **Schema**: embedded, versioned, applied at start under an advisory lock (see
 //!   `postgres/schema.rs`). The tables live in the connection's `search_path`, so a URL or
 //!   [`PostgresOptions::schema`] can place them in a schema of their own (tests use one each).
 //! - **TLS**: not supported yet; a URL asking for it (`sslmode=require`) is refused at start.
 
+mod commit;
 mod rows;
 mod schema;
 
@@ -29,10 +33,7 @@ use tokio_postgres::{
 };
 use uuid::Uuid;
 
-use super::{
-    ActionRecord, Batch, Lease, LeaseClaim, LogEntry, QueueOp, SessionQuery, Store,
-    context_to_json, fenced, to_micros, work_to_json,
-};
+use super::{ActionRecord, Batch, Lease, LeaseClaim, LogEntry, SessionQuery, Store, to_micros};
 use crate::domain::{
     ActionId, Error, ErrorCode, Result,
     queue::QueuedEntry,
@@ -286,243 +287,6 @@ async fn write_side_rows(
     Ok(())
 }
 
-async fn replace_record(
-    tx: &deadpool_postgres::Transaction<'_>,
-    pk: i64,
-    session_id: Uuid,
-    record: &SessionRecord,
-) -> Result<()> {
-    if record.id != session_id {
-        return Err(Error::internal(format!(
-            "postgres store: a batch for session {session_id} carries the record of session {}",
-            record.id
-        )));
-    }
-    let status = record.status.as_str();
-    let (created, updated) = (to_micros(record.created_at), to_micros(record.updated_at));
-    let stmt = tx
-        .prepare_cached(
-            "UPDATE sessions SET name = $2, owner = $3, profile = $4, cwd = $5, model = $6, \
-             acp_session_id = $7, status = $8, status_reason = $9, created_at = $10, \
-             updated_at = $11, profile_fingerprint = $12, request_fingerprint = $13, \
-             can_resume = $14, can_load = $15 WHERE pk = $1",
-        )
-        .await
-        .context("replacing a session record")?;
-    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&pk];
-    params.extend(record_params!(record, status, created, updated));
-    tx.execute(&stmt, &params)
-        .await
-        .context("replacing a session record")?;
-    let clear = tx
-        .prepare_cached(
-            "WITH l AS (DELETE FROM session_labels WHERE session_pk = $1) \
-             DELETE FROM session_editors WHERE session_pk = $1",
-        )
-        .await
-        .context("replacing session labels and editors")?;
-    tx.execute(&clear, &[&pk])
-        .await
-        .context("replacing session labels and editors")?;
-    write_side_rows(tx, pk, record).await
-}
-
-async fn append_entries(
-    tx: &deadpool_postgres::Transaction<'_>,
-    pk: i64,
-    entries: &[LogEntry],
-) -> Result<()> {
-    let Some(first) = entries.first() else {
-        return Ok(());
-    };
-    for (i, entry) in entries.iter().enumerate() {
-        if entry.offset != first.offset + i as u64 {
-            return Err(Error::internal(format!(
-                "log offsets must be dense inside a batch: got {} after {}",
-                entry.offset,
-                first.offset + i as u64 - 1
-            )));
-        }
-    }
-    let (Ok(first_offset), Ok(_)) = (
-        i64::try_from(first.offset),
-        i64::try_from(first.offset + entries.len() as u64),
-    ) else {
-        return Err(Error::internal("log offsets exceed the stored range"));
-    };
-    let offsets: Vec<i64> = (0..entries.len() as i64)
-        .map(|i| first_offset + i)
-        .collect();
-    let directions: Vec<i16> = entries
-        .iter()
-        .map(|e| e.direction.as_i64() as i16)
-        .collect();
-    let actors: Vec<&str> = entries.iter().map(|e| e.actor.as_str()).collect();
-    let action_ids: Vec<Option<Uuid>> = entries
-        .iter()
-        .map(|e| e.action_id.as_ref().map(ActionId::as_uuid))
-        .collect();
-    let epochs: Vec<i64> = entries.iter().map(|e| i64::from(e.epoch)).collect();
-    let times: Vec<i64> = entries.iter().map(|e| to_micros(e.created_at)).collect();
-    let jsons: Vec<&str> = entries.iter().map(|e| e.json.as_str()).collect();
-    // The head check is part of the insert: a new statement sees every commit that finished
-    // before it, and the session row lock taken earlier keeps other writers out until ours ends.
-    let stmt = tx
-        .prepare_cached(
-            "INSERT INTO log (session_pk, \"offset\", direction, actor, action_id, epoch, \
-             created_at, json) \
-             SELECT $1, o, d, a, i, e, c, j \
-             FROM unnest($2::bigint[], $3::smallint[], $4::text[], $5::uuid[], $6::bigint[], \
-                         $7::bigint[], $8::text[]) AS t(o, d, a, i, e, c, j) \
-             WHERE (SELECT coalesce(max(\"offset\"), 0) FROM log WHERE session_pk = $1) = $9",
-        )
-        .await
-        .context("appending to the log")?;
-    let expected_head = first_offset - 1;
-    let inserted = tx
-        .execute(
-            &stmt,
-            &[
-                &pk,
-                &offsets,
-                &directions,
-                &actors,
-                &action_ids,
-                &epochs,
-                &times,
-                &jsons,
-                &expected_head,
-            ],
-        )
-        .await
-        .context("appending to the log")?;
-    if inserted != entries.len() as u64 {
-        let head: i64 = tx
-            .query_one(
-                "SELECT coalesce(max(\"offset\"), 0) FROM log WHERE session_pk = $1",
-                &[&pk],
-            )
-            .await
-            .context("reading the log head")?
-            .get(0);
-        return Err(Error::internal(format!(
-            "log offsets must continue densely from {head}: got {}",
-            first.offset
-        )));
-    }
-    Ok(())
-}
-
-async fn queue_op(tx: &deadpool_postgres::Transaction<'_>, pk: i64, op: &QueueOp) -> Result<()> {
-    match op {
-        QueueOp::PushBack(entry) | QueueOp::PushFront(entry) | QueueOp::Update(entry) => {
-            let sql = match op {
-                QueueOp::PushBack(_) => {
-                    "INSERT INTO queue (session_pk, action_id, position, actor, created_at, \
-                     traceparent, context, work) VALUES ($1, $2, \
-                     (SELECT coalesce(max(position), 0) + 1 FROM queue WHERE session_pk = $1), \
-                     $3, $4, $5, $6, $7)"
-                }
-                QueueOp::PushFront(_) => {
-                    "INSERT INTO queue (session_pk, action_id, position, actor, created_at, \
-                     traceparent, context, work) VALUES ($1, $2, \
-                     (SELECT coalesce(min(position), 1) - 1 FROM queue WHERE session_pk = $1), \
-                     $3, $4, $5, $6, $7)"
-                }
-                _ => {
-                    "UPDATE queue SET actor = $3, created_at = $4, traceparent = $5, \
-                     context = $6, work = $7 WHERE session_pk = $1 AND action_id = $2"
-                }
-            };
-            let stmt = tx.prepare_cached(sql).await.context("queueing an action")?;
-            tx.execute(
-                &stmt,
-                &[
-                    &pk,
-                    &entry.action_id.as_uuid(),
-                    &entry.actor,
-                    &to_micros(entry.created_at),
-                    &entry.traceparent,
-                    &context_to_json(&entry.context),
-                    &work_to_json(entry),
-                ],
-            )
-            .await
-            .context("queueing an action")?;
-        }
-        QueueOp::Remove(action_id) => {
-            let stmt = tx
-                .prepare_cached("DELETE FROM queue WHERE session_pk = $1 AND action_id = $2")
-                .await
-                .context("removing a queued action")?;
-            tx.execute(&stmt, &[&pk, &action_id.as_uuid()])
-                .await
-                .context("removing a queued action")?;
-        }
-        QueueOp::Clear => {
-            let stmt = tx
-                .prepare_cached("DELETE FROM queue WHERE session_pk = $1")
-                .await
-                .context("clearing the queue")?;
-            tx.execute(&stmt, &[&pk])
-                .await
-                .context("clearing the queue")?;
-        }
-    }
-    Ok(())
-}
-
-async fn record_actions(
-    tx: &deadpool_postgres::Transaction<'_>,
-    pk: i64,
-    batch: &Batch,
-) -> Result<()> {
-    if !batch.new_actions.is_empty() {
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO actions (session_pk, action_id, state, created_at, fingerprint) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (session_pk, action_id) DO NOTHING",
-            )
-            .await
-            .context("recording an action id")?;
-        for action in &batch.new_actions {
-            let inserted = tx
-                .execute(
-                    &stmt,
-                    &[
-                        &pk,
-                        &action.action_id.as_uuid(),
-                        &action.state.as_str(),
-                        &to_micros(action.created_at),
-                        &action.fingerprint,
-                    ],
-                )
-                .await
-                .context("recording an action id")?;
-            if inserted == 0 {
-                return Err(Error::new(
-                    ErrorCode::ActionIdConflict,
-                    format!("action id {} is already recorded", action.action_id),
-                ));
-            }
-        }
-    }
-    if !batch.action_states.is_empty() {
-        let stmt = tx
-            .prepare_cached(
-                "UPDATE actions SET state = $3 WHERE session_pk = $1 AND action_id = $2",
-            )
-            .await
-            .context("updating an action state")?;
-        for (action_id, state) in &batch.action_states {
-            tx.execute(&stmt, &[&pk, &action_id.as_uuid(), &state.as_str()])
-                .await
-                .context("updating an action state")?;
-        }
-    }
-    Ok(())
-}
-
 /// The SQL and parameters of a [`SessionQuery`]: every filter ANDed, newest first, keyset paged.
 fn list_sql(query: &SessionQuery) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
     let mut sql = format!(
@@ -632,32 +396,7 @@ impl Store for PostgresStore {
             .context("locking the session")?
             .ok_or_else(|| Error::session_not_found(&session_id.to_string()))?
             .get(0);
-        if let Some(fence) = batch.fence {
-            let stmt = tx
-                .prepare_cached("SELECT fence FROM leases WHERE session_id = $1 FOR SHARE")
-                .await
-                .context("checking the lease")?;
-            let current: Option<i64> = tx
-                .query_opt(&stmt, &[&session_id])
-                .await
-                .context("checking the lease")?
-                .map(|row| row.get(0));
-            if current != i64::try_from(fence).ok() {
-                return Err(fenced(
-                    session_id,
-                    fence,
-                    current.and_then(|c| u64::try_from(c).ok()),
-                ));
-            }
-        }
-        append_entries(&tx, pk, &batch.entries).await?;
-        for op in &batch.queue {
-            queue_op(&tx, pk, op).await?;
-        }
-        record_actions(&tx, pk, &batch).await?;
-        if let Some(record) = &batch.session {
-            replace_record(&tx, pk, session_id, record).await?;
-        }
+        commit::apply(&tx, pk, session_id, &batch).await?;
         tx.commit().await.context("committing a batch")
     }
 
