@@ -32,6 +32,7 @@ use crate::{
     session::{EngineContext, Sessions},
     store::{
         Store,
+        postgres::{PostgresOptions, PostgresStore},
         sqlite::{DB_FILE_NAME, SqliteStore},
     },
     telemetry::{self, metrics::RpcMetricsLayer},
@@ -45,7 +46,7 @@ pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 pub struct RunningServer {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
-    store: Option<Arc<SqliteStore>>,
+    store: Option<Arc<dyn Store>>,
     sessions: Option<Arc<Sessions>>,
     health: HealthReporter,
     served: Vec<&'static str>,
@@ -144,18 +145,30 @@ fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// The session engine over the configured store.
-async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<SqliteStore>)> {
+async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<dyn Store>)> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let path = config.data_dir.join(DB_FILE_NAME);
-    let sqlite = Arc::new(
-        SqliteStore::open(&path, config.sqlite_synchronous)
-            .with_context(|| format!("opening the store {}", path.display()))?,
-    );
-    let store: Arc<dyn Store> = sqlite.clone();
+    let store: Arc<dyn Store> = match &config.database_url {
+        Some(url) => {
+            let postgres = PostgresStore::connect(PostgresOptions::new(url.clone())).await?;
+            tracing::info!(database = postgres.target(), "store: PostgreSQL");
+            Arc::new(postgres)
+        }
+        None => {
+            let path = config.data_dir.join(DB_FILE_NAME);
+            Arc::new(
+                SqliteStore::open(&path, config.sqlite_synchronous)
+                    .with_context(|| format!("opening the store {}", path.display()))?,
+            )
+        }
+    };
     let registry = RuntimeRegistry::open(&config.data_dir).context("runtime registry")?;
-    let ctx = Arc::new(EngineContext::new(store, registry, config.engine_options()));
-    Ok((Sessions::open(ctx).await?, sqlite))
+    let ctx = Arc::new(EngineContext::new(
+        store.clone(),
+        registry,
+        config.engine_options(),
+    ));
+    Ok((Sessions::open(ctx).await?, store))
 }
 
 /// The live tokens and the task that reloads them.

@@ -36,14 +36,7 @@ pub enum ServiceName {
     Gateway,
 }
 
-/// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SqliteSynchronous {
-    #[default]
-    Normal,
-    Full,
-}
+pub use crate::store::SqliteSynchronous;
 
 /// The flags of `agent-harness serve`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -98,6 +91,10 @@ pub struct ServeArgs {
     /// SQLite synchronous mode [default: normal]
     #[arg(long, env = "AGENT_HARNESS_SQLITE_SYNCHRONOUS", value_name = "MODE")]
     pub sqlite_synchronous: Option<SqliteSynchronous>,
+    /// PostgreSQL URL (postgres://user@host:port/db?sslmode=…): store sessions there, shared by
+    /// every replica, instead of in SQLite in the data directory
+    #[arg(long, env = "AGENT_HARNESS_DATABASE_URL", value_name = "URL")]
+    pub database_url: Option<String>,
     /// How long running turns may take to end after SIGTERM [default: 30s]
     #[arg(long, env = "AGENT_HARNESS_DRAIN_GRACE", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub drain_grace: Option<Duration>,
@@ -119,6 +116,7 @@ pub struct FileConfig {
     pub insecure_allow_non_loopback: Option<bool>,
     pub log_format: Option<LogFormat>,
     pub sqlite_synchronous: Option<SqliteSynchronous>,
+    pub database_url: Option<String>,
     pub drain_grace: Option<String>,
     /// The `_meta` key marking the hidden invocation block.
     pub invocation_meta_key: Option<String>,
@@ -176,6 +174,8 @@ pub struct ServeConfig {
     pub insecure_allow_non_loopback: bool,
     pub log_format: LogFormat,
     pub sqlite_synchronous: SqliteSynchronous,
+    /// PostgreSQL instead of SQLite (SPEC §15). May hold a password: never log it.
+    pub database_url: Option<String>,
     pub drain_grace: Duration,
     pub invocation_meta_key: String,
     pub limits: Limits,
@@ -296,6 +296,10 @@ impl ServeConfig {
                 .sqlite_synchronous
                 .or(file.sqlite_synchronous)
                 .unwrap_or_default(),
+            database_url: args
+                .database_url
+                .or(file.database_url)
+                .filter(|url| !url.is_empty()),
             drain_grace,
             invocation_meta_key: file
                 .invocation_meta_key

@@ -4,7 +4,8 @@
 //! `store::conformance::sqlite::a_batch_whose_offsets_leave_a_gap_changes_nothing`.
 //!
 //! A new backend adds a constructor in `backends` and one `conformance_suite!` line. Everything
-//! here is compiled for tests only.
+//! here is compiled for tests only. The PostgreSQL cases need `AGENT_HARNESS_TEST_DATABASE_URL`
+//! (see `postgres/tests.rs`): without it they skip with a note, except in CI, where they fail.
 
 #[cfg(test)]
 use std::{future::Future, sync::Arc, time::Duration};
@@ -24,35 +25,44 @@ async fn within(case: impl Future<Output = ()>) {
 #[cfg(test)]
 pub(crate) mod backends {
     use super::*;
-    use crate::{
-        config::SqliteSynchronous,
-        store::{Store, memory::MemoryStore, sqlite::SqliteStore},
+    use crate::store::{
+        SqliteSynchronous, Store,
+        memory::MemoryStore,
+        postgres::{PostgresStore, tests::TestSchema},
+        sqlite::SqliteStore,
     };
 
     pub(crate) struct Backend {
         pub(crate) store: Arc<dyn Store>,
         sqlite: Option<Arc<SqliteStore>>,
+        postgres: Option<(Arc<PostgresStore>, TestSchema)>,
         _dir: Option<tempfile::TempDir>,
     }
 
     impl Backend {
-        /// Stops the backend cleanly (the SQLite writer checkpoints and exits).
+        /// Stops the backend cleanly (the SQLite writer checkpoints and exits; a PostgreSQL
+        /// test schema is dropped).
         pub(crate) async fn finish(self) {
             if let Some(sqlite) = &self.sqlite {
                 sqlite.close().await.expect("the store closes cleanly");
             }
+            if let Some((store, schema)) = self.postgres {
+                store.close().await.expect("the store closes cleanly");
+                schema.drop_schema().await;
+            }
         }
     }
 
-    pub(crate) async fn memory() -> Backend {
-        Backend {
+    pub(crate) async fn memory() -> Option<Backend> {
+        Some(Backend {
             store: Arc::new(MemoryStore::new()),
             sqlite: None,
+            postgres: None,
             _dir: None,
-        }
+        })
     }
 
-    pub(crate) async fn sqlite() -> Backend {
+    pub(crate) async fn sqlite() -> Option<Backend> {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let store = Arc::new(
             SqliteStore::open(
@@ -61,11 +71,25 @@ pub(crate) mod backends {
             )
             .expect("the SQLite store opens"),
         );
-        Backend {
+        Some(Backend {
             store: store.clone(),
             sqlite: Some(store),
+            postgres: None,
             _dir: Some(dir),
-        }
+        })
+    }
+
+    /// A store in a fresh schema of the test database; `None` (the case skips, with a note)
+    /// only outside CI with no test database configured.
+    pub(crate) async fn postgres() -> Option<Backend> {
+        let schema = TestSchema::create().await?;
+        let store = Arc::new(schema.open().await);
+        Some(Backend {
+            store: store.clone(),
+            sqlite: None,
+            postgres: Some((store, schema)),
+            _dir: None,
+        })
     }
 }
 
@@ -310,6 +334,7 @@ pub(crate) mod cases {
             new_actions: vec![action(queued.action_id, ActionState::Queued)],
             action_states: Vec::new(),
             session: Some(changed),
+            fence: None,
         };
         let err = store.commit(id, batch).await.unwrap_err();
         assert_eq!(err.code, ErrorCode::Internal);
@@ -729,6 +754,7 @@ pub(crate) mod cases {
                     new_actions: vec![action(fresh.action_id, ActionState::Queued), again],
                     action_states: vec![(recorded.action_id, ActionState::Removed)],
                     session: Some(changed),
+                    fence: None,
                 },
             )
             .await
@@ -1322,7 +1348,9 @@ macro_rules! conformance_suite {
             $(
                 #[tokio::test]
                 async fn $case() {
-                    let backend = $open().await;
+                    let Some(backend) = $open().await else {
+                        return;
+                    };
                     super::within(super::cases::$case(backend.store.clone())).await;
                     backend.finish().await;
                 }
@@ -1335,3 +1363,5 @@ macro_rules! conformance_suite {
 conformance_suite!(memory, super::backends::memory);
 #[cfg(test)]
 conformance_suite!(sqlite, super::backends::sqlite);
+#[cfg(test)]
+conformance_suite!(postgres, super::backends::postgres);

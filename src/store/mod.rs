@@ -1,8 +1,9 @@
 //! Durable storage of sessions, their logs, queues and action ids (SPEC §9.1, §9.2, §6).
 //!
 //! One [`Store`] trait, written once and implemented per backend: the embedded default on SQLite
-//! ([`sqlite`]) and an in-memory one for unit tests ([`memory`]). The same conformance suite
-//! ([`conformance`]) runs against every backend.
+//! ([`sqlite`]), PostgreSQL for several replicas on one database ([`postgres`], SPEC §15) and an
+//! in-memory one for unit tests ([`memory`]). The same conformance suite ([`conformance`]) runs
+//! against every backend.
 //!
 //! Every change to a session is one [`Batch`], applied atomically: log entries (offsets assigned
 //! by the session actor, dense and gap-free), queue operations, new action ids and the session
@@ -11,9 +12,13 @@
 
 pub mod conformance;
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 
-use std::{collections::BTreeMap, time::SystemTime};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
@@ -21,10 +26,19 @@ use uuid::Uuid;
 
 pub use crate::domain::log::{Direction, LogEntry};
 use crate::domain::{
-    ActionId, Result,
+    ActionId, Error, ErrorCode, Result,
     queue::QueuedEntry,
     session::{SessionRecord, SessionStatus},
 };
+
+/// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqliteSynchronous {
+    #[default]
+    Normal,
+    Full,
+}
 
 /// Where an action id stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,6 +108,10 @@ pub struct Batch {
     pub action_states: Vec<(ActionId, ActionState)>,
     /// The session record as it now stands (replaces the stored one).
     pub session: Option<SessionRecord>,
+    /// The fence of the writer's lease on the session (SPEC §15). With a fence, the batch applies
+    /// only while that fence is still the session's current one; otherwise it fails whole with a
+    /// [`fenced`] error. `None`: no check (one replica, or a store without leases).
+    pub fence: Option<u64>,
 }
 
 impl Batch {
@@ -117,6 +135,46 @@ pub struct SessionQuery {
     pub page_size: usize,
     /// Resume after this (created_at, id) position, exclusive.
     pub after: Option<(SystemTime, Uuid)>,
+}
+
+/// A replica's hold on a session (SPEC §15): while it holds the lease, it alone runs the session's
+/// actor and runtime. `fence` grows by one every time the lease changes hands, so a write carrying
+/// an older fence is recognised as coming from a former owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub session_id: Uuid,
+    pub owner_replica: String,
+    pub fence: u64,
+    /// By the database's clock, so replicas with skewed clocks agree on expiry.
+    pub expires_at: SystemTime,
+}
+
+/// The outcome of [`Store::claim_lease`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseClaim {
+    /// The caller holds the lease now (newly claimed with a new fence, or renewed if it held it).
+    Granted(Lease),
+    /// Another replica holds an unexpired lease.
+    HeldBy(Lease),
+}
+
+/// The metadata key that marks a [`fenced`] error.
+const FENCED_KEY: &str = "store_fenced";
+
+/// A commit refused because its fence is no longer the session's current one: another replica
+/// has claimed the session. The writer must stop its actor and never write for the session again.
+pub fn fenced(session_id: Uuid, fence: u64, current: Option<u64>) -> Error {
+    let current = current.map_or_else(|| "none".to_owned(), |c| c.to_string());
+    Error::new(
+        ErrorCode::Internal,
+        format!("session {session_id}: write fenced off (fence {fence}, current {current})"),
+    )
+    .with(FENCED_KEY, "true")
+}
+
+/// Whether a store error is a [`fenced`] refusal.
+pub fn is_fenced(error: &Error) -> bool {
+    error.metadata.get(FENCED_KEY).is_some_and(|v| v == "true")
 }
 
 /// The storage of the harness.
@@ -158,6 +216,58 @@ pub trait Store: Send + Sync + 'static {
         session_id: Uuid,
         action_id: ActionId,
     ) -> Result<Option<ActionRecord>>;
+
+    /// Claims the session's lease for `replica` for `ttl`: granted if it is free, expired, or
+    /// already this replica's (then only renewed, same fence). A store serving one process has no
+    /// rivals and always grants, with fence 1 (the default).
+    async fn claim_lease(
+        &self,
+        session_id: Uuid,
+        replica: &str,
+        ttl: Duration,
+    ) -> Result<LeaseClaim> {
+        Ok(LeaseClaim::Granted(Lease {
+            session_id,
+            owner_replica: replica.to_owned(),
+            fence: 1,
+            expires_at: SystemTime::now() + ttl,
+        }))
+    }
+
+    /// Extends every lease `replica` still holds by `ttl` from now; the leases it holds. A lease
+    /// another replica has taken is not among them (the caller has lost it).
+    async fn renew_leases(&self, _replica: &str, _ttl: Duration) -> Result<Vec<Lease>> {
+        Ok(Vec::new())
+    }
+
+    /// Gives up `replica`'s lease on the session if it still holds it with `fence`, so another
+    /// replica may claim it at once. Whether it did.
+    async fn release_lease(&self, _session_id: Uuid, _replica: &str, _fence: u64) -> Result<bool> {
+        Ok(true)
+    }
+
+    /// The session's lease as stored, expired or not (`None`: never claimed, or no leases).
+    async fn get_lease(&self, _session_id: Uuid) -> Result<Option<Lease>> {
+        Ok(None)
+    }
+
+    /// Sessions that are not closed and that no replica holds a live lease on (never claimed,
+    /// released, or expired: their owner is gone), oldest first, for failover. A store serving
+    /// one process has no other owners to lose (the default: none).
+    async fn orphaned_sessions(&self) -> Result<Vec<Uuid>> {
+        Ok(Vec::new())
+    }
+
+    /// Whether the store can serve right now (for readiness): an embedded store always can; a
+    /// database store asks its database.
+    async fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Finishes pending writes and releases the store's resources. Later writes fail.
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The stored JSON form of a queued entry's work (`{"type":"prompt",…}` or `{"type":"compact"}`).

@@ -41,12 +41,12 @@ use self::{
 };
 use super::{ActionRecord, Batch, LogEntry, SessionQuery, Store, to_micros};
 use crate::{
-    config::SqliteSynchronous,
     domain::{
         ActionId, Error, Result,
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
+    store::SqliteSynchronous,
 };
 
 /// The file name the server uses inside its data directory.
@@ -529,5 +529,9 @@ impl Store for SqliteStore {
             }
         })
         .await
+    }
+
+    async fn close(&self) -> Result<()> {
+        SqliteStore::close(self).await
     }
 }

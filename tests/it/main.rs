@@ -17,6 +17,7 @@ mod interop;
 mod interrupts;
 mod log;
 mod operations;
+mod postgres;
 mod process_tree;
 mod queue;
 mod reflection;

@@ -28,8 +28,8 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::{rows::Context, schema};
 use crate::{
-    config::SqliteSynchronous,
     domain::{Error, Result},
+    store::SqliteSynchronous,
 };
 
 /// The least time between two background checkpoints while writes keep coming.

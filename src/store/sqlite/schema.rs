@@ -11,8 +11,8 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use super::rows::Context;
 use crate::{
-    config::SqliteSynchronous,
     domain::{Error, Result},
+    store::SqliteSynchronous,
 };
 
 /// How long a connection waits on a lock held by another connection before failing.

@@ -13,12 +13,12 @@ use uuid::Uuid;
 
 use super::{DB_FILE_NAME, SqliteStore};
 use crate::{
-    config::SqliteSynchronous,
     domain::{
         ActionId, ErrorCode,
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
+    store::SqliteSynchronous,
     store::{
         ActionRecord, ActionState, Batch, Direction, LogEntry, QueueOp, SessionQuery, Store,
         conformance::fixtures::*,

@@ -1,0 +1,180 @@
+//! The versioned schema of the PostgreSQL store, embedded in the binary and applied at start.
+//!
+//! `schema_migrations` records every applied version. [`MIGRATIONS`] holds one script per version:
+//! entry `i` takes a schema from version `i` to `i + 1`. All pending scripts run in one
+//! transaction that first takes a transaction-scoped advisory lock, so replicas starting together
+//! apply them once: the others wait on the lock, then find nothing left to do. DDL is
+//! transactional in PostgreSQL, so a failed migration leaves the schema as it was.
+
+use deadpool_postgres::Client;
+
+use super::Context;
+use crate::domain::{Error, Result};
+
+/// Scripts taking the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[V1];
+
+/// The schema version this build writes.
+pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The first half of the advisory lock key ("AgHa"); the second is the schema's name hashed, so
+/// stores on different schemas of one database never wait on each other.
+const LOCK_CLASS: i32 = 0x4167_4861;
+
+/// Version 1: the logical schema of the SQLite store (see `sqlite/schema.rs`), plus leases.
+///
+/// - Times are microseconds since the epoch (`bigint`), exactly as SQLite keeps them, so both
+///   stores round-trip the same values; lease expiry is `timestamptz` because it is compared
+///   with the database's own clock.
+/// - `log` is keyed by `(session_pk, offset)`, which serves reads, the head lookup and refuses a
+///   duplicate offset even if a check were bypassed.
+/// - `leases.fence` only ever grows: a release expires the lease instead of deleting it, so a
+///   fence number is never handed out twice for one session.
+const V1: &str = r#"
+CREATE TABLE sessions (
+    pk                  bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id                  uuid    NOT NULL UNIQUE,
+    name                text    NOT NULL,
+    owner               text    NOT NULL,
+    profile             text    NOT NULL,
+    cwd                 text    NOT NULL,
+    model               text    NOT NULL,
+    acp_session_id      text    NOT NULL,
+    status              text    NOT NULL,
+    status_reason       text    NOT NULL,
+    created_at          bigint  NOT NULL,
+    updated_at          bigint  NOT NULL,
+    profile_fingerprint text    NOT NULL,
+    request_fingerprint text    NOT NULL,
+    can_resume          boolean NOT NULL,
+    can_load            boolean NOT NULL
+);
+CREATE INDEX sessions_newest_first ON sessions (created_at DESC, id DESC);
+CREATE INDEX sessions_by_owner ON sessions (owner, status);
+CREATE INDEX sessions_by_status ON sessions (status);
+
+CREATE TABLE session_labels (
+    session_pk bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    key        text   NOT NULL,
+    value      text   NOT NULL,
+    PRIMARY KEY (session_pk, key)
+);
+CREATE INDEX session_labels_by_pair ON session_labels (key, value);
+
+CREATE TABLE session_editors (
+    session_pk bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    position   bigint NOT NULL,
+    principal  text   NOT NULL,
+    PRIMARY KEY (session_pk, position)
+);
+CREATE INDEX session_editors_by_principal ON session_editors (principal, session_pk);
+
+CREATE TABLE log (
+    session_pk bigint   NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    "offset"   bigint   NOT NULL,
+    direction  smallint NOT NULL,
+    actor      text     NOT NULL,
+    action_id  uuid,
+    epoch      bigint   NOT NULL,
+    created_at bigint   NOT NULL,
+    json       text     NOT NULL,
+    PRIMARY KEY (session_pk, "offset")
+);
+
+CREATE TABLE queue (
+    session_pk  bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    action_id   uuid   NOT NULL,
+    position    bigint NOT NULL,
+    actor       text   NOT NULL,
+    created_at  bigint NOT NULL,
+    traceparent text,
+    context     text,
+    work        text   NOT NULL,
+    PRIMARY KEY (session_pk, action_id),
+    UNIQUE (session_pk, position)
+);
+
+CREATE TABLE actions (
+    session_pk  bigint NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    action_id   uuid   NOT NULL,
+    state       text   NOT NULL,
+    created_at  bigint NOT NULL,
+    fingerprint text   NOT NULL,
+    PRIMARY KEY (session_pk, action_id)
+);
+
+CREATE TABLE leases (
+    session_id    uuid        PRIMARY KEY REFERENCES sessions (id) ON DELETE CASCADE,
+    owner_replica text        NOT NULL,
+    fence         bigint      NOT NULL,
+    expires_at    timestamptz NOT NULL
+);
+CREATE INDEX leases_by_owner ON leases (owner_replica);
+CREATE INDEX leases_by_expiry ON leases (expires_at);
+"#;
+
+/// Brings the schema of the connection's `search_path` to [`SCHEMA_VERSION`].
+pub(super) async fn migrate(client: &mut Client) -> Result<()> {
+    let tx = client
+        .transaction()
+        .await
+        .context("starting the schema migration")?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext(coalesce(current_schema(), '')))",
+        &[&LOCK_CLASS],
+    )
+    .await
+    .context("taking the migration lock")?;
+    let schema: Option<String> = tx
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .context("reading the current schema")?
+        .get(0);
+    if schema.is_none() {
+        return Err(Error::internal(
+            "postgres store: no schema to create tables in: the search_path names no existing \
+             schema",
+        ));
+    }
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    bigint      PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .context("creating schema_migrations")?;
+    let current: i64 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await
+        .context("reading the schema version")?
+        .get(0);
+    if current > SCHEMA_VERSION {
+        return Err(Error::internal(format!(
+            "postgres store: the database has schema version {current}, newer than the \
+             {SCHEMA_VERSION} this build understands; use a newer agent-harness"
+        )));
+    }
+    for (from, script) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let to = from as i64 + 1;
+        tx.batch_execute(script).await.map_err(|e| {
+            Error::internal(format!(
+                "postgres store: migrating to version {to}: {}",
+                super::describe(&e)
+            ))
+        })?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version) VALUES ($1)",
+            &[&to],
+        )
+        .await
+        .context("recording the schema version")?;
+    }
+    tx.commit()
+        .await
+        .context("committing the schema migration")?;
+    Ok(())
+}

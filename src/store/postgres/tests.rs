@@ -1,0 +1,463 @@
+//! Tests of what only the PostgreSQL store has (migrations under a lock, leases, fencing, start-up
+//! errors), and the test database every PostgreSQL test uses.
+//!
+//! The database comes from `AGENT_HARNESS_TEST_DATABASE_URL`. Without it the tests skip with a
+//! note — unless `CI=true`, where a missing or unreachable database fails them: the suite must
+//! never pass in CI without having run. Each test works in a schema of its own, created for it
+//! and dropped after, so runs (and tests of one run) never see each other's rows.
+
+use std::{sync::Arc, time::Duration};
+
+use uuid::Uuid;
+
+use super::{PostgresOptions, PostgresStore, schema::SCHEMA_VERSION};
+use crate::store::{
+    Batch, LeaseClaim, Store,
+    conformance::fixtures::{entries, frames, session},
+    is_fenced,
+};
+
+/// The environment variable naming the test database.
+pub(crate) const TEST_DATABASE_ENV: &str = "AGENT_HARNESS_TEST_DATABASE_URL";
+
+/// A schema of its own in the test database; dropped by [`TestSchema::drop_schema`].
+pub(crate) struct TestSchema {
+    pub(crate) url: String,
+    pub(crate) name: String,
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+impl TestSchema {
+    /// A fresh schema, or `None` (with a note) when no test database is configured outside CI.
+    pub(crate) async fn create() -> Option<Self> {
+        let url = match std::env::var(TEST_DATABASE_ENV) {
+            Ok(url) if !url.is_empty() => url,
+            _ => {
+                assert!(
+                    !in_ci(),
+                    "{TEST_DATABASE_ENV} is not set, and CI=true: the PostgreSQL store tests must \
+                     run in CI (set it to e.g. postgres://postgres@127.0.0.1:5432/test)"
+                );
+                eprintln!(
+                    "note: skipping a PostgreSQL store test: set {TEST_DATABASE_ENV} to run it"
+                );
+                return None;
+            }
+        };
+        let name = format!("ah_test_{}", Uuid::now_v7().simple());
+        let client = connect_plain(&url).await;
+        client
+            .batch_execute(&format!("CREATE SCHEMA {name}"))
+            .await
+            .unwrap_or_else(|e| panic!("creating the test schema {name}: {e}"));
+        Some(Self { url, name })
+    }
+
+    pub(crate) fn options(&self) -> PostgresOptions {
+        PostgresOptions {
+            schema: Some(self.name.clone()),
+            pool_size: 4,
+            ..PostgresOptions::new(self.url.clone())
+        }
+    }
+
+    pub(crate) async fn open(&self) -> PostgresStore {
+        PostgresStore::connect(self.options())
+            .await
+            .expect("the PostgreSQL store opens")
+    }
+
+    pub(crate) async fn drop_schema(self) {
+        let client = connect_plain(&self.url).await;
+        client
+            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.name))
+            .await
+            .unwrap_or_else(|e| panic!("dropping the test schema {}: {e}", self.name));
+    }
+}
+
+/// One connection outside any store, for creating and dropping schemas. A database that is
+/// configured but unreachable fails the test, in CI or not.
+async fn connect_plain(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the test database ({TEST_DATABASE_ENV}) is unreachable: {}",
+                super::describe(&e)
+            )
+        });
+    tokio::spawn(connection);
+    client
+}
+
+/// Runs `test` against a fresh store in a fresh schema, then drops the schema.
+async fn with_store<F, Fut>(test: F)
+where
+    F: FnOnce(Arc<PostgresStore>, Arc<TestSchema>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(schema) = TestSchema::create().await else {
+        return;
+    };
+    let schema = Arc::new(schema);
+    let store = Arc::new(schema.open().await);
+    tokio::time::timeout(Duration::from_secs(60), test(store.clone(), schema.clone()))
+        .await
+        .expect("the test finished within its timeout");
+    store.close().await.expect("the store closes");
+    drop(store);
+    Arc::into_inner(schema)
+        .expect("the test let go of its schema")
+        .drop_schema()
+        .await;
+}
+
+const TTL: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn two_stores_starting_together_on_one_schema_both_migrate_it_once() {
+    let Some(schema) = TestSchema::create().await else {
+        return;
+    };
+    let (a, b) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(
+            PostgresStore::connect(schema.options()),
+            PostgresStore::connect(schema.options())
+        )
+    })
+    .await
+    .expect("both stores opened within the timeout");
+    let (a, b) = (
+        a.expect("the first store opens"),
+        b.expect("the second store opens"),
+    );
+    let client = connect_plain(&schema.url).await;
+    let versions: Vec<i64> = client
+        .query(
+            &format!(
+                "SELECT version FROM {}.schema_migrations ORDER BY version",
+                schema.name
+            ),
+            &[],
+        )
+        .await
+        .expect("schema_migrations reads")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    // Both stores work on the one schema.
+    let record = session("user:alice", 1);
+    a.create_session(&record).await.unwrap();
+    assert_eq!(b.get_session(record.id).await.unwrap(), Some(record));
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    drop((a, b));
+    schema.drop_schema().await;
+}
+
+#[tokio::test]
+async fn reopening_a_migrated_schema_keeps_its_rows() {
+    with_store(|store, schema| async move {
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        store
+            .commit(record.id, entries(frames(1, 3)))
+            .await
+            .unwrap();
+        let again = schema.open().await;
+        assert_eq!(
+            again.get_session(record.id).await.unwrap(),
+            Some(record.clone())
+        );
+        assert_eq!(again.head_offset(record.id).await.unwrap(), 3);
+        again.close().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_first_claim_is_granted_with_fence_one_and_a_live_lease_is_refused_to_others() {
+    with_store(|store, _| async move {
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        let LeaseClaim::Granted(lease) = store.claim_lease(record.id, "a", TTL).await.unwrap()
+        else {
+            panic!("a free lease is granted");
+        };
+        assert_eq!((lease.owner_replica.as_str(), lease.fence), ("a", 1));
+        let LeaseClaim::HeldBy(held) = store.claim_lease(record.id, "b", TTL).await.unwrap() else {
+            panic!("a live lease of another replica is refused");
+        };
+        assert_eq!((held.owner_replica.as_str(), held.fence), ("a", 1));
+        // The holder claiming again renews, with the same fence.
+        let LeaseClaim::Granted(renewed) = store.claim_lease(record.id, "a", TTL).await.unwrap()
+        else {
+            panic!("the holder's claim renews");
+        };
+        assert_eq!(renewed.fence, 1);
+        assert!(renewed.expires_at >= lease.expires_at);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_claimed_by_another_replica_with_a_bumped_fence() {
+    with_store(|store, _| async move {
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        // A zero TTL is expired the moment it is written.
+        store
+            .claim_lease(record.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        let LeaseClaim::Granted(lease) = store.claim_lease(record.id, "b", TTL).await.unwrap()
+        else {
+            panic!("an expired lease is granted to another replica");
+        };
+        assert_eq!((lease.owner_replica.as_str(), lease.fence), ("b", 2));
+        assert_eq!(store.get_lease(record.id).await.unwrap(), Some(lease));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_released_lease_is_claimable_at_once_and_its_fence_keeps_growing() {
+    with_store(|store, _| async move {
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        store.claim_lease(record.id, "a", TTL).await.unwrap();
+        assert!(!store.release_lease(record.id, "a", 7).await.unwrap());
+        assert!(!store.release_lease(record.id, "b", 1).await.unwrap());
+        assert!(store.release_lease(record.id, "a", 1).await.unwrap());
+        let LeaseClaim::Granted(lease) = store.claim_lease(record.id, "b", TTL).await.unwrap()
+        else {
+            panic!("a released lease is granted");
+        };
+        assert_eq!(lease.fence, 2);
+        // Even the former holder taking it back gets a new fence.
+        store.release_lease(record.id, "b", 2).await.unwrap();
+        let LeaseClaim::Granted(lease) = store.claim_lease(record.id, "a", TTL).await.unwrap()
+        else {
+            panic!("a released lease is granted");
+        };
+        assert_eq!(lease.fence, 3);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn renewing_extends_only_the_leases_the_replica_still_holds() {
+    with_store(|store, _| async move {
+        let (one, two) = (session("user:alice", 1), session("user:alice", 2));
+        store.create_session(&one).await.unwrap();
+        store.create_session(&two).await.unwrap();
+        store.claim_lease(one.id, "a", TTL).await.unwrap();
+        store
+            .claim_lease(two.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        store.claim_lease(two.id, "b", TTL).await.unwrap();
+        let renewed = store.renew_leases("a", TTL).await.unwrap();
+        assert_eq!(
+            renewed.iter().map(|l| l.session_id).collect::<Vec<_>>(),
+            vec![one.id]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn orphaned_sessions_are_the_open_ones_without_a_live_lease() {
+    with_store(|store, _| async move {
+        let never = session("user:alice", 1);
+        let expired = session("user:alice", 2);
+        let live = session("user:alice", 3);
+        let mut closed = session("user:alice", 4);
+        closed.status = crate::domain::session::SessionStatus::Closed;
+        for record in [&never, &expired, &live, &closed] {
+            store.create_session(record).await.unwrap();
+        }
+        store
+            .claim_lease(expired.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        store.claim_lease(live.id, "a", TTL).await.unwrap();
+        assert_eq!(
+            store.orphaned_sessions().await.unwrap(),
+            vec![never.id, expired.id]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reachable_database_passes_the_check() {
+    with_store(|store, _| async move {
+        store.check().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn claiming_the_lease_of_an_unknown_session_fails_with_session_not_found() {
+    with_store(|store, _| async move {
+        let error = store
+            .claim_lease(Uuid::now_v7(), "a", TTL)
+            .await
+            .unwrap_err();
+        assert_eq!(error.code, crate::domain::ErrorCode::SessionNotFound);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_commit_with_the_current_fence_applies_and_one_with_a_stale_fence_fails_whole() {
+    with_store(|store, _| async move {
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        store
+            .claim_lease(record.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        store
+            .commit(
+                record.id,
+                Batch {
+                    fence: Some(1),
+                    ..entries(frames(1, 2))
+                },
+            )
+            .await
+            .unwrap();
+        store.claim_lease(record.id, "b", TTL).await.unwrap();
+        let mut renamed = record.clone();
+        renamed.name = "taken over".to_owned();
+        let error = store
+            .commit(
+                record.id,
+                Batch {
+                    fence: Some(1),
+                    session: Some(renamed),
+                    ..entries(frames(3, 4))
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(is_fenced(&error), "{error}");
+        assert_eq!(store.head_offset(record.id).await.unwrap(), 2);
+        assert_eq!(
+            store.get_session(record.id).await.unwrap(),
+            Some(record.clone())
+        );
+        // The new holder's fence passes, and a commit without a fence is not checked.
+        store
+            .commit(
+                record.id,
+                Batch {
+                    fence: Some(2),
+                    ..entries(frames(3, 3))
+                },
+            )
+            .await
+            .unwrap();
+        store
+            .commit(record.id, entries(frames(4, 4)))
+            .await
+            .unwrap();
+        assert_eq!(store.head_offset(record.id).await.unwrap(), 4);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_commit_with_a_fence_for_a_session_never_leased_is_fenced() {
+    with_store(|store, _| async move {
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        let error = store
+            .commit(
+                record.id,
+                Batch {
+                    fence: Some(1),
+                    ..entries(frames(1, 1))
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(is_fenced(&error), "{error}");
+        assert_eq!(store.head_offset(record.id).await.unwrap(), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_commits_of_one_session_never_leave_a_gap_or_a_duplicate() {
+    with_store(|store, _| async move {
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        // Every writer tries to append offsets 1..=3 at once: exactly one wins.
+        let attempts = (0..8).map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.commit(record.id, entries(frames(1, 3))).await })
+        });
+        let mut won = 0;
+        for attempt in attempts {
+            if attempt.await.unwrap().is_ok() {
+                won += 1;
+            }
+        }
+        assert_eq!(won, 1);
+        assert_eq!(
+            store.read_log(record.id, 0, usize::MAX).await.unwrap(),
+            frames(1, 3)
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_url_asking_for_tls_is_refused_at_start_with_a_clear_message() {
+    let error = PostgresStore::connect(PostgresOptions::new(
+        "postgres://someone:secret@db.example:5433/prod?sslmode=require",
+    ))
+    .await
+    .err()
+    .expect("sslmode=require is refused");
+    assert!(error.message.contains("sslmode=require"), "{error}");
+    assert!(error.message.contains("db.example:5433/prod"), "{error}");
+    assert!(!error.message.contains("secret"), "{error}");
+}
+
+#[tokio::test]
+async fn an_unreachable_database_fails_at_start_naming_host_and_database_but_not_the_password() {
+    // Port 1 on loopback: nothing listens, the connection is refused at once.
+    let error = tokio::time::timeout(
+        Duration::from_secs(60),
+        PostgresStore::connect(PostgresOptions::new(
+            "postgres://someone:secret@127.0.0.1:1/somedb",
+        )),
+    )
+    .await
+    .expect("the attempt ends within the timeout")
+    .err()
+    .expect("an unreachable database fails");
+    assert!(error.message.contains("127.0.0.1:1/somedb"), "{error}");
+    assert!(!error.message.contains("secret"), "{error}");
+}
+
+#[tokio::test]
+async fn a_database_url_that_does_not_parse_is_refused_without_echoing_it() {
+    let error = PostgresStore::connect(PostgresOptions::new(
+        "postgres://someone:secret@host/db?sslmode=sometimes",
+    ))
+    .await
+    .err()
+    .expect("a bad URL is refused");
+    assert!(error.message.contains("database URL is invalid"), "{error}");
+    assert!(!error.message.contains("secret"), "{error}");
+}
