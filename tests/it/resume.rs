@@ -319,3 +319,48 @@ proptest! {
         runtime.block_on(bounded(resumed_streams_end_like_an_uninterrupted_one(steps, seed)));
     }
 }
+
+#[tokio::test]
+async fn a_stream_that_falls_behind_gets_the_queue_as_it_stands_once_it_caught_up() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        // Subscribed, then not read: its buffer fills and the live feed moves on without it.
+        let mut stalled = open(&mut h.sessions(), &session.id, 0, pb::SubscribeView::Log).await;
+        let mut watch = session.watch().await;
+        let running = session
+            .prompt("flood\n@chunks 2000 1000\n@sleep 200\n@chunks 2000 1000\n@wait-cancel")
+            .await;
+        // Queued once the stalled stream's buffer is full: its queue event is then overtaken
+        // by the second burst and dropped from the feed before the stream reads again.
+        let (first_burst_end, _) = watch.entry(|_, f| f.to_string().contains("#1999:")).await;
+        let queued_at = first_burst_end.offset;
+        let queued = session.prompt("next").await;
+        assert_eq!(queued.status, pb::ControlStatus::Queued as i32);
+        watch
+            .entry(|e, _| e.offset > queued_at && e.json.contains("#1999:"))
+            .await;
+
+        loop {
+            let event = stalled.message().await.expect("no failure").expect("open");
+            match event.event {
+                Some(Event::Queue(queue)) if !queue.entries.is_empty() => {
+                    let ids: Vec<&str> =
+                        queue.entries.iter().map(|e| e.action_id.as_str()).collect();
+                    assert_eq!(ids, [queued.action_id.as_str()], "the queue as it stands");
+                    break;
+                }
+                Some(Event::Heartbeat(_)) => {
+                    panic!("the stream caught up and went idle without showing the queued prompt")
+                }
+                _ => {}
+            }
+        }
+
+        session.act(stop(false)).await.expect("stopped");
+        watch.response_to(&running.action_id).await;
+        watch.response_to(&queued.action_id).await;
+        h.shutdown().await;
+    })
+    .await
+}
