@@ -612,7 +612,7 @@ impl Sessions {
             0 => DEFAULT_LOG_LIMIT,
             n => n.min(MAX_LOG_LIMIT),
         };
-        let head = handle.shared.head();
+        let head = self.head_covering(&handle, after).await?;
         if after > head {
             return Err(offset_out_of_range(after, head));
         }
@@ -641,6 +641,17 @@ impl Sessions {
         Ok((entries, head))
     }
 
+    /// The session's head, read from the store when `after` is past the head the actor has
+    /// published: a stream may already have delivered an entry the store holds before the actor
+    /// moved its head, and resuming from that entry's offset must not be refused.
+    async fn head_covering(&self, handle: &SessionHandle, after: u64) -> Result<u64> {
+        let head = handle.shared.head();
+        if after <= head {
+            return Ok(head);
+        }
+        Ok(head.max(self.ctx.store.head_offset(handle.shared.id).await?))
+    }
+
     /// Opens a stream of a session from `after` (see [`super::subscribe`]).
     pub async fn subscribe(
         &self,
@@ -650,8 +661,10 @@ impl Sessions {
         view: super::subscribe::View,
     ) -> Result<tokio::sync::mpsc::Receiver<super::subscribe::StreamItem>> {
         let handle = self.handle(principal, session_id).await?;
+        let head = self.head_covering(&handle, after).await?;
         super::subscribe::start(
             handle,
+            head,
             self.ctx.store.clone(),
             self.ctx.meta_key.clone(),
             after,

@@ -94,6 +94,7 @@ pub enum StreamStop {
 /// Starts a subscription task; the receiver is the stream.
 pub(crate) fn start(
     handle: SessionHandle,
+    head: u64,
     store: Arc<dyn crate::store::Store>,
     meta_key: String,
     after: u64,
@@ -114,7 +115,8 @@ pub(crate) fn start(
         )
         .with("max", max_subscribers));
     }
-    let head = shared.head();
+    // The caller read the head (from the store if the actor had not published it yet).
+    let head = head.max(shared.head());
     if after > head {
         return Err(super::manager::offset_out_of_range(after, head));
     }

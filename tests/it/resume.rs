@@ -162,7 +162,7 @@ async fn open(
             view: view as i32,
         })
         .await
-        .expect("subscribed")
+        .unwrap_or_else(|status| panic!("subscribed after {after} in {view:?}: {status:?}"))
         .into_inner()
 }
 
