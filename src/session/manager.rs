@@ -664,11 +664,9 @@ impl Sessions {
         let head = self.head_covering(&handle, after).await?;
         super::subscribe::start(
             handle,
-            head,
+            super::subscribe::StreamStart { after, head, view },
             self.ctx.store.clone(),
             self.ctx.meta_key.clone(),
-            after,
-            view,
             self.ctx.streams.subscribe(),
             self.ctx.limits.subscribers_per_session,
         )

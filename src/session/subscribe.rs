@@ -91,17 +91,26 @@ pub enum StreamStop {
     Draining,
 }
 
+/// Where a stream starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamStart {
+    pub after: u64,
+    /// The session's head as the caller read it (from the store if the actor had not published
+    /// it yet).
+    pub head: u64,
+    pub view: View,
+}
+
 /// Starts a subscription task; the receiver is the stream.
 pub(crate) fn start(
     handle: SessionHandle,
-    head: u64,
+    from: StreamStart,
     store: Arc<dyn crate::store::Store>,
     meta_key: String,
-    after: u64,
-    view: View,
     stop: watch::Receiver<StreamStop>,
     max_subscribers: usize,
 ) -> Result<mpsc::Receiver<StreamItem>> {
+    let StreamStart { after, head, view } = from;
     let shared = handle.shared.clone();
     let count = shared.subscribers.fetch_add(1, Ordering::AcqRel) + 1;
     let guard = SubscriberGuard(handle.clone());
@@ -115,7 +124,6 @@ pub(crate) fn start(
         )
         .with("max", max_subscribers));
     }
-    // The caller read the head (from the store if the actor had not published it yet).
     let head = head.max(shared.head());
     if after > head {
         return Err(super::manager::offset_out_of_range(after, head));
