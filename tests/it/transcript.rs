@@ -221,6 +221,8 @@ async fn get_transcript_shows_the_user_text_and_attachments_in_order_with_the_ac
             .await
             .unwrap();
         watch.response_to(&reply.action_id).await;
+        // The session turns idle in the step after the response: wait for it, not for luck.
+        watch.status(pb::SessionStatus::Idle).await;
         let transcript = session
             .client
             .get_transcript(pb::GetTranscriptRequest {
