@@ -37,7 +37,8 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    /// The stop reason a `session/prompt` result names, in ACP's own vocabulary.
+    /// The stop reason a `session/prompt` result names, in ACP's own vocabulary (`failed` is
+    /// the harness's own, never sent by an agent).
     fn parse(text: &str) -> Option<Self> {
         use agent_client_protocol_schema::v1::StopReason as Wire;
         let wire: Wire = serde_json::from_value(Value::String(text.to_owned())).ok()?;
@@ -50,6 +51,17 @@ impl StopReason {
             // A reason newer than this harness knows reads as unknown, as any other text does.
             _ => return None,
         })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EndTurn => "end_turn",
+            Self::MaxTokens => "max_tokens",
+            Self::MaxTurnRequests => "max_turn_requests",
+            Self::Refusal => "refusal",
+            Self::Cancelled => "cancelled",
+            Self::Failed => "failed",
+        }
     }
 }
 
@@ -169,6 +181,65 @@ pub struct Metadata {
     pub pending_interactions: Vec<JsonRpcId>,
 }
 
+/// A turn that ended: its prompt's or compact's response arrived, or a fault, restart, close or
+/// drain closed it. Reported once per turn, when the turn's agent message first gets its stop
+/// reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnEnd {
+    pub turn: u32,
+    /// The action id of the prompt or compact that opened the turn.
+    pub request_id: Option<ActionId>,
+    pub stop_reason: StopReason,
+    pub error: Option<String>,
+}
+
+/// The `event` name of the harness event that records a turn's end in the log.
+pub const TURN_ENDED_EVENT: &str = "turn_ended";
+
+impl TurnEnd {
+    /// The logged form: `{"event":"turn_ended","turn":…,"request_id":…,"stop_reason":…,"error":…}`.
+    pub fn to_event(&self) -> Value {
+        let mut event = serde_json::json!({
+            "event": TURN_ENDED_EVENT,
+            "turn": self.turn,
+            "request_id": self.request_id.map(|id| id.to_string()),
+            "stop_reason": self.stop_reason.as_str(),
+        });
+        if let Some(error) = &self.error {
+            event["error"] = Value::from(error.as_str());
+        }
+        event
+    }
+
+    /// Reads a logged turn end back; `None` for any other entry. Cheap for other entries: only
+    /// harness events that mention the name are parsed.
+    pub fn from_entry(entry: &LogEntry) -> Option<Self> {
+        if entry.direction != Direction::Event || !entry.json.contains(TURN_ENDED_EVENT) {
+            return None;
+        }
+        let event: Value = serde_json::from_str(&entry.json).ok()?;
+        if event.get("event").and_then(Value::as_str) != Some(TURN_ENDED_EVENT) {
+            return None;
+        }
+        let stop_reason = match event.get("stop_reason").and_then(Value::as_str)? {
+            "failed" => StopReason::Failed,
+            other => StopReason::parse(other)?,
+        };
+        Some(Self {
+            turn: u32::try_from(event.get("turn").and_then(Value::as_u64)?).ok()?,
+            request_id: event
+                .get("request_id")
+                .and_then(Value::as_str)
+                .and_then(ActionId::from_stored),
+            stop_reason,
+            error: event
+                .get("error")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        })
+    }
+}
+
 /// Where to find a part the agent may update later.
 #[derive(Debug, Clone, Copy)]
 struct PartRef {
@@ -196,6 +267,11 @@ pub struct Fold {
     config_options: Vec<Value>,
     metadata: Metadata,
     head: u64,
+    /// Turns ended by the entries folded since [`Fold::take_turn_ends`] was last called.
+    ended: Vec<TurnEnd>,
+    /// Set when an entry ended a turn or showed a new pending interaction: what a subscriber waits
+    /// for, never to be held back by coalescing (SPEC §9.4).
+    urgent: bool,
 }
 
 impl Fold {
@@ -214,6 +290,8 @@ impl Fold {
             config_options: Vec::new(),
             metadata: Metadata::default(),
             head: 0,
+            ended: Vec::new(),
+            urgent: false,
         }
     }
 
@@ -257,6 +335,17 @@ impl Fold {
         self.messages
             .iter()
             .filter(move |m| m.turn >= from && m.turn <= to)
+    }
+
+    /// The turns ended since the last call, in order.
+    pub fn take_turn_ends(&mut self) -> Vec<TurnEnd> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// Whether anything folded since the last call ended a turn or showed a new pending
+    /// permission or elicitation.
+    pub fn take_urgent(&mut self) -> bool {
+        std::mem::take(&mut self.urgent)
     }
 
     /// Folds one entry; returns the ids of the messages it changed, in order.
@@ -306,11 +395,19 @@ impl Fold {
             message.last_offset = message.last_offset.max(entry.offset);
             return i;
         }
+        // The agent message answers its turn's user message: same request id.
+        let request_id = match role {
+            Role::User => None,
+            Role::Agent => self
+                .index
+                .get(&format!("{turn}:user"))
+                .and_then(|&u| self.messages[u].request_id),
+        };
         self.messages.push(Message {
             id: id.clone(),
             turn,
             role,
-            request_id: None,
+            request_id,
             parts: Vec::new(),
             stop_reason: None,
             error: None,
@@ -589,6 +686,7 @@ impl Fold {
                     part: self.messages[i].parts.len() - 1,
                 };
                 self.permissions.insert(request_id, at);
+                self.urgent = true;
                 changed.push(&self.messages[i].id);
             }
             (Some("elicitation/create"), Some(id)) => {
@@ -611,6 +709,7 @@ impl Fold {
                     part: self.messages[i].parts.len() - 1,
                 };
                 self.elicitations.insert(request_id, at);
+                self.urgent = true;
                 changed.push(&self.messages[i].id);
             }
             (None, Some(id)) => self.response(id, frame, entry, changed),
@@ -677,9 +776,18 @@ impl Fold {
     ) {
         let i = self.upsert(turn, Role::Agent, entry, "runtime");
         let message = &mut self.messages[i];
-        if message.stop_reason.is_none() {
+        if message.stop_reason.is_none()
+            && let Some(reason) = stop_reason
+        {
             message.stop_reason = stop_reason;
-            message.error = error;
+            message.error = error.clone();
+            self.ended.push(TurnEnd {
+                turn,
+                request_id: message.request_id,
+                stop_reason: reason,
+                error,
+            });
+            self.urgent = true;
         }
         // Requests of the turn still held are released with it.
         for part in &mut message.parts {

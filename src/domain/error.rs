@@ -37,11 +37,15 @@ pub enum ErrorCode {
     NotConfigured,
     Unimplemented,
     Internal,
+    /// `expect = EXPECT_IDLE` on a session that is not idle with an empty queue (SPEC §18).
+    SessionBusy,
+    /// The agent does not support what was asked, e.g. forking (SPEC §18).
+    NotSupported,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 32] = [
         Self::InvalidArgument,
         Self::LimitExceeded,
         Self::SessionNotFound,
@@ -72,6 +76,8 @@ impl ErrorCode {
         Self::NotConfigured,
         Self::Unimplemented,
         Self::Internal,
+        Self::SessionBusy,
+        Self::NotSupported,
     ];
 
     /// The `ErrorInfo.reason` string.
@@ -107,6 +113,8 @@ impl ErrorCode {
             Self::NotConfigured => "NOT_CONFIGURED",
             Self::Unimplemented => "UNIMPLEMENTED",
             Self::Internal => "INTERNAL",
+            Self::SessionBusy => "SESSION_BUSY",
+            Self::NotSupported => "NOT_SUPPORTED",
         }
     }
 }

@@ -413,9 +413,9 @@ fn outcome_to_pb(outcome: crate::acp::fold::Outcome) -> pb::InteractionOutcome {
     }
 }
 
-fn part_to_pb(part: &crate::acp::fold::Part) -> pb::Part {
+fn part_to_pb(part: &crate::acp::fold::Part) -> pb::MessagePart {
     use crate::acp::fold::{ControlKind, Part};
-    use pb::part::Kind;
+    use pb::message_part::Kind;
     let kind = match part {
         Part::Text(text) => Kind::Text(pb::TextPart { text: text.clone() }),
         Part::Thought(text) => Kind::Thought(pb::TextPart { text: text.clone() }),
@@ -474,12 +474,33 @@ fn part_to_pb(part: &crate::acp::fold::Part) -> pb::Part {
             json: json.clone(),
         }),
     };
-    pb::Part { kind: Some(kind) }
+    pb::MessagePart { kind: Some(kind) }
 }
 
-pub(crate) fn message_to_pb(m: &crate::acp::fold::Message) -> pb::Message {
-    use crate::acp::fold::{Role, StopReason};
-    pb::Message {
+fn stop_reason_to_pb(reason: crate::acp::fold::StopReason) -> pb::StopReason {
+    use crate::acp::fold::StopReason;
+    match reason {
+        StopReason::EndTurn => pb::StopReason::EndTurn,
+        StopReason::MaxTokens => pb::StopReason::MaxTokens,
+        StopReason::MaxTurnRequests => pb::StopReason::MaxTurnRequests,
+        StopReason::Refusal => pb::StopReason::Refusal,
+        StopReason::Cancelled => pb::StopReason::Cancelled,
+        StopReason::Failed => pb::StopReason::Failed,
+    }
+}
+
+pub(crate) fn turn_ended_to_pb(end: &crate::acp::fold::TurnEnd) -> pb::TurnEnded {
+    pb::TurnEnded {
+        turn: end.turn,
+        request_id: end.request_id.map(|id| id.to_string()).unwrap_or_default(),
+        stop_reason: stop_reason_to_pb(end.stop_reason) as i32,
+        error: end.error.clone(),
+    }
+}
+
+pub(crate) fn message_to_pb(m: &crate::acp::fold::Message) -> pb::TranscriptMessage {
+    use crate::acp::fold::Role;
+    pb::TranscriptMessage {
         id: m.id.clone(),
         turn: m.turn,
         role: match m.role {
@@ -488,17 +509,7 @@ pub(crate) fn message_to_pb(m: &crate::acp::fold::Message) -> pb::Message {
         } as i32,
         request_id: m.request_id.map(|id| id.to_string()),
         parts: m.parts.iter().map(part_to_pb).collect(),
-        stop_reason: m.stop_reason.map(|r| {
-            let reason = match r {
-                StopReason::EndTurn => pb::StopReason::EndTurn,
-                StopReason::MaxTokens => pb::StopReason::MaxTokens,
-                StopReason::MaxTurnRequests => pb::StopReason::MaxTurnRequests,
-                StopReason::Refusal => pb::StopReason::Refusal,
-                StopReason::Cancelled => pb::StopReason::Cancelled,
-                StopReason::Failed => pb::StopReason::Failed,
-            };
-            reason as i32
-        }),
+        stop_reason: m.stop_reason.map(|r| stop_reason_to_pb(r) as i32),
         error: m.error.clone(),
         actor: m.actor.clone(),
         first_offset: m.first_offset,
@@ -553,7 +564,10 @@ pub(crate) fn stream_event_to_pb(
     let event = match event {
         E::Entry(entry) => Event::Entry(log_entry_to_pb(entry)),
         E::Message(message) => Event::Message(message_to_pb(message)),
-        E::Queue(queue) => Event::Queue(queue_to_pb(queue.iter())),
+        E::Queue(queue) => Event::Queue(pb::QueueSnapshot {
+            entries: queue.iter().map(queued_to_pb).collect(),
+        }),
+        E::TurnEnded(end) => Event::TurnEnded(turn_ended_to_pb(end)),
         E::Status { status, reason } => Event::Status(pb::SessionStatusChange {
             status: session_status_to_pb(*status) as i32,
             reason: reason.clone(),

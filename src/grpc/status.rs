@@ -33,7 +33,9 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         | ElicitationNotPending
         | NotEditable
         | RuntimeAuthRequired
-        | NotConfigured => Code::FailedPrecondition,
+        | NotConfigured
+        | SessionBusy
+        | NotSupported => Code::FailedPrecondition,
         QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes => {
             Code::ResourceExhausted
         }
@@ -263,6 +265,16 @@ mod tests {
             "UNIMPLEMENTED",
         ),
         (ErrorCode::Internal, Code::Internal, "INTERNAL"),
+        (
+            ErrorCode::SessionBusy,
+            Code::FailedPrecondition,
+            "SESSION_BUSY",
+        ),
+        (
+            ErrorCode::NotSupported,
+            Code::FailedPrecondition,
+            "NOT_SUPPORTED",
+        ),
     ];
 
     #[test]
@@ -298,5 +310,19 @@ mod tests {
                 "{name} is missing from errors.proto"
             );
         }
+        // And the other way: every documented reason is one the harness can send.
+        let documented = (1..)
+            .map_while(|n| ErrorReason::try_from(n).ok())
+            .map(|r| {
+                r.as_str_name()
+                    .trim_start_matches("ERROR_REASON_")
+                    .to_owned()
+            })
+            .collect::<Vec<_>>();
+        let codes: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.reason()).collect();
+        assert_eq!(
+            documented, codes,
+            "errors.proto and ErrorCode::ALL list the same reasons in order"
+        );
     }
 }

@@ -3,6 +3,14 @@
 //! feed is moved back to reading the log — never an unbounded buffer, never a silent gap: within
 //! one stream every offset arrives once, in order. Each subscriber runs in its own task, so a slow
 //! one never slows the session.
+//!
+//! The resume rule (SPEC §9.4): every event is stamped with a resume cursor, the highest offset
+//! up to which everything this view reflects has been sent. Events of one offset that go out
+//! together (an entry and the snapshot it changes, a `turn_ended` entry and its TurnEnded) carry
+//! the previous clean cursor until the last of them, so resubscribing after any event re-sends
+//! at most what the client may not have seen (entries again by offset, snapshots as upserts), and
+//! never skips anything. Pending snapshots go out before any status, queue, turn-ended, caught-up
+//! or heartbeat event, and at once when a turn ends or a permission or elicitation is held.
 
 use std::{
     collections::BTreeSet,
@@ -17,7 +25,7 @@ use tokio::{
 
 use super::{SessionEvent, SessionHandle};
 use crate::{
-    acp::fold::{Fold, Message},
+    acp::fold::{Fold, Message, TurnEnd},
     domain::{Error, ErrorCode, Result, log::LogEntry, queue::QueuedEntry, session::SessionStatus},
 };
 
@@ -44,6 +52,7 @@ pub(crate) enum StreamEvent {
     Entry(Arc<LogEntry>),
     Message(Box<Message>),
     Queue(Arc<Vec<QueuedEntry>>),
+    TurnEnded(TurnEnd),
     Status {
         status: SessionStatus,
         reason: String,
@@ -79,16 +88,26 @@ pub(crate) enum StreamStop {
     Draining,
 }
 
+/// Where a stream starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamStart {
+    pub after: u64,
+    /// The session's head as the caller read it (from the store if the actor had not published
+    /// it yet).
+    pub head: u64,
+    pub view: View,
+}
+
 /// Starts a subscription task; the receiver is the stream.
 pub(crate) fn start(
     handle: SessionHandle,
+    from: StreamStart,
     store: Arc<dyn crate::store::Store>,
     meta_key: String,
-    after: u64,
-    view: View,
     stop: watch::Receiver<StreamStop>,
     max_subscribers: usize,
 ) -> Result<mpsc::Receiver<StreamItem>> {
+    let StreamStart { after, head, view } = from;
     let shared = handle.shared.clone();
     let count = shared.subscribers.fetch_add(1, Ordering::AcqRel) + 1;
     let guard = SubscriberGuard(handle.clone());
@@ -102,7 +121,7 @@ pub(crate) fn start(
         )
         .with("max", max_subscribers));
     }
-    let head = shared.head();
+    let head = head.max(shared.head());
     if after > head {
         return Err(super::manager::offset_out_of_range(after, head));
     }
@@ -116,6 +135,9 @@ pub(crate) fn start(
         live,
         view,
         last: after,
+        clean: after,
+        turn_end_pending: false,
+        live_mode: false,
         fold: view.messages().then(|| Fold::new(meta_key)),
         dirty: BTreeSet::new(),
         next_heartbeat: Instant::now() + HEARTBEAT,
@@ -145,6 +167,12 @@ struct Subscription {
     view: View,
     /// The last offset delivered (or folded, for the messages view).
     last: u64,
+    /// The resume cursor: everything this view reflects up to this offset has been sent.
+    clean: u64,
+    /// A TurnEnded for `last` is still to be sent.
+    turn_end_pending: bool,
+    /// Past the catch-up: snapshots are coalesced, except urgent ones.
+    live_mode: bool,
     fold: Option<Fold>,
     /// Messages changed since their last snapshot.
     dirty: BTreeSet<String>,
@@ -182,10 +210,21 @@ impl Subscription {
                 }
                 at = page.last().map_or(self.last, |e| e.offset);
             }
+            // What the client saw before it left is not news.
+            fold.take_turn_ends();
+            fold.take_urgent();
             self.fold = Some(fold);
         }
         self.catch_up_to_head().await?;
-        self.flush_messages().await?;
+        self.send_status_and_queue().await?;
+        self.send(StreamEvent::CaughtUp { head: self.last }).await?;
+        self.live_mode = true;
+        self.live().await
+    }
+
+    /// The session's status and queue as they stand now (after the catch-up, and again after
+    /// falling behind the live feed, whose status and queue events may have been dropped).
+    async fn send_status_and_queue(&mut self) -> std::result::Result<(), Gone> {
         let (record, _) = self.handle.shared.snapshot();
         self.send(StreamEvent::Status {
             status: record.status,
@@ -193,9 +232,7 @@ impl Subscription {
         })
         .await?;
         let queue = self.handle.queue_snapshot().await;
-        self.send(StreamEvent::Queue(Arc::new(queue))).await?;
-        self.send(StreamEvent::CaughtUp { head: self.last }).await?;
-        self.live().await
+        self.send(StreamEvent::Queue(Arc::new(queue))).await
     }
 
     fn fail_now(&self, error: Error) -> Gone {
@@ -203,9 +240,37 @@ impl Subscription {
         Gone
     }
 
+    /// Sends an event that is not a message snapshot: pending snapshots go first, so the event's
+    /// cursor never passes a snapshot the client has not received.
     async fn send(&mut self, event: StreamEvent) -> std::result::Result<(), Gone> {
+        if !matches!(event, StreamEvent::Entry(_)) {
+            self.flush_messages().await?;
+        }
+        let cursor = self.cursor();
+        self.send_at(cursor, event).await
+    }
+
+    /// The resume cursor for an event sent now.
+    fn cursor(&mut self) -> u64 {
+        if self.dirty.is_empty() && !self.turn_end_pending {
+            self.clean = self.last;
+        }
+        self.clean
+    }
+
+    async fn send_at(&mut self, cursor: u64, event: StreamEvent) -> std::result::Result<(), Gone> {
         self.sent = true;
-        self.tx.send(Ok((self.last, event))).await.map_err(|_| Gone)
+        self.tx.send(Ok((cursor, event))).await.map_err(|_| Gone)
+    }
+
+    /// Ends the stream if the server is draining (checked between replay pages too, so a long
+    /// catch-up does not hold the drain up).
+    fn check_draining(&mut self) -> std::result::Result<(), Gone> {
+        if *self.stop.borrow() == StreamStop::Draining {
+            let _ = self.tx.try_send(Err(draining()));
+            return Err(Gone);
+        }
+        Ok(())
     }
 
     /// Catches up until the head is reached: an entry committed while this subscriber
@@ -222,6 +287,7 @@ impl Subscription {
     /// Reads the log from `last + 1` up to the head, in bounded pages.
     async fn catch_up(&mut self) -> std::result::Result<(), Gone> {
         loop {
+            self.check_draining()?;
             let page = self
                 .store
                 .read_log(self.handle.shared.id, self.last, REPLAY_PAGE)
@@ -240,11 +306,26 @@ impl Subscription {
     async fn deliver(&mut self, entry: Arc<LogEntry>) -> std::result::Result<(), Gone> {
         debug_assert_eq!(entry.offset, self.last + 1);
         self.last = entry.offset;
+        // The turn's end is a logged harness event, so every view tells it the same way.
+        let turn_end = TurnEnd::from_entry(&entry);
+        self.turn_end_pending = turn_end.is_some();
+        let mut urgent = false;
         if let Some(fold) = &mut self.fold {
             self.dirty.extend(fold.apply(&entry));
+            fold.take_turn_ends();
+            urgent = fold.take_urgent();
         }
         if self.view.entries() {
             self.send(StreamEvent::Entry(entry)).await?;
+        }
+        if let Some(turn_end) = turn_end {
+            self.flush_messages().await?;
+            self.turn_end_pending = false;
+            return self.send(StreamEvent::TurnEnded(turn_end)).await;
+        }
+        if urgent && self.live_mode {
+            // A turn's final snapshot or a new held request: never held back by coalescing.
+            self.flush_messages().await?;
         }
         Ok(())
     }
@@ -264,8 +345,19 @@ impl Subscription {
             .filter(|m| dirty.contains(&m.id))
             .cloned()
             .collect();
-        for message in snapshots {
-            self.send(StreamEvent::Message(Box::new(message))).await?;
+        // Only the last snapshot moves the cursor: a client that leaves in between gets them all
+        // again (idempotent upserts), never too few.
+        let count = snapshots.len();
+        let clean = self.clean;
+        for (i, message) in snapshots.into_iter().enumerate() {
+            let cursor = if i + 1 == count && !self.turn_end_pending {
+                self.clean = self.last;
+                self.last
+            } else {
+                clean
+            };
+            self.send_at(cursor, StreamEvent::Message(Box::new(message)))
+                .await?;
         }
         Ok(())
     }
@@ -308,13 +400,15 @@ impl Subscription {
                 }
                 _ = self.stop.changed() => {
                     if *self.stop.borrow() == StreamStop::Draining {
-                        let _ = self.tx.send(Err(Error::new(ErrorCode::Draining, "the server is draining; resubscribe elsewhere from your last offset"))).await;
+                        let _ = self.tx.send(Err(draining())).await;
                         return Err(Gone);
                     }
                 }
                 _ = self.tx.closed() => return Err(Gone),
             }
-            if !self.dirty.is_empty() && flush_at.is_none() {
+            if self.dirty.is_empty() {
+                flush_at = None;
+            } else if flush_at.is_none() {
                 flush_at = Some(Instant::now() + MESSAGE_COALESCE);
             }
         }
@@ -349,18 +443,21 @@ impl Subscription {
                 Err(Gone)
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
-                // Fell behind the live feed: back to the log, then on with the feed.
+                // Fell behind the live feed: back to the log, then on with the feed. Status and
+                // queue events dropped with the lag are replaced by how both stand now.
                 self.catch_up().await?;
-                let (record, _) = self.handle.shared.snapshot();
-                self.send(StreamEvent::Status {
-                    status: record.status,
-                    reason: record.status_reason,
-                })
-                .await
+                self.send_status_and_queue().await
             }
             Err(broadcast::error::RecvError::Closed) => Err(Gone),
         }
     }
+}
+
+fn draining() -> Error {
+    Error::new(
+        ErrorCode::Draining,
+        "the server is draining; resubscribe elsewhere from your last offset",
+    )
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

@@ -281,6 +281,32 @@ async fn after_kill_9_the_interrupted_turn_reads_failed_is_never_resent_and_the_
             agent_of(&second).stop_reason,
             Some(pb::StopReason::EndTurn as i32)
         );
+
+        // Every view tells the three turns' ends, the interrupted one as failed by the restart.
+        for view in [
+            pb::SubscribeView::Log,
+            pb::SubscribeView::Messages,
+            pb::SubscribeView::All,
+        ] {
+            let ends = crate::turn_ended::turn_ends_until_caught_up(&mut session, view).await;
+            let seen: Vec<(&str, i32, Option<&str>)> = ends
+                .iter()
+                .map(|e| (e.request_id.as_str(), e.stop_reason, e.error.as_deref()))
+                .collect();
+            assert_eq!(
+                seen,
+                [
+                    (
+                        running.as_str(),
+                        pb::StopReason::Failed as i32,
+                        Some("harness restarted")
+                    ),
+                    (first.as_str(), pb::StopReason::EndTurn as i32, None),
+                    (second.as_str(), pb::StopReason::EndTurn as i32, None),
+                ],
+                "{view:?}"
+            );
+        }
     })
     .await
 }

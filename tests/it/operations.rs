@@ -220,7 +220,7 @@ async fn sigterm_drains_readiness_refuses_new_turns_accepts_stops_ends_streams_a
         assert_eq!(status.code(), Some(0), "exit 0 after draining");
 
         // After a restart the log holds every frame the stream saw, unchanged.
-        let (_child, addr) = start();
+        let (mut restarted, addr) = start();
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
@@ -244,6 +244,9 @@ async fn sigterm_drains_readiness_refuses_new_turns_accepts_stops_ends_streams_a
             again.get().await.status,
             pb::SessionStatus::Suspended as i32
         );
+        // The restarted server is ours to stop; left running it would outlive the test.
+        restarted.kill().unwrap();
+        restarted.wait().unwrap();
     })
     .await
 }

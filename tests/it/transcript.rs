@@ -221,6 +221,8 @@ async fn get_transcript_shows_the_user_text_and_attachments_in_order_with_the_ac
             .await
             .unwrap();
         watch.response_to(&reply.action_id).await;
+        // The session turns idle in the step after the response: wait for it, not for luck.
+        watch.status(pb::SessionStatus::Idle).await;
         let transcript = session
             .client
             .get_transcript(pb::GetTranscriptRequest {
@@ -237,8 +239,8 @@ async fn get_transcript_shows_the_user_text_and_attachments_in_order_with_the_ac
             .parts
             .iter()
             .map(|p| match p.kind.as_ref().unwrap() {
-                pb::part::Kind::Text(t) => format!("text:{}", t.text),
-                pb::part::Kind::Attachment(a) => format!("attachment:{}", a.uri),
+                pb::message_part::Kind::Text(t) => format!("text:{}", t.text),
+                pb::message_part::Kind::Attachment(a) => format!("attachment:{}", a.uri),
                 other => format!("{other:?}"),
             })
             .collect();
@@ -328,7 +330,7 @@ async fn the_messages_view_streams_snapshots_that_upsert_by_message_id() {
             .parts
             .iter()
             .filter_map(|p| match p.kind.as_ref().unwrap() {
-                pb::part::Kind::Text(t) => Some(t.text.clone()),
+                pb::message_part::Kind::Text(t) => Some(t.text.clone()),
                 _ => None,
             })
             .collect();

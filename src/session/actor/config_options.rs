@@ -35,16 +35,13 @@ impl Actor {
         if advertised.iter().any(|v| v == model) {
             return Ok(());
         }
-        let list = if advertised.is_empty() {
-            "none".to_owned()
-        } else {
-            advertised.join(", ")
-        };
+        let list = advertised.join(", ");
+        let shown = if list.is_empty() { "none" } else { &list };
         Err(Error::new(
             ErrorCode::ModelNotAdvertised,
-            format!("model {model:?} is not advertised by the runtime; advertised: {list}"),
+            format!("model {model:?} is not advertised by the runtime; advertised: {shown}"),
         )
-        .with("advertised", list))
+        .with("advertised", &list))
     }
 
     pub(super) fn check_config_option(&self, config_id: &str, value: &str) -> Result<ConfigValue> {

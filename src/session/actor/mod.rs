@@ -24,6 +24,7 @@ use super::{
 use crate::{
     acp::{
         connection::{LineWriter, RuntimeEvent},
+        fold::Fold,
         frames::ReopenMethod,
         process::{RuntimeKiller, StderrTail},
     },
@@ -51,6 +52,8 @@ const CLOSE_GRACE: Duration = Duration::from_millis(250);
 const STDERR_DRAIN: Duration = Duration::from_millis(500);
 /// Characters of stderr quoted in a status reason or error.
 const STDERR_QUOTE_CHARS: usize = 2000;
+/// Log entries read per page when the actor folds a stored log.
+const FOLD_PAGE: usize = 1000;
 /// Runtime events folded into one log commit at most.
 const INBOUND_BATCH: usize = 256;
 
@@ -166,6 +169,9 @@ pub(crate) struct Actor {
     commands: mpsc::Receiver<Command>,
     runtime: RuntimeLink,
     work: Work,
+    /// The session's transcript as of `head`, folded as entries are committed, so the actor can
+    /// log each turn's end (`None` until first needed, and after a failed commit).
+    fold: Option<Fold>,
     /// Set when the session was deleted (or its creation failed): the actor stops.
     finished: bool,
 }
@@ -242,6 +248,7 @@ impl Actor {
                 held: Held::default(),
                 idle_deadline: None,
             },
+            fold: None,
             finished: false,
         };
         actor.shared.set_queue_len(actor.work.queue.len());
@@ -379,17 +386,78 @@ impl Actor {
         out.batch.session = Some(self.record.clone());
     }
 
+    /// Folds a step's entries into the session's transcript and, right after each entry that
+    /// ends a turn, logs a `turn_ended` event in the same batch: every view of every stream, live
+    /// or replayed from the log, then tells a turn's end from the log alone (SPEC §3.4 TurnEnded).
+    async fn log_turn_ends(&mut self, entries: &mut Vec<LogEntry>) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut fold = match self.fold.take() {
+            Some(fold) => fold,
+            None => self.fold_log().await?,
+        };
+        let mut marked = Vec::with_capacity(entries.len() + 1);
+        for entry in entries.drain(..) {
+            fold.apply(&entry);
+            let epoch = entry.epoch;
+            marked.push(entry);
+            for end in fold.take_turn_ends() {
+                let event = LogEntry {
+                    offset: 0,
+                    direction: Direction::Event,
+                    json: end.to_event().to_string(),
+                    actor: HARNESS_ACTOR.to_owned(),
+                    action_id: end.request_id,
+                    epoch,
+                    created_at: crate::domain::now(),
+                };
+                fold.apply(&event);
+                marked.push(event);
+            }
+        }
+        fold.take_urgent();
+        for (i, entry) in marked.iter_mut().enumerate() {
+            entry.offset = self.head + 1 + i as u64;
+        }
+        *entries = marked;
+        self.fold = Some(fold);
+        Ok(())
+    }
+
+    /// Folds the session's stored log up to the head.
+    async fn fold_log(&self) -> Result<Fold> {
+        let mut fold = Fold::new(self.ctx.meta_key.clone());
+        let mut at = 0;
+        while at < self.head {
+            let page = self
+                .ctx
+                .store
+                .read_log(self.record.id, at, FOLD_PAGE.min((self.head - at) as usize))
+                .await?;
+            let Some(last) = page.last() else { break };
+            at = last.offset;
+            for entry in &page {
+                fold.apply(entry);
+            }
+        }
+        fold.take_turn_ends();
+        fold.take_urgent();
+        Ok(fold)
+    }
+
     /// Commits a step, then sends its frames and publishes its events. On a storage failure
     /// nothing is sent and the error is returned.
     async fn flush(&mut self, out: Out) -> Result<()> {
         let Out {
-            batch,
+            mut batch,
             send,
             queue_changed,
         } = out;
         if batch.is_empty() {
             return Ok(());
         }
+        self.log_turn_ends(&mut batch.entries).await?;
         // Entries are kept for the live feed when someone is subscribed now; a subscriber who
         // registers while the commit runs is caught below (see `publish_entries`).
         let entries = self
@@ -404,6 +472,8 @@ impl Actor {
         let session_changed = batch.session.is_some();
         if let Err(error) = self.ctx.store.commit(self.record.id, batch).await {
             tracing::error!(session = %self.record.id, %error, "log commit failed");
+            // The fold saw entries the log does not hold: fold the log again when next needed.
+            self.fold = None;
             // Whatever the store holds is the truth; offsets continue from there.
             self.head = self
                 .ctx

@@ -94,7 +94,7 @@ impl Sessions {
             0 => DEFAULT_LOG_LIMIT,
             n => n.min(MAX_LOG_LIMIT),
         };
-        let head = handle.shared.head();
+        let head = self.head_covering(&handle, after).await?;
         if after > head {
             return Err(offset_out_of_range(after, head));
         }
@@ -123,6 +123,17 @@ impl Sessions {
         Ok((entries, head))
     }
 
+    /// The session's head, read from the store when `after` is past the head the actor has
+    /// published: a stream may already have delivered an entry the store holds before the actor
+    /// moved its head, and resuming from that entry's offset must not be refused.
+    async fn head_covering(&self, handle: &crate::session::SessionHandle, after: u64) -> Result<u64> {
+        let head = handle.shared.head();
+        if after <= head {
+            return Ok(head);
+        }
+        Ok(head.max(self.ctx.store.head_offset(handle.shared.id).await?))
+    }
+
     /// Opens a stream of a session from `after` (see [`subscribe`]).
     pub(crate) async fn subscribe(
         &self,
@@ -132,12 +143,12 @@ impl Sessions {
         view: View,
     ) -> Result<tokio::sync::mpsc::Receiver<StreamItem>> {
         let handle = self.handle(principal, session_id).await?;
+        let head = self.head_covering(&handle, after).await?;
         subscribe::start(
             handle,
+            subscribe::StreamStart { after, head, view },
             self.ctx.store.clone(),
             self.ctx.meta_key.clone(),
-            after,
-            view,
             self.ctx.streams.subscribe(),
             self.ctx.limits.subscribers_per_session,
         )
