@@ -150,7 +150,8 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<dy
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let store: Arc<dyn Store> = match &config.database_url {
         Some(url) => {
-            let postgres = PostgresStore::connect(PostgresOptions::new(url.clone())).await?;
+            let postgres =
+                PostgresStore::connect(PostgresOptions::new(url.expose().to_owned())).await?;
             tracing::info!(database = postgres.target(), "store: PostgreSQL");
             Arc::new(postgres)
         }

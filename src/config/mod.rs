@@ -38,6 +38,39 @@ pub enum ServiceName {
 
 pub use crate::store::SqliteSynchronous;
 
+/// A database URL. It may carry a password, so it never prints: its `Debug` shows only that one
+/// is set (configs are logged with `{:?}` in places), and `--help` hides the env var's value.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// The URL itself, for the one place that connects with it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DatabaseUrl(<redacted>)")
+    }
+}
+
+impl From<String> for DatabaseUrl {
+    fn from(url: String) -> Self {
+        Self(url)
+    }
+}
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = std::convert::Infallible;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(Self(text.to_owned()))
+    }
+}
+
 /// The flags of `agent-harness serve`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
@@ -93,8 +126,13 @@ pub struct ServeArgs {
     pub sqlite_synchronous: Option<SqliteSynchronous>,
     /// PostgreSQL URL (postgres://user@host:port/db?sslmode=…): store sessions there, shared by
     /// every replica, instead of in SQLite in the data directory
-    #[arg(long, env = "AGENT_HARNESS_DATABASE_URL", value_name = "URL")]
-    pub database_url: Option<String>,
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub database_url: Option<DatabaseUrl>,
     /// How long running turns may take to end after SIGTERM [default: 30s]
     #[arg(long, env = "AGENT_HARNESS_DRAIN_GRACE", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub drain_grace: Option<Duration>,
@@ -116,7 +154,7 @@ pub struct FileConfig {
     pub insecure_allow_non_loopback: Option<bool>,
     pub log_format: Option<LogFormat>,
     pub sqlite_synchronous: Option<SqliteSynchronous>,
-    pub database_url: Option<String>,
+    pub database_url: Option<DatabaseUrl>,
     pub drain_grace: Option<String>,
     /// The `_meta` key marking the hidden invocation block.
     pub invocation_meta_key: Option<String>,
@@ -174,8 +212,8 @@ pub struct ServeConfig {
     pub insecure_allow_non_loopback: bool,
     pub log_format: LogFormat,
     pub sqlite_synchronous: SqliteSynchronous,
-    /// PostgreSQL instead of SQLite (SPEC §15). May hold a password: never log it.
-    pub database_url: Option<String>,
+    /// PostgreSQL instead of SQLite (SPEC §15). May hold a password: it never prints.
+    pub database_url: Option<DatabaseUrl>,
     pub drain_grace: Duration,
     pub invocation_meta_key: String,
     pub limits: Limits,
@@ -299,7 +337,7 @@ impl ServeConfig {
             database_url: args
                 .database_url
                 .or(file.database_url)
-                .filter(|url| !url.is_empty()),
+                .filter(|url| !url.expose().is_empty()),
             drain_grace,
             invocation_meta_key: file
                 .invocation_meta_key
@@ -328,6 +366,23 @@ mod tests {
         assert!(config.profiles.contains_key("mock"));
         assert_eq!(config.invocation_meta_key, "macro/invocation-context");
         assert_eq!(config.limits, Limits::default());
+    }
+
+    #[test]
+    fn a_database_url_with_a_password_never_shows_in_a_printed_config() {
+        let secret = "postgres://app:hunter2@db.internal:5432/harness";
+        let config = resolve(
+            ServeArgs::default(),
+            &format!("database_url = \"{secret}\""),
+        )
+        .unwrap();
+        assert_eq!(
+            config.database_url.as_ref().map(DatabaseUrl::expose),
+            Some(secret)
+        );
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+        assert!(printed.contains("DatabaseUrl(<redacted>)"), "{printed}");
     }
 
     #[test]

@@ -68,7 +68,7 @@ async fn a_session_on_postgres_runs_a_prompt_and_a_restarted_server_reads_the_sa
     bounded(async {
         // The session's cwd outlives both servers' data directories.
         let cwd = TempDir::new().unwrap();
-        let first = Harness::start_with(|c| c.database_url = Some(database_url.clone())).await;
+        let first = Harness::start_with(|c| c.database_url = Some(database_url.clone().into())).await;
         let mut request = create_request(&first, "mock");
         request.cwd = cwd.path().to_string_lossy().into_owned();
         let mut session = Session::create_with(&first, request).await;
@@ -85,7 +85,7 @@ async fn a_session_on_postgres_runs_a_prompt_and_a_restarted_server_reads_the_sa
         drop(watch);
         first.shutdown().await;
 
-        let second = Harness::start_with(|c| c.database_url = Some(database_url.clone())).await;
+        let second = Harness::start_with(|c| c.database_url = Some(database_url.clone().into())).await;
         let mut again = Session::attach(second.sessions(), &session.id);
         let after = transcript(&mut again).await;
         assert_eq!(after.messages, before.messages);

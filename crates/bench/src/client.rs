@@ -59,7 +59,7 @@ pub async fn prompt(
     Ok(reply.action_id)
 }
 
-/// A session's LOG-view stream.
+/// A session's stream (the LOG view unless opened with another).
 pub struct LogStream {
     stream: Streaming<pb::SubscribeResponse>,
 }
@@ -79,13 +79,23 @@ pub fn is_response_to(entry: &pb::LogEntry, action_id: &str) -> bool {
 }
 
 impl LogStream {
-    /// Subscribes after `after` and waits for `caught_up`.
+    /// Subscribes to the LOG view after `after` and waits for `caught_up`.
     pub async fn open(channel: &Channel, session_id: &str, after: u64) -> anyhow::Result<Self> {
+        Self::open_view(channel, session_id, after, pb::SubscribeView::Log).await
+    }
+
+    /// Subscribes to a view after `after` and waits for `caught_up`.
+    pub async fn open_view(
+        channel: &Channel,
+        session_id: &str,
+        after: u64,
+        view: pb::SubscribeView,
+    ) -> anyhow::Result<Self> {
         let stream = sessions(channel)
             .subscribe(pb::SubscribeRequest {
                 session_id: session_id.to_owned(),
                 after_offset: after,
-                view: pb::SubscribeView::Log as i32,
+                view: view as i32,
             })
             .await
             .context("Subscribe")?
@@ -130,6 +140,18 @@ impl LogStream {
         {
             Event::Entry(entry) => Ok(entry),
             _ => unreachable!("matched an entry"),
+        }
+    }
+
+    /// Reads until the turn opened by `action_id` has ended (its TurnEnded event, sent in every
+    /// view after the turn's final snapshot or response entry).
+    pub async fn turn_ended(&mut self, action_id: &str) -> anyhow::Result<pb::TurnEnded> {
+        match self
+            .until(|event| matches!(event, Event::TurnEnded(end) if end.request_id == action_id))
+            .await?
+        {
+            Event::TurnEnded(end) => Ok(end),
+            _ => unreachable!("matched a turn end"),
         }
     }
 

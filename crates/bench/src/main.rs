@@ -10,6 +10,7 @@
 //! | key | figure | held against |
 //! |---|---|---|
 //! | `rtt-p50`, `rtt-p99` | turn round trip through the harness | the mock agent over stdio ([`direct`]) |
+//! | `rtt-messages-p50` | the same, seen by a MESSAGES-view subscriber (TurnEnded) | the LOG view, same run |
 //! | `turns` | sustained turns/s, many sessions | the target |
 //! | `fanout-rate`, `fanout-lag` | one session to many LOG subscribers | the targets |
 //! | `replay` | catch-up replay of a long log | the target |
@@ -66,6 +67,11 @@ impl Figure {
             Figure::Rtt => &[
                 ("rtt-p50", rtt::FIGURE, "overhead <= 0.500 ms"),
                 ("rtt-p99", rtt::FIGURE, "overhead <= 2.000 ms"),
+                (
+                    "rtt-messages-p50",
+                    rtt::MESSAGES_FIGURE,
+                    "<= LOG + 0.500 ms",
+                ),
             ],
             Figure::Turns => &[("turns", turns::FIGURE, ">= 2,000 turns/s (stretch)")],
             Figure::Fanout => &[

@@ -1,5 +1,7 @@
 //! Figure 1: the turn round trip through the harness (Control → mock agent → the runtime's reply
-//! seen by a subscriber), held against the same mock agent driven directly over stdio.
+//! seen by a subscriber), held against the same mock agent driven directly over stdio; and the
+//! same round trip seen by a MESSAGES-view subscriber (the turn's end as its TurnEnded event,
+//! which follows the final snapshot), held against the LOG view of the same run.
 //!
 //! Both sides run in the same run, interleaved in blocks so a change of background load hits
 //! both; both build the same prompt frame and parse every line (entry) until the response. The
@@ -8,6 +10,7 @@
 
 use std::time::Duration;
 
+use agent_harness::pb::v1 as pb;
 use tokio::time::Instant;
 
 use super::{
@@ -23,10 +26,13 @@ use super::{
 pub const TURN_TEXT: &str = "ping";
 const P50_LIMIT: Duration = Duration::from_micros(500);
 const P99_LIMIT: Duration = Duration::from_millis(2);
+/// How much later than the LOG view a MESSAGES subscriber may see a turn end (SPEC §14).
+const MESSAGES_P50_LIMIT: Duration = Duration::from_micros(500);
 /// Blocks the timed turns are interleaved in (direct, harness, direct, harness, …).
 const BLOCKS: usize = 4;
 
 pub const FIGURE: &str = "turn round trip, harness vs mock agent over stdio";
+pub const MESSAGES_FIGURE: &str = "turn round trip, MESSAGES view vs LOG view";
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     let plan = &ctx.plan;
@@ -36,6 +42,17 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     // The subscriber has a connection of its own, as a separate client would.
     let mut stream = LogStream::open(&pool[1], &session_id, head).await?;
     let mut control = client::sessions(&pool[0]);
+    // A second session for the MESSAGES view, so neither stream carries the other's turns.
+    let (messages_session, messages_head) =
+        client::create_session(&pool[0], server.scratch()).await?;
+    let mut messages = LogStream::open_view(
+        &pool[1],
+        &messages_session,
+        messages_head,
+        pb::SubscribeView::Messages,
+    )
+    .await?;
+    let mut messages_control = client::sessions(&pool[0]);
     let mut direct = DirectAgent::start(&ctx.bin, server.scratch()).await?;
 
     let mut harness_turn = async || -> anyhow::Result<Duration> {
@@ -44,13 +61,21 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
         stream.response_to(&action_id).await?;
         Ok(start.elapsed())
     };
+    let mut messages_turn = async || -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        let action_id = client::prompt(&mut messages_control, &messages_session, TURN_TEXT).await?;
+        messages.turn_ended(&action_id).await?;
+        Ok(start.elapsed())
+    };
 
     for _ in 0..plan.rtt_warmup {
         direct.turn(TURN_TEXT).await?;
         harness_turn().await?;
+        messages_turn().await?;
     }
     let per_block = plan.rtt_turns.div_ceil(BLOCKS).max(1);
     let mut through_harness = Vec::with_capacity(per_block * BLOCKS);
+    let mut through_messages = Vec::with_capacity(per_block * BLOCKS);
     let mut direct_times = Vec::with_capacity(per_block * BLOCKS);
     let before = server.counters();
     for _ in 0..BLOCKS {
@@ -60,14 +85,19 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
         for _ in 0..per_block {
             through_harness.push(harness_turn().await?);
         }
+        for _ in 0..per_block {
+            through_messages.push(messages_turn().await?);
+        }
     }
     let usage = before.until(&server.counters());
     direct.stop().await?;
     drop(stream);
+    drop(messages);
     drop(pool);
     server.stop().await?;
 
     let harness = Summary::of(&mut through_harness).expect("turns were timed");
+    let messages = Summary::of(&mut through_messages).expect("turns were timed");
     let direct = Summary::of(&mut direct_times).expect("turns were timed");
     let row = |key, label: &str, h: Duration, d: Duration, limit: Duration| {
         let overhead = h.saturating_sub(d);
@@ -85,6 +115,19 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
         rows: vec![
             row("rtt-p50", "p50", harness.p50, direct.p50, P50_LIMIT),
             row("rtt-p99", "p99", harness.p99, direct.p99, P99_LIMIT),
+            Row {
+                key: "rtt-messages-p50",
+                figure: format!("{MESSAGES_FIGURE}, p50"),
+                measured: format!(
+                    "{} (later by {})",
+                    ms(messages.p50),
+                    ms(messages.p50.saturating_sub(harness.p50))
+                ),
+                against: format!("LOG view {}", ms(harness.p50)),
+                ratio: Some(messages.p50.as_secs_f64() / harness.p50.as_secs_f64().max(1e-9)),
+                target: format!("<= LOG + {}", ms(MESSAGES_P50_LIMIT)),
+                verdict: Verdict::of(messages.p50 <= harness.p50 + MESSAGES_P50_LIMIT),
+            },
         ],
         notes: vec![
             format!(
@@ -97,6 +140,12 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
                 ms(harness.max),
                 ms(direct.p999),
                 ms(direct.max)
+            ),
+            format!(
+                "rtt: MESSAGES view (the turn's TurnEnded) p99 {}, max {}; LOG view p99 {}",
+                ms(messages.p99),
+                ms(messages.max),
+                ms(harness.p99)
             ),
             format!("rtt: {}", usage.describe()),
         ],
