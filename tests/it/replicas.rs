@@ -7,8 +7,11 @@ use std::collections::BTreeMap;
 use agent_harness::pb::v1::{self as pb, subscribe_response::Event};
 use tempfile::TempDir;
 
+use tonic::Code;
+
 use crate::{
-    harness::{Harness, bounded},
+    harness::{Harness, assert_error, bounded},
+    operations::scrape,
     postgres::{execute, test_schema, url_in_schema},
     support::{Session, Watch, create_request},
 };
@@ -53,7 +56,20 @@ fn assert_cursors_never_go_back(events: &[(u64, Event)]) {
 }
 
 async fn started(database_url: &str) -> Harness {
-    Harness::start_with(|c| c.database_url = Some(database_url.to_owned())).await
+    Harness::start_with(|c| {
+        c.database_url = Some(database_url.to_owned());
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await
+}
+
+/// How many session actors a replica holds (its `agent_harness_sessions` gauges).
+async fn actors_on(h: &Harness) -> f64 {
+    let text = scrape(h.metrics_addr().expect("a metrics endpoint")).await;
+    text.lines()
+        .filter(|l| l.starts_with("agent_harness_sessions{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The session as GetSession tells it, for comparing replicas.
@@ -156,6 +172,9 @@ async fn a_subscriber_on_another_replica_sees_every_offset_in_order_with_turn_en
         assert_eq!(session_b.status, session_a.status);
         assert_eq!(session_b.head_offset, session_a.head_offset);
         assert_eq!(session_b.owner, session_a.owner);
+        // B tells the status from the store, and serving all this started no actor there.
+        log_view.status(pb::SessionStatus::Idle).await;
+        assert_eq!(actors_on(&b).await, 0.0, "B runs no actor for A's session");
 
         // Resuming on B from the cursor of the first turn's end loses nothing, old or new.
         let cursor = log_events
@@ -176,7 +195,16 @@ async fn a_subscriber_on_another_replica_sees_every_offset_in_order_with_turn_en
             "the resumed stream continues right after its cursor"
         );
 
-        drop((log_view, messages_view, resumed, on_a_watch));
+        // Deleting it on A ends B's streams as a session that no longer exists.
+        on_a.client
+            .delete_session(pb::DeleteSessionRequest {
+                session_id: on_a.id.clone(),
+            })
+            .await
+            .expect("the session is deleted");
+        assert_error(&resumed.end().await, Code::NotFound, "SESSION_NOT_FOUND");
+
+        drop((log_view, messages_view, on_a_watch));
         b.shutdown().await;
         a.shutdown().await;
     })
