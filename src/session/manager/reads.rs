@@ -45,7 +45,7 @@ pub(crate) enum Found {
     /// Its actor runs on this replica.
     Local(SessionHandle),
     /// It has no actor here: the record as stored.
-    Stored(SessionRecord),
+    Stored(Box<SessionRecord>),
 }
 
 impl Found {
@@ -60,7 +60,7 @@ impl Found {
     pub(crate) fn record(&self) -> SessionRecord {
         match self {
             Self::Local(handle) => handle.shared.snapshot().0,
-            Self::Stored(record) => record.clone(),
+            Self::Stored(record) => (**record).clone(),
         }
     }
 }
@@ -95,9 +95,9 @@ impl Sessions {
                 }
                 Ok(Found::Local(handle))
             }
-            None => Ok(Found::Stored(
+            None => Ok(Found::Stored(Box::new(
                 stored_session(self.ctx.store.as_ref(), principal, session_id).await?,
-            )),
+            ))),
         }
     }
 
@@ -110,7 +110,7 @@ impl Sessions {
             Found::Local(handle) => Ok(handle.shared.snapshot()),
             Found::Stored(record) => {
                 let head = self.ctx.store.head_offset(record.id).await?;
-                Ok((record, head))
+                Ok((*record, head))
             }
         }
     }
