@@ -455,8 +455,11 @@ impl Subscription {
     /// registered may not be on the live feed, but the head already counts it.
     async fn catch_up_to_head(&mut self) -> std::result::Result<(), Gone> {
         loop {
+            let before = self.last;
             self.catch_up().await?;
-            if self.source_head().is_none_or(|head| head <= self.last) {
+            // No progress although the head says more: the session was deleted under us (the
+            // store has every entry the head counts). The live feed says so; spinning never would.
+            if self.source_head().is_none_or(|head| head <= self.last) || self.last == before {
                 return Ok(());
             }
         }
