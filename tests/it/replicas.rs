@@ -211,3 +211,64 @@ async fn a_subscriber_on_another_replica_sees_every_offset_in_order_with_turn_en
     .await;
     execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
 }
+
+/// The store path without PostgreSQL: after a restart a closed session has no actor, and reading
+/// or subscribing to it starts none; its stream (woken by the poll alone) ends when it is deleted.
+#[tokio::test]
+async fn a_closed_session_is_read_and_streamed_from_the_store_without_starting_its_actor() {
+    bounded(async {
+        let data_dir = TempDir::new().unwrap();
+        let with_metrics = |c: &mut agent_harness::config::ServeConfig| {
+            c.data_dir = data_dir.path().to_path_buf();
+            c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        };
+        let first = Harness::start_with(with_metrics).await;
+        let mut session = Session::create(&first, "mock").await;
+        let mut watch = session.watch().await;
+        let reply = session.prompt("before the restart").await;
+        watch.response_to(&reply.action_id).await;
+        session
+            .client
+            .close_session(pb::CloseSessionRequest {
+                session_id: session.id.clone(),
+            })
+            .await
+            .expect("the session closes");
+        watch.status(pb::SessionStatus::Closed).await;
+        let log_before = session.log().await;
+        let transcript_before = transcript(&mut session).await;
+        drop(watch);
+        first.shutdown().await;
+
+        let second = Harness::start_with(with_metrics).await;
+        let mut again = Session::attach(second.sessions(), &session.id);
+        let head = log_before.last().expect("a log").offset;
+        assert_eq!(again.get().await.status, pb::SessionStatus::Closed as i32);
+        assert_eq!(again.log().await, log_before);
+        assert_eq!(
+            transcript(&mut again).await.messages,
+            transcript_before.messages
+        );
+        assert!(again.queue().await.is_empty());
+        let mut stream = again.watch_from(0, pb::SubscribeView::Log).await;
+        let events = events_until(&mut stream, 1, Some(head)).await;
+        assert_eq!(entry_offsets(&events), (1..=head).collect::<Vec<_>>());
+        stream.status(pb::SessionStatus::Closed).await;
+        assert_eq!(
+            actors_on(&second).await,
+            0.0,
+            "no actor started to serve reads"
+        );
+
+        again
+            .client
+            .delete_session(pb::DeleteSessionRequest {
+                session_id: again.id.clone(),
+            })
+            .await
+            .expect("the session is deleted");
+        assert_error(&stream.end().await, Code::NotFound, "SESSION_NOT_FOUND");
+        second.shutdown().await;
+    })
+    .await
+}
