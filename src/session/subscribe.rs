@@ -11,6 +11,13 @@
 //! at most what the client may not have seen (entries again by offset, snapshots as upserts), and
 //! never skips anything. Pending snapshots go out before any status, queue, turn-ended, caught-up
 //! or heartbeat event, and at once when a turn ends or a permission or elicitation is held.
+//!
+//! The live source differs by where the session's actor runs. With a local actor ([`start`]) it
+//! is the actor's event feed. Without one ([`start_remote`]: another replica owns the session, or
+//! nobody does) it is the store: on each wake-up from [`crate::store::Store::wake_ups`] (NOTIFY)
+//! or each [`REMOTE_POLL`], the log is read after the last delivered offset, and the status and
+//! queue are read from the store and sent when they changed. Everything else — the catch-up, the
+//! folding, the cursors — is the same code.
 
 use std::{
     collections::BTreeSet,
@@ -23,10 +30,18 @@ use tokio::{
     time::{Instant, sleep_until},
 };
 
+use uuid::Uuid;
+
 use super::{SessionEvent, SessionHandle};
 use crate::{
     acp::fold::{Fold, Message, TurnEnd},
-    domain::{Error, ErrorCode, Result, log::LogEntry, queue::QueuedEntry, session::SessionStatus},
+    domain::{
+        Error, ErrorCode, Result,
+        log::LogEntry,
+        queue::QueuedEntry,
+        session::{SessionRecord, SessionStatus},
+    },
+    store::{Store, Wake},
 };
 
 /// What a subscriber asked to see.
@@ -76,6 +91,9 @@ pub(crate) const STREAM_BUFFER: usize = 256;
 pub(crate) const MESSAGE_COALESCE: Duration = Duration::from_millis(50);
 /// A heartbeat is sent after this long without any other event.
 pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
+/// A subscriber of a session without a local actor reads the store at least this often, so a
+/// lost notification delays it but never loses anything.
+pub(crate) const REMOTE_POLL: Duration = Duration::from_secs(1);
 /// Live events taken one after another once the stream wakes, before it looks at its timers
 /// and the client again.
 const LIVE_BURST: usize = 64;
@@ -127,18 +145,62 @@ pub(crate) fn start(
     }
     // Registration first, so nothing appended from now on can be missed.
     let live = shared.subscribe_events();
+    let id = shared.id;
+    Ok(spawn(
+        id,
+        Source::Local { handle, live },
+        StreamStart { after, head, view },
+        store,
+        meta_key,
+        stop,
+        Some(guard),
+    ))
+}
+
+/// Starts a subscription to a session with no actor on this replica (SPEC §15): the store is
+/// both the catch-up and the live source. `record` is the session as the caller found it in the
+/// store (its access already checked); `from.head` the store's head.
+pub(crate) fn start_remote(
+    store: Arc<dyn Store>,
+    record: &SessionRecord,
+    from: StreamStart,
+    meta_key: String,
+    stop: watch::Receiver<StreamStop>,
+) -> Result<mpsc::Receiver<StreamItem>> {
+    if from.after > from.head {
+        return Err(super::manager::offset_out_of_range(from.after, from.head));
+    }
+    // Registration first: a commit after this point wakes the stream.
+    let wakes = store.wake_ups();
+    let source = Source::Remote(Remote {
+        wakes,
+        status: None,
+        queue: None,
+    });
+    Ok(spawn(record.id, source, from, store, meta_key, stop, None))
+}
+
+fn spawn(
+    id: Uuid,
+    source: Source,
+    from: StreamStart,
+    store: Arc<dyn Store>,
+    meta_key: String,
+    stop: watch::Receiver<StreamStop>,
+    guard: Option<SubscriberGuard>,
+) -> mpsc::Receiver<StreamItem> {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let subscription = Subscription {
-        handle,
+        id,
+        source,
         store,
         tx,
-        live,
-        view,
-        last: after,
-        clean: after,
+        view: from.view,
+        last: from.after,
+        clean: from.after,
         turn_end_pending: false,
         live_mode: false,
-        fold: view.messages().then(|| Fold::new(meta_key)),
+        fold: from.view.messages().then(|| Fold::new(meta_key)),
         dirty: BTreeSet::new(),
         next_heartbeat: Instant::now() + HEARTBEAT,
         sent: false,
@@ -146,7 +208,57 @@ pub(crate) fn start(
         _guard: guard,
     };
     tokio::spawn(subscription.run());
-    Ok(rx)
+    rx
+}
+
+/// Where live events come from.
+enum Source {
+    /// The session's actor runs here: its event feed.
+    Local {
+        handle: SessionHandle,
+        live: broadcast::Receiver<SessionEvent>,
+    },
+    /// It does not: the store, read on each wake-up.
+    Remote(Remote),
+}
+
+struct Remote {
+    /// `None`: the store cannot wake us; the poll alone paces the stream.
+    wakes: Option<broadcast::Receiver<Wake>>,
+    /// What was last sent, to send only changes.
+    status: Option<(SessionStatus, String)>,
+    queue: Option<Vec<QueuedEntry>>,
+}
+
+/// What woke a live stream.
+enum Woken {
+    Event(std::result::Result<SessionEvent, broadcast::error::RecvError>),
+    Store,
+}
+
+/// The next live event (local), or the next time to look at the store (remote).
+async fn next_live(source: &mut Source, id: Uuid) -> Woken {
+    match source {
+        Source::Local { live, .. } => Woken::Event(live.recv().await),
+        Source::Remote(remote) => {
+            let deadline = Instant::now() + REMOTE_POLL;
+            loop {
+                let Some(wakes) = &mut remote.wakes else {
+                    sleep_until(deadline).await;
+                    return Woken::Store;
+                };
+                tokio::select! {
+                    wake = wakes.recv() => match wake {
+                        Ok(wake) if !wake.concerns(id) => continue,
+                        // Lagged: some wake-up for us may be among those dropped.
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => return Woken::Store,
+                        Err(broadcast::error::RecvError::Closed) => remote.wakes = None,
+                    },
+                    _ = sleep_until(deadline) => return Woken::Store,
+                }
+            }
+        }
+    }
 }
 
 struct SubscriberGuard(SessionHandle);
@@ -160,10 +272,11 @@ impl Drop for SubscriberGuard {
 }
 
 struct Subscription {
-    handle: SessionHandle,
+    id: Uuid,
+    /// Declared before the guard: a local feed's receiver is dropped first.
+    source: Source,
     store: Arc<dyn crate::store::Store>,
     tx: mpsc::Sender<StreamItem>,
-    live: broadcast::Receiver<SessionEvent>,
     view: View,
     /// The last offset delivered (or folded, for the messages view).
     last: u64,
@@ -181,7 +294,7 @@ struct Subscription {
     /// per event: reading the clock was a visible share of a busy stream's cost).
     sent: bool,
     stop: watch::Receiver<StreamStop>,
-    _guard: SubscriberGuard,
+    _guard: Option<SubscriberGuard>,
 }
 
 /// The client went away, or the stream was ended.
@@ -198,7 +311,7 @@ impl Subscription {
             let mut at = 0;
             while at < self.last {
                 let limit = REPLAY_PAGE.min((self.last - at) as usize);
-                let page = match self.store.read_log(self.handle.shared.id, at, limit).await {
+                let page = match self.store.read_log(self.id, at, limit).await {
                     Ok(page) => page,
                     Err(e) => return Err(self.fail_now(e)),
                 };
@@ -225,14 +338,79 @@ impl Subscription {
     /// The session's status and queue as they stand now (after the catch-up, and again after
     /// falling behind the live feed, whose status and queue events may have been dropped).
     async fn send_status_and_queue(&mut self) -> std::result::Result<(), Gone> {
-        let (record, _) = self.handle.shared.snapshot();
+        let handle = match &mut self.source {
+            Source::Local { handle, .. } => handle.clone(),
+            Source::Remote(remote) => {
+                // Forget what was sent, so both go out as they stand now.
+                remote.status = None;
+                remote.queue = None;
+                let stored = self.read_stored().await?;
+                return self.send_stored_changes(stored).await;
+            }
+        };
+        let (record, _) = handle.shared.snapshot();
         self.send(StreamEvent::Status {
             status: record.status,
             reason: record.status_reason,
         })
         .await?;
-        let queue = self.handle.queue_snapshot().await;
+        let queue = handle.queue_snapshot().await;
         self.send(StreamEvent::Queue(Arc::new(queue))).await
+    }
+
+    /// Remote: the status and queue as the store holds them. A session gone from the store ends
+    /// the stream with SESSION_NOT_FOUND.
+    async fn read_stored(
+        &mut self,
+    ) -> std::result::Result<(SessionRecord, Vec<QueuedEntry>), Gone> {
+        let record = match self.store.get_session(self.id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                let _ = self
+                    .tx
+                    .send(Err(Error::session_not_found(&self.id.to_string())))
+                    .await;
+                return Err(Gone);
+            }
+            Err(e) => return Err(self.fail_now(e)),
+        };
+        let queue = self
+            .store
+            .load_queue(self.id)
+            .await
+            .map_err(|e| self.fail_now(e))?;
+        Ok((record, queue))
+    }
+
+    /// Remote: sends the status and the queue, each only if it changed since last sent.
+    async fn send_stored_changes(
+        &mut self,
+        (record, queue): (SessionRecord, Vec<QueuedEntry>),
+    ) -> std::result::Result<(), Gone> {
+        let Source::Remote(remote) = &mut self.source else {
+            return Ok(());
+        };
+        let status = (record.status, record.status_reason);
+        let new_status = (remote.status.as_ref() != Some(&status)).then(|| status.clone());
+        let new_queue = (remote.queue.as_ref() != Some(&queue)).then(|| queue.clone());
+        remote.status = Some(status);
+        remote.queue = Some(queue);
+        if let Some((status, reason)) = new_status {
+            self.send(StreamEvent::Status { status, reason }).await?;
+        }
+        if let Some(queue) = new_queue {
+            self.send(StreamEvent::Queue(Arc::new(queue))).await?;
+        }
+        Ok(())
+    }
+
+    /// The session's head as the live source knows it (`None`: only the store knows; the
+    /// catch-up reads all it has).
+    fn source_head(&self) -> Option<u64> {
+        match &self.source {
+            Source::Local { handle, .. } => Some(handle.shared.head()),
+            Source::Remote(_) => None,
+        }
     }
 
     fn fail_now(&self, error: Error) -> Gone {
@@ -277,8 +455,11 @@ impl Subscription {
     /// registered may not be on the live feed, but the head already counts it.
     async fn catch_up_to_head(&mut self) -> std::result::Result<(), Gone> {
         loop {
+            let before = self.last;
             self.catch_up().await?;
-            if self.handle.shared.head() <= self.last {
+            // No progress although the head says more: the session was deleted under us (the
+            // store has every entry the head counts). The live feed says so; spinning never would.
+            if self.source_head().is_none_or(|head| head <= self.last) || self.last == before {
                 return Ok(());
             }
         }
@@ -290,7 +471,7 @@ impl Subscription {
             self.check_draining()?;
             let page = self
                 .store
-                .read_log(self.handle.shared.id, self.last, REPLAY_PAGE)
+                .read_log(self.id, self.last, REPLAY_PAGE)
                 .await
                 .map_err(|e| self.fail_now(e))?;
             let full = page.len() == REPLAY_PAGE;
@@ -372,26 +553,38 @@ impl Subscription {
             tokio::select! {
                 // Live events first: whatever was logged before the stream is ended is delivered.
                 biased;
-                event = self.live.recv() => {
-                    self.on_live(event).await?;
-                    // Take the rest of a burst without arming the select again: its timer and
-                    // notifications cost more than delivering an event.
-                    for _ in 1..LIVE_BURST {
-                        let event = match self.live.try_recv() {
-                            Ok(event) => Ok(event),
-                            Err(broadcast::error::TryRecvError::Empty) => break,
-                            Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                                Err(broadcast::error::RecvError::Lagged(n))
-                            }
-                            Err(broadcast::error::TryRecvError::Closed) => {
-                                Err(broadcast::error::RecvError::Closed)
-                            }
-                        };
+                woken = next_live(&mut self.source, self.id) => match woken {
+                    Woken::Event(event) => {
                         self.on_live(event).await?;
+                        // Take the rest of a burst without arming the select again: its timer
+                        // and notifications cost more than delivering an event.
+                        for _ in 1..LIVE_BURST {
+                            let Source::Local { live, .. } = &mut self.source else {
+                                break;
+                            };
+                            let event = match live.try_recv() {
+                                Ok(event) => Ok(event),
+                                Err(broadcast::error::TryRecvError::Empty) => break,
+                                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                                    Err(broadcast::error::RecvError::Lagged(n))
+                                }
+                                Err(broadcast::error::TryRecvError::Closed) => {
+                                    Err(broadcast::error::RecvError::Closed)
+                                }
+                            };
+                            self.on_live(event).await?;
+                        }
                     }
-                }
+                    Woken::Store => {
+                        // Status and queue read before the log, so they never run ahead of the
+                        // entries sent with them.
+                        let stored = self.read_stored().await?;
+                        self.catch_up().await?;
+                        self.send_stored_changes(stored).await?;
+                    }
+                },
                 _ = sleep_until(heartbeat) => {
-                    let head = self.handle.shared.head().max(self.last);
+                    let head = self.source_head().unwrap_or(self.last).max(self.last);
                     self.send(StreamEvent::Heartbeat { head }).await?;
                 }
                 _ = sleep_until_opt(flush_at) => {
@@ -436,9 +629,7 @@ impl Subscription {
             Ok(SessionEvent::Deleted) => {
                 let _ = self
                     .tx
-                    .send(Err(Error::session_not_found(
-                        &self.handle.shared.id.to_string(),
-                    )))
+                    .send(Err(Error::session_not_found(&self.id.to_string())))
                     .await;
                 Err(Gone)
             }

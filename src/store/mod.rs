@@ -178,6 +178,29 @@ pub fn is_fenced(error: &Error) -> bool {
 }
 
 /// The storage of the harness.
+/// A hint that a session changed in the store: its log reached `head` (0: something else
+/// changed — its record, its queue, or it was deleted). A nil `session` wakes everyone (sent
+/// after a lost connection). Only a hint: the reader reads what changed from the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wake {
+    pub session: Uuid,
+    pub head: u64,
+}
+
+impl Wake {
+    pub fn everyone() -> Self {
+        Self {
+            session: Uuid::nil(),
+            head: 0,
+        }
+    }
+
+    /// Whether a subscriber of `session` should look.
+    pub fn concerns(&self, session: Uuid) -> bool {
+        self.session == session || self.session.is_nil()
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Stores a new session with an empty log. SESSION_EXISTS if the id is taken.
@@ -260,6 +283,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store can serve right now (for readiness): an embedded store always can; a
     /// database store asks its database.
+    /// Wake-ups for subscribers of sessions whose writer may be another replica (SPEC §15), or
+    /// `None` when the store has no way to tell (they then poll). Subscribe before reading.
+    fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<Wake>> {
+        None
+    }
+
     async fn check(&self) -> Result<()> {
         Ok(())
     }

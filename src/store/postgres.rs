@@ -16,6 +16,7 @@
 //! - **TLS**: not supported yet; a URL asking for it (`sslmode=require`) is refused at start.
 
 mod commit;
+mod notify;
 mod rows;
 mod schema;
 
@@ -70,6 +71,10 @@ impl PostgresOptions {
 /// The PostgreSQL [`Store`].
 pub struct PostgresStore {
     pool: Pool,
+    /// The connection settings, for the listening connection (see `postgres/notify.rs`).
+    config: tokio_postgres::Config,
+    /// Started on the first subscriber that needs it.
+    wakes: std::sync::OnceLock<std::sync::Arc<tokio::sync::broadcast::Sender<super::Wake>>>,
     /// `host:port/database as user`, for messages (never the password).
     target: String,
 }
@@ -171,6 +176,7 @@ impl PostgresStore {
         if config.get_application_name().is_none() {
             config.application_name("agent-harness");
         }
+        let listen_config = config.clone();
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -185,7 +191,12 @@ impl PostgresStore {
             .create_timeout(Some(CONNECT_TIMEOUT * 2))
             .build()
             .map_err(|e| Error::internal(format!("postgres store: building the pool: {e}")))?;
-        let store = Self { pool, target };
+        let store = Self {
+            pool,
+            target,
+            config: listen_config,
+            wakes: std::sync::OnceLock::new(),
+        };
         let mut client = store.pool.get().await.map_err(|e| {
             Error::internal(format!(
                 "postgres store: cannot connect to {}: {}",
@@ -473,16 +484,36 @@ impl Store for PostgresStore {
     }
 
     async fn delete_session(&self, session_id: Uuid) -> Result<bool> {
-        let client = self.client().await?;
-        let stmt = client
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .context("starting a transaction")?;
+        let stmt = tx
             .prepare_cached("DELETE FROM sessions WHERE id = $1")
             .await
             .context("deleting a session")?;
-        let deleted = client
+        let deleted = tx
             .execute(&stmt, &[&session_id])
             .await
             .context("deleting a session")?;
+        // Subscribers on other replicas learn of it at once, not at their next poll.
+        tx.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&notify::CHANNEL, &notify::payload(session_id, 0)],
+        )
+        .await
+        .context("deleting a session")?;
+        tx.commit().await.context("deleting a session")?;
         Ok(deleted > 0)
+    }
+
+    fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<super::Wake>> {
+        tokio::runtime::Handle::try_current().ok()?;
+        let wakes = self
+            .wakes
+            .get_or_init(|| notify::start(self.config.clone(), self.target.clone()));
+        Some(wakes.subscribe())
     }
 
     async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>> {

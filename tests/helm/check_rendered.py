@@ -131,6 +131,10 @@ class Rendered:
 # --- checks for every value set --------------------------------------------------------------
 
 
+def database_mode(r):
+    return bool(r.values.get("database", {}).get("existingSecret"))
+
+
 def the_store_runs_as_one_statefulset_replica_with_no_hpa_or_pdb(r, _):
     expect(r.sts["spec"]["replicas"] == 1, r.sts["spec"]["replicas"])
     kinds = {d["kind"] for d in r.docs}
@@ -257,8 +261,6 @@ def resources_bound_the_memory(r, _):
 
 
 ALWAYS = [
-    the_store_runs_as_one_statefulset_replica_with_no_hpa_or_pdb,
-    the_data_dir_is_a_persistent_volume_claim,
     probes_are_native_grpc_on_the_numeric_container_port,
     liveness_asks_the_empty_service_and_readiness_the_first_served_harness_service,
     the_service_port_is_named_grpc_with_app_protocol_grpc,
@@ -362,6 +364,89 @@ def custom_resources_grace_workspace_and_image_are_applied(r, _):
     expect({"name": "RUST_LOG", "value": "info,agent_harness=debug"} in r.container["env"])
 
 
+# --- the database mode (SPEC §15) ---------------------------------------------------------------
+
+
+def replicas_share_nothing_but_the_database(r, _):
+    spec = r.sts["spec"]
+    expect("volumeClaimTemplates" not in spec, spec.get("volumeClaimTemplates"))
+    expect(spec.get("podManagementPolicy") == "Parallel", spec.get("podManagementPolicy"))
+    expect("emptyDir" in r.volume(r.mount(DATA_DIR)["name"]), "the data dir is not an emptyDir")
+    expect(not r.all("PersistentVolumeClaim"), "a claim per release")
+
+
+def the_replica_count_is_the_hpas_or_the_values(r, _):
+    spec = r.sts["spec"]
+    autoscaling = r.values.get("autoscaling", {})
+    hpas = r.all("HorizontalPodAutoscaler")
+    if autoscaling.get("enabled"):
+        expect("replicas" not in spec, "replicas fights the HPA")
+        expect(len(hpas) == 1, hpas)
+        target = hpas[0]["spec"]["scaleTargetRef"]
+        expect(target == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": r.sts["metadata"]["name"]}, target)
+        expect(hpas[0]["spec"]["minReplicas"] == autoscaling.get("minReplicas", 2), hpas[0]["spec"])
+        expect(hpas[0]["spec"]["maxReplicas"] == autoscaling.get("maxReplicas", 5), hpas[0]["spec"])
+    else:
+        expect(spec["replicas"] == r.values.get("replicaCount", 1), spec.get("replicas"))
+        expect(not hpas, hpas)
+
+
+def the_disruption_budget_selects_the_pods(r, _):
+    pdbs = r.all("PodDisruptionBudget")
+    if not r.values.get("podDisruptionBudget", {}).get("enabled"):
+        expect(not pdbs, pdbs)
+        return
+    expect(len(pdbs) == 1, pdbs)
+    selector = pdbs[0]["spec"]["selector"]["matchLabels"]
+    labels = r.sts["spec"]["template"]["metadata"]["labels"]
+    expect(selector and all(labels.get(k) == v for k, v in selector.items()), (selector, labels))
+    expect(pdbs[0]["spec"]["maxUnavailable"] >= 1, pdbs[0]["spec"])
+
+
+def env_from_secret(r, name):
+    found = [e for e in r.container["env"] if e["name"] == name]
+    expect(len(found) == 1, f"env {name}: {found}")
+    return found[0]["valueFrom"]["secretKeyRef"]
+
+
+def the_database_url_and_replica_token_come_from_secrets_only(r, _):
+    url = env_from_secret(r, "AGENT_HARNESS_DATABASE_URL")
+    expect(url == {"name": r.values["database"]["existingSecret"], "key": r.values["database"].get("key", "url")}, url)
+    token = env_from_secret(r, "AGENT_HARNESS_REPLICA_TOKEN")
+    want = r.values["replicaToken"]
+    expect(token == {"name": want["existingSecret"], "key": want.get("key", "token")}, token)
+    expect(flag(r.args, "database-url") is None, r.args)
+    expect("postgres" not in r.config_text(), "a database URL in the config")
+
+
+def the_advertise_address_is_the_pod_ip_and_grpc_port(r, _):
+    address = flag(r.args, "advertise-address")
+    expect(address == f"$(POD_IP):{r.container_port('grpc')}", address)
+    pod_ip = [e for e in r.container["env"] if e["name"] == "POD_IP"]
+    expect(pod_ip == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}], pod_ip)
+    lease = r.values.get("database", {}).get("leaseTtl")
+    expect(flag(r.args, "lease-ttl") == (lease or None), r.args)
+
+
+def the_shared_workspace_claim_is_mounted_at_the_workspace_path(r, _):
+    path = r.values.get("workspace", {}).get("mountPath", "/workspaces")
+    volume = r.volume(r.mount(path)["name"])
+    expect(volume.get("persistentVolumeClaim") == {"claimName": r.values["workspace"]["existingClaim"]}, volume)
+
+
+SINGLE_REPLICA = [
+    the_store_runs_as_one_statefulset_replica_with_no_hpa_or_pdb,
+    the_data_dir_is_a_persistent_volume_claim,
+]
+DATABASE = [
+    replicas_share_nothing_but_the_database,
+    the_replica_count_is_the_hpas_or_the_values,
+    the_disruption_budget_selects_the_pods,
+    the_database_url_and_replica_token_come_from_secrets_only,
+    the_advertise_address_is_the_pod_ip_and_grpc_port,
+]
+
+
 def a_translator_only_process_is_ready_on_the_translator(r, _):
     expect(flag(r.args, "services") == "translator", r.args)
     service = r.container["readinessProbe"]["grpc"]["service"]
@@ -380,6 +465,7 @@ PER_SET = {
         custom_resources_grace_workspace_and_image_are_applied,
     ],
     "translator-only": [a_translator_only_process_is_ready_on_the_translator],
+    "database": [the_shared_workspace_claim_is_mounted_at_the_workspace_path],
 }
 
 
@@ -388,7 +474,7 @@ def main():
     r = Rendered(rendered, values)
     with open(dockerfile_path) as f:
         dockerfile = f.read()
-    checks = ALWAYS + PER_SET.get(name, [])
+    checks = ALWAYS + (DATABASE if database_mode(r) else SINGLE_REPLICA) + PER_SET.get(name, [])
     for check in checks:
         try:
             check(r, dockerfile)

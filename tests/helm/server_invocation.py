@@ -6,8 +6,8 @@ Writes DIR/config.toml (the config the pod would read, from its ConfigMap or Sec
 DIR/probe-services (the health services the probes ask, one a line), and prints the
 container's `serve` arguments one a line, with --config pointing at DIR/config.toml, the
 metrics address on loopback, and --listen and --data-dir left out (the caller sets them).
-Prints nothing and exits 3 when the config needs files that exist only in the cluster
-(tokens, TLS).
+Prints nothing and exits 3 when the config needs files or Secrets that exist only in the
+cluster (tokens, TLS, the database URL).
 """
 
 import base64
@@ -30,6 +30,8 @@ def main():
     with open(f"{out}/config.toml", "w") as f:
         f.write(text)
     (container,) = sts["spec"]["template"]["spec"]["containers"]
+    if any(e["name"] == "AGENT_HARNESS_DATABASE_URL" for e in container.get("env", [])):
+        sys.exit(3)
     with open(f"{out}/probe-services", "w") as f:
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             f.write(container[probe]["grpc"]["service"] + "\n")

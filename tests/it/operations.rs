@@ -20,7 +20,7 @@ use crate::{
     support::{Session, prompt, stop},
 };
 
-async fn scrape(addr: SocketAddr) -> String {
+pub(crate) async fn scrape(addr: SocketAddr) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
@@ -33,7 +33,7 @@ async fn scrape(addr: SocketAddr) -> String {
 }
 
 /// The value of one sample line (`name{labels} value`) whose start matches `prefix`.
-fn sample(text: &str, prefix: &str) -> f64 {
+pub(crate) fn sample(text: &str, prefix: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

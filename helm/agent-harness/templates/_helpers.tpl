@@ -53,6 +53,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Paths inside the container */}}
 
+{{/* Several replicas on PostgreSQL (SPEC §15) rather than one on the embedded store. */}}
+{{- define "agent-harness.databaseMode" -}}{{- if .Values.database.existingSecret -}}true{{- end -}}{{- end -}}
 {{- define "agent-harness.dataDir" -}}/var/lib/agent-harness{{- end -}}
 {{- define "agent-harness.configDir" -}}/etc/agent-harness/config{{- end -}}
 {{- define "agent-harness.tokensDir" -}}/etc/agent-harness/tokens{{- end -}}
@@ -104,8 +106,20 @@ duration syntax that values.schema.json admits), rounded up.
 
 {{/* Refusals that a JSON schema cannot express, or that need a clear sentence. */}}
 {{- define "agent-harness.validate" -}}
-{{- if or .Values.database.url .Values.database.existingSecret -}}
-{{- fail (printf "database: PostgreSQL is not supported by agent-harness %s, which has only the embedded SQLite store. Leave database.url and database.existingSecret empty (one replica with a PersistentVolumeClaim)." .Chart.AppVersion) -}}
+{{- if .Values.database.url -}}
+{{- fail "database.url: a database URL holds a password, so the chart takes it only from a Secret: put it there and name the Secret in database.existingSecret (its key in database.key)" -}}
+{{- end -}}
+{{- if and .Values.workspace.persistence.enabled .Values.workspace.existingClaim -}}
+{{- fail "workspace.existingClaim and workspace.persistence.enabled both give the workspace a volume: choose one" -}}
+{{- end -}}
+{{- if and .Values.database.existingSecret .Values.workspace.persistence.enabled -}}
+{{- fail "workspace.persistence.enabled gives each pod a workspace of its own, but with a database a session's runtime may start on any pod: mount shared storage with workspace.existingClaim (ReadWriteMany) instead" -}}
+{{- end -}}
+{{- if and .Values.database.existingSecret .Values.auth.existingSecret (not .Values.replicaToken.existingSecret) -}}
+{{- fail "replicaToken.existingSecret: with a database and tokens, replicas forward calls to each other with a token of kind replica; name the Secret holding it" -}}
+{{- end -}}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) -}}
+{{- fail "autoscaling.minReplicas is above autoscaling.maxReplicas" -}}
 {{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) -}}
 {{- fail "tls.enabled needs tls.existingSecret: a Secret of type kubernetes.io/tls with tls.crt and tls.key" -}}

@@ -171,8 +171,7 @@ impl Sessions {
         principal: &Principal,
         session_id: &str,
     ) -> Result<Vec<QueuedEntry>> {
-        let handle = self.handle(principal, session_id).await?;
-        handle.ask(|reply| Command::GetQueue { reply }).await
+        self.read_queue(principal, session_id).await
     }
 
     pub(crate) async fn edit_queued(

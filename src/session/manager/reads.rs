@@ -1,5 +1,10 @@
 //! Reading sessions and their logs: ListSessions pages, ReadLog pages held under the message
 //! limit, and Subscribe streams.
+//!
+//! Reads never need the session's actor (SPEC §15: reads from any replica). A session whose actor
+//! runs here is read from it; any other — owned by another replica, by nobody, or closed — is
+//! read from the store ([`Found::Stored`]), with the same access rule, and no actor is started
+//! for it.
 
 use std::{collections::BTreeMap, time::SystemTime};
 
@@ -10,10 +15,15 @@ use super::{DEFAULT_LOG_LIMIT, DEFAULT_PAGE_SIZE, MAX_LOG_LIMIT, MAX_PAGE_SIZE, 
 use crate::{
     domain::{
         Error, ErrorCode, Principal, PrincipalKind, Result,
+        action_id::parse_session_id,
+        queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
-    session::subscribe::{self, StreamItem, View},
-    store::{LogEntry, SessionQuery},
+    session::{
+        Command, SessionHandle,
+        subscribe::{self, StreamItem, View},
+    },
+    store::{LogEntry, SessionQuery, Store},
 };
 
 /// A ListSessions page request.
@@ -30,13 +40,91 @@ const PAGE_OVERHEAD_BYTES: usize = 64 * 1024;
 /// What one entry costs in a page besides its JSON (offset, actor, ids, time, framing).
 const ENTRY_OVERHEAD_BYTES: usize = 128;
 
+/// A session as a read finds it.
+pub(crate) enum Found {
+    /// Its actor runs on this replica.
+    Local(SessionHandle),
+    /// It has no actor here: the record as stored.
+    Stored(Box<SessionRecord>),
+}
+
+impl Found {
+    pub(crate) fn id(&self) -> Uuid {
+        match self {
+            Self::Local(handle) => handle.shared.id,
+            Self::Stored(record) => record.id,
+        }
+    }
+
+    /// The record as it stands now (the actor's, or the stored one).
+    pub(crate) fn record(&self) -> SessionRecord {
+        match self {
+            Self::Local(handle) => handle.shared.snapshot().0,
+            Self::Stored(record) => (**record).clone(),
+        }
+    }
+}
+
+/// A stored session the caller may see, or SESSION_NOT_FOUND (another caller's session reads as
+/// one that does not exist).
+pub(crate) async fn stored_session(
+    store: &dyn Store,
+    principal: &Principal,
+    session_id: &str,
+) -> Result<SessionRecord> {
+    let id = parse_session_id(session_id)?;
+    let record = store
+        .get_session(id)
+        .await?
+        .ok_or_else(|| Error::session_not_found(session_id))?;
+    if !principal.may_access(&record.owner, &record.editors) {
+        return Err(Error::session_not_found(session_id));
+    }
+    Ok(record)
+}
+
 impl Sessions {
+    /// The session for a read: its local actor if it has one here, else its stored record.
+    pub(crate) async fn find(&self, principal: &Principal, session_id: &str) -> Result<Found> {
+        let id = parse_session_id(session_id)?;
+        let local = self.handles.read().expect("not poisoned").get(&id).cloned();
+        match local {
+            Some(handle) => {
+                if !principal.may_access(&handle.shared.owner, &handle.shared.editors) {
+                    return Err(Error::session_not_found(session_id));
+                }
+                Ok(Found::Local(handle))
+            }
+            None => Ok(Found::Stored(Box::new(
+                stored_session(self.ctx.store.as_ref(), principal, session_id).await?,
+            ))),
+        }
+    }
+
     pub(crate) async fn get(
         &self,
         principal: &Principal,
         session_id: &str,
     ) -> Result<(SessionRecord, u64)> {
-        Ok(self.handle(principal, session_id).await?.shared.snapshot())
+        match self.find(principal, session_id).await? {
+            Found::Local(handle) => Ok(handle.shared.snapshot()),
+            Found::Stored(record) => {
+                let head = self.ctx.store.head_offset(record.id).await?;
+                Ok((*record, head))
+            }
+        }
+    }
+
+    /// The queue: the actor's, or the stored one.
+    pub(crate) async fn read_queue(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+    ) -> Result<Vec<QueuedEntry>> {
+        match self.find(principal, session_id).await? {
+            Found::Local(handle) => handle.ask(|reply| Command::GetQueue { reply }).await,
+            Found::Stored(record) => self.ctx.store.load_queue(record.id).await,
+        }
     }
 
     pub(crate) async fn list(
@@ -89,20 +177,16 @@ impl Sessions {
         after: u64,
         limit: u32,
     ) -> Result<(Vec<LogEntry>, u64)> {
-        let handle = self.handle(principal, session_id).await?;
+        let found = self.find(principal, session_id).await?;
         let limit = match limit as usize {
             0 => DEFAULT_LOG_LIMIT,
             n => n.min(MAX_LOG_LIMIT),
         };
-        let head = self.head_covering(&handle, after).await?;
+        let head = self.head_covering(&found, after).await?;
         if after > head {
             return Err(offset_out_of_range(after, head));
         }
-        let mut entries = self
-            .ctx
-            .store
-            .read_log(handle.shared.id, after, limit)
-            .await?;
+        let mut entries = self.ctx.store.read_log(found.id(), after, limit).await?;
         // A page also stays under the gRPC message limit: it ends before the entry that would
         // overflow it (an entry larger than the limit on its own still comes, alone).
         let budget = self
@@ -126,11 +210,12 @@ impl Sessions {
     /// The session's head, read from the store when `after` is past the head the actor has
     /// published: a stream may already have delivered an entry the store holds before the actor
     /// moved its head, and resuming from that entry's offset must not be refused.
-    async fn head_covering(
-        &self,
-        handle: &crate::session::SessionHandle,
-        after: u64,
-    ) -> Result<u64> {
+    /// Without a local actor the store's head is the head.
+    async fn head_covering(&self, found: &Found, after: u64) -> Result<u64> {
+        let handle = match found {
+            Found::Local(handle) => handle,
+            Found::Stored(record) => return self.ctx.store.head_offset(record.id).await,
+        };
         let head = handle.shared.head();
         if after <= head {
             return Ok(head);
@@ -146,8 +231,20 @@ impl Sessions {
         after: u64,
         view: View,
     ) -> Result<tokio::sync::mpsc::Receiver<StreamItem>> {
-        let handle = self.handle(principal, session_id).await?;
-        let head = self.head_covering(&handle, after).await?;
+        let found = self.find(principal, session_id).await?;
+        let head = self.head_covering(&found, after).await?;
+        let handle = match found {
+            Found::Local(handle) => handle,
+            Found::Stored(record) => {
+                return subscribe::start_remote(
+                    self.ctx.store.clone(),
+                    &record,
+                    subscribe::StreamStart { after, head, view },
+                    self.ctx.meta_key.clone(),
+                    self.ctx.streams.subscribe(),
+                );
+            }
+        };
         subscribe::start(
             handle,
             subscribe::StreamStart { after, head, view },

@@ -18,7 +18,8 @@ impl Sessions {
         page_size: u32,
         page_token: &str,
     ) -> Result<Transcript> {
-        let handle = self.handle(principal, session_id).await?;
+        // Read like any other read: no actor is started for it (see `reads`).
+        let found = self.find(principal, session_id).await?;
         let page_size = match page_size as usize {
             0 => DEFAULT_PAGE_SIZE,
             n => n.min(MAX_PAGE_SIZE),
@@ -28,7 +29,7 @@ impl Sessions {
         } else {
             decode_turn_token(page_token)?
         };
-        let fold = self.fold(handle.shared.id).await?;
+        let fold = self.fold(found.id()).await?;
         let (messages, next_page_token) = match page_turns(fold.turns(), after_turn, page_size) {
             Some((from, to)) => (
                 fold.turn_range(from, to).cloned().collect(),
@@ -40,7 +41,7 @@ impl Sessions {
             ),
             None => (Vec::new(), String::new()),
         };
-        let (record, _) = handle.shared.snapshot();
+        let record = found.record();
         Ok(Transcript {
             messages,
             metadata: fold.metadata().clone(),

@@ -461,3 +461,46 @@ async fn a_database_url_that_does_not_parse_is_refused_without_echoing_it() {
     assert!(error.message.contains("database URL is invalid"), "{error}");
     assert!(!error.message.contains("secret"), "{error}");
 }
+
+#[tokio::test]
+async fn a_commit_on_one_replica_wakes_the_listeners_of_another_with_the_session_and_head() {
+    with_store(|writer, schema| async move {
+        let listener = schema.open().await;
+        let mut wakes = listener
+            .wake_ups()
+            .expect("the PostgreSQL store can wake subscribers");
+        // The first wake-up says the listening connection is up: nothing committed from now on
+        // can pass unnoticed.
+        let first = wakes.recv().await.expect("the listener runs");
+        assert_eq!(first, crate::store::Wake::everyone());
+
+        let record = session("user:alice", 1);
+        writer.create_session(&record).await.unwrap();
+        writer
+            .commit(record.id, entries(frames(1, 3)))
+            .await
+            .unwrap();
+        let wake = loop {
+            let wake = wakes.recv().await.expect("the listener runs");
+            if wake.session == record.id {
+                break wake;
+            }
+        };
+        assert_eq!(wake.head, 3);
+
+        writer.delete_session(record.id).await.unwrap();
+        let wake = loop {
+            let wake = wakes.recv().await.expect("the listener runs");
+            if wake.concerns(record.id) {
+                break wake;
+            }
+        };
+        assert_eq!(
+            (wake.session, wake.head),
+            (record.id, 0),
+            "a delete wakes too"
+        );
+        listener.close().await.unwrap();
+    })
+    .await;
+}
