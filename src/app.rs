@@ -145,7 +145,10 @@ fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// The session engine over the configured store.
-async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<dyn Store>)> {
+async fn open_sessions(
+    config: &ServeConfig,
+    bound: std::net::SocketAddr,
+) -> anyhow::Result<(Sessions, Arc<dyn Store>)> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let store: Arc<dyn Store> = match &config.database_url {
@@ -163,11 +166,14 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<dy
         }
     };
     let registry = RuntimeRegistry::open(&config.data_dir).context("runtime registry")?;
-    let ctx = Arc::new(EngineContext::new(
-        store.clone(),
-        registry,
-        config.engine_options(),
-    ));
+    let options = config.engine_options(bound);
+    tracing::info!(
+        replica = %options.replica.id,
+        lease_ttl = ?options.replica.lease_ttl,
+        shared_store = options.replica.shared_store,
+        "replica identity"
+    );
+    let ctx = Arc::new(EngineContext::new(store.clone(), registry, options));
     Ok((Sessions::open(ctx).await?, store))
 }
 
@@ -208,8 +214,11 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     let max_response = max_message.max(config.limits.runtime_line_bytes + 64 * 1024);
 
     let (sessions, store) = if config.services.sessions {
-        let (sessions, store) = open_sessions(&config).await?;
-        (Some(Arc::new(sessions)), Some(store))
+        let (sessions, store) = open_sessions(&config, local_addr).await?;
+        let sessions = Arc::new(sessions);
+        // The tasks hold the registry weakly and end with it.
+        drop(sessions.spawn_ownership());
+        (Some(sessions), Some(store))
     } else {
         (None, None)
     };
