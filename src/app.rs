@@ -18,8 +18,8 @@ use crate::{
     auth::{Reloaded, TokenStore, tls},
     config::ServeConfig,
     grpc::{
-        auth::Authenticator, gateway::GatewayService, sessions::SessionsService, status,
-        translator::TranslatorService,
+        auth::Authenticator, forward::RoutedSessions, gateway::GatewayService,
+        sessions::SessionsService, status, translator::TranslatorService,
     },
     pb::{
         self,
@@ -177,6 +177,26 @@ async fn open_sessions(
     Ok((Sessions::open(ctx).await?, store))
 }
 
+/// The token this replica presents when it forwards a call to a peer (SPEC §15), from
+/// `replica_token_file`; none without tokens (every caller is `local` then).
+fn replica_token(config: &ServeConfig) -> anyhow::Result<Option<String>> {
+    let Some(path) = &config.replica_token_file else {
+        if config.tokens_file.is_some() && config.database_url.is_some() {
+            tracing::warn!(
+                "tokens are configured but no replica_token_file: calls forwarded to other replicas will be refused"
+            );
+        }
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the replica token file {}", path.display()))?;
+    let token = token.trim();
+    if token.is_empty() {
+        anyhow::bail!("the replica token file {} is empty", path.display());
+    }
+    Ok(Some(token.to_owned()))
+}
+
 /// The live tokens and the task that reloads them.
 type WatchedTokens = (Arc<TokenStore>, JoinHandle<()>);
 
@@ -223,11 +243,15 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         (None, None)
     };
     if let Some(sessions) = &sessions {
-        let service = AgentSessionServiceServer::new(SessionsService::new(sessions.clone()))
-            .max_decoding_message_size(max_message)
-            .max_encoding_message_size(max_response);
+        let replica_token = replica_token(&config)?;
+        let service = AgentSessionServiceServer::new(RoutedSessions::new(
+            SessionsService::new(sessions.clone()),
+            replica_token,
+        ))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_response);
         routes.add_service(InterceptedService::new(service, auth.clone()));
-        served.push(<AgentSessionServiceServer<SessionsService> as NamedService>::NAME);
+        served.push(<AgentSessionServiceServer<RoutedSessions> as NamedService>::NAME);
     }
     if config.services.translator {
         let translator = Arc::new(Translator::new(config.static_files_base_url.as_deref()));

@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// How long a replica's hold on a session lasts unless renewed (SPEC §15) [default: 10s]
     #[arg(long, env = "AGENT_HARNESS_LEASE_TTL", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub lease_ttl: Option<Duration>,
+    /// File holding the token this replica presents to its peers when it forwards a call (a
+    /// token of kind `replica` in their tokens file)
+    #[arg(long, env = "AGENT_HARNESS_REPLICA_TOKEN_FILE", value_name = "PATH")]
+    pub replica_token_file: Option<PathBuf>,
 }
 
 /// The config file as written.
@@ -132,6 +136,7 @@ pub struct FileConfig {
     pub drain_grace: Option<String>,
     pub advertise_address: Option<String>,
     pub lease_ttl: Option<String>,
+    pub replica_token_file: Option<PathBuf>,
     /// The `_meta` key marking the hidden invocation block.
     pub invocation_meta_key: Option<String>,
     #[serde(default)]
@@ -195,6 +200,8 @@ pub struct ServeConfig {
     pub advertise_address: Option<String>,
     /// How long a lease on a session lasts unless renewed (SPEC §15).
     pub lease_ttl: Duration,
+    /// The token presented to peer replicas when forwarding (SPEC §15).
+    pub replica_token_file: Option<PathBuf>,
     pub invocation_meta_key: String,
     pub limits: Limits,
     pub profiles: BTreeMap<String, Arc<Profile>>,
@@ -348,6 +355,7 @@ impl ServeConfig {
             drain_grace,
             advertise_address,
             lease_ttl,
+            replica_token_file: args.replica_token_file.or(file.replica_token_file),
             invocation_meta_key: file
                 .invocation_meta_key
                 .unwrap_or_else(|| invocation::DEFAULT_META_KEY.to_owned()),

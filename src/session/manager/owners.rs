@@ -40,11 +40,6 @@ pub(crate) fn owned_elsewhere(session_id: Uuid, address: &str) -> Error {
     .with(OWNER_ADDRESS_KEY, address)
 }
 
-/// The owner's address of an [`owned_elsewhere`] error.
-pub(crate) fn owner_address(error: &Error) -> Option<&str> {
-    error.metadata.get(OWNER_ADDRESS_KEY).map(String::as_str)
-}
-
 impl Sessions {
     fn replica(&self) -> &ReplicaOptions {
         self.ctx.replica()
