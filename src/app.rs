@@ -105,6 +105,8 @@ impl RunningServer {
             sessions
                 .context()
                 .stop_streams(crate::session::subscribe::StreamStop::Draining);
+            // Other replicas may take this one's sessions at once (SPEC §15).
+            sessions.release_all().await;
         }
         let _ = self.shutdown.send(true);
         match tokio::time::timeout(STOP_GRACE, &mut self.task).await {

@@ -35,6 +35,10 @@ type Client = AgentSessionServiceClient<Channel>;
 
 /// How long to wait for a connection to the owner replica.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the owner may take to answer a forwarded call (for Subscribe: to open the stream).
+/// A paused owner accepts connections but never answers; after this the caller is told to retry,
+/// by which time its lease has usually expired and the session is claimed elsewhere.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest message accepted from the owner (its own responses are bounded by its limits).
 const MAX_FORWARDED_MESSAGE: usize = 64 * 1024 * 1024;
 /// Reason of the status when the owner replica cannot be reached (the lease has not expired
@@ -66,6 +70,10 @@ impl RoutedSessions {
                 let channel = Endpoint::from_shared(format!("http://{address}"))
                     .map_err(|e| unavailable(&format!("bad replica address {address:?}: {e}")))?
                     .connect_timeout(CONNECT_TIMEOUT)
+                    // A relayed stream learns that the owner died or stalled.
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .keep_alive_timeout(Duration::from_secs(5))
+                    .keep_alive_while_idle(true)
                     .tcp_nodelay(true)
                     .connect_lazy();
                 channels.insert(address.to_owned(), channel.clone());
@@ -139,9 +147,17 @@ impl RoutedSessions {
         };
         tracing::debug!(owner = %address, "forwarding a call to the session's owner");
         let client = self.client(&address)?;
-        there(client, self.hop(&caller, message)?)
+        match tokio::time::timeout(FORWARD_TIMEOUT, there(client, self.hop(&caller, message)?))
             .await
-            .map_err(|status| unreachable_owner(status, &address))
+        {
+            Ok(reply) => reply.map_err(|status| unreachable_owner(status, &address)),
+            Err(_) => {
+                tracing::warn!(owner = %address, "the session's owner replica did not answer in time");
+                Err(unavailable(
+                    "the replica that runs this session did not answer; retry shortly",
+                ))
+            }
+        }
     }
 }
 

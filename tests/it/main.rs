@@ -21,6 +21,7 @@ mod postgres;
 mod process_tree;
 mod queue;
 mod reflection;
+mod replicas;
 mod resume;
 mod scale;
 mod services;

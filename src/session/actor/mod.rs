@@ -552,7 +552,7 @@ impl Actor {
     /// ends; it never writes for the session again (the store refuses its fence anyway).
     fn stop_lost(&mut self, why: &str) {
         if !self.finished {
-            tracing::warn!(session = %self.record.id, fence = ?self.shared.fence, why, "lost the session to another replica; stopping its actor and runtime");
+            tracing::warn!(session = %self.record.id, fence = ?self.shared.fence, why, "this replica no longer holds the session; stopping its actor and runtime");
         }
         if let Some(mut conn) = self.runtime.conn.take() {
             conn.killer.kill();

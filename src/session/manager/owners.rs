@@ -275,8 +275,9 @@ impl Sessions {
         Ok(())
     }
 
-    /// Gives up every lease held here (after draining), so other replicas take over at once.
-    pub(super) async fn release_all(&self) {
+    /// Gives up every lease held here (after draining, or when the server stops), so other
+    /// replicas take over at once; the actors here stop and never write again.
+    pub(crate) async fn release_all(&self) {
         let replica = self.replica();
         if !replica.shared_store {
             return;
@@ -287,6 +288,7 @@ impl Sessions {
             let Some(fence) = handle.shared.fence else {
                 continue;
             };
+            handle.shared.mark_lost();
             if let Err(error) = self
                 .ctx
                 .store
