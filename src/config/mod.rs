@@ -375,6 +375,37 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_advertises_its_bound_address_unless_told_otherwise_and_leases_last_ten_seconds() {
+        let config = resolve(ServeArgs::default(), "").unwrap();
+        assert_eq!(config.lease_ttl, Duration::from_secs(10));
+        let bound: SocketAddr = "127.0.0.1:4321".parse().unwrap();
+        let replica = config.engine_options(bound).replica;
+        assert!(replica.id.ends_with("@127.0.0.1:4321"), "{}", replica.id);
+        assert!(!replica.shared_store);
+
+        let config = resolve(
+            ServeArgs::default(),
+            "advertise_address = \"pod-1.harness:50051\"\nlease_ttl = \"2s\"",
+        )
+        .unwrap();
+        assert_eq!(config.lease_ttl, Duration::from_secs(2));
+        let replica = config.engine_options(bound).replica;
+        assert!(
+            replica.id.ends_with("@pod-1.harness:50051"),
+            "{}",
+            replica.id
+        );
+
+        for bad in [
+            "advertise_address = \"no-port\"",
+            "advertise_address = \":50051\"",
+            "lease_ttl = \"10ms\"",
+        ] {
+            assert!(resolve(ServeArgs::default(), bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn defaults_serve_everything_on_loopback_with_the_mock_profile() {
         let config = resolve(ServeArgs::default(), "").unwrap();
         assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);

@@ -306,10 +306,60 @@ mod tests {
         };
         std::fs::write(
             &path,
-            row("ada-token", "ada", "user") + &row("ci-token", "ci", "service"),
+            row("ada-token", "ada", "user")
+                + &row("ci-token", "ci", "service")
+                + &row("peer-token", "replica-b", "replica"),
         )
         .unwrap();
         Authenticator::with_tokens(TokenStore::open(&path).unwrap())
+    }
+
+    #[test]
+    fn a_replica_acts_only_as_the_principal_it_forwards_for_and_nobody_else_may_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = with_tokens(dir.path());
+        let forwarded = auth
+            .authenticate(&metadata(&[
+                ("authorization", "Bearer peer-token"),
+                (FORWARDED_PRINCIPAL_HEADER, "ci"),
+                (FORWARDED_KIND_HEADER, "service"),
+                (ACTING_USER_HEADER, "ada"),
+            ]))
+            .unwrap();
+        assert_eq!(
+            (forwarded.id.as_str(), forwarded.kind, forwarded.actor()),
+            ("ci", PrincipalKind::Service, "ada")
+        );
+        let as_itself = auth
+            .authenticate(&metadata(&[("authorization", "Bearer peer-token")]))
+            .unwrap_err();
+        assert_eq!(as_itself.code, ErrorCode::Forbidden);
+        for bearer in ["Bearer ada-token", "Bearer ci-token"] {
+            let spoofed = auth
+                .authenticate(&metadata(&[
+                    ("authorization", bearer),
+                    (FORWARDED_PRINCIPAL_HEADER, "root"),
+                    (FORWARDED_KIND_HEADER, "user"),
+                ]))
+                .unwrap_err();
+            assert_eq!(spoofed.code, ErrorCode::Forbidden, "{bearer}");
+        }
+        let bad_kind = auth
+            .authenticate(&metadata(&[
+                ("authorization", "Bearer peer-token"),
+                (FORWARDED_PRINCIPAL_HEADER, "x"),
+                (FORWARDED_KIND_HEADER, "replica"),
+            ]))
+            .unwrap_err();
+        assert_eq!(bad_kind.code, ErrorCode::InvalidArgument);
+        // Without tokens the headers change nothing: every caller is `local`.
+        let local = Authenticator::no_tokens()
+            .authenticate(&metadata(&[
+                (FORWARDED_PRINCIPAL_HEADER, "ada"),
+                (FORWARDED_KIND_HEADER, "user"),
+            ]))
+            .unwrap();
+        assert_eq!(local, Principal::local());
     }
 
     fn metadata(pairs: &[(&'static str, &str)]) -> MetadataMap {

@@ -223,7 +223,7 @@ async fn control_sent_to_a_replica_that_does_not_own_the_session_is_served_by_th
         assert!(queue.is_empty(), "read through c: {queue:?}");
         let log = via_c.log().await;
         let sent = prompts_sent(&log);
-        assert_eq!(sent, [reply.action_id.clone()], "dispatched once");
+        assert_eq!(sent, [reply.action_id.as_str()], "dispatched once");
         assert!(a.runs_a_runtime(), "the owner runs the runtime");
         assert!(
             !b.runs_a_runtime() && !c.runs_a_runtime(),
