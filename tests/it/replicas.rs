@@ -22,6 +22,7 @@ use tonic::{
 };
 
 use crate::{
+    auth::{ADA, BOB, CI, EVERYONE, tokens_text},
     harness::within,
     postgres::{execute, test_schema, url_in_schema},
     support::{Session, Watch, processes_with},
@@ -43,12 +44,17 @@ struct Replica {
 
 impl Replica {
     fn start(dir: &Path, name: &str, database_url: &str) -> Self {
+        Self::start_with(dir, name, database_url, &[])
+    }
+
+    fn start_with(dir: &Path, name: &str, database_url: &str, flags: &[&str]) -> Self {
         let marker = format!("replica-{name}-{}", uuid::Uuid::now_v7().simple());
         let config = config_file(dir, name, &marker);
         let data = dir.join(format!("data-{name}"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_agent-harness"))
             .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
             .args(["--lease-ttl", LEASE_TTL, "--database-url", database_url])
+            .args(flags)
             .arg("--data-dir")
             .arg(&data)
             .arg("--config")
@@ -135,7 +141,9 @@ fn config_file(dir: &Path, name: &str, marker: &str) -> PathBuf {
 [profiles.resumable]
 command = "{program}"
 args = ["mock-agent", "--resume", "--stderr-at-start", "{marker}"]
-"#
+allowed_cwd_roots = ["{root}"]
+"#,
+            root = dir.display()
         ),
     )
     .unwrap();
@@ -189,6 +197,17 @@ async fn watch_when_served(client: AgentSessionServiceClient<Channel>, id: &str)
             Err(status) => panic!("subscribe failed: {status:?}"),
         }
     }
+}
+
+/// A request with this bearer token and these headers.
+fn with<T>(token: &str, pairs: &[(&'static str, &str)], message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let metadata = request.metadata_mut();
+    metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    for (key, value) in pairs {
+        metadata.insert(*key, value.parse().unwrap());
+    }
+    request
 }
 
 fn prompts_sent(log: &[pb::LogEntry]) -> Vec<String> {
@@ -355,5 +374,101 @@ async fn a_paused_owner_resumed_after_its_lease_moved_is_fenced_off_and_stops_it
     })
     .await;
     drop((a, b, c));
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_a_forwarded_call_acts_as_the_original_caller_and_only_replicas_may_forward() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let peer_token = "peer-secret-token";
+    let mut rows = EVERYONE.to_vec();
+    rows.push((peer_token, "peers", "replica"));
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, tokens_text(&rows)).unwrap();
+    let token_file = dir.path().join("replica-token");
+    std::fs::write(&token_file, format!("{peer_token}\n")).unwrap();
+    let flags = [
+        "--tokens-file",
+        tokens.to_str().unwrap(),
+        "--replica-token-file",
+        token_file.to_str().unwrap(),
+    ];
+    let a = Replica::start_with(dir.path(), "a", &database_url, &flags);
+    let b = Replica::start_with(dir.path(), "b", &database_url, &flags);
+    within(TEST_BOUND, async {
+        // A service creates a session on A for ada.
+        let created = a
+            .client()
+            .await
+            .create_session(with(
+                CI,
+                &[("x-acting-user", "ada")],
+                pb::CreateSessionRequest {
+                    profile: "resumable".into(),
+                    cwd: dir.path().to_string_lossy().into_owned(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .expect("created")
+            .into_inner();
+        let id = created.session.unwrap().id;
+        let control = |text: &str| pb::ControlRequest {
+            session_id: id.clone(),
+            action: Some(crate::support::prompt(text)),
+            ..Default::default()
+        };
+        let mut via_b = b.client().await;
+        // Ada, through B, reaches her session on A, as herself.
+        let reply = via_b
+            .control(with(ADA, &[], control("ada via b")))
+            .await
+            .expect("ada's prompt is forwarded to the owner")
+            .into_inner();
+        let log = via_b
+            .read_log(with(
+                ADA,
+                &[],
+                pb::ReadLogRequest {
+                    session_id: id.clone(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .entries;
+        let prompt = log
+            .iter()
+            .find(|e| e.action_id.as_deref() == Some(reply.action_id.as_str()))
+            .expect("the prompt is logged");
+        assert_eq!(prompt.actor, "ada", "recorded as the original caller");
+        assert!(!b.runs_a_runtime(), "B runs no runtime for A's session");
+        // Bob, through B, does not see it: forwarded as bob.
+        let hidden = via_b
+            .control(with(BOB, &[], control("bob via b")))
+            .await
+            .unwrap_err();
+        assert_eq!(hidden.code(), Code::NotFound);
+        // A user cannot pose as a forwarding replica.
+        let spoofed = via_b
+            .control(with(
+                BOB,
+                &[
+                    ("x-forwarded-principal", "ada"),
+                    ("x-forwarded-principal-kind", "user"),
+                ],
+                control("bob as ada"),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(spoofed.code(), Code::PermissionDenied);
+    })
+    .await;
+    drop((a, b));
     drop_schema(&url, &schema).await;
 }
