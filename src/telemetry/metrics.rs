@@ -229,10 +229,7 @@ mod tests {
         crate::session::metrics::turn_ended("end_turn");
         crate::session::metrics::turn_ended("made_up_by_the_agent_1f3a");
         let text = render(None);
-        let turns: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with(crate::session::metrics::TURNS))
-            .collect();
+        let turns: Vec<&str> = text.lines().filter(|l| l.starts_with(crate::session::metrics::TURNS)).collect();
         assert!(
             turns.iter().any(|l| l.contains(r#"stop_reason="other""#)),
             "{turns:?}"

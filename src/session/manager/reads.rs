@@ -126,11 +126,7 @@ impl Sessions {
     /// The session's head, read from the store when `after` is past the head the actor has
     /// published: a stream may already have delivered an entry the store holds before the actor
     /// moved its head, and resuming from that entry's offset must not be refused.
-    async fn head_covering(
-        &self,
-        handle: &crate::session::SessionHandle,
-        after: u64,
-    ) -> Result<u64> {
+    async fn head_covering(&self, handle: &crate::session::SessionHandle, after: u64) -> Result<u64> {
         let head = handle.shared.head();
         if after <= head {
             return Ok(head);
