@@ -18,8 +18,8 @@ use crate::{
     auth::{Reloaded, TokenStore, tls},
     config::ServeConfig,
     grpc::{
-        auth::Authenticator, gateway::GatewayService, sessions::SessionsService, status,
-        translator::TranslatorService,
+        auth::Authenticator, forward::RoutedSessions, gateway::GatewayService,
+        sessions::SessionsService, status, translator::TranslatorService,
     },
     pb::{
         self,
@@ -105,6 +105,8 @@ impl RunningServer {
             sessions
                 .context()
                 .stop_streams(crate::session::subscribe::StreamStop::Draining);
+            // Other replicas may take this one's sessions at once (SPEC §15).
+            sessions.release_all().await;
         }
         let _ = self.shutdown.send(true);
         match tokio::time::timeout(STOP_GRACE, &mut self.task).await {
@@ -145,7 +147,10 @@ fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// The session engine over the configured store.
-async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<dyn Store>)> {
+async fn open_sessions(
+    config: &ServeConfig,
+    bound: std::net::SocketAddr,
+) -> anyhow::Result<(Sessions, Arc<dyn Store>)> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let store: Arc<dyn Store> = match &config.database_url {
@@ -164,12 +169,35 @@ async fn open_sessions(config: &ServeConfig) -> anyhow::Result<(Sessions, Arc<dy
         }
     };
     let registry = RuntimeRegistry::open(&config.data_dir).context("runtime registry")?;
-    let ctx = Arc::new(EngineContext::new(
-        store.clone(),
-        registry,
-        config.engine_options(),
-    ));
+    let options = config.engine_options(bound);
+    tracing::info!(
+        replica = %options.replica.id,
+        lease_ttl = ?options.replica.lease_ttl,
+        shared_store = options.replica.shared_store,
+        "replica identity"
+    );
+    let ctx = Arc::new(EngineContext::new(store.clone(), registry, options));
     Ok((Sessions::open(ctx).await?, store))
+}
+
+/// The token this replica presents when it forwards a call to a peer (SPEC §15), from
+/// `replica_token_file`; none without tokens (every caller is `local` then).
+fn replica_token(config: &ServeConfig) -> anyhow::Result<Option<String>> {
+    let Some(path) = &config.replica_token_file else {
+        if config.tokens_file.is_some() && config.database_url.is_some() {
+            tracing::warn!(
+                "tokens are configured but no replica_token_file: calls forwarded to other replicas will be refused"
+            );
+        }
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the replica token file {}", path.display()))?;
+    let token = token.trim();
+    if token.is_empty() {
+        anyhow::bail!("the replica token file {} is empty", path.display());
+    }
+    Ok(Some(token.to_owned()))
 }
 
 /// The live tokens and the task that reloads them.
@@ -209,17 +237,24 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     let max_response = max_message.max(config.limits.runtime_line_bytes + 64 * 1024);
 
     let (sessions, store) = if config.services.sessions {
-        let (sessions, store) = open_sessions(&config).await?;
-        (Some(Arc::new(sessions)), Some(store))
+        let (sessions, store) = open_sessions(&config, local_addr).await?;
+        let sessions = Arc::new(sessions);
+        // The tasks hold the registry weakly and end with it.
+        drop(sessions.spawn_ownership());
+        (Some(sessions), Some(store))
     } else {
         (None, None)
     };
     if let Some(sessions) = &sessions {
-        let service = AgentSessionServiceServer::new(SessionsService::new(sessions.clone()))
-            .max_decoding_message_size(max_message)
-            .max_encoding_message_size(max_response);
+        let replica_token = replica_token(&config)?;
+        let service = AgentSessionServiceServer::new(RoutedSessions::new(
+            SessionsService::new(sessions.clone()),
+            replica_token,
+        ))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_response);
         routes.add_service(InterceptedService::new(service, auth.clone()));
-        served.push(<AgentSessionServiceServer<SessionsService> as NamedService>::NAME);
+        served.push(<AgentSessionServiceServer<RoutedSessions> as NamedService>::NAME);
     }
     if config.services.translator {
         let translator = Arc::new(Translator::new(config.static_files_base_url.as_deref()));

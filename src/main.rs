@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the gRPC API (SQLite in the data dir and the built-in `mock` profile by default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
     /// Internal: started by `serve`; kills its runtimes' process trees when `serve` dies.
@@ -67,7 +67,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let program = std::env::current_exe()?;
             agent_harness::acp::process::set_watchdog_program(program.clone());
-            let config = ServeConfig::resolve(args, program)?;
+            let config = ServeConfig::resolve(*args, program)?;
             agent_harness::telemetry::init_logging(config.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -932,7 +932,7 @@ impl Fold {
             .unwrap_or_default();
         let closes_turn = matches!(
             event,
-            "fault" | "session_closed" | "harness_restarted" | "drain"
+            "fault" | "session_closed" | "harness_restarted" | "owner_replica_lost" | "drain"
         );
         if !closes_turn {
             if event == "runtime_started" {
@@ -949,6 +949,7 @@ impl Fold {
                 .to_owned(),
             "session_closed" => "session closed".to_owned(),
             "drain" => "the harness stopped before the turn ended".to_owned(),
+            "owner_replica_lost" => "owner replica lost".to_owned(),
             _ => "harness restarted".to_owned(),
         };
         let turn = frame
@@ -1197,6 +1198,7 @@ mod tests {
                 "runtime exited with code 3",
             ),
             (json!({"event": "harness_restarted"}), "harness restarted"),
+            (json!({"event": "owner_replica_lost"}), "owner replica lost"),
         ] {
             let id = ActionId::mint();
             let mut log = Log::default();

@@ -34,6 +34,7 @@ pub(crate) type Digest32 = [u8; 32];
 enum KindField {
     User,
     Service,
+    Replica,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,6 +106,7 @@ impl TokenTable {
             let kind = match row.kind {
                 KindField::User => PrincipalKind::User,
                 KindField::Service => PrincipalKind::Service,
+                KindField::Replica => PrincipalKind::Replica,
             };
             if grants.iter().any(|g| g.digest == digest) {
                 anyhow::bail!("{at}.sha256 appears twice in the file");

@@ -23,6 +23,7 @@ pub use profile::{MOCK_PROFILE, PermissionPolicy, Profile, ProfileFile};
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub(crate) const DEFAULT_DATA_DIR: &str = "./data";
 pub(crate) const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
 /// Which gRPC services a process serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Deserialize)]
@@ -136,6 +137,21 @@ pub struct ServeArgs {
     /// How long running turns may take to end after SIGTERM [default: 30s]
     #[arg(long, env = "AGENT_HARNESS_DRAIN_GRACE", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub drain_grace: Option<Duration>,
+    /// HOST:PORT other replicas dial to reach this one (SPEC §15) [default: the bound listen
+    /// address]
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_ADVERTISE_ADDRESS",
+        value_name = "HOST:PORT"
+    )]
+    pub advertise_address: Option<String>,
+    /// How long a replica's hold on a session lasts unless renewed (SPEC §15) [default: 10s]
+    #[arg(long, env = "AGENT_HARNESS_LEASE_TTL", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub lease_ttl: Option<Duration>,
+    /// File holding the token this replica presents to its peers when it forwards a call (a
+    /// token of kind `replica` in their tokens file)
+    #[arg(long, env = "AGENT_HARNESS_REPLICA_TOKEN_FILE", value_name = "PATH")]
+    pub replica_token_file: Option<PathBuf>,
 }
 
 /// The config file as written.
@@ -156,6 +172,9 @@ pub struct FileConfig {
     pub sqlite_synchronous: Option<SqliteSynchronous>,
     pub database_url: Option<DatabaseUrl>,
     pub drain_grace: Option<String>,
+    pub advertise_address: Option<String>,
+    pub lease_ttl: Option<String>,
+    pub replica_token_file: Option<PathBuf>,
     /// The `_meta` key marking the hidden invocation block.
     pub invocation_meta_key: Option<String>,
     #[serde(default)]
@@ -215,6 +234,12 @@ pub struct ServeConfig {
     /// PostgreSQL instead of SQLite (SPEC §15). May hold a password: it never prints.
     pub database_url: Option<DatabaseUrl>,
     pub drain_grace: Duration,
+    /// HOST:PORT other replicas dial (`None`: the bound listen address).
+    pub advertise_address: Option<String>,
+    /// How long a lease on a session lasts unless renewed (SPEC §15).
+    pub lease_ttl: Duration,
+    /// The token presented to peer replicas when forwarding (SPEC §15).
+    pub replica_token_file: Option<PathBuf>,
     pub invocation_meta_key: String,
     pub limits: Limits,
     pub profiles: BTreeMap<String, Arc<Profile>>,
@@ -222,13 +247,22 @@ pub struct ServeConfig {
 
 impl ServeConfig {
     /// The session engine's options.
-    pub(crate) fn engine_options(&self) -> crate::session::EngineOptions {
+    /// The session engine's options, for a server bound at `bound` (the advertised address
+    /// unless one is configured).
+    pub(crate) fn engine_options(&self, bound: SocketAddr) -> crate::session::EngineOptions {
         crate::session::EngineOptions {
             limits: self.limits.clone(),
             profiles: self.profiles.clone(),
             meta_key: self.invocation_meta_key.clone(),
             static_files_base_url: self.static_files_base_url.clone(),
             tokens_configured: self.tokens_file.is_some(),
+            replica: crate::session::ReplicaOptions::new(
+                self.advertise_address
+                    .as_deref()
+                    .unwrap_or(&bound.to_string()),
+                self.lease_ttl,
+                self.database_url.is_some(),
+            ),
         }
     }
 
@@ -269,6 +303,24 @@ impl ServeConfig {
                 "TLS needs both tls_cert and tls_key (and tls_client_ca only with them)"
             ),
         };
+        let lease_ttl = match (args.lease_ttl, file.lease_ttl) {
+            (Some(ttl), _) => ttl,
+            (None, Some(text)) => profile::parse_duration("lease_ttl", &text)?,
+            (None, None) => DEFAULT_LEASE_TTL,
+        };
+        if lease_ttl < Duration::from_millis(500) {
+            anyhow::bail!("lease_ttl must be at least 500ms (got {lease_ttl:?})");
+        }
+        let advertise_address = args
+            .advertise_address
+            .or(file.advertise_address)
+            .filter(|a| !a.is_empty());
+        if let Some(address) = &advertise_address {
+            match address.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+                _ => anyhow::bail!("advertise_address {address:?} must be HOST:PORT"),
+            }
+        }
         let drain_grace = match (args.drain_grace, file.drain_grace) {
             (Some(grace), _) => grace,
             (None, Some(text)) => profile::parse_duration("drain_grace", &text)?,
@@ -339,6 +391,9 @@ impl ServeConfig {
                 .or(file.database_url)
                 .filter(|url| !url.expose().is_empty()),
             drain_grace,
+            advertise_address,
+            lease_ttl,
+            replica_token_file: args.replica_token_file.or(file.replica_token_file),
             invocation_meta_key: file
                 .invocation_meta_key
                 .unwrap_or_else(|| invocation::DEFAULT_META_KEY.to_owned()),
@@ -355,6 +410,37 @@ mod tests {
     fn resolve(args: ServeArgs, file: &str) -> anyhow::Result<ServeConfig> {
         let file: FileConfig = toml::from_str(file)?;
         ServeConfig::from_parts(args, file, "/bin/true".into())
+    }
+
+    #[test]
+    fn a_replica_advertises_its_bound_address_unless_told_otherwise_and_leases_last_ten_seconds() {
+        let config = resolve(ServeArgs::default(), "").unwrap();
+        assert_eq!(config.lease_ttl, Duration::from_secs(10));
+        let bound: SocketAddr = "127.0.0.1:4321".parse().unwrap();
+        let replica = config.engine_options(bound).replica;
+        assert!(replica.id.ends_with("@127.0.0.1:4321"), "{}", replica.id);
+        assert!(!replica.shared_store);
+
+        let config = resolve(
+            ServeArgs::default(),
+            "advertise_address = \"pod-1.harness:50051\"\nlease_ttl = \"2s\"",
+        )
+        .unwrap();
+        assert_eq!(config.lease_ttl, Duration::from_secs(2));
+        let replica = config.engine_options(bound).replica;
+        assert!(
+            replica.id.ends_with("@pod-1.harness:50051"),
+            "{}",
+            replica.id
+        );
+
+        for bad in [
+            "advertise_address = \"no-port\"",
+            "advertise_address = \":50051\"",
+            "lease_ttl = \"10ms\"",
+        ] {
+            assert!(resolve(ServeArgs::default(), bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

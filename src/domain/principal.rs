@@ -10,6 +10,9 @@ pub enum PrincipalKind {
     Service,
     /// The only principal when no tokens are configured: it has both user and service rights.
     Local,
+    /// A peer replica forwarding a call (SPEC §15): it has no rights of its own and acts only
+    /// as the principal it forwards for.
+    Replica,
 }
 
 impl PrincipalKind {
@@ -18,6 +21,7 @@ impl PrincipalKind {
             Self::User => "user",
             Self::Service => "service",
             Self::Local => "local",
+            Self::Replica => "replica",
         }
     }
 }

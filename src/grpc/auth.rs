@@ -23,6 +23,10 @@ use crate::{
 
 /// Header naming the user a service acts for.
 pub(crate) const ACTING_USER_HEADER: &str = "x-acting-user";
+/// Headers a `replica` principal sets on a forwarded call (SPEC §15): the original caller's id
+/// and kind. Only a replica may send them; from anyone else they are FORBIDDEN.
+pub(crate) const FORWARDED_PRINCIPAL_HEADER: &str = "x-forwarded-principal";
+pub(crate) const FORWARDED_KIND_HEADER: &str = "x-forwarded-principal-kind";
 /// Longest bearer token read, in bytes; anything longer cannot be one of ours.
 const MAX_TOKEN_BYTES: usize = 4096;
 
@@ -92,9 +96,68 @@ impl Authenticator {
                 (principal, Some(credential))
             }
         };
+        if let Some(forwarded) = forwarded_principal(metadata, &principal)? {
+            principal = forwarded;
+        }
+        if principal.kind == PrincipalKind::Replica {
+            return Err(Error::new(
+                ErrorCode::Forbidden,
+                "a replica token only forwards calls for another principal",
+            ));
+        }
         principal.acting_user = acting_user(metadata, principal.kind)?;
         Ok((principal, credential))
     }
+}
+
+/// The principal a peer replica forwards a call for (SPEC §15), if the call carries one.
+/// Without tokens every caller, forwarded or not, is `local` and the headers change nothing.
+fn forwarded_principal(
+    metadata: &MetadataMap,
+    caller: &Principal,
+) -> Result<Option<Principal>, Error> {
+    let id = metadata.get(FORWARDED_PRINCIPAL_HEADER);
+    let kind = metadata.get(FORWARDED_KIND_HEADER);
+    if id.is_none() && kind.is_none() {
+        return Ok(None);
+    }
+    match caller.kind {
+        PrincipalKind::Local => return Ok(None),
+        PrincipalKind::Replica => {}
+        _ => {
+            return Err(Error::new(
+                ErrorCode::Forbidden,
+                "only a replica may forward a call for another principal",
+            ));
+        }
+    }
+    fn text(
+        value: Option<&tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    ) -> Option<&str> {
+        value
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.len() <= MAX_PRINCIPAL_BYTES)
+    }
+    let (Some(id), Some(kind)) = (text(id), text(kind)) else {
+        return Err(Error::invalid(
+            "a forwarded call needs both x-forwarded-principal and x-forwarded-principal-kind",
+        ));
+    };
+    let kind = match kind {
+        "user" => PrincipalKind::User,
+        "service" => PrincipalKind::Service,
+        other => {
+            return Err(Error::invalid(format!(
+                "x-forwarded-principal-kind {other:?} is not user or service"
+            )));
+        }
+    };
+    Ok(Some(Principal {
+        id: id.to_owned(),
+        kind,
+        acting_user: None,
+    }))
 }
 
 /// The token of the one `authorization: Bearer <token>` header (the scheme is
@@ -243,10 +306,60 @@ mod tests {
         };
         std::fs::write(
             &path,
-            row("ada-token", "ada", "user") + &row("ci-token", "ci", "service"),
+            row("ada-token", "ada", "user")
+                + &row("ci-token", "ci", "service")
+                + &row("peer-token", "replica-b", "replica"),
         )
         .unwrap();
         Authenticator::with_tokens(TokenStore::open(&path).unwrap())
+    }
+
+    #[test]
+    fn a_replica_acts_only_as_the_principal_it_forwards_for_and_nobody_else_may_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = with_tokens(dir.path());
+        let forwarded = auth
+            .authenticate(&metadata(&[
+                ("authorization", "Bearer peer-token"),
+                (FORWARDED_PRINCIPAL_HEADER, "ci"),
+                (FORWARDED_KIND_HEADER, "service"),
+                (ACTING_USER_HEADER, "ada"),
+            ]))
+            .unwrap();
+        assert_eq!(
+            (forwarded.id.as_str(), forwarded.kind, forwarded.actor()),
+            ("ci", PrincipalKind::Service, "ada")
+        );
+        let as_itself = auth
+            .authenticate(&metadata(&[("authorization", "Bearer peer-token")]))
+            .unwrap_err();
+        assert_eq!(as_itself.code, ErrorCode::Forbidden);
+        for bearer in ["Bearer ada-token", "Bearer ci-token"] {
+            let spoofed = auth
+                .authenticate(&metadata(&[
+                    ("authorization", bearer),
+                    (FORWARDED_PRINCIPAL_HEADER, "root"),
+                    (FORWARDED_KIND_HEADER, "user"),
+                ]))
+                .unwrap_err();
+            assert_eq!(spoofed.code, ErrorCode::Forbidden, "{bearer}");
+        }
+        let bad_kind = auth
+            .authenticate(&metadata(&[
+                ("authorization", "Bearer peer-token"),
+                (FORWARDED_PRINCIPAL_HEADER, "x"),
+                (FORWARDED_KIND_HEADER, "replica"),
+            ]))
+            .unwrap_err();
+        assert_eq!(bad_kind.code, ErrorCode::InvalidArgument);
+        // Without tokens the headers change nothing: every caller is `local`.
+        let local = Authenticator::no_tokens()
+            .authenticate(&metadata(&[
+                (FORWARDED_PRINCIPAL_HEADER, "ada"),
+                (FORWARDED_KIND_HEADER, "user"),
+            ]))
+            .unwrap();
+        assert_eq!(local, Principal::local());
     }
 
     fn metadata(pairs: &[(&'static str, &str)]) -> MetadataMap {

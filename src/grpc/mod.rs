@@ -3,6 +3,7 @@
 
 pub(crate) mod auth;
 pub(crate) mod convert;
+pub(crate) mod forward;
 pub(crate) mod gateway;
 pub(crate) mod sessions;
 pub(crate) mod status;

@@ -65,6 +65,36 @@ pub(crate) struct EngineOptions {
     pub static_files_base_url: Option<String>,
     /// Whether tokens are configured (then a profile without allowed cwd roots refuses all).
     pub tokens_configured: bool,
+    /// This replica among others on one database (SPEC §15).
+    pub replica: ReplicaOptions,
+}
+
+/// Who this replica is and how it holds sessions (SPEC §15).
+#[derive(Debug, Clone)]
+pub(crate) struct ReplicaOptions {
+    /// The lease holder name: a random id minted at start, then `@` and the advertised address,
+    /// so whoever reads a lease knows where to forward (`id@host:port`).
+    pub id: String,
+    pub lease_ttl: std::time::Duration,
+    /// Whether other replicas may share the store (PostgreSQL): then leases are claimed, renewed
+    /// and fenced; with SQLite the one process owns everything.
+    pub shared_store: bool,
+}
+
+impl ReplicaOptions {
+    /// A fresh replica id for a process reachable at `address`.
+    pub(crate) fn new(address: &str, lease_ttl: std::time::Duration, shared_store: bool) -> Self {
+        Self {
+            id: format!("{}@{address}", Uuid::now_v7().simple()),
+            lease_ttl,
+            shared_store,
+        }
+    }
+
+    /// The advertised address in a lease holder name.
+    pub(crate) fn address_of(holder: &str) -> Option<&str> {
+        holder.split_once('@').map(|(_, address)| address)
+    }
 }
 
 /// What every session shares with the rest of the harness. Its parts are the engine's own; the
@@ -86,6 +116,7 @@ pub(crate) struct EngineContext {
     streams: tokio::sync::watch::Sender<subscribe::StreamStop>,
     /// Notified whenever a session's status changes (draining waits on it).
     activity: tokio::sync::Notify,
+    replica: ReplicaOptions,
 }
 
 impl EngineContext {
@@ -106,7 +137,12 @@ impl EngineContext {
             draining: AtomicBool::new(false),
             streams: tokio::sync::watch::channel(Default::default()).0,
             activity: tokio::sync::Notify::new(),
+            replica: options.replica,
         }
+    }
+
+    pub(crate) fn replica(&self) -> &ReplicaOptions {
+        &self.replica
     }
 
     pub(crate) fn is_draining(&self) -> bool {
@@ -136,6 +172,11 @@ pub(crate) struct Shared {
     events: Mutex<Option<broadcast::Sender<SessionEvent>>>,
     pub subscribers: AtomicUsize,
     queue_len: AtomicUsize,
+    /// The fence of this replica's lease on the session (SPEC §15); `None` with one replica.
+    pub fence: Option<u64>,
+    /// Set once the lease is lost (taken by another replica, or a write was fenced off): the
+    /// actor stops its runtime at once and this handle is never used again.
+    lost: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -149,7 +190,19 @@ impl Shared {
             events: Mutex::new(None),
             subscribers: AtomicUsize::new(0),
             queue_len: AtomicUsize::new(0),
+            fence: None,
+            lost: tokio::sync::watch::channel(false).0,
         }
+    }
+
+    /// Whether this replica lost the session's lease (its actor stops, or has stopped).
+    pub(crate) fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Tells the actor its lease is gone: it stops its runtime and never writes again.
+    pub(crate) fn mark_lost(&self) {
+        self.lost.send_replace(true);
     }
 
     /// The session record as it stands, with its head offset.

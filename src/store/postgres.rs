@@ -170,6 +170,16 @@ impl PostgresStore {
             connection_options.push_str(&format!(" -c search_path={schema}"));
             config.options(connection_options.trim_start());
         }
+        // A replica paused mid-transaction (SIGSTOP, a stalled VM) would hold its lease row's
+        // lock and block the takeover of its sessions for as long as it stays paused: the server
+        // ends such a transaction instead (it was never acknowledged), so failover proceeds.
+        let connection_options = config.get_options().unwrap_or_default().to_owned();
+        if !connection_options.contains("idle_in_transaction_session_timeout") {
+            config.options(
+                format!("{connection_options} -c idle_in_transaction_session_timeout=5000")
+                    .trim_start(),
+            );
+        }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }

@@ -21,6 +21,7 @@ mod postgres;
 mod process_tree;
 mod queue;
 mod reflection;
+mod replica_ownership;
 mod replicas;
 mod resume;
 mod scale;

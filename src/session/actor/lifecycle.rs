@@ -26,8 +26,9 @@ use crate::{
 impl Actor {
     /// After a harness restart (SPEC §8): a turn that was in flight is closed in the log as
     /// FAILED ("harness restarted") and never re-sent; a session with queued work reopens at once
-    /// and drains; the rest are SUSPENDED and reopen on demand.
-    pub(super) async fn recover(&mut self) {
+    /// and drains; the rest are SUSPENDED and reopen on demand. `owner_lost`: claimed from a
+    /// replica that died (SPEC §15), said so in the log ("owner replica lost").
+    pub(super) async fn recover(&mut self, owner_lost: bool) {
         if !self.record.status.has_runtime() {
             if self.record.status != SessionStatus::Closed
                 && !self.work.queue.is_empty()
@@ -43,21 +44,24 @@ impl Actor {
             SessionStatus::Running | SessionStatus::AwaitingInput
         );
         let mut out = Out::default();
+        let (event, why) = match owner_lost {
+            true => ("owner_replica_lost", "owner replica lost"),
+            false => ("harness_restarted", "harness restarted"),
+        };
         if turn_in_flight {
             self.log_event(
                 &mut out,
-                json!({"event": "harness_restarted", "epoch": self.runtime.epoch,
-                       "detail": "the harness restarted during the turn; it is not re-sent"}),
+                json!({"event": event, "epoch": self.runtime.epoch,
+                       "detail": format!("{why} during the turn; it is not re-sent")}),
                 None,
             );
         }
         if self.record.acp_session_id.is_empty() {
             self.record.status = SessionStatus::Disconnected;
-            self.record.status_reason =
-                "harness restarted before the runtime finished starting".to_owned();
+            self.record.status_reason = format!("{why} before the runtime finished starting");
         } else {
             self.record.status = SessionStatus::Suspended;
-            self.record.status_reason = "harness restarted".to_owned();
+            self.record.status_reason = why.to_owned();
         }
         self.touch(&mut out);
         if let Err(error) = self.flush(out).await {

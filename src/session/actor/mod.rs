@@ -212,6 +212,10 @@ pub(crate) struct Resume {
     pub queue: Vec<QueuedEntry>,
     /// Loaded at harness start: its runtime died with the previous harness process.
     pub after_restart: bool,
+    /// The fence of this replica's lease on the session (SPEC §15); `None` with one replica.
+    pub fence: Option<u64>,
+    /// Claimed from a replica that died (with `after_restart`): its runtime died with it.
+    pub owner_lost: bool,
 }
 
 impl Actor {
@@ -224,8 +228,11 @@ impl Actor {
     ) -> SessionHandle {
         let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
         let (runtime_tx, runtime_rx) = mpsc::channel(RUNTIME_CAPACITY);
-        let shared = Arc::new(Shared::new(resume.record.clone(), resume.head));
+        let mut shared = Shared::new(resume.record.clone(), resume.head);
+        shared.fence = resume.fence;
+        let shared = Arc::new(shared);
         let after_restart = resume.after_restart;
+        let owner_lost = resume.owner_lost;
         let actor = Actor {
             ctx,
             shared: shared.clone(),
@@ -252,21 +259,26 @@ impl Actor {
             finished: false,
         };
         actor.shared.set_queue_len(actor.work.queue.len());
-        tokio::spawn(actor.run(after_restart, purpose));
+        tokio::spawn(actor.run(after_restart, owner_lost, purpose));
         SessionHandle {
             shared,
             commands: commands_tx,
         }
     }
 
-    async fn run(mut self, after_restart: bool, purpose: Option<StartPurpose>) {
+    async fn run(mut self, after_restart: bool, owner_lost: bool, purpose: Option<StartPurpose>) {
+        let mut lost = self.shared.lost.subscribe();
         if after_restart {
-            Box::pin(self.recover()).await;
+            Box::pin(self.recover(owner_lost)).await;
         }
         if let Some(purpose) = purpose {
             Box::pin(self.start_runtime(purpose)).await;
         }
         while !self.finished {
+            if self.shared.is_lost() {
+                self.stop_lost("lease lost");
+                break;
+            }
             let deadline = self.next_deadline();
             let exited = async {
                 match self.runtime.conn.as_mut().and_then(|c| c.exited.as_mut()) {
@@ -292,6 +304,12 @@ impl Actor {
                     None => break,
                 },
                 _ = sleep_until(deadline) => Box::pin(self.on_deadline()).await,
+                // Another replica holds the session now (SPEC §15): stop at once, write nothing.
+                _ = lost.changed() => {
+                    if self.shared.is_lost() {
+                        self.stop_lost("lease lost");
+                    }
+                }
             }
         }
         if let Some(mut conn) = self.runtime.conn.take() {
@@ -470,7 +488,12 @@ impl Actor {
             by_direction[entry.direction as usize] += 1;
         }
         let session_changed = batch.session.is_some();
+        batch.fence = self.shared.fence;
         if let Err(error) = self.ctx.store.commit(self.record.id, batch).await {
+            if crate::store::is_fenced(&error) {
+                self.stop_lost("write fenced off");
+                return Err(error);
+            }
             tracing::error!(session = %self.record.id, %error, "log commit failed");
             // The fold saw entries the log does not hold: fold the log again when next needed.
             self.fold = None;
@@ -523,6 +546,20 @@ impl Actor {
         }
         self.arm_idle_timer();
         Ok(())
+    }
+
+    /// Another replica took the session (SPEC §15): the runtime is stopped at once and the actor
+    /// ends; it never writes for the session again (the store refuses its fence anyway).
+    fn stop_lost(&mut self, why: &str) {
+        if !self.finished {
+            tracing::warn!(session = %self.record.id, fence = ?self.shared.fence, why, "this replica no longer holds the session; stopping its actor and runtime");
+        }
+        if let Some(mut conn) = self.runtime.conn.take() {
+            conn.killer.kill();
+        }
+        self.runtime.starting = None;
+        self.finished = true;
+        self.shared.mark_lost();
     }
 
     /// Publishes committed entries to the live feed. The check comes after the head moved: a

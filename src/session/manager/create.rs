@@ -143,6 +143,8 @@ impl Sessions {
             return Err(error);
         }
 
+        // The creating replica owns the new session (SPEC §15).
+        let fence = self.claim_new(session_id).await?;
         let (ready_tx, ready_rx) = oneshot::channel();
         let first = first_prompt.map(|prompt| FirstPrompt {
             action_id: ActionId::mint(),
@@ -159,6 +161,8 @@ impl Sessions {
                 epoch: 0,
                 queue: Vec::new(),
                 after_restart: false,
+                fence,
+                owner_lost: false,
             },
             Some(StartPurpose::Create {
                 ready: ready_tx,

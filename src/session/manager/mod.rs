@@ -4,6 +4,7 @@
 //! ([`transcript`]) live beside it. No global lock is held across an await.
 
 mod create;
+pub(crate) mod owners;
 mod reads;
 mod transcript;
 
@@ -44,6 +45,8 @@ pub(crate) struct Sessions {
     /// Held from counting a principal's live sessions to storing a new one, so concurrent
     /// creates cannot both pass the cap (two quick store calls; creates only).
     admission: tokio::sync::Mutex<()>,
+    /// Set once this replica gave its leases up (drained): they are renewed no more.
+    released: std::sync::atomic::AtomicBool,
 }
 
 impl Sessions {
@@ -60,10 +63,17 @@ impl Sessions {
             ctx: ctx.clone(),
             handles: Arc::new(RwLock::new(HashMap::new())),
             admission: tokio::sync::Mutex::new(()),
+            released: std::sync::atomic::AtomicBool::new(false),
         };
-        for record in ctx.store.open_sessions().await? {
+        // With other replicas on the database, a session is resumed by whoever claims it: the
+        // failover task (queued work, a turn in flight) or its next call (see `owners`).
+        let records = match ctx.replica().shared_store {
+            true => Vec::new(),
+            false => ctx.store.open_sessions().await?,
+        };
+        for record in records {
             let id = record.id;
-            let handle = sessions.resume(record, true).await?;
+            let handle = sessions.resume(record, true, None, false).await?;
             sessions
                 .handles
                 .write()
@@ -78,8 +88,15 @@ impl Sessions {
     }
 
     /// Brings back the actor of a stored session, without a runtime (`after_restart`: loaded
-    /// at harness start, so its runtime died with the previous process).
-    async fn resume(&self, record: SessionRecord, after_restart: bool) -> Result<SessionHandle> {
+    /// at harness start, so its runtime died with the previous process; `owner_lost`: it died
+    /// with another replica), writing with `fence`.
+    async fn resume(
+        &self,
+        record: SessionRecord,
+        after_restart: bool,
+        fence: Option<u64>,
+        owner_lost: bool,
+    ) -> Result<SessionHandle> {
         let store = &self.ctx.store;
         let head = store.head_offset(record.id).await?;
         let epoch = match head {
@@ -111,6 +128,8 @@ impl Sessions {
                 epoch,
                 queue,
                 after_restart,
+                fence,
+                owner_lost,
             },
             None,
         ))
@@ -123,11 +142,11 @@ impl Sessions {
         session_id: &str,
     ) -> Result<SessionHandle> {
         let id = parse_session_id(session_id)?;
-        let found = self.handles.read().expect("not poisoned").get(&id).cloned();
-        let handle = match found {
+        let handle = match self.held(id) {
             Some(handle) => handle,
             None => {
-                // Closed sessions are not kept in memory; bring one back on demand.
+                // Not held here: closed sessions are not kept in memory, and with several
+                // replicas the session may be another's, or nobody's since its owner died.
                 let record = self
                     .ctx
                     .store
@@ -137,9 +156,18 @@ impl Sessions {
                 if !principal.may_access(&record.owner, &record.editors) {
                     return Err(Error::session_not_found(session_id));
                 }
-                let handle = self.resume(record, false).await?;
-                let mut handles = self.handles.write().expect("not poisoned");
-                handles.entry(id).or_insert(handle).clone()
+                let handle = match self.claim(id).await? {
+                    owners::Claim::Here { fence, taken_over } => {
+                        // Claimed from a replica that died: its runtime died with it.
+                        // With leases nothing runs it here yet: recover as after a restart.
+                        self.resume(record, fence.is_some(), fence, taken_over)
+                            .await?
+                    }
+                    owners::Claim::Elsewhere(address) => {
+                        return Err(owners::owned_elsewhere(id, &address));
+                    }
+                };
+                self.install(handle)
             }
         };
         if !principal.may_access(&handle.shared.owner, &handle.shared.editors) {
@@ -267,6 +295,7 @@ impl Sessions {
             let _ = handle.ask(|reply| Command::Drain { reply }).await;
         });
         futures::future::join_all(drains).await;
+        self.release_all().await;
     }
 
     /// The record and head of a session held in memory, as they stand now.

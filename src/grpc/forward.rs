@@ -1,0 +1,365 @@
+//! Forwarding between replicas (SPEC §15). Every `AgentSessionService` call runs here first; a
+//! call for a session another live replica owns comes back from the registry as "owned
+//! elsewhere" (with the owner's advertised address) and is sent on to that replica over gRPC,
+//! as the caller's principal. The hop authenticates with this replica's `replica` token and
+//! names the caller in `x-forwarded-principal` / `x-forwarded-principal-kind` (plus
+//! `x-acting-user` as given), which the owner accepts from a `replica` principal only. Clients
+//! never see which replica owns what: the owner's answer is returned as it is.
+
+use std::{collections::HashMap, pin::Pin, sync::Mutex, time::Duration};
+
+use futures::{Stream, StreamExt};
+use tonic::{
+    Code, Request, Response, Status,
+    metadata::{MetadataMap, MetadataValue},
+    transport::{Channel, Endpoint},
+};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use super::{
+    auth::{self, ACTING_USER_HEADER, FORWARDED_KIND_HEADER, FORWARDED_PRINCIPAL_HEADER},
+    sessions::SessionsService,
+    status::ERROR_DOMAIN,
+};
+use crate::{
+    domain::{Principal, PrincipalKind},
+    pb::v1::{
+        self as pb, agent_session_service_client::AgentSessionServiceClient,
+        agent_session_service_server::AgentSessionService,
+    },
+    session::manager::owners::OWNER_ADDRESS_KEY,
+};
+
+type Reply<T> = Result<Response<T>, Status>;
+type Client = AgentSessionServiceClient<Channel>;
+
+/// How long to wait for a connection to the owner replica.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the owner may take to answer a forwarded call (for Subscribe: to open the stream).
+/// A paused owner accepts connections but never answers; after this the caller is told to retry,
+/// by which time its lease has usually expired and the session is claimed elsewhere.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest message accepted from the owner (its own responses are bounded by its limits).
+const MAX_FORWARDED_MESSAGE: usize = 64 * 1024 * 1024;
+/// Reason of the status when the owner replica cannot be reached (the lease has not expired
+/// yet; the session is claimed here once it does).
+const REPLICA_UNAVAILABLE: &str = "REPLICA_UNAVAILABLE";
+
+/// The session service, with calls for sessions owned elsewhere forwarded to their owner.
+pub(crate) struct RoutedSessions {
+    inner: SessionsService,
+    /// The token this replica presents to its peers (`None`: no tokens configured).
+    replica_token: Option<String>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl RoutedSessions {
+    pub(crate) fn new(inner: SessionsService, replica_token: Option<String>) -> Self {
+        Self {
+            inner,
+            replica_token,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn client(&self, address: &str) -> Result<Client, Status> {
+        let mut channels = self.channels.lock().expect("not poisoned");
+        let channel = match channels.get(address) {
+            Some(channel) => channel.clone(),
+            None => {
+                let channel = Endpoint::from_shared(format!("http://{address}"))
+                    .map_err(|e| unavailable(&format!("bad replica address {address:?}: {e}")))?
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    // A relayed stream learns that the owner died or stalled.
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .keep_alive_timeout(Duration::from_secs(5))
+                    .keep_alive_while_idle(true)
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                channels.insert(address.to_owned(), channel.clone());
+                channel
+            }
+        };
+        Ok(Client::new(channel)
+            .max_decoding_message_size(MAX_FORWARDED_MESSAGE)
+            .max_encoding_message_size(MAX_FORWARDED_MESSAGE))
+    }
+
+    /// The request to send to the owner: the message, this replica's credentials, and the
+    /// caller's principal and trace context.
+    fn hop<T>(&self, caller: &Caller, message: T) -> Result<Request<T>, Status> {
+        let mut request = Request::new(message);
+        let metadata = request.metadata_mut();
+        if let Some(token) = &self.replica_token {
+            insert(metadata, "authorization", &format!("Bearer {token}"))?;
+        }
+        if caller.principal.kind != PrincipalKind::Local {
+            insert(metadata, FORWARDED_PRINCIPAL_HEADER, &caller.principal.id)?;
+            insert(
+                metadata,
+                FORWARDED_KIND_HEADER,
+                caller.principal.kind.as_str(),
+            )?;
+        }
+        if let Some(user) = &caller.principal.acting_user {
+            insert(metadata, ACTING_USER_HEADER, user)?;
+        }
+        if let Some(traceparent) = &caller.traceparent {
+            insert(metadata, "traceparent", traceparent)?;
+        }
+        Ok(request)
+    }
+
+    /// After a local attempt: the owner's address when the call must go there.
+    fn route<T>(&self, caller: &Caller, reply: &Reply<T>) -> Result<Option<String>, Status> {
+        let Err(status) = reply else {
+            return Ok(None);
+        };
+        let Some(address) = owner_address(status) else {
+            return Ok(None);
+        };
+        if caller.forwarded {
+            // Forwarded here, yet owned elsewhere: the lease moved under the hop. One hop only,
+            // so a call never circles; the caller retries.
+            return Err(unavailable("the session is moving between replicas"));
+        }
+        Ok(Some(address))
+    }
+
+    async fn unary<Req, Resp, Here, HereFut, There, ThereFut>(
+        &self,
+        request: Request<Req>,
+        here: Here,
+        there: There,
+    ) -> Reply<Resp>
+    where
+        Req: Clone,
+        Here: FnOnce(Request<Req>) -> HereFut,
+        HereFut: Future<Output = Reply<Resp>>,
+        There: FnOnce(Client, Request<Req>) -> ThereFut,
+        ThereFut: Future<Output = Reply<Resp>>,
+    {
+        let caller = Caller::of(&request)?;
+        let message = request.get_ref().clone();
+        let reply = here(request).await;
+        let Some(address) = self.route(&caller, &reply)? else {
+            return reply;
+        };
+        tracing::debug!(owner = %address, "forwarding a call to the session's owner");
+        let client = self.client(&address)?;
+        match tokio::time::timeout(FORWARD_TIMEOUT, there(client, self.hop(&caller, message)?))
+            .await
+        {
+            Ok(reply) => reply.map_err(|status| unreachable_owner(status, &address)),
+            Err(_) => {
+                tracing::warn!(owner = %address, "the session's owner replica did not answer in time");
+                Err(unavailable(
+                    "the replica that runs this session did not answer; retry shortly",
+                ))
+            }
+        }
+    }
+}
+
+/// Who made a call, as the owner must see it.
+struct Caller {
+    principal: Principal,
+    traceparent: Option<String>,
+    /// The call was itself forwarded by a peer.
+    forwarded: bool,
+}
+
+impl Caller {
+    fn of<T>(request: &Request<T>) -> Result<Self, Status> {
+        Ok(Self {
+            principal: auth::principal(request)?,
+            traceparent: auth::traceparent(request),
+            forwarded: request.metadata().contains_key(FORWARDED_PRINCIPAL_HEADER)
+                || request.metadata().contains_key(FORWARDED_KIND_HEADER),
+        })
+    }
+}
+
+fn insert(metadata: &mut MetadataMap, key: &'static str, value: &str) -> Result<(), Status> {
+    let value = MetadataValue::try_from(value)
+        .map_err(|_| Status::internal(format!("{key} cannot be forwarded as a header")))?;
+    metadata.insert(key, value);
+    Ok(())
+}
+
+/// The owner's address carried by an "owned elsewhere" refusal of the registry.
+fn owner_address(status: &Status) -> Option<String> {
+    if status.code() != Code::Internal {
+        return None;
+    }
+    let info = status.get_error_details().error_info()?.clone();
+    (info.domain == ERROR_DOMAIN)
+        .then(|| info.metadata.get(OWNER_ADDRESS_KEY).cloned())
+        .flatten()
+}
+
+/// UNAVAILABLE, retryable: the owner cannot be reached now.
+fn unavailable(message: &str) -> Status {
+    let mut details = ErrorDetails::with_error_info(
+        REPLICA_UNAVAILABLE,
+        ERROR_DOMAIN,
+        HashMap::<String, String>::new(),
+    );
+    details.set_retry_info(Some(Duration::from_secs(1)));
+    Status::with_error_details(Code::Unavailable, message, details)
+}
+
+/// The owner's answer as it is, unless the owner was not reached at all (a transport error has
+/// no ErrorInfo of ours): then a retryable UNAVAILABLE that does not name the replica.
+fn unreachable_owner(status: Status, address: &str) -> Status {
+    let ours = status
+        .get_error_details()
+        .error_info()
+        .is_some_and(|info| info.domain == ERROR_DOMAIN);
+    if ours {
+        return status;
+    }
+    tracing::warn!(owner = %address, %status, "could not reach the session's owner replica");
+    unavailable("the replica that runs this session cannot be reached; retry shortly")
+}
+
+#[tonic::async_trait]
+impl AgentSessionService for RoutedSessions {
+    type SubscribeStream =
+        Pin<Box<dyn Stream<Item = Result<pb::SubscribeResponse, Status>> + Send>>;
+
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Reply<pb::CreateSessionResponse> {
+        // Created here, owned here.
+        self.inner.create_session(request).await
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Reply<pb::GetSessionResponse> {
+        self.unary(
+            request,
+            |r| self.inner.get_session(r),
+            |mut c, r| async move { c.get_session(r).await },
+        )
+        .await
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Reply<pb::ListSessionsResponse> {
+        self.inner.list_sessions(request).await
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<pb::CloseSessionRequest>,
+    ) -> Reply<pb::CloseSessionResponse> {
+        self.unary(
+            request,
+            |r| self.inner.close_session(r),
+            |mut c, r| async move { c.close_session(r).await },
+        )
+        .await
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> Reply<pb::DeleteSessionResponse> {
+        self.unary(
+            request,
+            |r| self.inner.delete_session(r),
+            |mut c, r| async move { c.delete_session(r).await },
+        )
+        .await
+    }
+
+    async fn control(&self, request: Request<pb::ControlRequest>) -> Reply<pb::ControlResponse> {
+        self.unary(
+            request,
+            |r| self.inner.control(r),
+            |mut c, r| async move { c.control(r).await },
+        )
+        .await
+    }
+
+    async fn get_queue(
+        &self,
+        request: Request<pb::GetQueueRequest>,
+    ) -> Reply<pb::GetQueueResponse> {
+        self.unary(
+            request,
+            |r| self.inner.get_queue(r),
+            |mut c, r| async move { c.get_queue(r).await },
+        )
+        .await
+    }
+
+    async fn edit_queued_prompt(
+        &self,
+        request: Request<pb::EditQueuedPromptRequest>,
+    ) -> Reply<pb::EditQueuedPromptResponse> {
+        self.unary(
+            request,
+            |r| self.inner.edit_queued_prompt(r),
+            |mut c, r| async move { c.edit_queued_prompt(r).await },
+        )
+        .await
+    }
+
+    async fn remove_queued_action(
+        &self,
+        request: Request<pb::RemoveQueuedActionRequest>,
+    ) -> Reply<pb::RemoveQueuedActionResponse> {
+        self.unary(
+            request,
+            |r| self.inner.remove_queued_action(r),
+            |mut c, r| async move { c.remove_queued_action(r).await },
+        )
+        .await
+    }
+
+    async fn read_log(&self, request: Request<pb::ReadLogRequest>) -> Reply<pb::ReadLogResponse> {
+        self.unary(
+            request,
+            |r| self.inner.read_log(r),
+            |mut c, r| async move { c.read_log(r).await },
+        )
+        .await
+    }
+
+    async fn get_transcript(
+        &self,
+        request: Request<pb::GetTranscriptRequest>,
+    ) -> Reply<pb::GetTranscriptResponse> {
+        self.unary(
+            request,
+            |r| self.inner.get_transcript(r),
+            |mut c, r| async move { c.get_transcript(r).await },
+        )
+        .await
+    }
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Reply<Self::SubscribeStream> {
+        let credential = auth::credential(&request);
+        self.unary(
+            request,
+            |r| self.inner.subscribe(r),
+            |mut c, r| async move {
+                let stream = c.subscribe(r).await?.into_inner();
+                let stream: Self::SubscribeStream = Box::pin(stream.map(|item| item));
+                // The caller's token still ends the relayed stream when it is revoked here.
+                Ok(Response::new(auth::end_when_revoked(stream, credential)))
+            },
+        )
+        .await
+    }
+}

@@ -1,0 +1,474 @@
+//! Several replicas on one PostgreSQL database (SPEC §15), as real `serve` processes on loopback:
+//! a call to a replica that does not own the session is served by the owner; a killed owner's
+//! session is claimed by a survivor that fails the interrupted turn ("owner replica lost") and
+//! drains the queue; a paused owner resumed after its lease moved stops its actor and runtime.
+//!
+//! Needs `AGENT_HARNESS_TEST_DATABASE_URL` like the other PostgreSQL tests (and fails without it
+//! when `CI=true`); each test works in a schema of its own and drops it at the end.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
+use tonic::{
+    Code,
+    transport::{Channel, Endpoint},
+};
+
+use crate::{
+    auth::{ADA, BOB, CI, EVERYONE, tokens_text},
+    harness::within,
+    postgres::{execute, test_schema, url_in_schema},
+    support::{Session, Watch, processes_with},
+};
+
+/// The lease TTL of the test replicas: short, so failover happens within the test's bound.
+const LEASE_TTL: &str = "2s";
+/// Bound of each test.
+const TEST_BOUND: Duration = Duration::from_secs(90);
+
+/// A `serve` replica on a free loopback port, its runtimes marked with `marker`.
+struct Replica {
+    child: Child,
+    addr: SocketAddr,
+    marker: String,
+    /// Every line it logged.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Replica {
+    fn start(dir: &Path, name: &str, database_url: &str) -> Self {
+        Self::start_with(dir, name, database_url, &[])
+    }
+
+    fn start_with(dir: &Path, name: &str, database_url: &str, flags: &[&str]) -> Self {
+        let marker = format!("replica-{name}-{}", uuid::Uuid::now_v7().simple());
+        let config = config_file(dir, name, &marker);
+        let data = dir.join(format!("data-{name}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agent-harness"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--lease-ttl", LEASE_TTL, "--database-url", database_url])
+            .args(flags)
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the replica starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let addr = loop {
+            let line = lines
+                .next()
+                .expect("the replica logs its address")
+                .expect("readable log");
+            log.lock().unwrap().push(line.clone());
+            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line)
+                && event["message"] == "serving gRPC"
+            {
+                break event["local_addr"].as_str().unwrap().parse().unwrap();
+            }
+        };
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child,
+            addr,
+            marker,
+            log,
+        }
+    }
+
+    async fn client(&self) -> AgentSessionServiceClient<Channel> {
+        let channel = Endpoint::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        AgentSessionServiceClient::new(channel)
+    }
+
+    /// Whether one of its runtimes is alive.
+    fn runs_a_runtime(&self) -> bool {
+        !processes_with(&self.marker).is_empty()
+    }
+
+    fn logged(&self, message: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(message))
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal}");
+    }
+
+    fn kill_9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn config_file(dir: &Path, name: &str, marker: &str) -> PathBuf {
+    let program = env!("CARGO_BIN_EXE_agent-harness");
+    let path = dir.join(format!("config-{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[profiles.resumable]
+command = "{program}"
+args = ["mock-agent", "--resume", "--stderr-at-start", "{marker}"]
+allowed_cwd_roots = ["{root}"]
+"#,
+            root = dir.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Three replicas on a fresh schema, in a temporary directory the sessions use as cwd.
+async fn three_replicas() -> Option<(tempfile::TempDir, String, String, [Replica; 3])> {
+    let (url, schema) = test_schema().await?;
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let replicas = ["a", "b", "c"].map(|name| Replica::start(dir.path(), name, &database_url));
+    Some((dir, url, schema, replicas))
+}
+
+async fn create_on(replica: &Replica, cwd: &Path) -> Session {
+    Session::create_with_client(
+        replica.client().await,
+        pb::CreateSessionRequest {
+            profile: "resumable".into(),
+            cwd: cwd.to_string_lossy().into_owned(),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// Subscribes through `client`, retrying while the session's owner cannot be reached (its lease
+/// has not expired yet, SPEC §15): each retry follows an UNAVAILABLE answer.
+async fn watch_when_served(client: AgentSessionServiceClient<Channel>, id: &str) -> Watch {
+    let mut session = Session::attach(client, id);
+    loop {
+        match session
+            .client
+            .subscribe(pb::SubscribeRequest {
+                session_id: id.to_owned(),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(stream) => {
+                return Watch {
+                    stream: stream.into_inner(),
+                    entries: Vec::new(),
+                    statuses: Vec::new(),
+                };
+            }
+            Err(status) if status.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("subscribe failed: {status:?}"),
+        }
+    }
+}
+
+/// A request with this bearer token and these headers.
+fn with<T>(token: &str, pairs: &[(&'static str, &str)], message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let metadata = request.metadata_mut();
+    metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    for (key, value) in pairs {
+        metadata.insert(*key, value.parse().unwrap());
+    }
+    request
+}
+
+fn prompts_sent(log: &[pb::LogEntry]) -> Vec<String> {
+    log.iter()
+        .filter(|e| e.direction == pb::LogDirection::ToRuntime as i32)
+        .filter_map(|e| serde_json::from_str::<serde_json::Value>(&e.json).ok())
+        .filter(|f| f["method"] == "session/prompt")
+        .filter_map(|f| f["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn drop_schema(url: &str, schema: &str) {
+    execute(url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_sent_to_a_replica_that_does_not_own_the_session_is_served_by_the_owner() {
+    let Some((dir, url, schema, [a, b, c])) = three_replicas().await else {
+        return;
+    };
+    within(TEST_BOUND, async {
+        let mut owner = create_on(&a, dir.path()).await;
+        let mut watch = owner.watch().await;
+        let mut via_b = Session::attach(b.client().await, &owner.id);
+        let reply = via_b.prompt("through b").await;
+        assert_eq!(
+            watch.response_to(&reply.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        let mut via_c = Session::attach(c.client().await, &owner.id);
+        let queue = via_c.queue().await;
+        assert!(queue.is_empty(), "read through c: {queue:?}");
+        let log = via_c.log().await;
+        let sent = prompts_sent(&log);
+        assert_eq!(sent, [reply.action_id.as_str()], "dispatched once");
+        assert!(a.runs_a_runtime(), "the owner runs the runtime");
+        assert!(
+            !b.runs_a_runtime() && !c.runs_a_runtime(),
+            "no other replica runs one"
+        );
+    })
+    .await;
+    drop((a, b, c));
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_of_the_owner_another_replica_fails_the_turn_and_drains_the_queue_in_order() {
+    let Some((dir, url, schema, [a, b, c])) = three_replicas().await else {
+        return;
+    };
+    within(TEST_BOUND, async {
+        let mut session = create_on(&a, dir.path()).await;
+        let mut watch = session.watch().await;
+        let running = session.prompt("@wait-cancel").await;
+        watch.chunk("echo: @wait-cancel").await;
+        let first = session.prompt("queued one").await;
+        let second = session.prompt("queued two").await;
+        assert_eq!((first.queue_position, second.queue_position), (1, 2));
+        let id = session.id.clone();
+        drop(watch);
+        let a_marker = a.marker.clone();
+        a.kill_9();
+
+        // A survivor claims the session once A's lease expires, and drains the queue.
+        let mut watch = watch_when_served(b.client().await, &id).await;
+        for action in [&first, &second] {
+            assert_eq!(
+                watch.response_to(&action.action_id).await["result"]["stopReason"],
+                "end_turn"
+            );
+        }
+        let mut via_c = Session::attach(c.client().await, &id);
+        let log = via_c.log().await;
+        assert_eq!(
+            prompts_sent(&log),
+            [
+                running.action_id.clone(),
+                first.action_id.clone(),
+                second.action_id.clone()
+            ],
+            "the interrupted turn is never re-sent; the queued prompts run in order"
+        );
+        for (i, entry) in log.iter().enumerate() {
+            assert_eq!(entry.offset, i as u64 + 1, "offsets are dense");
+        }
+        let transcript = via_c
+            .client
+            .get_transcript(pb::GetTranscriptRequest {
+                session_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let interrupted_turn = transcript
+            .messages
+            .iter()
+            .find(|m| m.request_id.as_deref() == Some(running.action_id.as_str()))
+            .unwrap()
+            .turn;
+        let interrupted = transcript
+            .messages
+            .iter()
+            .find(|m| m.turn == interrupted_turn && m.role == pb::MessageRole::Agent as i32)
+            .unwrap();
+        assert_eq!(interrupted.stop_reason, Some(pb::StopReason::Failed as i32));
+        assert_eq!(interrupted.error.as_deref(), Some("owner replica lost"));
+        assert!(
+            processes_with(&a_marker).is_empty(),
+            "A's runtime died with it"
+        );
+        assert!(
+            b.runs_a_runtime() != c.runs_a_runtime(),
+            "exactly one survivor runs the session's runtime"
+        );
+    })
+    .await;
+    drop((b, c));
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_resumed_after_its_lease_moved_is_fenced_off_and_stops_its_runtime() {
+    let Some((dir, url, schema, [a, b, c])) = three_replicas().await else {
+        return;
+    };
+    within(TEST_BOUND, async {
+        let mut session = create_on(&a, dir.path()).await;
+        let mut watch = session.watch().await;
+        let running = session.prompt("@wait-cancel").await;
+        watch.chunk("echo: @wait-cancel").await;
+        let queued = session.prompt("queued after the pause").await;
+        let id = session.id.clone();
+        drop(watch);
+        a.signal("-STOP");
+
+        let mut watch = watch_when_served(b.client().await, &id).await;
+        assert_eq!(
+            watch.response_to(&queued.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        a.signal("-CONT");
+        // Resumed, A finds its lease gone: it stops the actor and kills its runtime.
+        while a.runs_a_runtime() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        while !a.logged("no longer holds the session") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut via_c = Session::attach(c.client().await, &id);
+        let log = via_c.log().await;
+        for (i, entry) in log.iter().enumerate() {
+            assert_eq!(entry.offset, i as u64 + 1, "offsets are dense");
+        }
+        assert_eq!(
+            prompts_sent(&log),
+            [running.action_id.clone(), queued.action_id.clone()],
+            "nothing was sent twice"
+        );
+        // A call through A now reaches the new owner.
+        let mut via_a = Session::attach(a.client().await, &id);
+        assert!(via_a.queue().await.is_empty());
+    })
+    .await;
+    drop((a, b, c));
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_a_forwarded_call_acts_as_the_original_caller_and_only_replicas_may_forward() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let peer_token = "peer-secret-token";
+    let mut rows = EVERYONE.to_vec();
+    rows.push((peer_token, "peers", "replica"));
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, tokens_text(&rows)).unwrap();
+    let token_file = dir.path().join("replica-token");
+    std::fs::write(&token_file, format!("{peer_token}\n")).unwrap();
+    let flags = [
+        "--tokens-file",
+        tokens.to_str().unwrap(),
+        "--replica-token-file",
+        token_file.to_str().unwrap(),
+    ];
+    let a = Replica::start_with(dir.path(), "a", &database_url, &flags);
+    let b = Replica::start_with(dir.path(), "b", &database_url, &flags);
+    within(TEST_BOUND, async {
+        // A service creates a session on A for ada.
+        let created = a
+            .client()
+            .await
+            .create_session(with(
+                CI,
+                &[("x-acting-user", "ada")],
+                pb::CreateSessionRequest {
+                    profile: "resumable".into(),
+                    cwd: dir.path().to_string_lossy().into_owned(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .expect("created")
+            .into_inner();
+        let id = created.session.unwrap().id;
+        let control = |text: &str| pb::ControlRequest {
+            session_id: id.clone(),
+            action: Some(crate::support::prompt(text)),
+            ..Default::default()
+        };
+        let mut via_b = b.client().await;
+        // Ada, through B, reaches her session on A, as herself.
+        let reply = via_b
+            .control(with(ADA, &[], control("ada via b")))
+            .await
+            .expect("ada's prompt is forwarded to the owner")
+            .into_inner();
+        let log = via_b
+            .read_log(with(
+                ADA,
+                &[],
+                pb::ReadLogRequest {
+                    session_id: id.clone(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .entries;
+        let prompt = log
+            .iter()
+            .find(|e| e.action_id.as_deref() == Some(reply.action_id.as_str()))
+            .expect("the prompt is logged");
+        assert_eq!(prompt.actor, "ada", "recorded as the original caller");
+        assert!(!b.runs_a_runtime(), "B runs no runtime for A's session");
+        // Bob, through B, does not see it: forwarded as bob.
+        let hidden = via_b
+            .control(with(BOB, &[], control("bob via b")))
+            .await
+            .unwrap_err();
+        assert_eq!(hidden.code(), Code::NotFound);
+        // A user cannot pose as a forwarding replica.
+        let spoofed = via_b
+            .control(with(
+                BOB,
+                &[
+                    ("x-forwarded-principal", "ada"),
+                    ("x-forwarded-principal-kind", "user"),
+                ],
+                control("bob as ada"),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(spoofed.code(), Code::PermissionDenied);
+    })
+    .await;
+    drop((a, b));
+    drop_schema(&url, &schema).await;
+}
