@@ -44,6 +44,9 @@ pub(crate) const RUNTIME_ACTOR: &str = "runtime";
 /// Actor of entries the harness made on its own (handshake, events, automatic answers).
 pub(crate) const HARNESS_ACTOR: &str = "harness";
 /// How long to wait for a runtime's output to close after its process exited.
+/// The `status_reason` prefix of a session whose runtime is gone and can be reopened neither by
+/// `session/resume` nor `session/load` (SPEC §8).
+pub(crate) const CANNOT_REOPEN: &str = "RUNTIME_CANNOT_REOPEN";
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
 /// How long to wait for a runtime to exit after its output closed, before calling it a closed
 /// output of a live process.
@@ -571,8 +574,11 @@ impl Actor {
 
     fn arm_idle_timer(&mut self) {
         self.work.idle_deadline = match self.profile.idle_timeout {
+            // A runtime that cannot be reopened is kept: suspending it would lose the session.
             Some(idle)
-                if self.live_status() == SessionStatus::Idle && self.work.queue.is_empty() =>
+                if self.live_status() == SessionStatus::Idle
+                    && self.work.queue.is_empty()
+                    && (self.record.can_resume || self.record.can_load) =>
             {
                 Some(Instant::now() + idle)
             }
