@@ -638,15 +638,18 @@ impl Fold {
                         _ => None,
                     }
                 });
-                if let Some(id) = found {
-                    self.answer_elicitation(&id, Outcome::Completed, String::new(), entry, changed);
-                    if let Some(&at) = self.elicitations.get(&id)
-                        && let Part::Elicitation(part) =
-                            &mut self.messages[at.message].parts[at.part]
-                        && part.answer_json.is_empty()
-                    {
-                        part.answer_json = "{\"completed\":true}".into();
-                    }
+                // The completion moves the outcome on but keeps the answer the user gave (a url
+                // elicitation is accepted first, then completed by the agent).
+                if let Some(id) = found
+                    && let Some(&at) = self.elicitations.get(&id)
+                    && let Part::Elicitation(part) = &self.messages[at.message].parts[at.part]
+                {
+                    let answer_json = if part.answer_json.is_empty() {
+                        "{\"completed\":true}".to_owned()
+                    } else {
+                        part.answer_json.clone()
+                    };
+                    self.answer_elicitation(&id, Outcome::Completed, answer_json, entry, changed);
                 }
             }
             (Some("session/request_permission"), Some(id)) => {
@@ -1241,6 +1244,28 @@ mod tests {
         assert_eq!(elicitation.outcome, Outcome::Completed);
         assert_eq!(elicitation.message, "Sign in");
         assert!(fold.metadata().pending_interactions.is_empty());
+    }
+
+    #[test]
+    fn an_elicitation_completed_after_it_was_accepted_keeps_the_accepted_answer() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        let mut content = serde_json::Map::new();
+        content.insert("account".into(), json!("me@example.com"));
+        let answer = ElicitationAnswer::Accept { content };
+        log.prompt(id, &PromptAction::text("hi"))
+            .inc(json!({"jsonrpc": "2.0", "id": "e1", "method": "elicitation/create", "params": {
+                "sessionId": "s", "mode": "url", "elicitationId": "el-1", "url": "https://x", "message": "Sign in"}}))
+            .out(acp_frames::elicitation_response(&JsonRpcId::Text("e1".into()), &answer), None);
+        let accepted = serde_json::to_string(&answer).unwrap();
+        log.inc(json!({"jsonrpc": "2.0", "method": "elicitation/complete", "params": {"elicitationId": "el-1"}}));
+        let fold = log.fold();
+        let Part::Elicitation(elicitation) = &fold.message("1:agent").unwrap().parts[0] else {
+            panic!()
+        };
+        assert_eq!(elicitation.outcome, Outcome::Completed);
+        assert_eq!(elicitation.answer_json, accepted);
+        assert!(elicitation.answer_json.contains("me@example.com"));
     }
 
     #[test]
