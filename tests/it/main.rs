@@ -12,6 +12,7 @@ mod crash;
 mod create_crash;
 mod faults;
 mod health;
+mod held_answers;
 mod hostile;
 mod interactions;
 mod interop;

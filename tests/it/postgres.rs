@@ -16,7 +16,7 @@ use crate::{
 const TEST_DATABASE_ENV: &str = "AGENT_HARNESS_TEST_DATABASE_URL";
 
 /// A fresh schema in the test database, or `None` (with a note) outside CI without one.
-async fn test_schema() -> Option<(String, String)> {
+pub(crate) async fn test_schema() -> Option<(String, String)> {
     let Ok(url) = std::env::var(TEST_DATABASE_ENV) else {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
@@ -30,7 +30,7 @@ async fn test_schema() -> Option<(String, String)> {
     Some((url, schema))
 }
 
-async fn execute(url: &str, sql: &str) {
+pub(crate) async fn execute(url: &str, sql: &str) {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap_or_else(|e| panic!("the test database ({TEST_DATABASE_ENV}) is unreachable: {e}"));
@@ -42,7 +42,7 @@ async fn execute(url: &str, sql: &str) {
 }
 
 /// The URL with the tables placed in `schema` (the server's own URL parameters do it).
-fn url_in_schema(url: &str, schema: &str) -> String {
+pub(crate) fn url_in_schema(url: &str, schema: &str) -> String {
     let separator = if url.contains('?') { '&' } else { '?' };
     format!("{url}{separator}options=-c%20search_path%3D{schema}")
 }

@@ -6,10 +6,7 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 
 use super::{Actor, Out, PendingKind, StartPurpose, fingerprint, sent};
-use crate::session::{
-    Command, ControlInput, ControlOutcome, ControlStatus, SessionEvent,
-    interactions::{HeldElicitation, HeldPermission, Released},
-};
+use crate::session::{Command, ControlInput, ControlOutcome, ControlStatus, SessionEvent};
 use crate::{
     acp::frames::{self as acp_frames, ConfigValue},
     domain::{
@@ -438,28 +435,16 @@ impl Actor {
         let mut out = Out::default();
         out.record_action(action_id, fingerprint, ActionState::Sent);
         self.log_send(&mut out, &frame, actor, Some(action_id));
-        let released = self.work.held.release(request_id);
+        // Kept whole (options and order) in case the answer cannot be stored.
+        let held = self.work.held.clone();
+        self.work.held.release(request_id);
         self.refresh_status(&mut out);
         if let Err(error) = self.flush(out).await {
-            // Nothing was sent: the request stays held.
-            if let Some(kind) = released {
-                self.restore_held(kind, request_id);
-            }
+            // Nothing was sent: the request stays held, exactly as it was.
+            self.work.held = held;
             return Err(error);
         }
         Ok(sent(action_id))
-    }
-
-    pub(super) fn restore_held(&mut self, kind: Released, id: &JsonRpcId) {
-        match kind {
-            Released::Permission => self.work.held.permissions.push(HeldPermission {
-                id: id.clone(),
-                options: Vec::new(),
-            }),
-            Released::Elicitation => {
-                self.work.held.elicitation = Some(HeldElicitation { id: id.clone() })
-            }
-        }
     }
 
     pub(super) async fn on_edit(
