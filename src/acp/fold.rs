@@ -954,6 +954,27 @@ impl Fold {
             "drain" => "the harness stopped before the turn ended".to_owned(),
             _ => "harness restarted".to_owned(),
         };
+        // A model or option change the runtime never answered ends with it, rejected.
+        for message in &mut self.messages {
+            let mut closed = false;
+            for part in &mut message.parts {
+                if let Part::Control(control) = part
+                    && control.outcome == Outcome::Pending
+                    && matches!(
+                        control.kind,
+                        ControlKind::SetModel | ControlKind::SetConfigOption
+                    )
+                {
+                    control.outcome = Outcome::Rejected;
+                    closed = true;
+                }
+            }
+            if closed {
+                message.error.get_or_insert_with(|| detail.clone());
+                message.last_offset = message.last_offset.max(entry.offset);
+                changed.push(&message.id);
+            }
+        }
         let turn = frame
             .get("failed_turn")
             .and_then(|t| t.as_str())
@@ -1250,8 +1271,11 @@ mod tests {
     fn an_elicitation_completed_after_it_was_accepted_keeps_the_accepted_answer() {
         let id = ActionId::mint();
         let mut log = Log::default();
-        let mut content = serde_json::Map::new();
-        content.insert("account".into(), json!("me@example.com"));
+        let content = [(
+            "account".to_owned(),
+            crate::domain::ElicitationValue::Text("me@example.com".into()),
+        )]
+        .into();
         let answer = ElicitationAnswer::Accept { content };
         log.prompt(id, &PromptAction::text("hi"))
             .inc(json!({"jsonrpc": "2.0", "id": "e1", "method": "elicitation/create", "params": {
@@ -1283,6 +1307,36 @@ mod tests {
         assert_eq!(
             fold.message("1:agent").unwrap().stop_reason,
             Some(StopReason::Cancelled)
+        );
+    }
+
+    #[test]
+    fn a_model_change_its_runtime_died_before_answering_is_rejected_by_the_fault() {
+        let (model, option) = (ActionId::mint(), ActionId::mint());
+        let mut log = Log::default();
+        log.inc(json!({"jsonrpc": "2.0", "id": "harness:1:1", "result": {"sessionId": "s", "configOptions": model_options("fast")}}))
+            .out(acp_frames::set_config_option_request(&model, "s", "model", &acp_frames::ConfigValue::Id("smart".into())), Some(model))
+            .out(acp_frames::set_config_option_request(&option, "s", "effort", &acp_frames::ConfigValue::Id("high".into())), Some(option));
+        let control = |fold: &Fold, id: &str| match &fold.message(id).unwrap().parts[0] {
+            Part::Control(c) => c.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(control(&log.fold(), "1:user").outcome, Outcome::Pending);
+        log.event(
+            json!({"event": "fault", "kind": "exit", "detail": "runtime exited with code 3"}),
+        );
+        let fold = log.fold();
+        for id in ["1:user", "2:user"] {
+            assert_eq!(control(&fold, id).outcome, Outcome::Rejected, "{id}");
+            assert_eq!(
+                fold.message(id).unwrap().error.as_deref(),
+                Some("runtime exited with code 3")
+            );
+        }
+        assert_eq!(
+            fold.metadata().model,
+            "fast",
+            "a change never answered never moves it"
         );
     }
 
