@@ -28,6 +28,7 @@ mod scale;
 mod services;
 mod sessions;
 mod signals;
+mod starting;
 mod tls;
 mod transcript;
 mod translator;

@@ -18,6 +18,10 @@ use crate::{
     store::{ActionRecord, ActionState, QueueOp},
 };
 
+/// How many model and config option changes may wait for a starting runtime; beyond that they
+/// are answered at once (RUNTIME_DISCONNECTED: not ready).
+const WAITING_CONFIGS: usize = 16;
+
 impl Actor {
     pub(super) async fn on_command(&mut self, command: Command) {
         match command {
@@ -27,6 +31,21 @@ impl Actor {
                 traceparent,
                 reply,
             } => {
+                if matches!(
+                    input.action,
+                    Action::SetModel { .. } | Action::SetConfigOption { .. }
+                ) && self.runtime.conn.is_some()
+                    && self.runtime.starting.is_some()
+                    && self.work.waiting_configs.len() < WAITING_CONFIGS
+                {
+                    self.work.waiting_configs.push(Command::Control {
+                        principal,
+                        input,
+                        traceparent,
+                        reply,
+                    });
+                    return;
+                }
                 let result = self.on_control(principal, input, traceparent).await;
                 let _ = reply.send(result);
             }

@@ -200,6 +200,9 @@ struct Work {
     queue: Queue,
     held: Held,
     idle_deadline: Option<Instant>,
+    /// Model and config option changes that came while the runtime was starting: answered once
+    /// the handshake ends (SPEC §8), since the runtime is not dead, only not ready yet.
+    waiting_configs: Vec<Command>,
 }
 
 /// Capacity of a session's command channel.
@@ -250,6 +253,7 @@ impl Actor {
                 queue: Queue::from_entries(resume.queue),
                 held: Held::default(),
                 idle_deadline: None,
+                waiting_configs: Vec::new(),
             },
             fold: None,
             finished: false,
@@ -295,6 +299,11 @@ impl Actor {
                     None => break,
                 },
                 _ = sleep_until(deadline) => Box::pin(self.on_deadline()).await,
+            }
+            if self.runtime.starting.is_none() && !self.work.waiting_configs.is_empty() {
+                for command in std::mem::take(&mut self.work.waiting_configs) {
+                    Box::pin(self.on_command(command)).await;
+                }
             }
         }
         if let Some(mut conn) = self.runtime.conn.take() {
