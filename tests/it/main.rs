@@ -17,6 +17,7 @@ mod hostile;
 mod interactions;
 mod interop;
 mod interrupts;
+mod large_transcript;
 mod log;
 mod operations;
 mod postgres;
