@@ -74,8 +74,6 @@ async fn a_turn_larger_than_any_page_reads_with_its_large_parts_elided_and_their
     bounded(async {
         let h = Harness::start().await;
         let mut session = Session::create(&h, "mock").await;
-        let mut watch = session.watch().await;
-        drop(watch);
         // The log entry itself is larger than 4 MiB: this watcher reads with a larger limit.
         let mut watcher = Session::attach(
             pb::agent_session_service_client::AgentSessionServiceClient::new(h.channel())
