@@ -136,6 +136,9 @@ pub(crate) struct Shared {
     events: Mutex<Option<broadcast::Sender<SessionEvent>>>,
     pub subscribers: AtomicUsize,
     queue_len: AtomicUsize,
+    /// The transcript as GetTranscript last folded it: the next call folds only the entries
+    /// committed since (SPEC §9.3). Dropped with the session's handle.
+    pub(crate) transcript: tokio::sync::Mutex<Option<crate::acp::fold::Fold>>,
 }
 
 impl Shared {
@@ -149,6 +152,7 @@ impl Shared {
             events: Mutex::new(None),
             subscribers: AtomicUsize::new(0),
             queue_len: AtomicUsize::new(0),
+            transcript: tokio::sync::Mutex::new(None),
         }
     }
 

@@ -28,7 +28,10 @@ impl Sessions {
         } else {
             decode_turn_token(page_token)?
         };
-        let fold = self.fold(handle.shared.id).await?;
+        let mut cached = handle.shared.transcript.lock().await;
+        let fold = cached.get_or_insert_with(|| Fold::new(self.ctx.meta_key.clone()));
+        self.fold_since(handle.shared.id, fold).await?;
+        let fold = &*fold;
         let (messages, next_page_token) = match page_turns(fold.turns(), after_turn, page_size) {
             Some((from, to)) => {
                 let (messages, last) = page_by_bytes(&fold, from, to, PAGE_BYTES);
@@ -51,10 +54,10 @@ impl Sessions {
         })
     }
 
-    /// Folds a session's whole log, page by page.
-    async fn fold(&self, session_id: Uuid) -> Result<Fold> {
-        let mut fold = Fold::new(self.ctx.meta_key.clone());
-        let mut after = 0;
+    /// Folds what the log holds past what `fold` has seen, page by page. On a read failure the
+    /// fold keeps what it applied: entries are applied in order, so it stays a true prefix.
+    pub(crate) async fn fold_since(&self, session_id: Uuid, fold: &mut Fold) -> Result<()> {
+        let mut after = fold.head();
         loop {
             let page = self
                 .ctx
@@ -64,9 +67,12 @@ impl Sessions {
             for entry in &page {
                 fold.apply(entry);
             }
+            // Nobody reads these from this fold: drop them so they do not pile up.
+            fold.take_turn_ends();
+            fold.take_urgent();
             match page.last() {
                 Some(last) if page.len() == MAX_LOG_LIMIT => after = last.offset,
-                _ => return Ok(fold),
+                _ => return Ok(()),
             }
         }
     }
