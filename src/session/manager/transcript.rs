@@ -34,7 +34,7 @@ impl Sessions {
         let fold = &*fold;
         let (messages, next_page_token) = match page_turns(fold.turns(), after_turn, page_size) {
             Some((from, to)) => {
-                let (messages, last) = page_by_bytes(&fold, from, to, PAGE_BYTES);
+                let (messages, last) = page_by_bytes(fold, from, to, PAGE_BYTES);
                 let token = if last < fold.turns() {
                     encode_turn_token(last)
                 } else {
@@ -170,7 +170,7 @@ fn elide(messages: &mut [Message], budget: usize) {
         })
         .filter(|(bytes, _, _)| *bytes > ELIDE_ABOVE)
         .collect();
-    large.sort_by(|a, b| b.0.cmp(&a.0));
+    large.sort_by_key(|&(bytes, _, _)| std::cmp::Reverse(bytes));
     for (bytes, m, p) in large {
         if used <= budget {
             break;
