@@ -638,15 +638,18 @@ impl Fold {
                         _ => None,
                     }
                 });
-                if let Some(id) = found {
-                    self.answer_elicitation(&id, Outcome::Completed, String::new(), entry, changed);
-                    if let Some(&at) = self.elicitations.get(&id)
-                        && let Part::Elicitation(part) =
-                            &mut self.messages[at.message].parts[at.part]
-                        && part.answer_json.is_empty()
-                    {
-                        part.answer_json = "{\"completed\":true}".into();
-                    }
+                // The completion moves the outcome on but keeps the answer the user gave (a url
+                // elicitation is accepted first, then completed by the agent).
+                if let Some(id) = found
+                    && let Some(&at) = self.elicitations.get(&id)
+                    && let Part::Elicitation(part) = &self.messages[at.message].parts[at.part]
+                {
+                    let answer_json = if part.answer_json.is_empty() {
+                        "{\"completed\":true}".to_owned()
+                    } else {
+                        part.answer_json.clone()
+                    };
+                    self.answer_elicitation(&id, Outcome::Completed, answer_json, entry, changed);
                 }
             }
             (Some("session/request_permission"), Some(id)) => {
@@ -952,6 +955,27 @@ impl Fold {
             "owner_replica_lost" => "owner replica lost".to_owned(),
             _ => "harness restarted".to_owned(),
         };
+        // A model or option change the runtime never answered ends with it, rejected.
+        for message in &mut self.messages {
+            let mut closed = false;
+            for part in &mut message.parts {
+                if let Part::Control(control) = part
+                    && control.outcome == Outcome::Pending
+                    && matches!(
+                        control.kind,
+                        ControlKind::SetModel | ControlKind::SetConfigOption
+                    )
+                {
+                    control.outcome = Outcome::Rejected;
+                    closed = true;
+                }
+            }
+            if closed {
+                message.error.get_or_insert_with(|| detail.clone());
+                message.last_offset = message.last_offset.max(entry.offset);
+                changed.push(&message.id);
+            }
+        }
         let turn = frame
             .get("failed_turn")
             .and_then(|t| t.as_str())
@@ -1246,6 +1270,31 @@ mod tests {
     }
 
     #[test]
+    fn an_elicitation_completed_after_it_was_accepted_keeps_the_accepted_answer() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        let content = [(
+            "account".to_owned(),
+            crate::domain::ElicitationValue::Text("me@example.com".into()),
+        )]
+        .into();
+        let answer = ElicitationAnswer::Accept { content };
+        log.prompt(id, &PromptAction::text("hi"))
+            .inc(json!({"jsonrpc": "2.0", "id": "e1", "method": "elicitation/create", "params": {
+                "sessionId": "s", "mode": "url", "elicitationId": "el-1", "url": "https://x", "message": "Sign in"}}))
+            .out(acp_frames::elicitation_response(&JsonRpcId::Text("e1".into()), &answer), None);
+        let accepted = serde_json::to_string(&answer).unwrap();
+        log.inc(json!({"jsonrpc": "2.0", "method": "elicitation/complete", "params": {"elicitationId": "el-1"}}));
+        let fold = log.fold();
+        let Part::Elicitation(elicitation) = &fold.message("1:agent").unwrap().parts[0] else {
+            panic!()
+        };
+        assert_eq!(elicitation.outcome, Outcome::Completed);
+        assert_eq!(elicitation.answer_json, accepted);
+        assert!(elicitation.answer_json.contains("me@example.com"));
+    }
+
+    #[test]
     fn requests_still_held_when_the_turn_ends_are_released_as_cancelled() {
         let id = ActionId::mint();
         let mut log = Log::default();
@@ -1260,6 +1309,36 @@ mod tests {
         assert_eq!(
             fold.message("1:agent").unwrap().stop_reason,
             Some(StopReason::Cancelled)
+        );
+    }
+
+    #[test]
+    fn a_model_change_its_runtime_died_before_answering_is_rejected_by_the_fault() {
+        let (model, option) = (ActionId::mint(), ActionId::mint());
+        let mut log = Log::default();
+        log.inc(json!({"jsonrpc": "2.0", "id": "harness:1:1", "result": {"sessionId": "s", "configOptions": model_options("fast")}}))
+            .out(acp_frames::set_config_option_request(&model, "s", "model", &acp_frames::ConfigValue::Id("smart".into())), Some(model))
+            .out(acp_frames::set_config_option_request(&option, "s", "effort", &acp_frames::ConfigValue::Id("high".into())), Some(option));
+        let control = |fold: &Fold, id: &str| match &fold.message(id).unwrap().parts[0] {
+            Part::Control(c) => c.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(control(&log.fold(), "1:user").outcome, Outcome::Pending);
+        log.event(
+            json!({"event": "fault", "kind": "exit", "detail": "runtime exited with code 3"}),
+        );
+        let fold = log.fold();
+        for id in ["1:user", "2:user"] {
+            assert_eq!(control(&fold, id).outcome, Outcome::Rejected, "{id}");
+            assert_eq!(
+                fold.message(id).unwrap().error.as_deref(),
+                Some("runtime exited with code 3")
+            );
+        }
+        assert_eq!(
+            fold.metadata().model,
+            "fast",
+            "a change never answered never moves it"
         );
     }
 

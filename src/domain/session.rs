@@ -75,6 +75,9 @@ pub struct SessionRecord {
     /// Whether the runtime advertised `session/resume` / `session/load` (how to reopen).
     pub can_resume: bool,
     pub can_load: bool,
+    /// The action id of the prompt given at creation, if any: an idempotent CreateSession retry
+    /// answers with it (SPEC §3.3). Set once, when the session is stored.
+    pub first_action_id: Option<crate::domain::ActionId>,
 }
 
 impl SessionRecord {

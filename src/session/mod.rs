@@ -177,6 +177,9 @@ pub(crate) struct Shared {
     /// Set once the lease is lost (taken by another replica, or a write was fenced off): the
     /// actor stops its runtime at once and this handle is never used again.
     lost: tokio::sync::watch::Sender<bool>,
+    /// The transcript as GetTranscript last folded it: the next call folds only the entries
+    /// committed since (SPEC §9.3). Dropped with the session's handle.
+    pub(crate) transcript: tokio::sync::Mutex<Option<crate::acp::fold::Fold>>,
 }
 
 impl Shared {
@@ -192,6 +195,7 @@ impl Shared {
             queue_len: AtomicUsize::new(0),
             fence: None,
             lost: tokio::sync::watch::channel(false).0,
+            transcript: tokio::sync::Mutex::new(None),
         }
     }
 

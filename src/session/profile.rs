@@ -57,7 +57,8 @@ impl Profile {
         Self {
             name: MOCK_PROFILE.to_owned(),
             command: program,
-            args: vec!["mock-agent".to_owned()],
+            // It advertises resume so sessions on the embedded default survive a restart (SPEC §8).
+            args: vec!["mock-agent".to_owned(), "--resume".to_owned()],
             env: BTreeMap::new(),
             permission_policy: PermissionPolicy::Ask,
             allowed_cwd_roots: None,

@@ -138,6 +138,7 @@ pub(crate) mod fixtures {
             request_fingerprint: "request-fp".to_owned(),
             can_resume: true,
             can_load: false,
+            first_action_id: Some(ActionId::mint()),
         }
     }
 

@@ -397,7 +397,16 @@ impl Store for PostgresStore {
                 format!("session {} already exists", record.id),
             ));
         };
-        write_side_rows(&tx, row.get(0), record).await?;
+        let pk: i64 = row.get(0);
+        if let Some(first) = record.first_action_id {
+            tx.execute(
+                "UPDATE sessions SET first_action_id = $2 WHERE pk = $1",
+                &[&pk, &first.as_uuid()],
+            )
+            .await
+            .context("storing a new session")?;
+        }
+        write_side_rows(&tx, pk, record).await?;
         tx.commit().await.context("committing a new session")
     }
 

@@ -412,9 +412,15 @@ def env_from_secret(r, name):
 def the_database_url_and_replica_token_come_from_secrets_only(r, _):
     url = env_from_secret(r, "AGENT_HARNESS_DATABASE_URL")
     expect(url == {"name": r.values["database"]["existingSecret"], "key": r.values["database"].get("key", "url")}, url)
-    token = env_from_secret(r, "AGENT_HARNESS_REPLICA_TOKEN")
+    # The replica token is a file from its Secret (like the tokens file), never an env value.
+    token_file = flag(r.args, "replica-token-file")
+    expect(token_file is not None, r.args)
+    volume, path = r.mounted_file(token_file)
     want = r.values["replicaToken"]
-    expect(token == {"name": want["existingSecret"], "key": want.get("key", "token")}, token)
+    expect(volume["secret"]["secretName"] == want["existingSecret"], volume)
+    items = {i["path"]: i["key"] for i in volume["secret"]["items"]}
+    expect(items.get(path) == want.get("key", "token"), (items, path))
+    expect(not any(e["name"].startswith("AGENT_HARNESS_REPLICA_TOKEN") for e in r.container["env"]), r.container["env"])
     expect(flag(r.args, "database-url") is None, r.args)
     expect("postgres" not in r.config_text(), "a database URL in the config")
 

@@ -170,7 +170,8 @@ fn same_entry(before: &pb::LogEntry, after: &pb::LogEntry) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_kill_9_every_logged_entry_is_unchanged_and_both_queued_prompts_are_still_queued() {
+async fn after_kill_9_a_session_that_cannot_reopen_keeps_its_log_is_disconnected_and_abandons_its_queue_visibly()
+ {
     within(Duration::from_secs(60), async {
         let (dir, data, id, log, [running, first, second], _marker) =
             crash_with_work_in_flight("plain").await;
@@ -181,29 +182,79 @@ async fn after_kill_9_every_logged_entry_is_unchanged_and_both_queued_prompts_ar
         for (before, after) in log.iter().zip(&after) {
             same_entry(before, after);
         }
-        let queue: Vec<String> = session
-            .queue()
-            .await
-            .into_iter()
-            .map(|e| e.action_id)
-            .collect();
-        assert_eq!(
-            queue,
-            vec![first, second],
-            "both queued prompts are still queued, in order"
-        );
+        // The queue is abandoned visibly, not left waiting for a reopen that cannot happen.
+        assert!(session.queue().await.is_empty(), "the queue is empty");
+        let abandoned = after
+            .iter()
+            .filter_map(|e| serde_json::from_str::<serde_json::Value>(&e.json).ok())
+            .find(|f| f["event"] == "queue_abandoned")
+            .expect("a queue_abandoned event is logged");
+        assert_eq!(abandoned["reason"], "RUNTIME_CANNOT_REOPEN");
+        assert_eq!(abandoned["action_ids"], serde_json::json!([first, second]));
         let got = session.get().await;
         assert_eq!(
             got.status,
-            pb::SessionStatus::Suspended as i32,
+            pb::SessionStatus::Disconnected as i32,
             "{}",
             got.status_reason
         );
+        assert!(
+            got.status_reason.starts_with("RUNTIME_CANNOT_REOPEN"),
+            "{}",
+            got.status_reason
+        );
+        // Each abandoned action reads REMOVED: re-sending it finds nothing queued.
+        for (action_id, text) in [(&first, "queued one"), (&second, "queued two")] {
+            let mut request = session.control_request(crate::support::prompt(text));
+            request.action_id = Some(action_id.clone());
+            let status = session.control(request).await.expect_err("removed");
+            assert_eq!(
+                crate::harness::error_reason(&status),
+                "QUEUED_ACTION_NOT_FOUND",
+                "{status:?}"
+            );
+        }
         // The runtime cannot be reopened (no resume, no load): nothing was re-sent.
         let sent = session.sent_frames().await;
         assert_eq!(
             sent.iter().filter(|f| f["id"] == running.as_str()).count(),
             1
+        );
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_a_session_with_only_a_turn_in_flight_on_the_builtin_mock_profile_is_reopened_at_once()
+ {
+    within(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = uuid::Uuid::now_v7().to_string();
+        let config = config_file(dir.path(), &marker);
+        let data = dir.path().join("data");
+        let server = Server::start(&data, &config);
+        let mut session = Session::create_with_client(
+            server.client().await,
+            pb::CreateSessionRequest {
+                profile: "mock".into(),
+                cwd: dir.path().to_string_lossy().into_owned(),
+                ..Default::default()
+            },
+        )
+        .await;
+        let mut watch = session.watch().await;
+        session.prompt("@wait-cancel").await;
+        watch.chunk("echo: @wait-cancel").await;
+        server.kill_9();
+        let server = Server::start(&data, &config);
+        let mut session = Session::attach(server.client().await, &session.id);
+        let mut watch = session.watch().await;
+        // Nothing is queued, yet the session reopens without being asked to.
+        watch.status(pb::SessionStatus::Idle).await;
+        let sent = session.sent_frames().await;
+        assert!(
+            sent.iter().any(|f| f["method"] == "session/resume"),
+            "reopened with session/resume"
         );
     })
     .await

@@ -7,14 +7,18 @@
 use agent_harness_testkit::{harness, support};
 
 mod auth;
+mod cannot_reopen;
 mod crash;
 mod create_crash;
 mod faults;
+mod first_action;
 mod health;
+mod held_answers;
 mod hostile;
 mod interactions;
 mod interop;
 mod interrupts;
+mod large_transcript;
 mod log;
 mod operations;
 mod postgres;
@@ -28,6 +32,7 @@ mod scale;
 mod services;
 mod sessions;
 mod signals;
+mod starting;
 mod tls;
 mod transcript;
 mod translator;

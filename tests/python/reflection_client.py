@@ -164,6 +164,52 @@ def check_error_details(channel, pool):
     raise CheckFailed("GetSession of an unknown session succeeded")
 
 
+def check_large_transcript(channel, pool):
+    """6 MiB of agent output reads completely through GetTranscript paging under the default
+    4 MiB message limit of this client (issue 13, item 4)."""
+    service = "agent_harness.v1.AgentSessionService."
+    create_class, create = unary(channel, pool, service + "CreateSession")
+    control_class, control = unary(channel, pool, service + "Control")
+    get_class, get_session = unary(channel, pool, service + "GetSession")
+    page_class, get_transcript = unary(channel, pool, service + "GetTranscript")
+    queue_class, get_queue = unary(channel, pool, service + "GetQueue")
+    created = create(
+        create_class(profile="mock", cwd=os.path.abspath(os.sep)), timeout=TIMEOUT_S
+    )
+    session_id = created.session.id
+    for _ in range(3):
+        request = control_class(session_id=session_id)
+        request.prompt.prompt = "@long 2000000"
+        control(request, timeout=TIMEOUT_S)
+    # Wait for the three turns (queued behind each other) to end: IDLE with three agent turns.
+    deadline = time.time() + 60
+    while True:
+        session = get_session(get_class(session_id=session_id), timeout=TIMEOUT_S).session
+        status = session.DESCRIPTOR.fields_by_name["status"].enum_type.values_by_number[
+            session.status
+        ].name
+        queued = get_queue(queue_class(session_id=session_id), timeout=TIMEOUT_S).entries
+        if status == "SESSION_STATUS_IDLE" and not queued:
+            break
+        check(time.time() < deadline, "the three long turns did not end: {}".format(status))
+        time.sleep(0.1)
+    total, pages, token = 0, 0, ""
+    while True:
+        page = get_transcript(
+            page_class(session_id=session_id, page_token=token), timeout=TIMEOUT_S
+        )
+        pages += 1
+        for message in page.messages:
+            for part in message.parts:
+                if part.WhichOneof("kind") == "text":
+                    total += len(part.text.text)
+        if not page.next_page_token:
+            break
+        token = page.next_page_token
+    check(total >= 6_000_000, "GetTranscript returned {} bytes of text, not 6 MB".format(total))
+    print("GetTranscript: {} bytes of agent text in {} pages".format(total, pages))
+
+
 def main(argv):
     if len(argv) != 2:
         print("usage: reflection_client.py HOST:PORT", file=sys.stderr)
@@ -177,6 +223,7 @@ def main(argv):
             check_services(database)
             check_translate(channel, pool)
             check_error_details(channel, pool)
+            check_large_transcript(channel, pool)
         except CheckFailed as failure:
             print("python reflection client: FAILED: {}".format(failure), file=sys.stderr)
             return 1

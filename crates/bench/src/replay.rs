@@ -95,6 +95,24 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
         counts.push(entries);
     }
     let usage = before.until(&server.counters());
+
+    // GetTranscript on the same long log: the first call folds the whole log (what every call
+    // cost before the fold was kept), later calls fold only what was appended since.
+    let mut sessions = client::sessions(&pool[1]);
+    let mut transcript_ms = Vec::new();
+    for _ in 0..6 {
+        let start = Instant::now();
+        sessions
+            .get_transcript(pb::GetTranscriptRequest {
+                session_id: session_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .context("GetTranscript")?;
+        transcript_ms.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    let cold = transcript_ms[0];
+    let warm = median(&transcript_ms[1..]).expect("five warm calls");
     drop(pool);
     server.stop().await?;
 
@@ -121,6 +139,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
                 build.as_secs_f64()
             ),
             format!("replay: {}", usage.describe()),
+            format!(
+                "transcript: GetTranscript (first page) on the {frames}-entry log: {cold:.1} ms \
+                 folding the whole log (every call before the kept fold), {warm:.2} ms median of \
+                 5 later calls (incremental)"
+            ),
         ],
     })
 }

@@ -274,6 +274,10 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                     // Never answered.
                     return;
                 }
+                if let Some(ms) = self.args.delay_initialize {
+                    // Blocking is fine: nothing else can happen before the handshake.
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                }
                 if self.args.fail_initialize {
                     wire::error(
                         self.buf(),

@@ -75,6 +75,9 @@ pub struct MockAgentArgs {
     /// Never answer `initialize`
     #[arg(long)]
     pub hang_initialize: bool,
+    /// Wait MS milliseconds before answering `initialize` (a slow handshake)
+    #[arg(long, value_name = "MS")]
+    pub delay_initialize: Option<u64>,
     /// Answer `session/new` with a JSON-RPC error
     #[arg(long, conflicts_with = "auth_required")]
     pub fail_new_session: bool,
@@ -100,6 +103,7 @@ impl Default for MockAgentArgs {
             exit_at_start: None,
             fail_initialize: false,
             hang_initialize: false,
+            delay_initialize: None,
             fail_new_session: false,
             auth_required: false,
             ignore_cancel: false,

@@ -6,10 +6,7 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 
 use super::{Actor, Out, PendingKind, StartPurpose, fingerprint, sent};
-use crate::session::{
-    Command, ControlInput, ControlOutcome, ControlStatus, SessionEvent,
-    interactions::{HeldElicitation, HeldPermission, Released},
-};
+use crate::session::{Command, ControlInput, ControlOutcome, ControlStatus, SessionEvent};
 use crate::{
     acp::frames::{self as acp_frames, ConfigValue},
     domain::{
@@ -21,6 +18,10 @@ use crate::{
     store::{ActionRecord, ActionState, QueueOp},
 };
 
+/// How many model and config option changes may wait for a starting runtime; beyond that they
+/// are answered at once (RUNTIME_DISCONNECTED: not ready).
+const WAITING_CONFIGS: usize = 16;
+
 impl Actor {
     pub(super) async fn on_command(&mut self, command: Command) {
         match command {
@@ -30,6 +31,21 @@ impl Actor {
                 traceparent,
                 reply,
             } => {
+                if matches!(
+                    input.action,
+                    Action::SetModel { .. } | Action::SetConfigOption { .. }
+                ) && self.runtime.conn.is_some()
+                    && self.runtime.starting.is_some()
+                    && self.work.waiting_configs.len() < WAITING_CONFIGS
+                {
+                    self.work.waiting_configs.push(Command::Control {
+                        principal,
+                        input,
+                        traceparent,
+                        reply,
+                    });
+                    return;
+                }
                 let result = self.on_control(principal, input, traceparent).await;
                 let _ = reply.send(result);
             }
@@ -438,28 +454,16 @@ impl Actor {
         let mut out = Out::default();
         out.record_action(action_id, fingerprint, ActionState::Sent);
         self.log_send(&mut out, &frame, actor, Some(action_id));
-        let released = self.work.held.release(request_id);
+        // Kept whole (options and order) in case the answer cannot be stored.
+        let held = self.work.held.clone();
+        self.work.held.release(request_id);
         self.refresh_status(&mut out);
         if let Err(error) = self.flush(out).await {
-            // Nothing was sent: the request stays held.
-            if let Some(kind) = released {
-                self.restore_held(kind, request_id);
-            }
+            // Nothing was sent: the request stays held, exactly as it was.
+            self.work.held = held;
             return Err(error);
         }
         Ok(sent(action_id))
-    }
-
-    pub(super) fn restore_held(&mut self, kind: Released, id: &JsonRpcId) {
-        match kind {
-            Released::Permission => self.work.held.permissions.push(HeldPermission {
-                id: id.clone(),
-                options: Vec::new(),
-            }),
-            Released::Elicitation => {
-                self.work.held.elicitation = Some(HeldElicitation { id: id.clone() })
-            }
-        }
     }
 
     pub(super) async fn on_edit(

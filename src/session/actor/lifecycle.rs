@@ -6,8 +6,8 @@ use std::{io, process::ExitStatus, time::Instant};
 use serde_json::{Value, json};
 
 use super::{
-    Actor, CLOSE_GRACE, Conn, EXIT_DRAIN, HARNESS_ACTOR, Out, Pending, PendingKind, STDERR_DRAIN,
-    STDERR_QUOTE_CHARS, StartPurpose, fingerprint,
+    Actor, CANNOT_REOPEN, CLOSE_GRACE, Conn, EXIT_DRAIN, HARNESS_ACTOR, Out, Pending, PendingKind,
+    STDERR_DRAIN, STDERR_QUOTE_CHARS, StartPurpose, fingerprint,
 };
 use crate::{
     acp::{
@@ -25,15 +25,27 @@ use crate::{
 
 impl Actor {
     /// After a harness restart (SPEC §8): a turn that was in flight is closed in the log as
-    /// FAILED ("harness restarted") and never re-sent; a session with queued work reopens at once
-    /// and drains; the rest are SUSPENDED and reopen on demand. `owner_lost`: claimed from a
-    /// replica that died (SPEC §15), said so in the log ("owner replica lost").
+    /// FAILED ("harness restarted") and never re-sent; a session with queued work or a turn in
+    /// flight reopens at once (and drains); the rest are SUSPENDED and reopen on demand. A
+    /// session that cannot be reopened is DISCONNECTED with [`CANNOT_REOPEN`] and its queue is
+    /// abandoned visibly, rather than waiting for a reopen that can never happen. `owner_lost`:
+    /// claimed from a replica that died (SPEC §15), said so in the log ("owner replica lost").
     pub(super) async fn recover(&mut self, owner_lost: bool) {
+        let reopenable = self.record.can_resume || self.record.can_load;
         if !self.record.status.has_runtime() {
-            if self.record.status != SessionStatus::Closed
-                && !self.work.queue.is_empty()
-                && (self.record.can_resume || self.record.can_load)
+            if self.record.status == SessionStatus::Closed {
+                return;
+            }
+            if !reopenable
+                && (self.record.status != SessionStatus::Disconnected
+                    || !self.work.queue.is_empty())
             {
+                let mut out = Out::default();
+                self.cannot_reopen(&mut out);
+                if let Err(error) = self.flush(out).await {
+                    tracing::error!(session = %self.record.id, %error, "could not record the restart");
+                }
+            } else if reopenable && !self.work.queue.is_empty() {
                 tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening to drain the queue");
                 self.start_runtime(StartPurpose::Reopen).await;
             }
@@ -59,6 +71,8 @@ impl Actor {
         if self.record.acp_session_id.is_empty() {
             self.record.status = SessionStatus::Disconnected;
             self.record.status_reason = format!("{why} before the runtime finished starting");
+        } else if !reopenable {
+            self.cannot_reopen(&mut out);
         } else {
             self.record.status = SessionStatus::Suspended;
             self.record.status_reason = why.to_owned();
@@ -68,10 +82,38 @@ impl Actor {
             tracing::error!(session = %self.record.id, %error, "could not record the restart");
             return;
         }
-        if !self.work.queue.is_empty() && (self.record.can_resume || self.record.can_load) {
-            tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening to drain the queue");
+        // The turn that was in flight is not re-sent, but the session reopens now so its agent
+        // is back as it was before the restart (SPEC §8).
+        if reopenable && (turn_in_flight || !self.work.queue.is_empty()) {
+            tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening after the restart");
             self.start_runtime(StartPurpose::Reopen).await;
         }
+    }
+
+    /// The runtime is gone and can be reopened neither by resume nor load: DISCONNECTED with
+    /// [`CANNOT_REOPEN`], every queued action abandoned (logged, REMOVED, an empty queue).
+    fn cannot_reopen(&mut self, out: &mut Out) {
+        if !self.work.queue.is_empty() {
+            let abandoned: Vec<String> = self
+                .work
+                .queue
+                .entries()
+                .map(|e| e.action_id.to_string())
+                .collect();
+            self.log_event(
+                out,
+                json!({"event": "queue_abandoned", "reason": CANNOT_REOPEN,
+                       "action_ids": abandoned}),
+                None,
+            );
+            self.clear_queue(out);
+        }
+        self.record.status = SessionStatus::Disconnected;
+        self.record.status_reason = format!(
+            "{CANNOT_REOPEN}: the harness restarted and the agent advertises neither \
+             session/resume nor session/load"
+        );
+        self.touch(out);
     }
 
     pub(super) async fn start_runtime(&mut self, purpose: StartPurpose) {

@@ -44,6 +44,9 @@ pub(crate) const RUNTIME_ACTOR: &str = "runtime";
 /// Actor of entries the harness made on its own (handshake, events, automatic answers).
 pub(crate) const HARNESS_ACTOR: &str = "harness";
 /// How long to wait for a runtime's output to close after its process exited.
+/// The `status_reason` prefix of a session whose runtime is gone and can be reopened neither by
+/// `session/resume` nor `session/load` (SPEC §8).
+pub(crate) const CANNOT_REOPEN: &str = "RUNTIME_CANNOT_REOPEN";
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
 /// How long to wait for a runtime to exit after its output closed, before calling it a closed
 /// output of a live process.
@@ -197,6 +200,9 @@ struct Work {
     queue: Queue,
     held: Held,
     idle_deadline: Option<Instant>,
+    /// Model and config option changes that came while the runtime was starting: answered once
+    /// the handshake ends (SPEC §8), since the runtime is not dead, only not ready yet.
+    waiting_configs: Vec<Command>,
 }
 
 /// Capacity of a session's command channel.
@@ -254,6 +260,7 @@ impl Actor {
                 queue: Queue::from_entries(resume.queue),
                 held: Held::default(),
                 idle_deadline: None,
+                waiting_configs: Vec::new(),
             },
             fold: None,
             finished: false,
@@ -288,6 +295,14 @@ impl Actor {
             };
             tokio::select! {
                 biased;
+                // Another replica holds the session now (SPEC §15): stop at once, write nothing.
+                // First of all: losing the lease also drops the registry's handle, which closes
+                // the command channel, and that must not end the actor without saying why.
+                _ = lost.changed() => {
+                    if self.shared.is_lost() {
+                        self.stop_lost("lease lost");
+                    }
+                }
                 Some(first) = self.runtime.events_rx.recv() => {
                     let mut events = vec![first];
                     while events.len() < INBOUND_BATCH {
@@ -301,14 +316,18 @@ impl Actor {
                 status = exited => Box::pin(self.on_exit(status)).await,
                 command = self.commands.recv() => match command {
                     Some(command) => Box::pin(self.on_command(command)).await,
-                    None => break,
+                    None => {
+                        if self.shared.is_lost() {
+                            self.stop_lost("lease lost");
+                        }
+                        break;
+                    }
                 },
                 _ = sleep_until(deadline) => Box::pin(self.on_deadline()).await,
-                // Another replica holds the session now (SPEC §15): stop at once, write nothing.
-                _ = lost.changed() => {
-                    if self.shared.is_lost() {
-                        self.stop_lost("lease lost");
-                    }
+            }
+            if self.runtime.starting.is_none() && !self.work.waiting_configs.is_empty() {
+                for command in std::mem::take(&mut self.work.waiting_configs) {
+                    Box::pin(self.on_command(command)).await;
                 }
             }
         }
@@ -608,8 +627,11 @@ impl Actor {
 
     fn arm_idle_timer(&mut self) {
         self.work.idle_deadline = match self.profile.idle_timeout {
+            // A runtime that cannot be reopened is kept: suspending it would lose the session.
             Some(idle)
-                if self.live_status() == SessionStatus::Idle && self.work.queue.is_empty() =>
+                if self.live_status() == SessionStatus::Idle
+                    && self.work.queue.is_empty()
+                    && (self.record.can_resume || self.record.can_load) =>
             {
                 Some(Instant::now() + idle)
             }

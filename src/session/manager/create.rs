@@ -129,6 +129,7 @@ impl Sessions {
             request_fingerprint: request_fingerprint.clone(),
             can_resume: false,
             can_load: false,
+            first_action_id: first_prompt.as_ref().map(|_| ActionId::mint()),
         };
         let stored = ctx.store.create_session(&record).await;
         drop(admission);
@@ -147,7 +148,7 @@ impl Sessions {
         let fence = self.claim_new(session_id).await?;
         let (ready_tx, ready_rx) = oneshot::channel();
         let first = first_prompt.map(|prompt| FirstPrompt {
-            action_id: ActionId::mint(),
+            action_id: record.first_action_id.expect("minted with the record"),
             prompt,
             actor: owner.clone(),
             traceparent,
@@ -230,7 +231,11 @@ impl Sessions {
                 (existing, head)
             }
         };
-        let first_action_id = self.first_prompt_id(record.id).await?;
+        // Sessions stored before the record kept it: read it back from the log.
+        let first_action_id = match record.first_action_id {
+            Some(id) => Some(id),
+            None => self.first_prompt_id(record.id).await?,
+        };
         Ok(Created {
             record,
             head,

@@ -52,6 +52,7 @@ impl At<'_> {
 pub(super) const SESSION_COLUMNS: &str = "s.id, s.name, s.owner, s.profile, s.cwd, s.model, \
      s.acp_session_id, s.status, s.status_reason, s.created_at, s.updated_at, \
      s.profile_fingerprint, s.request_fingerprint, s.can_resume, s.can_load, \
+     s.first_action_id, \
      ARRAY(SELECT l.key FROM session_labels l WHERE l.session_pk = s.pk ORDER BY l.key), \
      ARRAY(SELECT l.value FROM session_labels l WHERE l.session_pk = s.pk ORDER BY l.key), \
      ARRAY(SELECT e.principal FROM session_editors e WHERE e.session_pk = s.pk \
@@ -68,8 +69,8 @@ pub(super) fn session(row: &Row) -> Result<SessionRecord> {
     let status_text: &str = at.get(7, "status")?;
     let status = SessionStatus::parse(status_text)
         .ok_or_else(|| at.bad("status", format_args!("{status_text:?} is unknown")))?;
-    let keys: Vec<String> = at.get(15, "label keys")?;
-    let values: Vec<String> = at.get(16, "label values")?;
+    let keys: Vec<String> = at.get(16, "label keys")?;
+    let values: Vec<String> = at.get(17, "label values")?;
     if keys.len() != values.len() {
         return Err(at.bad("labels", "have keys and values of different counts"));
     }
@@ -87,10 +88,13 @@ pub(super) fn session(row: &Row) -> Result<SessionRecord> {
         updated_at: at.micros(10, "updated_at")?,
         labels: keys.into_iter().zip(values).collect::<BTreeMap<_, _>>(),
         profile_fingerprint: at.get(11, "profile_fingerprint")?,
-        editors: at.get(17, "editors")?,
+        editors: at.get(18, "editors")?,
         request_fingerprint: at.get(12, "request_fingerprint")?,
         can_resume: at.get(13, "can_resume")?,
         can_load: at.get(14, "can_load")?,
+        first_action_id: at
+            .get::<Option<Uuid>>(15, "first_action_id")?
+            .map(action_id_of),
     })
 }
 

@@ -12,7 +12,7 @@ use super::Context;
 use crate::domain::{Error, Result};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -112,6 +112,10 @@ CREATE TABLE leases (
 CREATE INDEX leases_by_owner ON leases (owner_replica);
 CREATE INDEX leases_by_expiry ON leases (expires_at);
 "#;
+
+/// Version 2: the action id of a session's first prompt (set at creation, never changed), so an
+/// idempotent CreateSession retry finds it however long the log. Older sessions read NULL.
+const V2: &str = "ALTER TABLE sessions ADD COLUMN first_action_id uuid;";
 
 /// Brings the schema of the connection's `search_path` to [`SCHEMA_VERSION`].
 pub(super) async fn migrate(client: &mut Client) -> Result<()> {

@@ -124,7 +124,7 @@ macro_rules! session_columns {
     () => {
         "s.pk, s.id, s.name, s.owner, s.profile, s.cwd, s.model, s.acp_session_id, s.status, \
          s.status_reason, s.created_at, s.updated_at, s.profile_fingerprint, \
-         s.request_fingerprint, s.can_resume, s.can_load"
+         s.request_fingerprint, s.can_resume, s.can_load, s.first_action_id"
     };
 }
 pub(super) use session_columns;
@@ -160,6 +160,13 @@ pub(super) fn session(row: &Row<'_>) -> Result<(i64, SessionRecord)> {
         request_fingerprint: at.text(13, "request_fingerprint")?,
         can_resume: at.flag(14, "can_resume")?,
         can_load: at.flag(15, "can_load")?,
+        first_action_id: match at.optional_text(16, "first_action_id")? {
+            Some(text) => Some(
+                ActionId::from_stored(&text)
+                    .ok_or_else(|| at.bad("first_action_id", "is not an action id"))?,
+            ),
+            None => None,
+        },
     };
     Ok((pk, record))
 }

@@ -19,7 +19,7 @@ use crate::{
 pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -109,6 +109,10 @@ CREATE TABLE actions (
     PRIMARY KEY (session_pk, action_id)
 );
 "#;
+
+/// Version 2: the action id of a session's first prompt (set at creation, never changed), so an
+/// idempotent CreateSession retry finds it however long the log. Older sessions read NULL.
+const V2: &str = "ALTER TABLE sessions ADD COLUMN first_action_id TEXT;";
 
 /// Settings of the one write connection: WAL, the configured `synchronous`, foreign keys, and an
 /// automatic checkpoint only as the bound of the WAL (the checkpointer thread does the regular

@@ -482,7 +482,7 @@ async fn synchronous_is_normal_by_default_and_full_when_configured() {
 }
 
 #[tokio::test]
-async fn the_file_is_in_wal_mode_at_schema_version_one_with_every_table() {
+async fn the_file_is_in_wal_mode_at_the_current_schema_version_with_every_table() {
     within(async {
         let dir = tempfile::tempdir().unwrap();
         let store = open(&db_path(&dir));
@@ -494,7 +494,7 @@ async fn the_file_is_in_wal_mode_at_schema_version_one_with_every_table() {
         let version: i64 = raw
             .query_row("PRAGMA user_version", [], |row| row.get(0))
             .unwrap();
-        assert_eq!(version, 1);
+        assert_eq!(version, super::schema::SCHEMA_VERSION);
         let mut tables: Vec<String> = raw
             .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
             .unwrap()

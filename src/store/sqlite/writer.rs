@@ -369,7 +369,13 @@ fn create(conn: &Connection, record: &SessionRecord) -> Result<()> {
             format!("session {} already exists", record.id),
         ));
     }
-    write_side_rows(conn, conn.last_insert_rowid(), record)
+    let pk = conn.last_insert_rowid();
+    if let Some(first) = record.first_action_id {
+        conn.prepare_cached("UPDATE sessions SET first_action_id = ?2 WHERE pk = ?1")
+            .and_then(|mut stmt| stmt.execute((pk, first.to_string())))
+            .context("storing a new session")?;
+    }
+    write_side_rows(conn, pk, record)
 }
 
 fn replace_record(
