@@ -353,6 +353,38 @@ impl SessionHandle {
     }
 }
 
+/// Log entries read per page when a stored log is folded.
+const FOLD_PAGE: usize = 1000;
+
+/// Folds a session's stored log from where `fold` stands up to `up_to` (inclusive), page by
+/// page, and drops the fold's turn-end and urgency notes: whoever folds a stored log is catching
+/// up on history, not watching it happen. On a read failure `fold` keeps what it applied, a true
+/// prefix of the log.
+pub(crate) async fn fold_stored_log(
+    store: &dyn Store,
+    session_id: Uuid,
+    fold: &mut crate::acp::fold::Fold,
+    up_to: u64,
+) -> crate::domain::Result<()> {
+    let mut at = fold.head();
+    let result = async {
+        while at < up_to {
+            let limit = FOLD_PAGE.min(usize::try_from(up_to - at).unwrap_or(FOLD_PAGE));
+            let page = store.read_log(session_id, at, limit).await?;
+            let Some(last) = page.last() else { break };
+            at = last.offset;
+            for entry in &page {
+                fold.apply(entry);
+            }
+        }
+        Ok(())
+    }
+    .await;
+    fold.take_turn_ends();
+    fold.take_urgent();
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -307,25 +307,13 @@ impl Subscription {
 
     async fn serve(&mut self) -> std::result::Result<(), Gone> {
         if let Some(mut fold) = self.fold.take() {
-            // The fold state as of `after_offset`: folded, not sent.
-            let mut at = 0;
-            while at < self.last {
-                let limit = REPLAY_PAGE.min((self.last - at) as usize);
-                let page = match self.store.read_log(self.id, at, limit).await {
-                    Ok(page) => page,
-                    Err(e) => return Err(self.fail_now(e)),
-                };
-                if page.is_empty() {
-                    break;
-                }
-                for entry in &page {
-                    fold.apply(entry);
-                }
-                at = page.last().map_or(self.last, |e| e.offset);
+            // The fold state as of `after_offset`: folded, not sent (what the client saw before
+            // it left is not news).
+            if let Err(e) =
+                super::fold_stored_log(self.store.as_ref(), self.id, &mut fold, self.last).await
+            {
+                return Err(self.fail_now(e));
             }
-            // What the client saw before it left is not news.
-            fold.take_turn_ends();
-            fold.take_urgent();
             self.fold = Some(fold);
         }
         self.catch_up_to_head().await?;

@@ -5,7 +5,6 @@
 //! a note — except with `CI=true`, where it fails. It works in a schema of its own, named in the
 //! URL's `options`, and drops it at the end.
 
-use agent_harness::pb::v1 as pb;
 use tempfile::TempDir;
 
 use crate::{
@@ -47,18 +46,6 @@ pub(crate) fn url_in_schema(url: &str, schema: &str) -> String {
     format!("{url}{separator}options=-c%20search_path%3D{schema}")
 }
 
-async fn transcript(session: &mut Session) -> pb::GetTranscriptResponse {
-    session
-        .client
-        .get_transcript(pb::GetTranscriptRequest {
-            session_id: session.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .expect("the transcript reads")
-        .into_inner()
-}
-
 #[tokio::test]
 async fn a_session_on_postgres_runs_a_prompt_and_a_restarted_server_reads_the_same_transcript() {
     let Some((url, schema)) = test_schema().await else {
@@ -76,7 +63,7 @@ async fn a_session_on_postgres_runs_a_prompt_and_a_restarted_server_reads_the_sa
         let mut watch = session.watch().await;
         let reply = session.prompt("hello from postgres").await;
         watch.response_to(&reply.action_id).await;
-        let before = transcript(&mut session).await;
+        let before = session.transcript().await;
         let log_before = session.log().await;
         assert_eq!(before.messages.len(), 2, "{:?}", before.messages);
         assert_eq!(
@@ -89,7 +76,7 @@ async fn a_session_on_postgres_runs_a_prompt_and_a_restarted_server_reads_the_sa
         let second =
             Harness::start_with(|c| c.database_url = Some(database_url.clone().into())).await;
         let mut again = Session::attach(second.sessions(), &session.id);
-        let after = transcript(&mut again).await;
+        let after = again.transcript().await;
         assert_eq!(after.messages, before.messages);
         let log_after = again.log().await;
         assert_eq!(

@@ -72,23 +72,6 @@ async fn actors_on(h: &Harness) -> f64 {
         .sum()
 }
 
-/// The session as GetSession tells it, for comparing replicas.
-async fn described(session: &mut Session) -> pb::AgentSession {
-    session.get().await
-}
-
-async fn transcript(session: &mut Session) -> pb::GetTranscriptResponse {
-    session
-        .client
-        .get_transcript(pb::GetTranscriptRequest {
-            session_id: session.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .expect("the transcript reads")
-        .into_inner()
-}
-
 #[tokio::test]
 async fn a_subscriber_on_another_replica_sees_every_offset_in_order_with_turn_ends_and_reads_match()
 {
@@ -158,8 +141,8 @@ async fn a_subscriber_on_another_replica_sees_every_offset_in_order_with_turn_en
             order.iter().map(|id| upserted[id].clone()).collect();
 
         // Reads on B match A.
-        let transcript_a = transcript(&mut on_a).await;
-        let transcript_b = transcript(&mut on_b).await;
+        let transcript_a = on_a.transcript().await;
+        let transcript_b = on_b.transcript().await;
         assert_eq!(transcript_b.messages, transcript_a.messages);
         assert_eq!(
             folded, transcript_a.messages,
@@ -167,7 +150,7 @@ async fn a_subscriber_on_another_replica_sees_every_offset_in_order_with_turn_en
         );
         assert_eq!(on_b.log().await, log_a);
         assert_eq!(on_b.queue().await, on_a.queue().await);
-        let (session_a, session_b) = (described(&mut on_a).await, described(&mut on_b).await);
+        let (session_a, session_b) = (on_a.get().await, on_b.get().await);
         assert_eq!(session_b.id, session_a.id);
         assert_eq!(session_b.status, session_a.status);
         assert_eq!(session_b.head_offset, session_a.head_offset);
@@ -236,7 +219,7 @@ async fn a_closed_session_is_read_and_streamed_from_the_store_without_starting_i
             .expect("the session closes");
         watch.status(pb::SessionStatus::Closed).await;
         let log_before = session.log().await;
-        let transcript_before = transcript(&mut session).await;
+        let transcript_before = session.transcript().await;
         drop(watch);
         first.shutdown().await;
 
@@ -246,7 +229,7 @@ async fn a_closed_session_is_read_and_streamed_from_the_store_without_starting_i
         assert_eq!(again.get().await.status, pb::SessionStatus::Closed as i32);
         assert_eq!(again.log().await, log_before);
         assert_eq!(
-            transcript(&mut again).await.messages,
+            again.transcript().await.messages,
             transcript_before.messages
         );
         assert!(again.queue().await.is_empty());

@@ -39,16 +39,7 @@ pub async fn subscribe(
     after: u64,
     view: pb::SubscribeView,
 ) -> Streaming<pb::SubscribeResponse> {
-    session
-        .client
-        .subscribe(pb::SubscribeRequest {
-            session_id: session.id.clone(),
-            after_offset: after,
-            view: view as i32,
-        })
-        .await
-        .expect("subscribed")
-        .into_inner()
+    session.watch_from(after, view).await.stream
 }
 
 /// Reads a stream until it has sent `turns` TurnEnded events; returns every event.

@@ -173,6 +173,18 @@ impl Session {
             .collect()
     }
 
+    /// The first page of the folded transcript.
+    pub async fn transcript(&mut self) -> pb::GetTranscriptResponse {
+        self.client
+            .get_transcript(pb::GetTranscriptRequest {
+                session_id: self.id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("the transcript reads")
+            .into_inner()
+    }
+
     /// A LOG-view stream from the beginning.
     pub async fn watch(&mut self) -> Watch {
         self.watch_from(0, pb::SubscribeView::Log).await

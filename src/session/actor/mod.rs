@@ -55,8 +55,6 @@ const CLOSE_GRACE: Duration = Duration::from_millis(250);
 const STDERR_DRAIN: Duration = Duration::from_millis(500);
 /// Characters of stderr quoted in a status reason or error.
 const STDERR_QUOTE_CHARS: usize = 2000;
-/// Log entries read per page when the actor folds a stored log.
-const FOLD_PAGE: usize = 1000;
 /// Runtime events folded into one log commit at most.
 const INBOUND_BATCH: usize = 256;
 
@@ -465,21 +463,13 @@ impl Actor {
     /// Folds the session's stored log up to the head.
     async fn fold_log(&self) -> Result<Fold> {
         let mut fold = Fold::new(self.ctx.meta_key.clone());
-        let mut at = 0;
-        while at < self.head {
-            let page = self
-                .ctx
-                .store
-                .read_log(self.record.id, at, FOLD_PAGE.min((self.head - at) as usize))
-                .await?;
-            let Some(last) = page.last() else { break };
-            at = last.offset;
-            for entry in &page {
-                fold.apply(entry);
-            }
-        }
-        fold.take_turn_ends();
-        fold.take_urgent();
+        super::fold_stored_log(
+            self.ctx.store.as_ref(),
+            self.record.id,
+            &mut fold,
+            self.head,
+        )
+        .await?;
         Ok(fold)
     }
 

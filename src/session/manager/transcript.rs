@@ -3,7 +3,7 @@
 use base64::Engine;
 use uuid::Uuid;
 
-use super::{DEFAULT_PAGE_SIZE, MAX_LOG_LIMIT, MAX_PAGE_SIZE, Sessions};
+use super::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Sessions};
 use crate::{
     acp::fold::{Fold, Message, Metadata, Part, page_turns},
     domain::{Error, Principal, Result, session::SessionStatus},
@@ -68,27 +68,9 @@ impl Sessions {
         })
     }
 
-    /// Folds what the log holds past what `fold` has seen, page by page. On a read failure the
-    /// fold keeps what it applied: entries are applied in order, so it stays a true prefix.
+    /// Folds what the log holds past what `fold` has seen.
     pub(crate) async fn fold_since(&self, session_id: Uuid, fold: &mut Fold) -> Result<()> {
-        let mut after = fold.head();
-        loop {
-            let page = self
-                .ctx
-                .store
-                .read_log(session_id, after, MAX_LOG_LIMIT)
-                .await?;
-            for entry in &page {
-                fold.apply(entry);
-            }
-            // Nobody reads these from this fold: drop them so they do not pile up.
-            fold.take_turn_ends();
-            fold.take_urgent();
-            match page.last() {
-                Some(last) if page.len() == MAX_LOG_LIMIT => after = last.offset,
-                _ => return Ok(()),
-            }
-        }
+        crate::session::fold_stored_log(self.ctx.store.as_ref(), session_id, fold, u64::MAX).await
     }
 }
 
