@@ -17,6 +17,7 @@ use crate::{
     acp::process::RuntimeRegistry,
     auth::{Reloaded, TokenStore, tls},
     config::ServeConfig,
+    domain::{Error, ErrorCode},
     grpc::{
         auth::Authenticator, forward::RoutedSessions, gateway::GatewayService,
         sessions::SessionsService, status, translator::TranslatorService,
@@ -42,6 +43,11 @@ use crate::{
 /// How long in-flight calls may take to finish once the server stops accepting new ones.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
+/// How often readiness asks the store whether it can serve (SPEC §12, §15).
+const STORE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// A store check without an answer in this long counts as a failed one.
+const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A serving harness.
 pub struct RunningServer {
     local_addr: SocketAddr,
@@ -56,6 +62,8 @@ pub struct RunningServer {
     tokens: Option<WatchedTokens>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
     metrics_task: Option<JoinHandle<()>>,
+    /// Turns readiness NOT_SERVING while the store cannot be reached (see [`watch_store`]).
+    store_watch: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
@@ -78,7 +86,9 @@ impl RunningServer {
     /// sessions and turn-occupying actions are refused with DRAINING while stops and answers are
     /// still accepted; running turns get until the drain grace to end; then streams end with
     /// DRAINING, runtimes are stopped, the log is flushed, and the server stops.
-    pub async fn drain_and_stop(self) -> anyhow::Result<()> {
+    pub async fn drain_and_stop(mut self) -> anyhow::Result<()> {
+        // From now on readiness stays NOT_SERVING, whatever the store does.
+        self.stop_store_watch().await;
         // Refuse new work first, so nobody who sees NOT_SERVING can still start a turn.
         if let Some(sessions) = &self.sessions {
             sessions.context().start_draining();
@@ -98,6 +108,7 @@ impl RunningServer {
     /// Stops accepting calls, lets in-flight calls finish (open streams end at once; anything
     /// else still open after `STOP_GRACE` (5 s) is cut), and returns when the server is down.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.stop_store_watch().await;
         if let Some((_, watcher)) = self.tokens.take() {
             watcher.abort();
         }
@@ -126,6 +137,60 @@ impl RunningServer {
         }
         Ok(())
     }
+}
+
+impl RunningServer {
+    async fn stop_store_watch(&mut self) {
+        if let Some(task) = self.store_watch.take() {
+            task.abort();
+            // Awaited, so a status it was setting is set before anyone else sets one.
+            let _ = task.await;
+        }
+    }
+}
+
+/// Readiness follows the store (SPEC §15): the sessions service turns NOT_SERVING while
+/// [`Store::check`] fails (a database that cannot be reached) and SERVING again once it
+/// answers, checked every [`STORE_CHECK_INTERVAL`] and logged on each change. An embedded store
+/// always answers.
+fn watch_store(
+    store: Arc<dyn Store>,
+    health: HealthReporter,
+    service: &'static str,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut serving = true;
+        let mut ticks = tokio::time::interval(STORE_CHECK_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let checked = tokio::time::timeout(STORE_CHECK_TIMEOUT, store.check())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorCode::StoreUnavailable,
+                        format!("the store did not answer within {STORE_CHECK_TIMEOUT:?}"),
+                    ))
+                });
+            match (serving, checked) {
+                (true, Err(error)) => {
+                    tracing::error!(%error, service, "the store is unreachable: readiness NOT_SERVING");
+                    health
+                        .set_service_status(service, ServingStatus::NotServing)
+                        .await;
+                    serving = false;
+                }
+                (false, Ok(())) => {
+                    tracing::info!(service, "the store answers again: readiness SERVING");
+                    health
+                        .set_service_status(service, ServingStatus::Serving)
+                        .await;
+                    serving = true;
+                }
+                _ => {}
+            }
+        }
+    })
 }
 
 fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
@@ -277,6 +342,10 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
             .set_service_status(*name, ServingStatus::Serving)
             .await;
     }
+    let store_watch = store.clone().map(|store| {
+        let service = <AgentSessionServiceServer<RoutedSessions> as NamedService>::NAME;
+        watch_store(store, health.clone(), service)
+    });
     routes.add_service(health_service);
 
     let mut reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -355,5 +424,6 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         tokens,
         task,
         metrics_task,
+        store_watch,
     })
 }

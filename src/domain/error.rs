@@ -1,7 +1,7 @@
 //! The one error type of the harness. Every failure a caller can see is an [`Error`] with a stable
 //! [`ErrorCode`]; the gRPC layer maps codes to statuses in a single table (`grpc::status`).
 
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, sync::Arc};
 
 /// Stable reason codes. Each one travels to clients as `google.rpc.ErrorInfo.reason`, spelled as
 /// [`ErrorCode::reason`] returns it; the proto enum `ErrorReason` documents the same list.
@@ -41,11 +41,14 @@ pub enum ErrorCode {
     SessionBusy,
     /// The agent does not support what was asked, e.g. forking (SPEC §18).
     NotSupported,
+    /// The store's database cannot be reached right now (SPEC §15); nothing was stored, and the
+    /// same request may be retried.
+    StoreUnavailable,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 32] = [
+    pub const ALL: [ErrorCode; 33] = [
         Self::InvalidArgument,
         Self::LimitExceeded,
         Self::SessionNotFound,
@@ -78,6 +81,7 @@ impl ErrorCode {
         Self::Internal,
         Self::SessionBusy,
         Self::NotSupported,
+        Self::StoreUnavailable,
     ];
 
     /// The `ErrorInfo.reason` string.
@@ -115,6 +119,7 @@ impl ErrorCode {
             Self::Internal => "INTERNAL",
             Self::SessionBusy => "SESSION_BUSY",
             Self::NotSupported => "NOT_SUPPORTED",
+            Self::StoreUnavailable => "STORE_UNAVAILABLE",
         }
     }
 }
@@ -125,14 +130,28 @@ impl fmt::Display for ErrorCode {
     }
 }
 
+/// The underlying cause of an [`Error`], shared so errors stay cheap to clone.
+pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A failure with its stable code, a message for people, and optional machine-readable metadata
-/// (it travels as `ErrorInfo.metadata`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// (it travels as `ErrorInfo.metadata`). A subsystem's typed error (say `store::StoreError`) is
+/// kept as the [`source`](std::error::Error::source), for logs; it never reaches clients.
+#[derive(Debug, Clone)]
 pub struct Error {
     pub code: ErrorCode,
     pub message: String,
     pub metadata: BTreeMap<String, String>,
+    pub source: Option<Source>,
 }
+
+/// Equal by what a caller sees (code, message, metadata); the source is for diagnosis only.
+impl PartialEq for Error {
+    fn eq(&self, other: &Self) -> bool {
+        self.code == other.code && self.message == other.message && self.metadata == other.metadata
+    }
+}
+
+impl Eq for Error {}
 
 impl Error {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
@@ -140,7 +159,14 @@ impl Error {
             code,
             message: message.into(),
             metadata: BTreeMap::new(),
+            source: None,
         }
+    }
+
+    /// Keeps the error this one stands for, as its source.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     /// Adds one `ErrorInfo.metadata` pair.
@@ -181,6 +207,12 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

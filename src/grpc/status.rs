@@ -14,6 +14,9 @@ pub(crate) const ERROR_DOMAIN: &str = "agent-harness";
 
 /// How long a client should wait before retrying a DRAINING refusal.
 pub(crate) const DRAINING_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// How long a client should wait before retrying a STORE_UNAVAILABLE refusal: about how often
+/// readiness rechecks the database.
+pub(crate) const STORE_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// The gRPC code for each reason.
 pub(crate) fn grpc_code(code: ErrorCode) -> Code {
@@ -39,7 +42,7 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes => {
             Code::ResourceExhausted
         }
-        RuntimeStartFailed | Draining => Code::Unavailable,
+        RuntimeStartFailed | Draining | StoreUnavailable => Code::Unavailable,
         Unauthenticated => Code::Unauthenticated,
         ContextNotAllowed | Forbidden => Code::PermissionDenied,
         OffsetOutOfRange => Code::OutOfRange,
@@ -72,8 +75,14 @@ pub(crate) fn to_status(error: &Error) -> Status {
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let mut details = ErrorDetails::with_error_info(error.code.reason(), ERROR_DOMAIN, metadata);
-    if error.code == ErrorCode::Draining {
-        details.set_retry_info(Some(DRAINING_RETRY_DELAY));
+    match error.code {
+        ErrorCode::Draining => {
+            details.set_retry_info(Some(DRAINING_RETRY_DELAY));
+        }
+        ErrorCode::StoreUnavailable => {
+            details.set_retry_info(Some(STORE_RETRY_DELAY));
+        }
+        _ => {}
     }
     Status::with_error_details(
         grpc_code(error.code),
@@ -275,6 +284,11 @@ mod tests {
             Code::FailedPrecondition,
             "NOT_SUPPORTED",
         ),
+        (
+            ErrorCode::StoreUnavailable,
+            Code::Unavailable,
+            "STORE_UNAVAILABLE",
+        ),
     ];
 
     #[test]
@@ -298,6 +312,14 @@ mod tests {
         assert_eq!(retry.retry_delay, Some(Duration::from_secs(1)));
         let other = to_status(&Error::new(ErrorCode::QueueFull, "full"));
         assert!(other.get_details_retry_info().is_none());
+    }
+
+    #[test]
+    fn an_unreachable_store_tells_the_client_to_retry_after_one_second() {
+        let status = to_status(&Error::new(ErrorCode::StoreUnavailable, "down"));
+        assert_eq!(status.code(), Code::Unavailable);
+        let retry = status.get_details_retry_info().expect("RetryInfo detail");
+        assert_eq!(retry.retry_delay, Some(Duration::from_secs(1)));
     }
 
     #[test]

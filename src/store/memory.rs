@@ -35,10 +35,11 @@ fn apply(data: &mut SessionData, batch: Batch) -> Result<()> {
     let head = data.log.last().map_or(0, |e| e.offset);
     for (i, entry) in batch.entries.iter().enumerate() {
         if entry.offset != head + 1 + i as u64 {
-            return Err(Error::internal(format!(
+            return Err(super::StoreError::refused(format!(
                 "log offsets must continue densely from {head}: got {}",
                 entry.offset
-            )));
+            ))
+            .into());
         }
     }
     for action in &batch.new_actions {

@@ -11,6 +11,7 @@
 //! Control reply is sent only after its batch is durable.
 
 pub mod conformance;
+mod error;
 pub mod memory;
 pub mod postgres;
 pub mod sqlite;
@@ -26,10 +27,11 @@ use uuid::Uuid;
 
 pub use crate::domain::log::{Direction, LogEntry};
 use crate::domain::{
-    ActionId, Error, ErrorCode, Result,
+    ActionId, Error, Result,
     queue::QueuedEntry,
     session::{SessionRecord, SessionStatus},
 };
+pub use error::{BoxError, StoreError};
 
 /// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
@@ -158,26 +160,25 @@ pub enum LeaseClaim {
     HeldBy(Lease),
 }
 
-/// The metadata key that marks a [`fenced`] error.
-const FENCED_KEY: &str = "store_fenced";
-
 /// A commit refused because its fence is no longer the session's current one: another replica
 /// has claimed the session. The writer must stop its actor and never write for the session again.
 pub fn fenced(session_id: Uuid, fence: u64, current: Option<u64>) -> Error {
-    let current = current.map_or_else(|| "none".to_owned(), |c| c.to_string());
-    Error::new(
-        ErrorCode::Internal,
-        format!("session {session_id}: write fenced off (fence {fence}, current {current})"),
-    )
-    .with(FENCED_KEY, "true")
+    StoreError::Fenced {
+        session_id,
+        fence,
+        current,
+    }
+    .into()
 }
 
 /// Whether a store error is a [`fenced`] refusal.
 pub fn is_fenced(error: &Error) -> bool {
-    error.metadata.get(FENCED_KEY).is_some_and(|v| v == "true")
+    error
+        .metadata
+        .get(error::FENCED_KEY)
+        .is_some_and(|v| v == "true")
 }
 
-/// The storage of the harness.
 /// A hint that a session changed in the store: its log reached `head` (0: something else
 /// changed — its record, its queue, or it was deleted). A nil `session` wakes everyone (sent
 /// after a lost connection). Only a hint: the reader reads what changed from the store.
@@ -201,6 +202,7 @@ impl Wake {
     }
 }
 
+/// The storage of the harness.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Stores a new session with an empty log. SESSION_EXISTS if the id is taken.
@@ -281,14 +283,14 @@ pub trait Store: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
-    /// Whether the store can serve right now (for readiness): an embedded store always can; a
-    /// database store asks its database.
     /// Wake-ups for subscribers of sessions whose writer may be another replica (SPEC §15), or
     /// `None` when the store has no way to tell (they then poll). Subscribe before reading.
     fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<Wake>> {
         None
     }
 
+    /// Whether the store can serve right now (for readiness): an embedded store always can; a
+    /// database store asks its database (STORE_UNAVAILABLE when it cannot reach it).
     async fn check(&self) -> Result<()> {
         Ok(())
     }
@@ -306,12 +308,13 @@ pub fn work_to_json(entry: &QueuedEntry) -> String {
 
 /// Reads back [`work_to_json`].
 pub fn work_from_json(text: &str) -> Result<crate::domain::queue::QueuedWork> {
-    let action: crate::domain::Action = serde_json::from_str(text).map_err(|e| {
-        crate::domain::Error::internal(format!("stored queue entry is corrupt: {e}"))
-    })?;
-    crate::domain::queue::QueuedWork::from_action(&action).ok_or_else(|| {
-        crate::domain::Error::internal("stored queue entry is not a prompt or compact")
-    })
+    let action: crate::domain::Action =
+        serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+            message: format!("stored queue entry is corrupt: {e}"),
+            source: Some(e.into()),
+        })?;
+    crate::domain::queue::QueuedWork::from_action(&action)
+        .ok_or_else(|| StoreError::corrupt("stored queue entry is not a prompt or compact").into())
 }
 
 /// The stored JSON form of a `context`.

@@ -13,12 +13,17 @@
 //! - **Schema**: embedded, versioned, applied at start under an advisory lock (see
 //!   `postgres/schema.rs`). The tables live in the connection's `search_path`, so a URL or
 //!   [`PostgresOptions::schema`] can place them in a schema of their own (tests use one each).
-//! - **TLS**: not supported yet; a URL asking for it (`sslmode=require`) is refused at start.
+//! - **TLS**: rustls, set by the URL's `sslmode` and `sslrootcert` as libpq reads them (see
+//!   `postgres/tls.rs`).
+//! - **Errors**: a lost, refused or timed-out connection is [`StoreError::Unavailable`]
+//!   (STORE_UNAVAILABLE, retryable); an error the server answered with is
+//!   [`StoreError::Postgres`].
 
 mod commit;
 mod notify;
 mod rows;
 mod schema;
+mod tls;
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -27,14 +32,12 @@ use std::{str::FromStr, time::Duration};
 
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::{
-    NoTls,
-    config::{Host, SslMode},
-    types::ToSql,
-};
+use tokio_postgres::{NoTls, config::Host, types::ToSql};
 use uuid::Uuid;
 
-use super::{ActionRecord, Batch, Lease, LeaseClaim, LogEntry, SessionQuery, Store, to_micros};
+use super::{
+    ActionRecord, Batch, Lease, LeaseClaim, LogEntry, SessionQuery, Store, StoreError, to_micros,
+};
 use crate::domain::{
     ActionId, Error, ErrorCode, Result,
     queue::QueuedEntry,
@@ -77,22 +80,66 @@ pub struct PostgresStore {
     wakes: std::sync::OnceLock<std::sync::Arc<tokio::sync::broadcast::Sender<super::Wake>>>,
     /// `host:port/database as user`, for messages (never the password).
     target: String,
+    /// TLS for the listening connection too; `None`: plain text.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
 }
 
-/// Turns a database or pool error into an internal error saying what the store was doing.
+/// Turns a database error into a store error saying what the store was doing.
 pub(super) trait Context<T> {
     fn context(self, doing: &str) -> Result<T>;
 }
 
 impl<T> Context<T> for Result<T, tokio_postgres::Error> {
     fn context(self, doing: &str) -> Result<T> {
-        self.map_err(|e| Error::internal(format!("postgres store: {doing}: {}", describe(&e))))
+        self.map_err(|e| from_postgres(&format!("postgres store: {doing}"), e).into())
     }
 }
 
-impl<T> Context<T> for Result<T, deadpool_postgres::PoolError> {
-    fn context(self, doing: &str) -> Result<T> {
-        self.map_err(|e| Error::internal(format!("postgres store: {doing}: {e}")))
+/// A database error as a store error: unavailable when the database could not be reached.
+fn from_postgres(doing: &str, e: tokio_postgres::Error) -> StoreError {
+    if is_unreachable(&e) {
+        StoreError::unavailable(
+            format!("{doing}: the database is unreachable: {}", describe(&e)),
+            e,
+        )
+    } else {
+        StoreError::Postgres {
+            message: format!("{doing}: {}", describe(&e)),
+            source: e,
+        }
+    }
+}
+
+/// Whether an error means the database could not be reached (the connection was refused, lost
+/// or timed out, or the server is shutting down or full) rather than that it refused a
+/// statement. Only the former is worth a retry.
+pub(super) fn is_unreachable(e: &tokio_postgres::Error) -> bool {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        // Class 08: connection exception; 57P01-3: shutting down, crashed, starting;
+        // 53300: too many connections.
+        return code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300");
+    }
+    if e.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.is::<std::io::Error>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// A pool error as a store error: no connection in time, or none could be opened.
+fn from_pool(doing: &str, e: deadpool_postgres::PoolError) -> StoreError {
+    use deadpool_postgres::PoolError;
+    match e {
+        PoolError::Backend(e) => from_postgres(doing, e),
+        PoolError::Closed => StoreError::closed(format!("{doing}: the store is closed")),
+        other => StoreError::unavailable(format!("{doing}: {other}"), other),
     }
 }
 
@@ -148,23 +195,27 @@ impl PostgresStore {
     /// Connects, checks the database answers and brings the schema up to date. Fails with a
     /// message naming the host, database and user (never the password).
     pub async fn connect(options: PostgresOptions) -> Result<Self> {
+        let (url, tls) = tls::split_url(&options.url)?;
         // The URL's own parse errors never quote it, so a password cannot leak through them.
-        let mut config = tokio_postgres::Config::from_str(&options.url).map_err(|e| {
-            Error::internal(format!("postgres store: the database URL is invalid: {e}"))
-        })?;
+        let mut config =
+            tokio_postgres::Config::from_str(&url).map_err(|e| StoreError::Config {
+                message: format!("postgres store: the database URL is invalid: {e}"),
+                source: Some(e.into()),
+            })?;
         let target = target_of(&config);
-        if config.get_ssl_mode() == SslMode::Require {
-            return Err(Error::internal(format!(
-                "postgres store: {target}: sslmode=require is not supported yet (this build has \
-                 no TLS connector for PostgreSQL); use sslmode=disable or prefer on a trusted \
-                 network, or a TLS-terminating proxy"
-            )));
-        }
+        let tls = tls::connector(&tls).map_err(|e| match e {
+            StoreError::Config { message, source } => StoreError::Config {
+                message: format!("{message} (database {target})"),
+                source,
+            },
+            other => other,
+        })?;
         if let Some(schema) = &options.schema {
             if !valid_schema_name(schema) {
-                return Err(Error::internal(format!(
+                return Err(StoreError::config(format!(
                     "postgres store: the schema name {schema:?} is not a plain lower-case identifier"
-                )));
+                ))
+                .into());
             }
             let mut connection_options = config.get_options().unwrap_or_default().to_owned();
             connection_options.push_str(&format!(" -c search_path={schema}"));
@@ -187,36 +238,40 @@ impl PostgresStore {
             config.application_name("agent-harness");
         }
         let listen_config = config.clone();
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &tls {
+            Some(tls) => Manager::from_config(config, tls.clone(), manager_config),
+            None => Manager::from_config(config, NoTls, manager_config),
+        };
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(POOL_WAIT))
             .create_timeout(Some(CONNECT_TIMEOUT * 2))
             .build()
-            .map_err(|e| Error::internal(format!("postgres store: building the pool: {e}")))?;
+            .map_err(|e| StoreError::Config {
+                message: format!("postgres store: building the pool: {e}"),
+                source: Some(e.into()),
+            })?;
         let store = Self {
             pool,
             target,
             config: listen_config,
             wakes: std::sync::OnceLock::new(),
+            tls,
         };
         let mut client = store.pool.get().await.map_err(|e| {
-            Error::internal(format!(
-                "postgres store: cannot connect to {}: {}",
-                store.target,
-                pool_error_text(&e)
-            ))
+            from_pool(
+                &format!("postgres store: cannot connect to {}", store.target),
+                e,
+            )
         })?;
-        schema::migrate(&mut client)
-            .await
-            .map_err(|e| Error::internal(format!("{} (database {})", e.message, store.target)))?;
+        schema::migrate(&mut client).await.map_err(|e| Error {
+            message: format!("{} (database {})", e.message, store.target),
+            ..e
+        })?;
         Ok(store)
     }
 
@@ -227,19 +282,12 @@ impl PostgresStore {
 
     async fn client(&self) -> Result<Client> {
         self.pool.get().await.map_err(|e| {
-            Error::internal(format!(
-                "postgres store: no connection to {}: {}",
-                self.target,
-                pool_error_text(&e)
-            ))
+            from_pool(
+                &format!("postgres store: no connection to {}", self.target),
+                e,
+            )
+            .into()
         })
-    }
-}
-
-fn pool_error_text(e: &deadpool_postgres::PoolError) -> String {
-    match e {
-        deadpool_postgres::PoolError::Backend(e) => describe(e),
-        other => other.to_string(),
     }
 }
 
@@ -529,9 +577,9 @@ impl Store for PostgresStore {
 
     fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<super::Wake>> {
         tokio::runtime::Handle::try_current().ok()?;
-        let wakes = self
-            .wakes
-            .get_or_init(|| notify::start(self.config.clone(), self.target.clone()));
+        let wakes = self.wakes.get_or_init(|| {
+            notify::start(self.config.clone(), self.target.clone(), self.tls.clone())
+        });
         Some(wakes.subscribe())
     }
 

@@ -39,7 +39,7 @@ use self::{
     rows::{Context, action_columns, log_columns, queue_columns, session_columns},
     writer::{Change, Reply, WriteOp, Writer},
 };
-use super::{ActionRecord, Batch, LogEntry, SessionQuery, Store, to_micros};
+use super::{ActionRecord, Batch, LogEntry, SessionQuery, Store, StoreError, to_micros};
 use crate::{
     domain::{
         ActionId, Error, Result,
@@ -120,15 +120,17 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, synchronous: SqliteSynchronous) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                Error::internal(format!(
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Task {
+                message: format!(
                     "sqlite store: creating the directory {}: {e}",
                     dir.display()
-                ))
+                ),
+                source: Some(e.into()),
             })?;
         }
-        let mut conn = Connection::open(&path).map_err(|e| {
-            Error::internal(format!("sqlite store: opening {}: {e}", path.display()))
+        let mut conn = Connection::open(&path).map_err(|e| StoreError::Sqlite {
+            message: format!("sqlite store: opening {}: {e}", path.display()),
+            source: e,
         })?;
         schema::configure_writer(&conn, synchronous)?;
         schema::migrate(&mut conn)?;
@@ -149,7 +151,10 @@ impl SqliteStore {
         let handle = std::thread::Builder::new()
             .name("sqlite-writer".to_owned())
             .spawn(move || writer.run(rx))
-            .map_err(|e| Error::internal(format!("sqlite store: starting the writer: {e}")))?;
+            .map_err(|e| StoreError::Task {
+                message: format!("sqlite store: starting the writer: {e}"),
+                source: Some(e.into()),
+            })?;
         Ok(Self {
             writes,
             readers,
@@ -177,9 +182,10 @@ impl SqliteStore {
         match rx.await.map_err(|_| writer_stopped())?? {
             1 => Ok(SqliteSynchronous::Normal),
             2 => Ok(SqliteSynchronous::Full),
-            other => Err(Error::internal(format!(
+            other => Err(StoreError::corrupt(format!(
                 "sqlite store: unexpected PRAGMA synchronous = {other}"
-            ))),
+            ))
+            .into()),
         }
     }
 
@@ -199,15 +205,18 @@ impl SqliteStore {
         if let Some(handle) = self.writer_thread.take() {
             tokio::task::spawn_blocking(move || handle.join())
                 .await
-                .map_err(|e| Error::internal(format!("sqlite store: joining the writer: {e}")))?
-                .map_err(|_| Error::internal("sqlite store: the writer thread panicked"))?;
+                .map_err(|e| StoreError::Task {
+                    message: format!("sqlite store: joining the writer: {e}"),
+                    source: Some(e.into()),
+                })?
+                .map_err(|_| StoreError::task("sqlite store: the writer thread panicked"))?;
         }
         checkpointed
     }
 
     async fn send(&self, op: WriteOp) -> Result<()> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err(Error::internal("sqlite store: the store is closed"));
+            return Err(StoreError::closed("sqlite store: the store is closed").into());
         }
         self.writes.send(op).await.map_err(|_| writer_stopped())
     }
@@ -230,7 +239,7 @@ impl SqliteStore {
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| Error::internal("sqlite store: the read pool is closed"))?;
+            .map_err(|_| StoreError::closed("sqlite store: the read pool is closed"))?;
         let readers = self.readers.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -240,7 +249,10 @@ impl SqliteStore {
             result
         })
         .await
-        .map_err(|e| Error::internal(format!("sqlite store: a read task failed: {e}")))?
+        .map_err(|e| StoreError::Task {
+            message: format!("sqlite store: a read task failed: {e}"),
+            source: Some(e.into()),
+        })?
     }
 
     /// Tests: stops the writer until the returned sender fires (or drops), so that changes sent
@@ -267,7 +279,7 @@ impl SqliteStore {
 }
 
 fn writer_stopped() -> Error {
-    Error::internal("sqlite store: the writer has stopped")
+    StoreError::closed("sqlite store: the writer has stopped").into()
 }
 
 fn limit_of(value: usize) -> i64 {

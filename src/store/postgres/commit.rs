@@ -18,7 +18,7 @@ use uuid::Uuid;
 use super::Context;
 use crate::{
     domain::{ActionId, Error, ErrorCode, Result},
-    store::{Batch, QueueOp, context_to_json, fenced, to_micros, work_to_json},
+    store::{Batch, QueueOp, StoreError, context_to_json, fenced, to_micros, work_to_json},
 };
 
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
@@ -121,24 +121,26 @@ pub(super) async fn apply(tx: &Tx<'_>, pk: i64, session_id: Uuid, batch: &Batch)
     if let Some(first) = first {
         for (i, entry) in entries.iter().enumerate() {
             if entry.offset != first + i as u64 {
-                return Err(Error::internal(format!(
+                return Err(StoreError::refused(format!(
                     "log offsets must be dense inside a batch: got {} after {}",
                     entry.offset,
                     first + i as u64 - 1
-                )));
+                ))
+                .into());
             }
         }
         if i64::try_from(first + entries.len() as u64).is_err() {
-            return Err(Error::internal("log offsets exceed the stored range"));
+            return Err(StoreError::refused("log offsets exceed the stored range").into());
         }
     }
     if let Some(record) = &batch.session
         && record.id != session_id
     {
-        return Err(Error::internal(format!(
+        return Err(StoreError::refused(format!(
             "postgres store: a batch for session {session_id} carries the record of session {}",
             record.id
-        )));
+        ))
+        .into());
     }
 
     // Owned parameters, so the pending statements can borrow them.
@@ -348,9 +350,10 @@ pub(super) async fn apply(tx: &Tx<'_>, pk: i64, session_id: Uuid, batch: &Batch)
                         |_| "the head".to_owned(),
                         |row| row.get::<_, i64>(0).to_string(),
                     );
-                return Err(Error::internal(format!(
+                return Err(StoreError::refused(format!(
                     "log offsets must continue densely from {head}: got {first}"
-                )));
+                ))
+                .into());
             }
             Check::NewAction(action_id) if count == 0 => {
                 return Err(Error::new(

@@ -11,7 +11,11 @@ use std::{
 
 use futures::StreamExt;
 use tokio::sync::{broadcast, mpsc};
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::{
+    AsyncMessage, NoTls, Socket,
+    tls::{MakeTlsConnect, TlsConnect},
+};
+use tokio_postgres_rustls::MakeRustlsConnect;
 use uuid::Uuid;
 
 use crate::store::Wake;
@@ -39,23 +43,34 @@ fn parse(payload: &str) -> Option<Wake> {
 pub(crate) fn start(
     config: tokio_postgres::Config,
     target: String,
+    tls: Option<MakeRustlsConnect>,
 ) -> Arc<broadcast::Sender<Wake>> {
     let (sender, _) = broadcast::channel(BUFFER);
     let sender = Arc::new(sender);
-    tokio::spawn(listen(config, target, Arc::downgrade(&sender)));
+    let wakes = Arc::downgrade(&sender);
+    match tls {
+        Some(tls) => tokio::spawn(listen(config, target, wakes, tls)),
+        None => tokio::spawn(listen(config, target, wakes, NoTls)),
+    };
     sender
 }
 
-async fn listen(
+async fn listen<T>(
     config: tokio_postgres::Config,
     target: String,
     wakes: Weak<broadcast::Sender<Wake>>,
-) {
+    tls: T,
+) where
+    T: MakeTlsConnect<Socket> + Clone + Send + 'static,
+    T::Stream: Send,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
     loop {
         if wakes.strong_count() == 0 {
             return;
         }
-        match config.connect(NoTls).await {
+        match config.connect(tls.clone()).await {
             Ok((client, mut connection)) => {
                 let (found, mut notifications) = mpsc::unbounded_channel();
                 let driver = tokio::spawn(async move {

@@ -13,11 +13,14 @@ use crate::{
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
-    store::{ActionRecord, ActionState, Direction, Lease, LogEntry, from_micros, work_from_json},
+    store::{
+        ActionRecord, ActionState, Direction, Lease, LogEntry, StoreError, from_micros,
+        work_from_json,
+    },
 };
 
 pub(super) fn corrupt(what: impl Display) -> Error {
-    Error::internal(format!("postgres store: corrupt row: {what}"))
+    StoreError::corrupt(format!("postgres store: corrupt row: {what}")).into()
 }
 
 fn action_id_of(uuid: Uuid) -> ActionId {

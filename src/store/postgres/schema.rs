@@ -9,7 +9,7 @@
 use deadpool_postgres::Client;
 
 use super::Context;
-use crate::domain::{Error, Result};
+use crate::{domain::Result, store::StoreError};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[V1, V2];
@@ -135,10 +135,11 @@ pub(super) async fn migrate(client: &mut Client) -> Result<()> {
         .context("reading the current schema")?
         .get(0);
     if schema.is_none() {
-        return Err(Error::internal(
+        return Err(StoreError::config(
             "postgres store: no schema to create tables in: the search_path names no existing \
              schema",
-        ));
+        )
+        .into());
     }
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -157,19 +158,23 @@ pub(super) async fn migrate(client: &mut Client) -> Result<()> {
         .context("reading the schema version")?
         .get(0);
     if current > SCHEMA_VERSION {
-        return Err(Error::internal(format!(
+        return Err(StoreError::schema(format!(
             "postgres store: the database has schema version {current}, newer than the \
              {SCHEMA_VERSION} this build understands; use a newer agent-harness"
-        )));
+        ))
+        .into());
     }
     for (from, script) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let to = from as i64 + 1;
-        tx.batch_execute(script).await.map_err(|e| {
-            Error::internal(format!(
-                "postgres store: migrating to version {to}: {}",
-                super::describe(&e)
-            ))
-        })?;
+        tx.batch_execute(script)
+            .await
+            .map_err(|e| StoreError::Schema {
+                message: format!(
+                    "postgres store: migrating to version {to}: {}",
+                    super::describe(&e)
+                ),
+                source: Some(e.into()),
+            })?;
         tx.execute(
             "INSERT INTO schema_migrations (version) VALUES ($1)",
             &[&to],

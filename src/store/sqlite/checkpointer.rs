@@ -27,10 +27,7 @@ use std::{
 use rusqlite::{Connection, OpenFlags};
 
 use super::{rows::Context, schema};
-use crate::{
-    domain::{Error, Result},
-    store::SqliteSynchronous,
-};
+use crate::{domain::Result, store::SqliteSynchronous};
 
 /// The least time between two background checkpoints while writes keep coming.
 pub(super) const MIN_INTERVAL: Duration = Duration::from_millis(200);
@@ -76,8 +73,9 @@ impl Checkpointer {
                 let shared = shared.clone();
                 move || run(conn, shared)
             })
-            .map_err(|e| {
-                Error::internal(format!("sqlite store: starting the checkpointer: {e}"))
+            .map_err(|e| crate::store::StoreError::Task {
+                message: format!("sqlite store: starting the checkpointer: {e}"),
+                source: Some(e.into()),
             })?;
         Ok(Self {
             shared,

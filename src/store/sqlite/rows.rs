@@ -14,7 +14,9 @@ use crate::{
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
-    store::{ActionRecord, ActionState, Direction, LogEntry, from_micros, work_from_json},
+    store::{
+        ActionRecord, ActionState, Direction, LogEntry, StoreError, from_micros, work_from_json,
+    },
 };
 
 /// Turns a database error into an internal error saying what the store was doing.
@@ -24,13 +26,19 @@ pub(super) trait Context<T> {
 
 impl<T> Context<T> for rusqlite::Result<T> {
     fn context(self, doing: &str) -> Result<T> {
-        self.map_err(|e| Error::internal(format!("sqlite store: {doing}: {e}")))
+        self.map_err(|e| {
+            StoreError::Sqlite {
+                message: format!("sqlite store: {doing}: {e}"),
+                source: e,
+            }
+            .into()
+        })
     }
 }
 
 /// A stored value that does not decode.
 pub(super) fn corrupt(what: impl Display) -> Error {
-    Error::internal(format!("sqlite store: corrupt row: {what}"))
+    StoreError::corrupt(format!("sqlite store: corrupt row: {what}")).into()
 }
 
 /// The stored form of an action id: its 16 UUID bytes.

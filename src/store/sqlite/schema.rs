@@ -11,8 +11,8 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use super::rows::Context;
 use crate::{
-    domain::{Error, Result},
-    store::SqliteSynchronous,
+    domain::Result,
+    store::{SqliteSynchronous, StoreError},
 };
 
 /// How long a connection waits on a lock held by another connection before failing.
@@ -124,9 +124,10 @@ pub(super) fn configure_writer(conn: &Connection, synchronous: SqliteSynchronous
         .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
         .context("switching to WAL")?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::internal(format!(
+        return Err(StoreError::config(format!(
             "sqlite store: the database refused WAL mode (journal_mode is {mode})"
-        )));
+        ))
+        .into());
     }
     let synchronous = synchronous_name(synchronous);
     conn.execute_batch(&format!(
@@ -167,23 +168,26 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .context("reading the schema version")?;
     if current > SCHEMA_VERSION {
-        return Err(Error::internal(format!(
+        return Err(StoreError::schema(format!(
             "sqlite store: the database has schema version {current}, newer than the {SCHEMA_VERSION} \
              this build understands; use a newer agent-harness"
-        )));
+        ))
+        .into());
     }
     if current < 0 {
-        return Err(Error::internal(format!(
+        return Err(StoreError::schema(format!(
             "sqlite store: the database has an invalid schema version {current}"
-        )));
+        ))
+        .into());
     }
     for (from, script) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let to = from as i64 + 1;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .context("starting a schema migration")?;
-        tx.execute_batch(script).map_err(|e| {
-            Error::internal(format!("sqlite store: migrating to version {to}: {e}"))
+        tx.execute_batch(script).map_err(|e| StoreError::Schema {
+            message: format!("sqlite store: migrating to version {to}: {e}"),
+            source: Some(e.into()),
         })?;
         tx.pragma_update(None, "user_version", to)
             .context("recording the schema version")?;

@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     domain::{Error, ErrorCode, Result, session::SessionRecord},
-    store::{Batch, QueueOp, context_to_json, to_micros, work_to_json},
+    store::{Batch, QueueOp, StoreError, context_to_json, to_micros, work_to_json},
 };
 
 /// At most this many changes share one transaction.
@@ -197,7 +197,7 @@ impl Writer {
             let _ = self.exec("ROLLBACK");
         }
         if let Err(e) = self.exec("BEGIN IMMEDIATE") {
-            let error = Error::internal(format!("sqlite store: starting a transaction: {e}"));
+            let error = internal("starting a transaction", e);
             for (_, reply) in group.drain(..) {
                 reply.send(Err(error.clone()));
             }
@@ -214,9 +214,13 @@ impl Writer {
             if !intact || self.conn.is_autocommit() {
                 // A hard failure (I/O, disk full) rolled the whole transaction back, or left it
                 // in a state that must not be committed.
-                aborted = Some(Error::internal(
-                    "sqlite store: the write transaction was abandoned after a database failure",
-                ));
+                aborted = Some(
+                    StoreError::refused(
+                        "sqlite store: the write transaction was abandoned after a database \
+                         failure",
+                    )
+                    .into(),
+                );
             }
             outcomes.push((reply, outcome));
         }
@@ -237,9 +241,7 @@ impl Writer {
                     if !self.conn.is_autocommit() {
                         let _ = self.exec("ROLLBACK");
                     }
-                    Err(Error::internal(format!(
-                        "sqlite store: committing a transaction: {e}"
-                    )))
+                    Err(internal("committing a transaction", e))
                 }
             },
         };
@@ -284,7 +286,11 @@ impl Writer {
 }
 
 fn internal(doing: &str, e: rusqlite::Error) -> Error {
-    Error::internal(format!("sqlite store: {doing}: {e}"))
+    StoreError::Sqlite {
+        message: format!("sqlite store: {doing}: {e}"),
+        source: e,
+    }
+    .into()
 }
 
 fn session_pk(conn: &Connection, session_id: Uuid) -> Result<Option<i64>> {
@@ -385,10 +391,11 @@ fn replace_record(
     record: &SessionRecord,
 ) -> Result<()> {
     if record.id != session_id {
-        return Err(Error::internal(format!(
+        return Err(StoreError::refused(format!(
             "sqlite store: a batch for session {session_id} carries the record of session {}",
             record.id
-        )));
+        ))
+        .into());
     }
     with_record_params(&pk, record, |params| {
         conn.prepare_cached(
@@ -440,14 +447,15 @@ fn commit(conn: &Connection, session_id: Uuid, batch: Batch) -> Result<()> {
         let head = head_offset(conn, pk)?;
         for (i, entry) in batch.entries.iter().enumerate() {
             if entry.offset != head + 1 + i as u64 {
-                return Err(Error::internal(format!(
+                return Err(StoreError::refused(format!(
                     "log offsets must continue densely from {head}: got {}",
                     entry.offset
-                )));
+                ))
+                .into());
             }
         }
         if i64::try_from(first.offset + batch.entries.len() as u64).is_err() {
-            return Err(Error::internal("log offsets exceed the stored range"));
+            return Err(StoreError::refused("log offsets exceed the stored range").into());
         }
         let mut insert = conn
             .prepare_cached(

@@ -1,0 +1,187 @@
+//! The store's own errors: typed, with their sources, turned into the domain [`Error`] in one
+//! place (the `From` impl below), so the gRPC layer keeps its single table.
+
+use uuid::Uuid;
+
+use crate::domain::{Error, ErrorCode};
+
+/// Any underlying cause, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A storage failure. Every variant's message says what the store was doing; the cause is kept
+/// as the source (and travels on as the domain error's source, for logs).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached now: a refused, lost or timed-out connection, or no free
+    /// connection in time. Nothing was stored; the caller may retry.
+    #[error("{message}")]
+    Unavailable {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A write whose fence is no longer the session's current one: another replica has claimed
+    /// the session (SPEC §15). The writer must stop its actor and never write for it again.
+    #[error("session {session_id}: write fenced off (fence {fence}, current {})", current.map_or_else(|| "none".to_owned(), |c| c.to_string()))]
+    Fenced {
+        session_id: Uuid,
+        fence: u64,
+        current: Option<u64>,
+    },
+    /// Stored data that cannot be read back as what it should be.
+    #[error("{message}")]
+    Corrupt {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A batch or record the store refuses because it breaks the store's rules (offsets not
+    /// dense, a record for another session): a fault of the writer, nothing stored.
+    #[error("{message}")]
+    Refused { message: String },
+    /// The stored schema is one this build cannot use, or migrating it failed.
+    #[error("{message}")]
+    Schema {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The store is closed, or its writer has stopped.
+    #[error("{message}")]
+    Closed { message: String },
+    /// Bad settings: a database URL, a TLS option, a schema name.
+    #[error("{message}")]
+    Config {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// SQLite failed.
+    #[error("{message}")]
+    Sqlite {
+        message: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// PostgreSQL answered with an error (the connection is fine).
+    #[error("{message}")]
+    Postgres {
+        message: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A thread or task of the store failed.
+    #[error("{message}")]
+    Task {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+/// The metadata key that marks a fenced error once it is a domain error.
+pub(super) const FENCED_KEY: &str = "store_fenced";
+
+impl StoreError {
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    pub fn corrupt(message: impl Into<String>) -> Self {
+        Self::Corrupt {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub fn refused(message: impl Into<String>) -> Self {
+        Self::Refused {
+            message: message.into(),
+        }
+    }
+
+    pub fn schema(message: impl Into<String>) -> Self {
+        Self::Schema {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub fn closed(message: impl Into<String>) -> Self {
+        Self::Closed {
+            message: message.into(),
+        }
+    }
+
+    pub fn config(message: impl Into<String>) -> Self {
+        Self::Config {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub fn task(message: impl Into<String>) -> Self {
+        Self::Task {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The reason code callers see.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Unavailable { .. } => ErrorCode::StoreUnavailable,
+            _ => ErrorCode::Internal,
+        }
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(error: StoreError) -> Self {
+        let mut domain = Error::new(error.code(), error.to_string());
+        if matches!(error, StoreError::Fenced { .. }) {
+            domain = domain.with(FENCED_KEY, "true");
+        }
+        domain.with_source(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_becomes_store_unavailable_and_keeps_its_cause() {
+        let cause = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error: Error = StoreError::unavailable("postgres store: no connection", cause).into();
+        assert_eq!(error.code, ErrorCode::StoreUnavailable);
+        assert_eq!(error.message, "postgres store: no connection");
+        let store = error.source().expect("the store error");
+        let io = store.source().expect("the io error");
+        assert_eq!(io.to_string(), "refused");
+    }
+
+    #[test]
+    fn a_fenced_write_stays_internal_and_is_recognised_as_fenced() {
+        let id = Uuid::nil();
+        let error: Error = StoreError::Fenced {
+            session_id: id,
+            fence: 3,
+            current: Some(4),
+        }
+        .into();
+        assert_eq!(error.code, ErrorCode::Internal);
+        assert!(super::super::is_fenced(&error));
+        assert!(
+            error.message.contains("fence 3, current 4"),
+            "{}",
+            error.message
+        );
+        assert!(!super::super::is_fenced(&Error::internal("other")));
+    }
+}
