@@ -91,6 +91,22 @@ pub(crate) mod backends {
             _dir: None,
         })
     }
+
+    /// The same over TLS (`sslmode=require`; the test server has `ssl = on`).
+    pub(crate) async fn postgres_tls() -> Option<Backend> {
+        let schema = TestSchema::create().await?;
+        let store = Arc::new(
+            PostgresStore::connect(schema.options_with("sslmode=require"))
+                .await
+                .expect("the PostgreSQL store opens over TLS"),
+        );
+        Some(Backend {
+            store: store.clone(),
+            sqlite: None,
+            postgres: Some((store, schema)),
+            _dir: None,
+        })
+    }
 }
 
 /// Values the cases (and the backend-specific tests) build on.
@@ -1366,3 +1382,5 @@ conformance_suite!(memory, super::backends::memory);
 conformance_suite!(sqlite, super::backends::sqlite);
 #[cfg(test)]
 conformance_suite!(postgres, super::backends::postgres);
+#[cfg(test)]
+conformance_suite!(postgres_tls, super::backends::postgres_tls);

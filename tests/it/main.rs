@@ -22,6 +22,7 @@ mod large_transcript;
 mod log;
 mod operations;
 mod postgres;
+mod postgres_outage;
 mod process_tree;
 mod queue;
 mod reflection;

@@ -64,6 +64,15 @@ impl TestSchema {
         }
     }
 
+    /// The options with one more URL parameter (`key=value`).
+    pub(crate) fn options_with(&self, parameter: &str) -> PostgresOptions {
+        let separator = if self.url.contains('?') { '&' } else { '?' };
+        PostgresOptions {
+            url: format!("{}{separator}{parameter}", self.url),
+            ..self.options()
+        }
+    }
+
     pub(crate) async fn open(&self) -> PostgresStore {
         PostgresStore::connect(self.options())
             .await
@@ -420,17 +429,124 @@ async fn concurrent_commits_of_one_session_never_leave_a_gap_or_a_duplicate() {
     .await;
 }
 
+/// Whether the store's own connections are encrypted, as the server sees them.
+async fn talks_tls(store: &PostgresStore) -> bool {
+    let client = store.client().await.expect("a connection");
+    client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("pg_stat_ssl answers")
+        .get(0)
+}
+
 #[tokio::test]
-async fn a_url_asking_for_tls_is_refused_at_start_with_a_clear_message() {
+async fn sslmode_require_talks_tls_to_the_database_and_disable_does_not() {
+    let Some(schema) = TestSchema::create().await else {
+        return;
+    };
+    let secure = PostgresStore::connect(schema.options_with("sslmode=require"))
+        .await
+        .expect("the store opens with sslmode=require");
+    assert!(talks_tls(&secure).await, "sslmode=require is encrypted");
+    let plain = PostgresStore::connect(schema.options_with("sslmode=disable"))
+        .await
+        .expect("the store opens with sslmode=disable");
+    assert!(!talks_tls(&plain).await, "sslmode=disable is plain text");
+    secure.close().await.unwrap();
+    plain.close().await.unwrap();
+    schema.drop_schema().await;
+}
+
+/// The test server's certificate (Debian's snakeoil, `ssl = on`), when this machine has it.
+const SNAKEOIL: &str = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+
+#[tokio::test]
+async fn verify_ca_accepts_a_server_whose_certificate_the_root_file_holds() {
+    if !std::path::Path::new(SNAKEOIL).exists() {
+        eprintln!("note: skipping: no {SNAKEOIL} on this machine");
+        return;
+    }
+    let Some(schema) = TestSchema::create().await else {
+        return;
+    };
+    let store = PostgresStore::connect(
+        schema.options_with(&format!("sslmode=verify-ca&sslrootcert={SNAKEOIL}")),
+    )
+    .await
+    .expect("the store opens with verify-ca against the server's own certificate");
+    assert!(talks_tls(&store).await);
+    store.close().await.unwrap();
+    schema.drop_schema().await;
+}
+
+#[tokio::test]
+async fn verify_full_with_a_wrong_root_certificate_is_refused_at_start_with_a_clear_message() {
+    let Some(schema) = TestSchema::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong-root.pem");
+    let other = rcgen::generate_simple_self_signed(vec!["elsewhere.example".to_owned()]).unwrap();
+    std::fs::write(&wrong, other.cert.pem()).unwrap();
+    let error = tokio::time::timeout(
+        Duration::from_secs(60),
+        PostgresStore::connect(schema.options_with(&format!(
+            "sslmode=verify-full&sslrootcert={}",
+            wrong.display()
+        ))),
+    )
+    .await
+    .expect("the attempt ends within the timeout")
+    .err()
+    .expect("a server the root does not vouch for is refused");
+    assert!(error.message.contains("cannot connect to"), "{error}");
+    assert!(error.message.contains("certificate"), "{error}");
+    schema.drop_schema().await;
+}
+
+#[tokio::test]
+async fn verify_full_without_a_readable_root_certificate_is_refused_naming_the_file_and_database() {
     let error = PostgresStore::connect(PostgresOptions::new(
-        "postgres://someone:secret@db.example:5433/prod?sslmode=require",
+        "postgres://someone:secret@db.example:5433/prod?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
     ))
     .await
     .err()
-    .expect("sslmode=require is refused");
-    assert!(error.message.contains("sslmode=require"), "{error}");
+    .expect("refused");
+    assert!(error.message.contains("/nonexistent/ca.pem"), "{error}");
     assert!(error.message.contains("db.example:5433/prod"), "{error}");
     assert!(!error.message.contains("secret"), "{error}");
+}
+
+#[tokio::test]
+async fn a_database_that_does_not_exist_fails_at_start_naming_it_but_not_the_password() {
+    let Ok(url) = std::env::var(TEST_DATABASE_ENV) else {
+        return;
+    };
+    let config: tokio_postgres::Config = url.parse().expect("the test URL parses");
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => return,
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres").to_owned();
+    let error = PostgresStore::connect(PostgresOptions::new(format!(
+        "postgres://{user}:hunter2@{host}:{port}/ah_no_such_database"
+    )))
+    .await
+    .err()
+    .expect("a missing database fails");
+    assert!(
+        error
+            .message
+            .contains(&format!("{host}:{port}/ah_no_such_database")),
+        "{error}"
+    );
+    assert!(error.message.contains("does not exist"), "{error}");
+    assert!(!error.message.contains("hunter2"), "{error}");
 }
 
 #[tokio::test]

@@ -86,8 +86,8 @@ pub(crate) fn split_url(url: &str) -> Result<(String, TlsSettings), StoreError> 
                 let value = percent_decode(value);
                 settings.mode = SslMode::parse(&value).ok_or_else(|| {
                     StoreError::config(format!(
-                        "postgres store: the database URL has sslmode={value:?}; use disable, \
-                         prefer, require, verify-ca or verify-full"
+                        "postgres store: the database URL is invalid: sslmode={value:?}; use \
+                         disable, prefer, require, verify-ca or verify-full"
                     ))
                 })?;
             }

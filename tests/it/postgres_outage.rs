@@ -1,0 +1,217 @@
+//! Losing PostgreSQL while serving (SPEC §15): writes are refused as UNAVAILABLE
+//! (STORE_UNAVAILABLE) and nothing refused is stored; readiness is NOT_SERVING while the
+//! database cannot be reached and SERVING again once it can.
+//!
+//! The server reaches the test database through a TCP proxy written here, which the test cuts
+//! (every connection dropped, new ones closed at once) and restores. The shared database server
+//! itself is never touched.
+
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, Ordering},
+};
+
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinHandle,
+};
+use tonic::Code;
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+use tonic_types::StatusExt;
+
+use crate::{
+    harness::{Harness, SESSIONS_SERVICE, assert_error, bounded},
+    postgres::{execute, test_schema, url_in_schema},
+    support::{Session, prompt},
+};
+
+/// A TCP proxy to the database that can be cut and restored.
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    links: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    acceptor: JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let acceptor = tokio::spawn({
+            let (cut, links) = (cut.clone(), links.clone());
+            async move {
+                loop {
+                    let Ok((mut client, _)) = listener.accept().await else {
+                        return;
+                    };
+                    if cut.load(Ordering::SeqCst) {
+                        // Closed at once: the database is "unreachable".
+                        drop(client);
+                        continue;
+                    }
+                    let upstream = upstream.clone();
+                    let link = tokio::spawn(async move {
+                        if let Ok(mut server) = TcpStream::connect(&upstream).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                    links.lock().unwrap().push(link);
+                }
+            }
+        });
+        Self {
+            port,
+            cut,
+            links,
+            acceptor,
+        }
+    }
+
+    /// Drops every open connection and closes new ones at once.
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+        self.cut();
+    }
+}
+
+/// The test database's URL with its host and port replaced by the proxy's.
+fn through(url: &str, port: u16) -> (String, String) {
+    let config: tokio_postgres::Config = url.parse().expect("the test URL parses");
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => panic!("the test database must be on TCP"),
+    };
+    let upstream_port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let database = config.get_dbname().unwrap_or(user);
+    (
+        format!("postgres://{user}@127.0.0.1:{port}/{database}"),
+        format!("{host}:{upstream_port}"),
+    )
+}
+
+/// Waits until the sessions service's readiness reads `wanted`.
+async fn readiness_becomes(h: &Harness, wanted: ServingStatus) {
+    let mut updates = h
+        .health()
+        .watch(HealthCheckRequest {
+            service: SESSIONS_SERVICE.into(),
+        })
+        .await
+        .expect("a health watch")
+        .into_inner();
+    loop {
+        let update = updates
+            .message()
+            .await
+            .expect("a health update")
+            .expect("the watch stays open");
+        if update.status() == wanted {
+            return;
+        }
+    }
+}
+
+/// A server on the test database through a proxy, with one session that has run a prompt.
+async fn serving_through_a_proxy(
+    url: &str,
+    schema: &str,
+) -> (Proxy, Harness, Session, tempfile::TempDir) {
+    let (_, upstream) = through(url, 0);
+    let proxy = Proxy::start(upstream).await;
+    let (proxied_url, _) = through(url, proxy.port);
+    let database_url = url_in_schema(&proxied_url, schema);
+    let h = Harness::start_with(|c| c.database_url = Some(database_url.into())).await;
+    let cwd = tempfile::TempDir::new().unwrap();
+    let mut request = crate::support::create_request(&h, "mock");
+    request.cwd = cwd.path().to_string_lossy().into_owned();
+    let mut session = Session::create_with(&h, request).await;
+    let mut watch = session.watch().await;
+    let reply = session.prompt("before the outage").await;
+    watch.response_to(&reply.action_id).await;
+    (proxy, h, session, cwd)
+}
+
+#[tokio::test]
+async fn a_prompt_sent_while_the_database_is_unreachable_is_refused_as_unavailable_and_not_stored()
+{
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    bounded(async {
+        let (proxy, h, mut session, _cwd) = serving_through_a_proxy(&url, &schema).await;
+
+        proxy.cut();
+        let refused = session
+            .act(prompt("sent during the outage"))
+            .await
+            .expect_err("a prompt while the database is unreachable is refused");
+        assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+        let retry = refused
+            .get_details_retry_info()
+            .expect("a RetryInfo detail");
+        assert!(retry.retry_delay.is_some());
+
+        proxy.restore();
+        readiness_becomes(&h, ServingStatus::Serving).await;
+        let log = session.log().await;
+        assert!(
+            log.iter()
+                .all(|entry| !entry.json.contains("sent during the outage")),
+            "the refused prompt is not in the log"
+        );
+        assert!(session.queue().await.is_empty(), "nor in the queue");
+
+        // The session works again once the database is back.
+        let mut watch = session.watch().await;
+        let reply = session.prompt("after the outage").await;
+        watch.response_to(&reply.action_id).await;
+        h.shutdown().await;
+    })
+    .await;
+    execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}
+
+#[tokio::test]
+async fn readiness_is_not_serving_while_the_database_is_unreachable_and_serving_again_after() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    bounded(async {
+        let (proxy, h, _session, _cwd) = serving_through_a_proxy(&url, &schema).await;
+        readiness_becomes(&h, ServingStatus::Serving).await;
+        proxy.cut();
+        readiness_becomes(&h, ServingStatus::NotServing).await;
+        // Liveness is not readiness: the process itself stays SERVING.
+        let liveness = h
+            .health()
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("liveness answers")
+            .into_inner();
+        assert_eq!(liveness.status(), ServingStatus::Serving);
+        proxy.restore();
+        readiness_becomes(&h, ServingStatus::Serving).await;
+        h.shutdown().await;
+    })
+    .await;
+    execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}
