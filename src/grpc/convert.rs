@@ -37,35 +37,43 @@ pub(crate) fn timestamp(time: SystemTime) -> Timestamp {
 
 // ---- actions -------------------------------------------------------------------------------
 
-pub(crate) fn attachment_from_pb(a: pb::PromptAttachment) -> PromptAttachment {
-    PromptAttachment {
-        uri: a.uri,
-        name: a.name,
-        mime_type: a.mime_type,
-        size: a.size,
+impl From<pb::PromptAttachment> for PromptAttachment {
+    fn from(a: pb::PromptAttachment) -> Self {
+        Self {
+            uri: a.uri,
+            name: a.name,
+            mime_type: a.mime_type,
+            size: a.size,
+        }
     }
 }
 
-pub(crate) fn attachment_to_pb(a: &PromptAttachment) -> pb::PromptAttachment {
-    pb::PromptAttachment {
-        uri: a.uri.clone(),
-        name: a.name.clone(),
-        mime_type: a.mime_type.clone(),
-        size: a.size,
+impl From<&PromptAttachment> for pb::PromptAttachment {
+    fn from(a: &PromptAttachment) -> Self {
+        Self {
+            uri: a.uri.clone(),
+            name: a.name.clone(),
+            mime_type: a.mime_type.clone(),
+            size: a.size,
+        }
     }
 }
 
-pub(crate) fn prompt_from_pb(p: pb::PromptAction) -> PromptAction {
-    PromptAction {
-        prompt: p.prompt,
-        attachments: p.attachments.into_iter().map(attachment_from_pb).collect(),
+impl From<pb::PromptAction> for PromptAction {
+    fn from(p: pb::PromptAction) -> Self {
+        Self {
+            prompt: p.prompt,
+            attachments: p.attachments.into_iter().map(Into::into).collect(),
+        }
     }
 }
 
-pub(crate) fn prompt_to_pb(p: &PromptAction) -> pb::PromptAction {
-    pb::PromptAction {
-        prompt: p.prompt.clone(),
-        attachments: p.attachments.iter().map(attachment_to_pb).collect(),
+impl From<&PromptAction> for pb::PromptAction {
+    fn from(p: &PromptAction) -> Self {
+        Self {
+            prompt: p.prompt.clone(),
+            attachments: p.attachments.iter().map(Into::into).collect(),
+        }
     }
 }
 
@@ -77,12 +85,14 @@ pub(crate) fn jsonrpc_id_from_pb(id: Option<pb::JsonRpcId>, field: &str) -> Resu
     }
 }
 
-pub(crate) fn jsonrpc_id_to_pb(id: &JsonRpcId) -> pb::JsonRpcId {
-    pb::JsonRpcId {
-        id: Some(match id {
-            JsonRpcId::Number(n) => pb::json_rpc_id::Id::Number(*n),
-            JsonRpcId::Text(text) => pb::json_rpc_id::Id::Text(text.clone()),
-        }),
+impl From<&JsonRpcId> for pb::JsonRpcId {
+    fn from(id: &JsonRpcId) -> Self {
+        Self {
+            id: Some(match id {
+                JsonRpcId::Number(n) => pb::json_rpc_id::Id::Number(*n),
+                JsonRpcId::Text(text) => pb::json_rpc_id::Id::Text(text.clone()),
+            }),
+        }
     }
 }
 
@@ -115,10 +125,11 @@ impl TryFrom<pb::ControlRequest> for ControlInput {
     }
 }
 
+/// [`ControlInput::try_from`]: the whole decoding of a Control request.
 fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
     use pb::control_request::Action as A;
     let action = match request.action.ok_or_else(|| missing("action"))? {
-        A::Prompt(prompt) => Action::Prompt(prompt_from_pb(prompt)),
+        A::Prompt(prompt) => Action::Prompt(prompt.into()),
         A::SetModel(set) => Action::SetModel { model: set.model },
         A::SetConfigOption(set) => Action::SetConfigOption {
             config_id: set.config_id,
@@ -220,64 +231,70 @@ fn value_to_json(value: prost_types::Value) -> Value {
 
 // ---- channel messages and translation -----------------------------------------------------
 
-pub(crate) fn channel_message_from_pb(m: pb::ChannelMessage) -> ChannelMessage {
-    ChannelMessage {
-        message_id: m.message_id,
-        channel_id: m.channel_id,
-        thread_id: m.thread_id,
-        sender_id: m.sender_id,
-        content: m.content,
-        attachments: m
-            .attachments
-            .into_iter()
-            .map(|a| ChannelAttachment::new(a.entity_type, a.entity_id))
-            .collect(),
+impl From<pb::ChannelMessage> for ChannelMessage {
+    fn from(m: pb::ChannelMessage) -> Self {
+        Self {
+            message_id: m.message_id,
+            channel_id: m.channel_id,
+            thread_id: m.thread_id,
+            sender_id: m.sender_id,
+            content: m.content,
+            attachments: m
+                .attachments
+                .into_iter()
+                .map(|a| ChannelAttachment::new(a.entity_type, a.entity_id))
+                .collect(),
+        }
     }
 }
 
-pub(crate) fn origin_from_pb(origin: pb::create_session_request::Origin) -> Origin {
-    use pb::create_session_request::Origin as O;
-    match origin {
-        O::Mention(message) => Origin::Mention(channel_message_from_pb(message)),
-        O::TaskAssignment(task) => Origin::TaskAssignment(TaskAssignment {
-            prompt: task.prompt,
-            assigned_by: task.assigned_by,
-        }),
+impl From<pb::create_session_request::Origin> for Origin {
+    fn from(origin: pb::create_session_request::Origin) -> Self {
+        use pb::create_session_request::Origin as O;
+        match origin {
+            O::Mention(message) => Self::Mention(message.into()),
+            O::TaskAssignment(task) => Self::TaskAssignment(TaskAssignment {
+                prompt: task.prompt,
+                assigned_by: task.assigned_by,
+            }),
+        }
     }
 }
 
-pub(crate) fn translation_to_pb(t: &Translation) -> pb::TranslateChannelMessageResponse {
-    pb::TranslateChannelMessageResponse {
-        prompt: Some(prompt_to_pb(&t.prompt)),
-        skipped: t
-            .skipped
-            .iter()
-            .map(|s| pb::SkippedAttachment {
-                index: s.index,
-                entity_type: s.entity_type.clone(),
-                reason: match s.reason {
-                    SkipReason::UnsupportedType => pb::SkipReason::UnsupportedType,
-                    SkipReason::InvalidEntityId => pb::SkipReason::InvalidEntityId,
-                } as i32,
-            })
-            .collect(),
+impl From<&Translation> for pb::TranslateChannelMessageResponse {
+    fn from(t: &Translation) -> Self {
+        Self {
+            prompt: Some((&t.prompt).into()),
+            skipped: t
+                .skipped
+                .iter()
+                .map(|s| pb::SkippedAttachment {
+                    index: s.index,
+                    entity_type: s.entity_type.clone(),
+                    reason: match s.reason {
+                        SkipReason::UnsupportedType => pb::SkipReason::UnsupportedType,
+                        SkipReason::InvalidEntityId => pb::SkipReason::InvalidEntityId,
+                    } as i32,
+                })
+                .collect(),
+        }
     }
 }
 
 // ---- sessions, queue, log -----------------------------------------------------------------
 
-pub(crate) fn session_status_to_pb(
-    status: crate::domain::session::SessionStatus,
-) -> pb::SessionStatus {
-    use crate::domain::session::SessionStatus as S;
-    match status {
-        S::Starting => pb::SessionStatus::Starting,
-        S::Idle => pb::SessionStatus::Idle,
-        S::Running => pb::SessionStatus::Running,
-        S::AwaitingInput => pb::SessionStatus::AwaitingInput,
-        S::Suspended => pb::SessionStatus::Suspended,
-        S::Disconnected => pb::SessionStatus::Disconnected,
-        S::Closed => pb::SessionStatus::Closed,
+impl From<crate::domain::session::SessionStatus> for pb::SessionStatus {
+    fn from(status: crate::domain::session::SessionStatus) -> Self {
+        use crate::domain::session::SessionStatus as S;
+        match status {
+            S::Starting => Self::Starting,
+            S::Idle => Self::Idle,
+            S::Running => Self::Running,
+            S::AwaitingInput => Self::AwaitingInput,
+            S::Suspended => Self::Suspended,
+            S::Disconnected => Self::Disconnected,
+            S::Closed => Self::Closed,
+        }
     }
 }
 
@@ -309,7 +326,7 @@ pub(crate) fn session_to_pb(
         cwd: record.cwd.clone(),
         model: record.model.clone(),
         acp_session_id: record.acp_session_id.clone(),
-        status: session_status_to_pb(record.status) as i32,
+        status: pb::SessionStatus::from(record.status) as i32,
         status_reason: record.status_reason.clone(),
         created_at: Some(timestamp(record.created_at)),
         updated_at: Some(timestamp(record.updated_at)),
@@ -328,7 +345,7 @@ impl From<pb::CreateSessionRequest> for CreateInput {
             cwd: request.cwd,
             model: request.model,
             name: request.name,
-            origin: request.origin.map(origin_from_pb),
+            origin: request.origin.map(Into::into),
             labels: request.labels.into_iter().collect(),
             editors: request.editors,
         }
@@ -352,23 +369,25 @@ impl TryFrom<pb::ListSessionsRequest> for ListInput {
     }
 }
 
-pub(crate) fn queued_to_pb(entry: &crate::domain::queue::QueuedEntry) -> pb::QueuedAction {
-    use crate::domain::queue::QueuedWork;
-    let (kind, prompt, attachments) = match &entry.work {
-        QueuedWork::Prompt(p) => (
-            pb::QueuedActionKind::Prompt,
-            Some(p.prompt.clone()),
-            p.attachments.iter().map(attachment_to_pb).collect(),
-        ),
-        QueuedWork::Compact => (pb::QueuedActionKind::Compact, None, Vec::new()),
-    };
-    pb::QueuedAction {
-        action_id: entry.action_id.to_string(),
-        kind: kind as i32,
-        prompt,
-        attachments,
-        actor: entry.actor.clone(),
-        created_at: Some(timestamp(entry.created_at)),
+impl From<&crate::domain::queue::QueuedEntry> for pb::QueuedAction {
+    fn from(entry: &crate::domain::queue::QueuedEntry) -> Self {
+        use crate::domain::queue::QueuedWork;
+        let (kind, prompt, attachments) = match &entry.work {
+            QueuedWork::Prompt(p) => (
+                pb::QueuedActionKind::Prompt,
+                Some(p.prompt.clone()),
+                p.attachments.iter().map(Into::into).collect(),
+            ),
+            QueuedWork::Compact => (pb::QueuedActionKind::Compact, None, Vec::new()),
+        };
+        Self {
+            action_id: entry.action_id.to_string(),
+            kind: kind as i32,
+            prompt,
+            attachments,
+            actor: entry.actor.clone(),
+            created_at: Some(timestamp(entry.created_at)),
+        }
     }
 }
 
@@ -376,144 +395,156 @@ pub(crate) fn queue_to_pb<'a>(
     entries: impl IntoIterator<Item = &'a crate::domain::queue::QueuedEntry>,
 ) -> pb::GetQueueResponse {
     pb::GetQueueResponse {
-        entries: entries.into_iter().map(queued_to_pb).collect(),
+        entries: entries.into_iter().map(Into::into).collect(),
     }
 }
 
-pub(crate) fn log_entry_to_pb(entry: &crate::store::LogEntry) -> pb::LogEntry {
-    use crate::store::Direction;
-    pb::LogEntry {
-        offset: entry.offset,
-        direction: match entry.direction {
-            Direction::ToRuntime => pb::LogDirection::ToRuntime,
-            Direction::FromRuntime => pb::LogDirection::FromRuntime,
-            Direction::Event => pb::LogDirection::Event,
-        } as i32,
-        json: entry.json.clone(),
-        actor: entry.actor.clone(),
-        action_id: entry.action_id.map(|id| id.to_string()),
-        epoch: entry.epoch,
-        created_at: Some(timestamp(entry.created_at)),
+impl From<&crate::store::LogEntry> for pb::LogEntry {
+    fn from(entry: &crate::store::LogEntry) -> Self {
+        use crate::store::Direction;
+        Self {
+            offset: entry.offset,
+            direction: match entry.direction {
+                Direction::ToRuntime => pb::LogDirection::ToRuntime,
+                Direction::FromRuntime => pb::LogDirection::FromRuntime,
+                Direction::Event => pb::LogDirection::Event,
+            } as i32,
+            json: entry.json.clone(),
+            actor: entry.actor.clone(),
+            action_id: entry.action_id.map(|id| id.to_string()),
+            epoch: entry.epoch,
+            created_at: Some(timestamp(entry.created_at)),
+        }
     }
 }
 
 // ---- transcript and streams ---------------------------------------------------------------
 
-fn outcome_to_pb(outcome: crate::acp::fold::Outcome) -> pb::InteractionOutcome {
-    use crate::acp::fold::Outcome as O;
-    match outcome {
-        O::Pending => pb::InteractionOutcome::Pending,
-        O::Accepted => pb::InteractionOutcome::Accepted,
-        O::Rejected => pb::InteractionOutcome::Rejected,
-        O::Selected => pb::InteractionOutcome::Selected,
-        O::Cancelled => pb::InteractionOutcome::Cancelled,
-        O::Declined => pb::InteractionOutcome::Declined,
-        O::Completed => pb::InteractionOutcome::Completed,
-        O::Errored => pb::InteractionOutcome::Errored,
+impl From<crate::acp::fold::Outcome> for pb::InteractionOutcome {
+    fn from(outcome: crate::acp::fold::Outcome) -> Self {
+        use crate::acp::fold::Outcome as O;
+        match outcome {
+            O::Pending => Self::Pending,
+            O::Accepted => Self::Accepted,
+            O::Rejected => Self::Rejected,
+            O::Selected => Self::Selected,
+            O::Cancelled => Self::Cancelled,
+            O::Declined => Self::Declined,
+            O::Completed => Self::Completed,
+            O::Errored => Self::Errored,
+        }
     }
 }
 
-fn part_to_pb(part: &crate::acp::fold::Part) -> pb::MessagePart {
-    use crate::acp::fold::{ControlKind, Part};
-    use pb::message_part::Kind;
-    let kind = match part {
-        Part::Text(text) => Kind::Text(pb::TextPart { text: text.clone() }),
-        Part::Thought(text) => Kind::Thought(pb::TextPart { text: text.clone() }),
-        Part::Attachment(a) => Kind::Attachment(attachment_to_pb(a)),
-        Part::Tool(t) => Kind::Tool(pb::ToolPart {
-            tool_call_id: t.tool_call_id.clone(),
-            title: t.title.clone(),
-            kind: t.kind.clone(),
-            status: t.status.clone(),
-            content_json: t.content_json.clone(),
-        }),
-        Part::Plan(entries) => Kind::Plan(pb::PlanPart {
-            entries: entries
-                .iter()
-                .map(|e| pb::PlanEntry {
-                    content: e.content.clone(),
-                    priority: e.priority.clone(),
-                    status: e.status.clone(),
-                })
-                .collect(),
-        }),
-        Part::Permission(p) => Kind::Permission(pb::PermissionPart {
-            request_id: Some(jsonrpc_id_to_pb(&p.request_id)),
-            tool_call_json: p.tool_call_json.clone(),
-            options: p
-                .options
-                .iter()
-                .map(|o| pb::PermissionOption {
-                    option_id: o.option_id.clone(),
-                    name: o.name.clone(),
-                    kind: o.kind.clone(),
-                })
-                .collect(),
-            outcome: outcome_to_pb(p.outcome) as i32,
-            selected_option_id: p.selected_option_id.clone(),
-        }),
-        Part::Elicitation(e) => Kind::Elicitation(pb::ElicitationPart {
-            request_id: Some(jsonrpc_id_to_pb(&e.request_id)),
-            message: e.message.clone(),
-            request_json: e.request_json.clone(),
-            outcome: outcome_to_pb(e.outcome) as i32,
-            answer_json: e.answer_json.clone(),
-        }),
-        Part::Control(c) => Kind::Control(pb::ControlPart {
-            kind: match c.kind {
-                ControlKind::SetModel => pb::ControlKind::SetModel,
-                ControlKind::SetConfigOption => pb::ControlKind::SetConfigOption,
-                ControlKind::Compact => pb::ControlKind::Compact,
-                ControlKind::Stop => pb::ControlKind::Stop,
+impl From<&crate::acp::fold::Part> for pb::MessagePart {
+    fn from(part: &crate::acp::fold::Part) -> Self {
+        use crate::acp::fold::{ControlKind, Part};
+        use pb::message_part::Kind;
+        let kind = match part {
+            Part::Text(text) => Kind::Text(pb::TextPart { text: text.clone() }),
+            Part::Thought(text) => Kind::Thought(pb::TextPart { text: text.clone() }),
+            Part::Attachment(a) => Kind::Attachment(a.into()),
+            Part::Tool(t) => Kind::Tool(pb::ToolPart {
+                tool_call_id: t.tool_call_id.clone(),
+                title: t.title.clone(),
+                kind: t.kind.clone(),
+                status: t.status.clone(),
+                content_json: t.content_json.clone(),
+            }),
+            Part::Plan(entries) => Kind::Plan(pb::PlanPart {
+                entries: entries
+                    .iter()
+                    .map(|e| pb::PlanEntry {
+                        content: e.content.clone(),
+                        priority: e.priority.clone(),
+                        status: e.status.clone(),
+                    })
+                    .collect(),
+            }),
+            Part::Permission(p) => Kind::Permission(pb::PermissionPart {
+                request_id: Some((&p.request_id).into()),
+                tool_call_json: p.tool_call_json.clone(),
+                options: p
+                    .options
+                    .iter()
+                    .map(|o| pb::PermissionOption {
+                        option_id: o.option_id.clone(),
+                        name: o.name.clone(),
+                        kind: o.kind.clone(),
+                    })
+                    .collect(),
+                outcome: pb::InteractionOutcome::from(p.outcome) as i32,
+                selected_option_id: p.selected_option_id.clone(),
+            }),
+            Part::Elicitation(e) => Kind::Elicitation(pb::ElicitationPart {
+                request_id: Some((&e.request_id).into()),
+                message: e.message.clone(),
+                request_json: e.request_json.clone(),
+                outcome: pb::InteractionOutcome::from(e.outcome) as i32,
+                answer_json: e.answer_json.clone(),
+            }),
+            Part::Control(c) => Kind::Control(pb::ControlPart {
+                kind: match c.kind {
+                    ControlKind::SetModel => pb::ControlKind::SetModel,
+                    ControlKind::SetConfigOption => pb::ControlKind::SetConfigOption,
+                    ControlKind::Compact => pb::ControlKind::Compact,
+                    ControlKind::Stop => pb::ControlKind::Stop,
+                } as i32,
+                value: c.value.clone(),
+                outcome: pb::InteractionOutcome::from(c.outcome) as i32,
+            }),
+            Part::Content { kind, json } => Kind::Content(pb::ContentPart {
+                r#type: kind.clone(),
+                json: json.clone(),
+            }),
+        };
+        pb::MessagePart { kind: Some(kind) }
+    }
+}
+
+impl From<crate::acp::fold::StopReason> for pb::StopReason {
+    fn from(reason: crate::acp::fold::StopReason) -> Self {
+        use crate::acp::fold::StopReason;
+        match reason {
+            StopReason::EndTurn => Self::EndTurn,
+            StopReason::MaxTokens => Self::MaxTokens,
+            StopReason::MaxTurnRequests => Self::MaxTurnRequests,
+            StopReason::Refusal => Self::Refusal,
+            StopReason::Cancelled => Self::Cancelled,
+            StopReason::Failed => Self::Failed,
+        }
+    }
+}
+
+impl From<&crate::acp::fold::TurnEnd> for pb::TurnEnded {
+    fn from(end: &crate::acp::fold::TurnEnd) -> Self {
+        Self {
+            turn: end.turn,
+            request_id: end.request_id.map(|id| id.to_string()).unwrap_or_default(),
+            stop_reason: pb::StopReason::from(end.stop_reason) as i32,
+            error: end.error.clone(),
+        }
+    }
+}
+
+impl From<&crate::acp::fold::Message> for pb::TranscriptMessage {
+    fn from(m: &crate::acp::fold::Message) -> Self {
+        use crate::acp::fold::Role;
+        Self {
+            id: m.id.clone(),
+            turn: m.turn,
+            role: match m.role {
+                Role::User => pb::MessageRole::User,
+                Role::Agent => pb::MessageRole::Agent,
             } as i32,
-            value: c.value.clone(),
-            outcome: outcome_to_pb(c.outcome) as i32,
-        }),
-        Part::Content { kind, json } => Kind::Content(pb::ContentPart {
-            r#type: kind.clone(),
-            json: json.clone(),
-        }),
-    };
-    pb::MessagePart { kind: Some(kind) }
-}
-
-fn stop_reason_to_pb(reason: crate::acp::fold::StopReason) -> pb::StopReason {
-    use crate::acp::fold::StopReason;
-    match reason {
-        StopReason::EndTurn => pb::StopReason::EndTurn,
-        StopReason::MaxTokens => pb::StopReason::MaxTokens,
-        StopReason::MaxTurnRequests => pb::StopReason::MaxTurnRequests,
-        StopReason::Refusal => pb::StopReason::Refusal,
-        StopReason::Cancelled => pb::StopReason::Cancelled,
-        StopReason::Failed => pb::StopReason::Failed,
-    }
-}
-
-pub(crate) fn turn_ended_to_pb(end: &crate::acp::fold::TurnEnd) -> pb::TurnEnded {
-    pb::TurnEnded {
-        turn: end.turn,
-        request_id: end.request_id.map(|id| id.to_string()).unwrap_or_default(),
-        stop_reason: stop_reason_to_pb(end.stop_reason) as i32,
-        error: end.error.clone(),
-    }
-}
-
-pub(crate) fn message_to_pb(m: &crate::acp::fold::Message) -> pb::TranscriptMessage {
-    use crate::acp::fold::Role;
-    pb::TranscriptMessage {
-        id: m.id.clone(),
-        turn: m.turn,
-        role: match m.role {
-            Role::User => pb::MessageRole::User,
-            Role::Agent => pb::MessageRole::Agent,
-        } as i32,
-        request_id: m.request_id.map(|id| id.to_string()),
-        parts: m.parts.iter().map(part_to_pb).collect(),
-        stop_reason: m.stop_reason.map(|r| stop_reason_to_pb(r) as i32),
-        error: m.error.clone(),
-        actor: m.actor.clone(),
-        first_offset: m.first_offset,
-        last_offset: m.last_offset,
+            request_id: m.request_id.map(|id| id.to_string()),
+            parts: m.parts.iter().map(Into::into).collect(),
+            stop_reason: m.stop_reason.map(|r| pb::StopReason::from(r) as i32),
+            error: m.error.clone(),
+            actor: m.actor.clone(),
+            first_offset: m.first_offset,
+            last_offset: m.last_offset,
+        }
     }
 }
 
@@ -534,11 +565,11 @@ pub(crate) fn metadata_to_pb(
             .collect(),
         config_options_json: metadata.config_options_json.clone(),
         available_commands_json: metadata.available_commands_json.clone(),
-        status: session_status_to_pb(status) as i32,
+        status: pb::SessionStatus::from(status) as i32,
         pending_interactions: metadata
             .pending_interactions
             .iter()
-            .map(jsonrpc_id_to_pb)
+            .map(Into::into)
             .collect(),
     }
 }
@@ -562,14 +593,14 @@ pub(crate) fn stream_event_to_pb(
     use crate::session::subscribe::StreamEvent as E;
     use pb::subscribe_response::Event;
     let event = match event {
-        E::Entry(entry) => Event::Entry(log_entry_to_pb(entry)),
-        E::Message(message) => Event::Message(message_to_pb(message)),
+        E::Entry(entry) => Event::Entry(pb::LogEntry::from(&**entry)),
+        E::Message(message) => Event::Message(pb::TranscriptMessage::from(&**message)),
         E::Queue(queue) => Event::Queue(pb::QueueSnapshot {
-            entries: queue.iter().map(queued_to_pb).collect(),
+            entries: queue.iter().map(Into::into).collect(),
         }),
-        E::TurnEnded(end) => Event::TurnEnded(turn_ended_to_pb(end)),
+        E::TurnEnded(end) => Event::TurnEnded(end.into()),
         E::Status { status, reason } => Event::Status(pb::SessionStatusChange {
-            status: session_status_to_pb(*status) as i32,
+            status: pb::SessionStatus::from(*status) as i32,
             reason: reason.clone(),
         }),
         E::CaughtUp { head } => Event::CaughtUp(pb::CaughtUp { head_offset: *head }),

@@ -149,7 +149,7 @@ impl AgentSessionService for SessionsService {
             )
             .await?;
         Ok(Response::new(pb::EditQueuedPromptResponse {
-            entry: Some(convert::queued_to_pb(&entry)),
+            entry: Some(pb::QueuedAction::from(&entry)),
         }))
     }
 
@@ -178,7 +178,7 @@ impl AgentSessionService for SessionsService {
             )
             .await?;
         Ok(Response::new(pb::ReadLogResponse {
-            entries: entries.iter().map(convert::log_entry_to_pb).collect(),
+            entries: entries.iter().map(pb::LogEntry::from).collect(),
             head_offset,
         }))
     }
@@ -202,7 +202,7 @@ impl AgentSessionService for SessionsService {
             messages: transcript
                 .messages
                 .iter()
-                .map(convert::message_to_pb)
+                .map(pb::TranscriptMessage::from)
                 .collect(),
             metadata: Some(convert::metadata_to_pb(
                 &transcript.metadata,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{auth, convert};
+use super::auth;
 use crate::{
     domain::{Error, limits::Limits},
     pb::v1::{
@@ -36,9 +36,7 @@ impl ChannelTranslatorService for TranslatorService {
             .into_inner()
             .message
             .ok_or_else(|| Error::invalid("message is required"))?;
-        let translation = self
-            .translator
-            .translate(&convert::channel_message_from_pb(message))?;
+        let translation = self.translator.translate(&message.into())?;
         let prompt = &translation.prompt;
         if prompt.prompt.len() > self.limits.prompt_bytes {
             return Err(Error::limit(
@@ -56,6 +54,8 @@ impl ChannelTranslatorService for TranslatorService {
             )
             .into());
         }
-        Ok(Response::new(convert::translation_to_pb(&translation)))
+        Ok(Response::new(TranslateChannelMessageResponse::from(
+            &translation,
+        )))
     }
 }
