@@ -125,8 +125,12 @@ pub(super) fn is_unreachable(e: &tokio_postgres::Error) -> bool {
     }
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
-        if cause.is::<std::io::Error>() {
-            return true;
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            // A TLS failure (a certificate that does not verify) travels as an I/O error, but
+            // waiting will not fix it.
+            return !io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>());
         }
         source = cause.source();
     }
