@@ -459,7 +459,7 @@ async fn a_cwd_missing_on_the_claiming_replica_is_a_runtime_start_failure_that_s
         // The interrupted turn was not re-sent and the queued prompt is kept, not lost.
         assert_eq!(
             prompts_sent(&via_b.log().await),
-            [running.action_id.clone()]
+            std::slice::from_ref(&running.action_id)
         );
         let queue: Vec<String> = via_b
             .queue()
@@ -467,7 +467,7 @@ async fn a_cwd_missing_on_the_claiming_replica_is_a_runtime_start_failure_that_s
             .into_iter()
             .map(|q| q.action_id)
             .collect();
-        assert_eq!(queue, [queued.action_id.clone()]);
+        assert_eq!(queue, std::slice::from_ref(&queued.action_id));
         assert!(!b.runs_a_runtime(), "nothing started on B");
     })
     .await;
