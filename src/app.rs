@@ -312,9 +312,18 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     };
     if let Some(sessions) = &sessions {
         let replica_token = replica_token(&config)?;
+        // Peers exist only on a shared database.
+        let peer_tls = match (&config.tls, &config.database_url) {
+            (Some(files), Some(_)) => Some(tls::peer_client_config(
+                files,
+                config.replica_tls_ca.as_deref(),
+            )?),
+            _ => None,
+        };
         let service = AgentSessionServiceServer::new(RoutedSessions::new(
             SessionsService::new(sessions.clone()),
             replica_token,
+            peer_tls,
         ))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_response);

@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::Context;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, Server, ServerTlsConfig};
 
 /// The TLS files the server reads at startup (`config` fills them from flags and file).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,5 +78,35 @@ pub(crate) fn server_config(files: &TlsFiles) -> anyhow::Result<ServerTlsConfig>
                 .unwrap_or_default()
         )
     })?;
+    Ok(config)
+}
+
+/// How this replica dials its peers when it serves TLS itself (SPEC §15): trusting `peer_ca`
+/// (else the client CA, the usual single internal CA), and — when the peers require client
+/// certificates — presenting its own certificate, which must then be issued by their client CA.
+pub(crate) fn peer_client_config(
+    files: &TlsFiles,
+    peer_ca: Option<&Path>,
+) -> anyhow::Result<ClientTlsConfig> {
+    let mut config = ClientTlsConfig::new().timeout(HANDSHAKE_TIMEOUT);
+    match (peer_ca, &files.client_ca) {
+        (Some(ca), _) => {
+            let ca = read_pem(ca, "replica_tls_ca", "CERTIFICATE")?;
+            config = config.ca_certificate(Certificate::from_pem(ca));
+        }
+        (None, Some(ca)) => {
+            let ca = read_pem(ca, "tls_client_ca", "CERTIFICATE")?;
+            config = config.ca_certificate(Certificate::from_pem(ca));
+        }
+        (None, None) => tracing::warn!(
+            "TLS without replica_tls_ca or tls_client_ca: calls forwarded to other replicas \
+             trust no certificate and will fail"
+        ),
+    }
+    if files.client_ca.is_some() {
+        let cert = read_pem(&files.cert, "tls_cert", "CERTIFICATE")?;
+        let key = read_pem(&files.key, "tls_key", "PRIVATE KEY")?;
+        config = config.identity(Identity::from_pem(cert, key));
+    }
     Ok(config)
 }

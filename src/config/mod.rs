@@ -152,6 +152,10 @@ pub struct ServeArgs {
     /// token of kind `replica` in their tokens file)
     #[arg(long, env = "AGENT_HARNESS_REPLICA_TOKEN_FILE", value_name = "PATH")]
     pub replica_token_file: Option<PathBuf>,
+    /// PEM file of the CA that issued the other replicas' TLS certificates, trusted when this
+    /// replica forwards a call to one [default: tls_client_ca]
+    #[arg(long, env = "AGENT_HARNESS_REPLICA_TLS_CA", value_name = "PATH")]
+    pub replica_tls_ca: Option<PathBuf>,
 }
 
 /// The config file as written.
@@ -175,6 +179,7 @@ pub struct FileConfig {
     pub advertise_address: Option<String>,
     pub lease_ttl: Option<String>,
     pub replica_token_file: Option<PathBuf>,
+    pub replica_tls_ca: Option<PathBuf>,
     /// The `_meta` key marking the hidden invocation block.
     pub invocation_meta_key: Option<String>,
     #[serde(default)]
@@ -240,6 +245,8 @@ pub struct ServeConfig {
     pub lease_ttl: Duration,
     /// The token presented to peer replicas when forwarding (SPEC §15).
     pub replica_token_file: Option<PathBuf>,
+    /// The CA trusted for peer replicas' certificates when forwarding over TLS (SPEC §15).
+    pub replica_tls_ca: Option<PathBuf>,
     pub invocation_meta_key: String,
     pub limits: Limits,
     pub profiles: BTreeMap<String, Arc<Profile>>,
@@ -394,6 +401,7 @@ impl ServeConfig {
             advertise_address,
             lease_ttl,
             replica_token_file: args.replica_token_file.or(file.replica_token_file),
+            replica_tls_ca: args.replica_tls_ca.or(file.replica_tls_ca),
             invocation_meta_key: file
                 .invocation_meta_key
                 .unwrap_or_else(|| invocation::DEFAULT_META_KEY.to_owned()),

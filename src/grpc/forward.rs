@@ -4,7 +4,9 @@
 //! as the caller's principal. The hop authenticates with this replica's `replica` token and
 //! names the caller in `x-forwarded-principal` / `x-forwarded-principal-kind` (plus
 //! `x-acting-user` as given), which the owner accepts from a `replica` principal only. Clients
-//! never see which replica owns what: the owner's answer is returned as it is.
+//! never see which replica owns what: the owner's answer is returned as it is. A replica that
+//! serves TLS dials its peers over TLS (trusting `replica_tls_ca`, presenting its own
+//! certificate when they require client certificates).
 
 use std::{collections::HashMap, pin::Pin, sync::Mutex, time::Duration};
 
@@ -12,7 +14,7 @@ use futures::{Stream, StreamExt};
 use tonic::{
     Code, Request, Response, Status,
     metadata::{MetadataMap, MetadataValue},
-    transport::{Channel, Endpoint},
+    transport::{Channel, ClientTlsConfig, Endpoint},
 };
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -50,14 +52,21 @@ pub(crate) struct RoutedSessions {
     inner: SessionsService,
     /// The token this replica presents to its peers (`None`: no tokens configured).
     replica_token: Option<String>,
+    /// How peers are dialed when replicas serve TLS (`None`: plaintext, like this one).
+    peer_tls: Option<ClientTlsConfig>,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
 impl RoutedSessions {
-    pub(crate) fn new(inner: SessionsService, replica_token: Option<String>) -> Self {
+    pub(crate) fn new(
+        inner: SessionsService,
+        replica_token: Option<String>,
+        peer_tls: Option<ClientTlsConfig>,
+    ) -> Self {
         Self {
             inner,
             replica_token,
+            peer_tls,
             channels: Mutex::new(HashMap::new()),
         }
     }
@@ -67,8 +76,20 @@ impl RoutedSessions {
         let channel = match channels.get(address) {
             Some(channel) => channel.clone(),
             None => {
-                let channel = Endpoint::from_shared(format!("http://{address}"))
-                    .map_err(|e| unavailable(&format!("bad replica address {address:?}: {e}")))?
+                let bad = |e: tonic::transport::Error| {
+                    unavailable(&format!("bad replica address {address:?}: {e}"))
+                };
+                // A replica serving TLS dials its peers over TLS too: they share one config.
+                let scheme = match self.peer_tls {
+                    Some(_) => "https",
+                    None => "http",
+                };
+                let mut endpoint =
+                    Endpoint::from_shared(format!("{scheme}://{address}")).map_err(bad)?;
+                if let Some(tls) = &self.peer_tls {
+                    endpoint = endpoint.tls_config(tls.clone()).map_err(bad)?;
+                }
+                let channel = endpoint
                     .connect_timeout(CONNECT_TIMEOUT)
                     // A relayed stream learns that the owner died or stalled.
                     .http2_keep_alive_interval(Duration::from_secs(5))

@@ -116,6 +116,8 @@ pub(crate) struct EngineContext {
     streams: tokio::sync::watch::Sender<subscribe::StreamStop>,
     /// Notified whenever a session's status changes (draining waits on it).
     activity: tokio::sync::Notify,
+    /// Streams of sessions whose actor runs elsewhere, per session (held to the subscriber cap).
+    remote_streams: subscribe::RemoteStreams,
     replica: ReplicaOptions,
 }
 
@@ -137,6 +139,7 @@ impl EngineContext {
             draining: AtomicBool::new(false),
             streams: tokio::sync::watch::channel(Default::default()).0,
             activity: tokio::sync::Notify::new(),
+            remote_streams: Default::default(),
             replica: options.replica,
         }
     }

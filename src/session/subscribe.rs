@@ -20,7 +20,7 @@
 //! folding, the cursors — is the same code.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     sync::{Arc, atomic::Ordering},
     time::Duration,
 };
@@ -117,6 +117,8 @@ pub(crate) struct StreamStart {
 }
 
 /// Starts a subscription task; the receiver is the stream.
+/// `others`: the session's streams on this replica fed by the store (opened while another
+/// replica owned it), which count toward the same cap.
 pub(crate) fn start(
     handle: SessionHandle,
     from: StreamStart,
@@ -124,20 +126,14 @@ pub(crate) fn start(
     meta_key: String,
     stop: watch::Receiver<StreamStop>,
     max_subscribers: usize,
+    others: usize,
 ) -> Result<mpsc::Receiver<StreamItem>> {
     let StreamStart { after, head, view } = from;
     let shared = handle.shared.clone();
     let count = shared.subscribers.fetch_add(1, Ordering::AcqRel) + 1;
-    let guard = SubscriberGuard(handle.clone());
-    if count > max_subscribers {
-        return Err(Error::new(
-            ErrorCode::TooManySubscribers,
-            format!(
-                "session {} has its maximum of {max_subscribers} subscribers",
-                shared.id
-            ),
-        )
-        .with("max", max_subscribers));
+    let guard = SubscriberGuard::Local(handle.clone());
+    if count + others > max_subscribers {
+        return Err(too_many_subscribers(shared.id, max_subscribers));
     }
     let head = head.max(shared.head());
     if after > head {
@@ -160,13 +156,18 @@ pub(crate) fn start(
 /// Starts a subscription to a session with no actor on this replica (SPEC §15): the store is
 /// both the catch-up and the live source. `record` is the session as the caller found it in the
 /// store (its access already checked); `from.head` the store's head.
+/// `streams` counts them per session against `max_subscribers`: the cap holds on each replica
+/// (SPEC §11), as counting across replicas would cost a database round trip per stream.
 pub(crate) fn start_remote(
     store: Arc<dyn Store>,
     record: &SessionRecord,
     from: StreamStart,
     meta_key: String,
     stop: watch::Receiver<StreamStop>,
+    streams: &RemoteStreams,
+    max_subscribers: usize,
 ) -> Result<mpsc::Receiver<StreamItem>> {
+    let slot = streams.admit(record.id, max_subscribers)?;
     if from.after > from.head {
         return Err(super::manager::offset_out_of_range(from.after, from.head));
     }
@@ -177,7 +178,67 @@ pub(crate) fn start_remote(
         status: None,
         queue: None,
     });
-    Ok(spawn(record.id, source, from, store, meta_key, stop, None))
+    Ok(spawn(
+        record.id,
+        source,
+        from,
+        store,
+        meta_key,
+        stop,
+        Some(SubscriberGuard::Remote { _slot: slot }),
+    ))
+}
+
+fn too_many_subscribers(id: Uuid, max_subscribers: usize) -> Error {
+    Error::new(
+        ErrorCode::TooManySubscribers,
+        format!("session {id} has its maximum of {max_subscribers} subscribers"),
+    )
+    .with("max", max_subscribers)
+}
+
+/// The open streams of sessions without a local actor, per session.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct RemoteStreams(Arc<std::sync::Mutex<HashMap<Uuid, usize>>>);
+
+impl RemoteStreams {
+    /// How many streams of the session are open.
+    pub(crate) fn count(&self, id: Uuid) -> usize {
+        let streams = self.0.lock().expect("not poisoned");
+        streams.get(&id).copied().unwrap_or(0)
+    }
+
+    /// One more stream of the session, unless it has `max` already.
+    fn admit(&self, id: Uuid, max: usize) -> Result<RemoteSlot> {
+        let mut streams = self.0.lock().expect("not poisoned");
+        let count = streams.entry(id).or_default();
+        if *count >= max {
+            return Err(too_many_subscribers(id, max));
+        }
+        *count += 1;
+        Ok(RemoteSlot {
+            streams: self.clone(),
+            id,
+        })
+    }
+}
+
+/// A stream counted in [`RemoteStreams`] until it ends.
+struct RemoteSlot {
+    streams: RemoteStreams,
+    id: Uuid,
+}
+
+impl Drop for RemoteSlot {
+    fn drop(&mut self) {
+        let mut streams = self.streams.0.lock().expect("not poisoned");
+        if let Some(count) = streams.get_mut(&self.id) {
+            *count -= 1;
+            if *count == 0 {
+                streams.remove(&self.id);
+            }
+        }
+    }
 }
 
 fn spawn(
@@ -261,13 +322,22 @@ async fn next_live(source: &mut Source, id: Uuid) -> Woken {
     }
 }
 
-struct SubscriberGuard(SessionHandle);
+/// Counts a stream toward its session's subscriber cap while it lives.
+enum SubscriberGuard {
+    Local(SessionHandle),
+    /// Held for its `Drop`.
+    Remote {
+        _slot: RemoteSlot,
+    },
+}
 
 impl Drop for SubscriberGuard {
     fn drop(&mut self) {
-        self.0.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
-        // The subscription's receiver is dropped before its guard (field order).
-        self.0.shared.release_unused_feed();
+        if let Self::Local(handle) = self {
+            handle.shared.subscribers.fetch_sub(1, Ordering::AcqRel);
+            // The subscription's receiver is dropped before its guard (field order).
+            handle.shared.release_unused_feed();
+        }
     }
 }
 

@@ -3,86 +3,15 @@
 //! is unchanged at its offset, the queue is intact, the interrupted turn reads FAILED and is never
 //! re-sent, and a session that can be reopened drains its queue in order.
 
-use std::{
-    io::{BufRead, BufReader},
-    net::SocketAddr,
-    path::Path,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
-use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
-use tonic::transport::{Channel, Endpoint};
+use agent_harness::pb::v1 as pb;
 
 use crate::{
     harness::within,
+    process_tree::serve,
     support::{Session, processes_with},
 };
-
-/// A `serve` process on a free loopback port.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Server {
-    fn start(data_dir: &Path, config: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agent-harness"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--log-format",
-                "json",
-                "--data-dir",
-            ])
-            .arg(data_dir)
-            .arg("--config")
-            .arg(config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the server starts");
-        // The server logs the address it bound; read its log until then.
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines
-                .next()
-                .expect("the server logs its address")
-                .expect("readable log");
-            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line)
-                && event["message"] == "serving gRPC"
-            {
-                break event["local_addr"].as_str().unwrap().parse().unwrap();
-            }
-        };
-        // Keep draining the log so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Self { child, addr }
-    }
-
-    async fn client(&self) -> AgentSessionServiceClient<Channel> {
-        let channel = Endpoint::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        AgentSessionServiceClient::new(channel)
-    }
-
-    fn kill_9(mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn config_file(dir: &Path, marker: &str) -> std::path::PathBuf {
     let program = env!("CARGO_BIN_EXE_agent-harness");
@@ -134,7 +63,7 @@ async fn crash_with_work_in_flight(
     let marker = uuid::Uuid::now_v7().to_string();
     let config = config_file(dir.path(), &marker);
     let data = dir.path().join("data");
-    let server = Server::start(&data, &config);
+    let mut server = serve(&data, &config);
     let client = server.client().await;
     let mut session = Session::create_with_client(
         client,
@@ -175,7 +104,7 @@ async fn after_kill_9_a_session_that_cannot_reopen_keeps_its_log_is_disconnected
     within(Duration::from_secs(60), async {
         let (dir, data, id, log, [running, first, second], _marker) =
             crash_with_work_in_flight("plain").await;
-        let server = Server::start(&data, &dir.path().join("config.toml"));
+        let server = serve(&data, &dir.path().join("config.toml"));
         let mut session = Session::attach(server.client().await, &id);
         let after = session.log().await;
         assert!(after.len() >= log.len());
@@ -232,7 +161,7 @@ async fn after_kill_9_a_session_with_only_a_turn_in_flight_on_the_builtin_mock_p
         let marker = uuid::Uuid::now_v7().to_string();
         let config = config_file(dir.path(), &marker);
         let data = dir.path().join("data");
-        let server = Server::start(&data, &config);
+        let mut server = serve(&data, &config);
         let mut session = Session::create_with_client(
             server.client().await,
             pb::CreateSessionRequest {
@@ -245,8 +174,7 @@ async fn after_kill_9_a_session_with_only_a_turn_in_flight_on_the_builtin_mock_p
         let mut watch = session.watch().await;
         session.prompt("@wait-cancel").await;
         watch.chunk("echo: @wait-cancel").await;
-        server.kill_9();
-        let server = Server::start(&data, &config);
+        server.restart();
         let mut session = Session::attach(server.client().await, &session.id);
         let mut watch = session.watch().await;
         // Nothing is queued, yet the session reopens without being asked to.
@@ -266,7 +194,7 @@ async fn after_kill_9_the_interrupted_turn_reads_failed_is_never_resent_and_the_
     within(Duration::from_secs(60), async {
         let (dir, data, id, log, [running, first, second], _marker) =
             crash_with_work_in_flight("resumable").await;
-        let server = Server::start(&data, &dir.path().join("config.toml"));
+        let server = serve(&data, &dir.path().join("config.toml"));
         let mut session = Session::attach(server.client().await, &id);
         let mut watch = session.watch().await;
         assert_eq!(

@@ -4,7 +4,7 @@
 
 // The shared harness and session helpers live in the test kit (`crates/testkit`); imported here
 // so the modules below reach them as `crate::harness` and `crate::support`.
-use agent_harness_testkit::{harness, support};
+use agent_harness_testkit::{harness, process, support};
 
 mod auth;
 mod cannot_reopen;
@@ -27,12 +27,14 @@ mod process_tree;
 mod queue;
 mod reflection;
 mod replica_ownership;
+mod replica_tls;
 mod replicas;
 mod resume;
 mod scale;
 mod services;
 mod sessions;
 mod signals;
+mod soak;
 mod starting;
 mod tls;
 mod transcript;

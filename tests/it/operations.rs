@@ -1,22 +1,18 @@
 //! Operations (SPEC §12): Prometheus metrics, the W3C `traceparent` forwarded to the runtime, and
 //! draining on SIGTERM with the real binary.
 
-use std::{
-    io::{BufRead, BufReader},
-    net::SocketAddr,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{net::SocketAddr, time::Duration};
 
 use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tonic::{Code, transport::Endpoint};
+use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
 use crate::{
     harness::{Harness, assert_error, bounded, expect_err, within},
+    process::Serve,
     support::{Session, prompt, stop},
 };
 
@@ -116,41 +112,11 @@ fn health_request(service: &str) -> HealthCheckRequest {
 async fn sigterm_drains_readiness_refuses_new_turns_accepts_stops_ends_streams_and_exits_0() {
     within(Duration::from_secs(60), async {
         let dir = tempfile::tempdir().unwrap();
-        let start = || {
-            let mut child = Command::new(env!("CARGO_BIN_EXE_agent-harness"))
-                .args([
-                    "serve",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--log-format",
-                    "json",
-                    "--drain-grace",
-                    "20s",
-                    "--data-dir",
-                ])
-                .arg(dir.path().join("data"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-            let addr: SocketAddr = loop {
-                let line = lines.next().unwrap().unwrap();
-                let event: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-                if event["message"] == "serving gRPC" {
-                    break event["local_addr"].as_str().unwrap().parse().unwrap();
-                }
-            };
-            std::thread::spawn(move || for _ in lines {});
-            (child, addr)
-        };
-        let (mut child, addr) = start();
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let serve = Serve::new()
+            .args(["--drain-grace", "20s", "--data-dir"])
+            .arg(dir.path().join("data"));
+        let mut server = serve.start();
+        let channel = server.channel().await;
         let mut session = Session::create_with_client(
             AgentSessionServiceClient::new(channel.clone()),
             pb::CreateSessionRequest {
@@ -171,11 +137,7 @@ async fn sigterm_drains_readiness_refuses_new_turns_accepts_stops_ends_streams_a
             .await
             .unwrap()
             .into_inner();
-        // SIGTERM.
-        unsafe extern "C" {
-            fn kill(pid: i32, sig: i32) -> i32;
-        }
-        unsafe { kill(child.id() as i32, 15) };
+        server.signal(libc::SIGTERM);
         while changes
             .message()
             .await
@@ -214,19 +176,12 @@ async fn sigterm_drains_readiness_refuses_new_turns_accepts_stops_ends_streams_a
         let end = watch.end().await;
         assert_error(&end, Code::Unavailable, "DRAINING");
         let seen = watch.entries.clone();
-        let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
-            .await
-            .unwrap();
+        let status = server.wait().await;
         assert_eq!(status.code(), Some(0), "exit 0 after draining");
 
         // After a restart the log holds every frame the stream saw, unchanged.
-        let (mut restarted, addr) = start();
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut again = Session::attach(AgentSessionServiceClient::new(channel), &session.id);
+        server.restart();
+        let mut again = Session::attach(server.client().await, &session.id);
         let log = again.log().await;
         for entry in &seen {
             assert_eq!(
@@ -244,9 +199,6 @@ async fn sigterm_drains_readiness_refuses_new_turns_accepts_stops_ends_streams_a
             again.get().await.status,
             pb::SessionStatus::Suspended as i32
         );
-        // The restarted server is ours to stop; left running it would outlive the test.
-        restarted.kill().unwrap();
-        restarted.wait().unwrap();
     })
     .await
 }

@@ -4,91 +4,26 @@
 
 use std::{
     io::{BufRead, BufReader},
-    net::SocketAddr,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
-use tonic::transport::{Channel, Endpoint};
+use agent_harness::pb::v1 as pb;
 
-use crate::support::{Session, processes_with};
+use crate::{
+    process::{Serve, ServeProcess},
+    support::{Session, processes_with},
+};
 
-/// A `serve` process on a free loopback port, its JSON log lines forwarded to `log`.
-pub struct Server {
-    pub child: Child,
-    pub addr: SocketAddr,
-    pub log: std::sync::mpsc::Receiver<serde_json::Value>,
-}
-
-impl Server {
-    pub fn start(data_dir: &Path, config: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agent-harness"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--log-format",
-                "json",
-                "--data-dir",
-            ])
-            .arg(data_dir)
-            .arg("--config")
-            .arg(config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the server starts");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines
-                .next()
-                .expect("the server logs its address")
-                .expect("readable log");
-            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line)
-                && event["message"] == "serving gRPC"
-            {
-                break event["local_addr"].as_str().unwrap().parse().unwrap();
-            }
-        };
-        let (tx, log) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                if let Ok(event) = serde_json::from_str(&line) {
-                    let _ = tx.send(event);
-                }
-            }
-        });
-        Self { child, addr, log }
-    }
-
-    /// Waits for a log event with this message; `None` if the log ends (the process died).
-    pub async fn logged(&mut self, message: &str) -> Option<serde_json::Value> {
-        loop {
-            let event = tokio::task::block_in_place(|| self.log.recv()).ok()?;
-            if event["message"] == message {
-                return Some(event);
-            }
-        }
-    }
-
-    pub async fn client(&self) -> AgentSessionServiceClient<Channel> {
-        let channel = Endpoint::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        AgentSessionServiceClient::new(channel)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A `serve` process on a free loopback port, on `data_dir` with the profiles of `config`.
+pub fn serve(data_dir: &Path, config: &Path) -> ServeProcess {
+    Serve::new()
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--config")
+        .arg(config)
+        .start()
 }
 
 /// A profile whose command is `sh -c` wrapping the mock agent. The wrapper does not `exec`, so
@@ -150,7 +85,7 @@ async fn after_kill_9_of_the_harness_no_process_of_a_wrapped_runtime_is_alive_tw
         let dir = tempfile::tempdir().unwrap();
         let marker = uuid::Uuid::now_v7().to_string();
         let config = wrapped_profile_config(dir.path(), &marker);
-        let mut server = Server::start(&dir.path().join("data"), &config);
+        let mut server = serve(&dir.path().join("data"), &config);
         let mut session = Session::create_with_client(
             server.client().await,
             pb::CreateSessionRequest {
@@ -168,8 +103,7 @@ async fn after_kill_9_of_the_harness_no_process_of_a_wrapped_runtime_is_alive_tw
         let _cleanup = KillOnDrop(tree.clone());
         assert_eq!(tree.len(), 2, "the wrapper and the agent run: {tree:?}");
 
-        server.child.kill().expect("SIGKILL");
-        server.child.wait().unwrap();
+        server.kill_9();
         within(
             Duration::from_secs(2),
             "a runtime process outlived its harness",
@@ -210,7 +144,7 @@ async fn a_leftover_descendant_of_an_earlier_harness_whose_leader_is_gone_is_kil
         assert!(!dead(leftover), "the leftover runs before the start");
 
         let config = wrapped_profile_config(dir.path(), "unused");
-        let _server = Server::start(&data, &config);
+        let _server = serve(&data, &config);
         within(
             Duration::from_secs(10),
             "the leftover of an earlier harness survived the next start",

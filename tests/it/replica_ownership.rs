@@ -7,131 +7,70 @@
 //! when `CI=true`); each test works in a schema of its own and drops it at the end.
 
 use std::{
-    io::{BufRead, BufReader},
-    net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
-use tonic::{
-    Code,
-    transport::{Channel, Endpoint},
-};
+use tonic::{Code, transport::Channel};
 
 use crate::{
     auth::{ADA, BOB, CI, EVERYONE, tokens_text},
     harness::within,
     postgres::{execute, test_schema, url_in_schema},
+    process::{Serve, ServeProcess},
     support::{Session, Watch, processes_with},
 };
 
 /// The lease TTL of the test replicas: short, so failover happens within the test's bound.
-const LEASE_TTL: &str = "2s";
+pub(crate) const LEASE_TTL: &str = "2s";
 /// Bound of each test.
 const TEST_BOUND: Duration = Duration::from_secs(90);
 
 /// A `serve` replica on a free loopback port, its runtimes marked with `marker`.
-struct Replica {
-    child: Child,
-    addr: SocketAddr,
-    marker: String,
-    /// Every line it logged.
-    log: Arc<Mutex<Vec<String>>>,
+pub(crate) struct Replica {
+    pub(crate) process: ServeProcess,
+    pub(crate) marker: String,
 }
 
 impl Replica {
-    fn start(dir: &Path, name: &str, database_url: &str) -> Self {
+    pub(crate) fn start(dir: &Path, name: &str, database_url: &str) -> Self {
         Self::start_with(dir, name, database_url, &[])
     }
 
-    fn start_with(dir: &Path, name: &str, database_url: &str, flags: &[&str]) -> Self {
+    pub(crate) fn start_with(dir: &Path, name: &str, database_url: &str, flags: &[&str]) -> Self {
         let marker = format!("replica-{name}-{}", uuid::Uuid::now_v7().simple());
         let config = config_file(dir, name, &marker);
-        let data = dir.join(format!("data-{name}"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agent-harness"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        let process = Serve::new()
             .args(["--lease-ttl", LEASE_TTL, "--database-url", database_url])
             .args(flags)
             .arg("--data-dir")
-            .arg(&data)
+            .arg(dir.join(format!("data-{name}")))
             .arg("--config")
             .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the replica starts");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let addr = loop {
-            let line = lines
-                .next()
-                .expect("the replica logs its address")
-                .expect("readable log");
-            log.lock().unwrap().push(line.clone());
-            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line)
-                && event["message"] == "serving gRPC"
-            {
-                break event["local_addr"].as_str().unwrap().parse().unwrap();
-            }
-        };
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Self {
-            child,
-            addr,
-            marker,
-            log,
-        }
+            .start();
+        Self { process, marker }
     }
 
-    async fn client(&self) -> AgentSessionServiceClient<Channel> {
-        let channel = Endpoint::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        AgentSessionServiceClient::new(channel)
+    pub(crate) async fn client(&self) -> AgentSessionServiceClient<Channel> {
+        self.process.client().await
     }
 
     /// Whether one of its runtimes is alive.
-    fn runs_a_runtime(&self) -> bool {
+    pub(crate) fn runs_a_runtime(&self) -> bool {
         !processes_with(&self.marker).is_empty()
     }
 
     fn logged(&self, message: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(message))
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal}");
+        self.process.logged(message)
     }
 
     fn kill_9(mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().unwrap();
+        self.process.kill_9();
     }
 }
 
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn config_file(dir: &Path, name: &str, marker: &str) -> PathBuf {
+pub(crate) fn config_file(dir: &Path, name: &str, marker: &str) -> PathBuf {
     let program = env!("CARGO_BIN_EXE_agent-harness");
     let path = dir.join(format!("config-{name}.toml"));
     std::fs::write(
@@ -151,7 +90,7 @@ allowed_cwd_roots = ["{root}"]
 }
 
 /// Three replicas on a fresh schema, in a temporary directory the sessions use as cwd.
-async fn three_replicas() -> Option<(tempfile::TempDir, String, String, [Replica; 3])> {
+pub(crate) async fn three_replicas() -> Option<(tempfile::TempDir, String, String, [Replica; 3])> {
     let (url, schema) = test_schema().await?;
     let database_url = url_in_schema(&url, &schema);
     let dir = tempfile::tempdir().unwrap();
@@ -159,7 +98,7 @@ async fn three_replicas() -> Option<(tempfile::TempDir, String, String, [Replica
     Some((dir, url, schema, replicas))
 }
 
-async fn create_on(replica: &Replica, cwd: &Path) -> Session {
+pub(crate) async fn create_on(replica: &Replica, cwd: &Path) -> Session {
     Session::create_with_client(
         replica.client().await,
         pb::CreateSessionRequest {
@@ -173,7 +112,10 @@ async fn create_on(replica: &Replica, cwd: &Path) -> Session {
 
 /// Subscribes through `client`, retrying while the session's owner cannot be reached (its lease
 /// has not expired yet, SPEC §15): each retry follows an UNAVAILABLE answer.
-async fn watch_when_served(client: AgentSessionServiceClient<Channel>, id: &str) -> Watch {
+pub(crate) async fn watch_when_served(
+    client: AgentSessionServiceClient<Channel>,
+    id: &str,
+) -> Watch {
     let mut session = Session::attach(client, id);
     loop {
         match session
@@ -210,7 +152,7 @@ fn with<T>(token: &str, pairs: &[(&'static str, &str)], message: T) -> tonic::Re
     request
 }
 
-fn prompts_sent(log: &[pb::LogEntry]) -> Vec<String> {
+pub(crate) fn prompts_sent(log: &[pb::LogEntry]) -> Vec<String> {
     log.iter()
         .filter(|e| e.direction == pb::LogDirection::ToRuntime as i32)
         .filter_map(|e| serde_json::from_str::<serde_json::Value>(&e.json).ok())
@@ -219,7 +161,7 @@ fn prompts_sent(log: &[pb::LogEntry]) -> Vec<String> {
         .collect()
 }
 
-async fn drop_schema(url: &str, schema: &str) {
+pub(crate) async fn drop_schema(url: &str, schema: &str) {
     execute(url, &format!("DROP SCHEMA {schema} CASCADE")).await;
 }
 
@@ -343,14 +285,14 @@ async fn a_paused_owner_resumed_after_its_lease_moved_is_fenced_off_and_stops_it
         let queued = session.prompt("queued after the pause").await;
         let id = session.id.clone();
         drop(watch);
-        a.signal("-STOP");
+        a.process.pause();
 
         let mut watch = watch_when_served(b.client().await, &id).await;
         assert_eq!(
             watch.response_to(&queued.action_id).await["result"]["stopReason"],
             "end_turn"
         );
-        a.signal("-CONT");
+        a.process.resume();
         // Resumed, A finds its lease gone: it stops the actor and kills its runtime.
         while a.runs_a_runtime() {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -470,5 +412,65 @@ async fn with_tokens_a_forwarded_call_acts_as_the_original_caller_and_only_repli
     })
     .await;
     drop((a, b));
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cwd_missing_on_the_claiming_replica_is_a_runtime_start_failure_that_says_so() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let a = Replica::start(dir.path(), "a", &database_url);
+    let b = Replica::start(dir.path(), "b", &database_url);
+    within(TEST_BOUND, async {
+        let workspace = dir.path().join("workspace-only-a-mounts");
+        std::fs::create_dir(&workspace).unwrap();
+        let mut session = create_on(&a, &workspace).await;
+        let mut watch = session.watch().await;
+        let running = session.prompt("@wait-cancel").await;
+        watch.chunk("echo: @wait-cancel").await;
+        let queued = session.prompt("queued for the claimant").await;
+        drop(watch);
+        // As if B did not mount the workspace: it is gone when B claims the session.
+        std::fs::remove_dir_all(&workspace).unwrap();
+        a.kill_9();
+
+        let mut watch = watch_when_served(b.client().await, &session.id).await;
+        let failed = watch.event("reopen_failed").await;
+        assert_eq!(failed["code"], "RUNTIME_START_FAILED", "{failed}");
+        let reason = failed["reason"].as_str().unwrap();
+        assert!(
+            reason.contains(&workspace.display().to_string())
+                && reason.contains("does not exist on this replica"),
+            "{reason}"
+        );
+        watch.status(pb::SessionStatus::Disconnected).await;
+        let mut via_b = Session::attach(b.client().await, &session.id);
+        let got = via_b.get().await;
+        assert_eq!(got.status, pb::SessionStatus::Disconnected as i32);
+        assert!(
+            got.status_reason
+                .starts_with("RUNTIME_START_FAILED: the session's cwd"),
+            "{}",
+            got.status_reason
+        );
+        // The interrupted turn was not re-sent and the queued prompt is kept, not lost.
+        assert_eq!(
+            prompts_sent(&via_b.log().await),
+            std::slice::from_ref(&running.action_id)
+        );
+        let queue: Vec<String> = via_b
+            .queue()
+            .await
+            .into_iter()
+            .map(|q| q.action_id)
+            .collect();
+        assert_eq!(queue, std::slice::from_ref(&queued.action_id));
+        assert!(!b.runs_a_runtime(), "nothing started on B");
+    })
+    .await;
+    drop(b);
     drop_schema(&url, &schema).await;
 }

@@ -255,3 +255,67 @@ async fn a_closed_session_is_read_and_streamed_from_the_store_without_starting_i
     })
     .await
 }
+
+/// The subscriber cap (SPEC §11) holds for streams on a replica that does not own the session:
+/// they are counted per session on that replica, like the owner's own.
+#[tokio::test]
+async fn subscribers_on_a_replica_that_does_not_own_the_session_are_held_to_the_per_session_cap() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    bounded(async {
+        let cwd = TempDir::new().unwrap();
+        let capped = |c: &mut agent_harness::config::ServeConfig| {
+            c.database_url = Some(database_url.clone().into());
+            c.limits.subscribers_per_session = 2;
+        };
+        let a = Harness::start_with(capped).await;
+        let b = Harness::start_with(capped).await;
+        let mut request = create_request(&a, "mock");
+        request.cwd = cwd.path().to_string_lossy().into_owned();
+        let on_a = Session::create_with(&a, request).await;
+        let mut on_b = Session::attach(b.sessions(), &on_a.id);
+
+        let first = on_b.watch().await;
+        let _second = on_b.watch().await;
+        let refused = on_b
+            .client
+            .subscribe(pb::SubscribeRequest {
+                session_id: on_b.id.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .expect_err("a third stream on B is over the cap");
+        assert_error(&refused, Code::ResourceExhausted, "TOO_MANY_SUBSCRIBERS");
+        // A stream that ends frees its place.
+        drop(first);
+        let mut third = loop {
+            match on_b
+                .client
+                .subscribe(pb::SubscribeRequest {
+                    session_id: on_b.id.clone(),
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(stream) => break stream.into_inner(),
+                // The server learns over the connection that the client left; until then, retry.
+                Err(status) if status.code() == Code::ResourceExhausted => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(status) => panic!("subscribe failed: {status:?}"),
+            }
+        };
+        assert!(
+            third.message().await.unwrap().is_some(),
+            "the new stream serves"
+        );
+        drop(third);
+        b.shutdown().await;
+        a.shutdown().await;
+    })
+    .await;
+    execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}

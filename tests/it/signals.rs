@@ -2,24 +2,22 @@
 
 use std::time::Duration;
 
-use crate::process_tree::{Server, wrapped_profile_config};
+use crate::process_tree::{serve, wrapped_profile_config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_tokens_file_sighup_is_ignored_and_sigterm_still_drains_to_exit_0() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let dir = tempfile::tempdir().unwrap();
         let config = wrapped_profile_config(dir.path(), "unused");
-        let mut server = Server::start(&dir.path().join("data"), &config);
-        let pid = server.child.id() as libc::pid_t;
-        // SAFETY: signals our own child.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+        let mut server = serve(&dir.path().join("data"), &config);
+        server.signal(libc::SIGHUP);
         assert!(
             server
-                .logged("SIGHUP: no tokens file to reload; ignored")
+                .next_logged("SIGHUP: no tokens file to reload; ignored")
                 .await
                 .is_some(),
             "the server died of SIGHUP: {:?}",
-            server.child.try_wait()
+            server.try_wait()
         );
         // Still serving.
         let mut client = server.client().await;
@@ -27,10 +25,9 @@ async fn without_a_tokens_file_sighup_is_ignored_and_sigterm_still_drains_to_exi
             .list_sessions(agent_harness::pb::v1::ListSessionsRequest::default())
             .await
             .expect("still serving after SIGHUP");
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        assert!(server.logged("stopped").await.is_some(), "drained");
-        let status = tokio::task::block_in_place(|| server.child.wait()).unwrap();
+        server.signal(libc::SIGTERM);
+        assert!(server.next_logged("stopped").await.is_some(), "drained");
+        let status = server.wait().await;
         assert!(status.success(), "{status:?}");
     })
     .await

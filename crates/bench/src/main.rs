@@ -16,6 +16,8 @@
 //! | `replay` | catch-up replay of a long log | the target |
 //! | `translate` | TranslateChannelMessage req/s | a bare tonic echo ([`echo`]) |
 //! | `rss` | harness RSS per idle session | the target |
+//! | `turns-pg` | sustained turns/s on PostgreSQL ([`replicas`]) | SQLite, same phase |
+//! | `replica-lag` | cross-replica Subscribe lag | same-replica delivery, same turns |
 //!
 //! `docs/benchmarks.md` has the command, the machine, the figures and what bounds each one.
 
@@ -25,6 +27,7 @@ mod echo;
 mod fanout;
 mod machine;
 mod replay;
+mod replicas;
 mod report;
 mod rss;
 mod rtt;
@@ -49,16 +52,18 @@ pub enum Figure {
     Replay,
     Translate,
     Rss,
+    Replicas,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 6] = [
+    pub const ALL: [Figure; 7] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
         Figure::Replay,
         Figure::Translate,
         Figure::Rss,
+        Figure::Replicas,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -81,6 +86,10 @@ impl Figure {
             Figure::Replay => &[("replay", replay::FIGURE, ">= 200,000 frames/s")],
             Figure::Translate => &[("translate", translate::FIGURE, ">= 0.80 of echo")],
             Figure::Rss => &[("rss", rss::FIGURE, "<= 64 KiB")],
+            Figure::Replicas => &[
+                ("turns-pg", replicas::TURNS_FIGURE, replicas::TURNS_TARGET),
+                ("replica-lag", replicas::LAG_FIGURE, replicas::LAG_TARGET),
+            ],
         }
     }
 }
@@ -138,6 +147,15 @@ pub struct BenchArgs {
     /// HTTP/2 connections per client pool (more for fan-out: 128 streams each at most) [full: 4]
     #[arg(long)]
     pub connections: Option<usize>,
+    /// PostgreSQL database for the scale-out figures (turns-pg, replica-lag), worked in a
+    /// scratch schema; without one they are skipped
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_BENCH_DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub database_url: Option<String>,
     /// The `agent-harness` executable to serve [default: the one next to this binary]
     #[arg(long, value_name = "PATH")]
     pub server_bin: Option<PathBuf>,
@@ -231,6 +249,8 @@ impl Plan {
 pub struct Ctx {
     pub bin: PathBuf,
     pub plan: Plan,
+    /// The database of the scale-out figures (`None`: they are skipped).
+    pub database_url: Option<String>,
 }
 
 impl Ctx {
@@ -286,6 +306,7 @@ fn main() -> anyhow::Result<()> {
     let ctx = Ctx {
         bin,
         plan: Plan::from_args(&args),
+        database_url: args.database_url.clone().filter(|url| !url.is_empty()),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -354,6 +375,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usiz
             Figure::Replay => replay::run(ctx).await,
             Figure::Translate => translate::run(ctx).await,
             Figure::Rss => rss::run(ctx).await,
+            Figure::Replicas => replicas::run(ctx).await,
         };
         match outcome {
             Ok(PhaseReport {
@@ -445,6 +467,7 @@ mod tests {
         let ctx = Ctx {
             bin: PathBuf::from("/bin/true"),
             plan: Plan::SMOKE,
+            database_url: None,
         };
         let text = ctx.config_with_base_url("https://static.example", &[("live_runtimes", 300)]);
         let file: agent_harness::config::FileConfig = toml::from_str(&text).unwrap();

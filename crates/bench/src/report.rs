@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 /// Every row key, in print order (the smoke stage of `scripts/test` checks each is printed; the
 /// bench's tests hold the figures and the script to this list).
 #[cfg(test)]
-pub const ROW_KEYS: [&str; 9] = [
+pub const ROW_KEYS: [&str; 11] = [
     "rtt-p50",
     "rtt-p99",
     "rtt-messages-p50",
@@ -16,6 +16,8 @@ pub const ROW_KEYS: [&str; 9] = [
     "replay",
     "translate",
     "rss",
+    "turns-pg",
+    "replica-lag",
 ];
 
 /// Whether a target is met.
@@ -25,6 +27,8 @@ pub enum Verdict {
     Missed,
     /// The figure could not be measured (the phase failed).
     Failed,
+    /// Not measured by choice (e.g. no database was given); a note says why.
+    Skipped,
 }
 
 impl Verdict {
@@ -37,6 +41,7 @@ impl Verdict {
             Self::Met => "MET",
             Self::Missed => "MISSED",
             Self::Failed => "FAILED",
+            Self::Skipped => "SKIPPED",
         }
     }
 }

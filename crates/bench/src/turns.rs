@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::{
     Ctx,
     client::{self, LogStream, WAIT_TIMEOUT},
-    report::{PhaseReport, Row, Verdict, grouped, ms},
+    report::{PhaseReport, Row, Usage, Verdict, grouped, ms},
     rtt::TURN_TEXT,
     server::{ServerProcess, connect_pool},
     stats::Summary,
@@ -32,17 +32,67 @@ const MEASURING: u8 = 1;
 const STOPPING: u8 = 2;
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
+    let n = ctx.plan.sessions;
+    let measured = sustained(ctx, "turns", "").await?;
+    let rate = measured.rate;
+    Ok(PhaseReport {
+        rows: vec![Row {
+            key: "turns",
+            figure: format!("{FIGURE}, {n} sessions"),
+            measured: format!("{} turns/s", grouped(rate, 0)),
+            against: format!("limit {} turns/s", grouped(TARGET, 0)),
+            ratio: Some(rate / TARGET),
+            target: format!(">= {} turns/s (stretch)", grouped(TARGET, 0)),
+            verdict: Verdict::of(rate >= TARGET),
+        }],
+        notes: measured.notes("turns", ctx),
+    })
+}
+
+/// What one sustained-turns measurement found.
+pub struct Sustained {
+    pub rate: f64,
+    done: u64,
+    window: std::time::Duration,
+    latency: Option<Summary>,
+    usage: Usage,
+}
+
+impl Sustained {
+    /// The notes under the table, led by `key`.
+    pub fn notes(&self, key: &str, ctx: &Ctx) -> Vec<String> {
+        let plan = &ctx.plan;
+        vec![
+            format!(
+                "{key}: {} turns in {:.2} s after {:.1} s warm-up, {} sessions over {} \
+                 connections, prompt {TURN_TEXT:?} (3 log entries and 2 session-record updates a \
+                 turn); turn latency under load p50 {}, p99 {}",
+                self.done,
+                self.window.as_secs_f64(),
+                plan.warmup.as_secs_f64(),
+                plan.sessions,
+                plan.connections,
+                self.latency.map_or_else(|| "-".to_owned(), |s| ms(s.p50)),
+                self.latency.map_or_else(|| "-".to_owned(), |s| ms(s.p99)),
+            ),
+            format!("{key}: {}", self.usage.describe()),
+        ]
+    }
+}
+
+/// Sustained turns/s of `plan.sessions` closed-loop sessions on a server whose config file
+/// starts with `config_head` (e.g. a `database_url`).
+pub async fn sustained(ctx: &Ctx, label: &str, config_head: &str) -> anyhow::Result<Sustained> {
     let plan = &ctx.plan;
     let n = plan.sessions;
-    let server = ServerProcess::serve(
-        &ctx.bin,
-        "turns",
-        &ctx.config(&[
+    let config = format!(
+        "{config_head}{}",
+        ctx.config(&[
             ("sessions_per_principal", n + 16),
             ("live_runtimes", n + 16),
-        ]),
-    )
-    .await?;
+        ])
+    );
+    let server = ServerProcess::serve(&ctx.bin, label, &config).await?;
     let pool = Arc::new(connect_pool(server.addr(), plan.connections).await?);
     let cwd = server.scratch().to_path_buf();
     let sessions: Vec<(String, u64)> = stream::iter(0..n)
@@ -102,30 +152,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     drop(pool);
     server.stop().await?;
 
-    let rate = done as f64 / window.as_secs_f64();
-    let latency = Summary::of(&mut latencies);
-    Ok(PhaseReport {
-        rows: vec![Row {
-            key: "turns",
-            figure: format!("{FIGURE}, {n} sessions"),
-            measured: format!("{} turns/s", grouped(rate, 0)),
-            against: format!("limit {} turns/s", grouped(TARGET, 0)),
-            ratio: Some(rate / TARGET),
-            target: format!(">= {} turns/s (stretch)", grouped(TARGET, 0)),
-            verdict: Verdict::of(rate >= TARGET),
-        }],
-        notes: vec![
-            format!(
-                "turns: {done} turns in {:.2} s after {:.1} s warm-up, {n} sessions over {} \
-                 connections, prompt {TURN_TEXT:?} (3 log entries and 2 session-record updates a \
-                 turn); turn latency under load p50 {}, p99 {}",
-                window.as_secs_f64(),
-                plan.warmup.as_secs_f64(),
-                plan.connections,
-                latency.map_or_else(|| "-".to_owned(), |s| ms(s.p50)),
-                latency.map_or_else(|| "-".to_owned(), |s| ms(s.p99)),
-            ),
-            format!("turns: {}", usage.describe()),
-        ],
+    Ok(Sustained {
+        rate: done as f64 / window.as_secs_f64(),
+        done,
+        window,
+        latency: Summary::of(&mut latencies),
+        usage,
     })
 }

@@ -5,6 +5,8 @@
 //!   and the assertions on error statuses;
 //! - [`support`]: session helpers — mock-agent profiles, sessions, actions, and waiting on a
 //!   session's own stream (never on the clock);
+//! - [`process`]: a real `agent-harness serve` child process (kill -9, SIGSTOP, restart), for
+//!   the tests that need the binary itself;
 //! - [`fuzzing`]: the invariants of the code that reads hostile runtime output, driven by the
 //!   property tests and by `cargo fuzz`;
 //! - [`within`] / [`bounded`]: the one timeout every test body runs under, so a hang fails the
@@ -12,6 +14,7 @@
 
 pub mod fuzzing;
 pub mod harness;
+pub mod process;
 pub mod support;
 
 use std::{future::Future, path::PathBuf, time::Duration};

@@ -132,6 +132,18 @@ impl Actor {
             }
         };
         let cwd = std::path::PathBuf::from(&self.record.cwd);
+        // With several replicas the workspace must be on storage each of them mounts (SPEC §15);
+        // a replica that claimed the session without it says so, instead of a bare spawn error.
+        if !cwd.is_dir() {
+            let error = Error::new(
+                ErrorCode::RuntimeStartFailed,
+                format!(
+                    "the session's cwd {} does not exist on this replica",
+                    cwd.display()
+                ),
+            );
+            return self.start_failed(purpose, error).await;
+        }
         let spawned = match process::spawn(self.profile.launch(), &cwd, &self.ctx.registry) {
             Ok(spawned) => spawned,
             Err(e) => {
@@ -214,11 +226,13 @@ impl Actor {
                 let mut out = Out::default();
                 self.log_event(
                     &mut out,
-                    json!({"event": "reopen_failed", "reason": error.message}),
+                    json!({"event": "reopen_failed", "code": error.code.reason(),
+                           "reason": error.message}),
                     None,
                 );
                 self.record.status = SessionStatus::Disconnected;
-                self.record.status_reason = error.message.clone();
+                // Led by the reason code, as a client tells the fault apart by it.
+                self.record.status_reason = format!("{}: {}", error.code.reason(), error.message);
                 self.touch(&mut out);
                 let _ = self.flush(out).await;
             }

@@ -242,9 +242,12 @@ impl Sessions {
                     subscribe::StreamStart { after, head, view },
                     self.ctx.meta_key.clone(),
                     self.ctx.streams.subscribe(),
+                    &self.ctx.remote_streams,
+                    self.ctx.limits.subscribers_per_session,
                 );
             }
         };
+        let others = self.ctx.remote_streams.count(handle.shared.id);
         subscribe::start(
             handle,
             subscribe::StreamStart { after, head, view },
@@ -252,6 +255,7 @@ impl Sessions {
             self.ctx.meta_key.clone(),
             self.ctx.streams.subscribe(),
             self.ctx.limits.subscribers_per_session,
+            others,
         )
     }
 }
