@@ -185,6 +185,7 @@ fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
         action_id,
         context: request.context.map(struct_to_json),
         interrupt,
+        expect_idle: expect_idle_from_pb(request.expect)?,
         action,
     })
 }
@@ -317,6 +318,7 @@ pub(crate) fn session_to_pb(
         profile_fingerprint: record.profile_fingerprint.clone(),
         editors: record.editors.clone(),
         head_offset: head,
+        ..Default::default()
     }
 }
 
@@ -514,6 +516,7 @@ pub(crate) fn message_to_pb(m: &crate::acp::fold::Message) -> pb::TranscriptMess
         actor: m.actor.clone(),
         first_offset: m.first_offset,
         last_offset: m.last_offset,
+        ..Default::default()
     }
 }
 
@@ -540,6 +543,7 @@ pub(crate) fn metadata_to_pb(
             .iter()
             .map(jsonrpc_id_to_pb)
             .collect(),
+        ..Default::default()
     }
 }
 
@@ -578,6 +582,18 @@ pub(crate) fn stream_event_to_pb(
     pb::SubscribeResponse {
         offset,
         event: Some(event),
+    }
+}
+
+// ---- agent features (SPEC §18) -----------------------------------------------------------
+
+fn expect_idle_from_pb(value: i32) -> Result<bool> {
+    match pb::Expect::try_from(value) {
+        Ok(pb::Expect::Unspecified) => Ok(false),
+        Ok(pb::Expect::Idle) => Ok(true),
+        Err(_) => Err(Error::invalid(format!(
+            "expect {value} is not an Expect value"
+        ))),
     }
 }
 

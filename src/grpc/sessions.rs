@@ -77,6 +77,22 @@ impl AgentSessionService for SessionsService {
         }))
     }
 
+    async fn fork_session(
+        &self,
+        request: Request<pb::ForkSessionRequest>,
+    ) -> Reply<pb::ForkSessionResponse> {
+        let principal = auth::principal(&request)?;
+        let traceparent = auth::traceparent(&request);
+        let request = request.into_inner();
+        let (record, head) = self
+            .sessions
+            .fork(&principal, &request.session_id, request.name, traceparent)
+            .await?;
+        Ok(Response::new(pb::ForkSessionResponse {
+            session: Some(convert::session_to_pb(&record, head)),
+        }))
+    }
+
     async fn close_session(
         &self,
         request: Request<pb::CloseSessionRequest>,

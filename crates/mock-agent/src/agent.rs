@@ -628,6 +628,20 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 turn.outstanding.push((id, Purpose::Permission));
                 turn.wait = Wait::Replies { deadline: None };
             }
+            Directive::PermissionKind { kind, title } => {
+                let id = self.request_permission_of(session_id, &title, Some(&kind));
+                turn.outstanding.push((id, Purpose::Permission));
+                turn.wait = Wait::Replies { deadline: None };
+            }
+            Directive::Usage { used, size, cost } => {
+                let mut update =
+                    json!({"sessionUpdate": "usage_update", "used": used, "size": size});
+                if let Some((amount, currency)) = cost {
+                    let amount: f64 = amount.parse().expect("checked when parsed");
+                    update["cost"] = json!({"amount": amount, "currency": currency});
+                }
+                wire::update(self.buf(), session_id, &update);
+            }
             Directive::PermissionTwice => {
                 for n in 1..=2 {
                     let title = format!("Run mock command ({n} of 2)");
@@ -751,14 +765,22 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
     }
 
     fn request_permission(&mut self, session_id: &str, title: &str) -> i64 {
+        self.request_permission_of(session_id, title, None)
+    }
+
+    fn request_permission_of(&mut self, session_id: &str, title: &str, kind: Option<&str>) -> i64 {
         let id = self.next_request_id();
+        let mut tool_call = json!({"toolCallId": format!("mock-permission-{id}"), "title": title});
+        if let Some(kind) = kind {
+            tool_call["kind"] = kind.into();
+        }
         wire::request(
             self.buf(),
             id,
             "session/request_permission",
             &json!({
                 "sessionId": session_id,
-                "toolCall": {"toolCallId": format!("mock-permission-{id}"), "title": title},
+                "toolCall": tool_call,
                 "options": [
                     {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
                     {"optionId": "allow-always", "name": "Allow always", "kind": "allow_always"},

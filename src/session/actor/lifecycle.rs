@@ -20,6 +20,7 @@ use crate::{
         queue::{QueuedEntry, QueuedWork},
         session::SessionStatus,
     },
+    session::interactions::{self, HeldPermission},
     store::ActionState,
 };
 
@@ -558,9 +559,45 @@ impl Actor {
             );
             return self.fault("cancel_grace", detail).await;
         }
+        if let Some(held) = self
+            .work
+            .held
+            .permissions
+            .iter()
+            .find(|p| p.deadline.is_some_and(|d| d <= now))
+            .cloned()
+        {
+            return self.permission_timed_out(held).await;
+        }
         if self.work.idle_deadline.is_some_and(|d| d <= now) {
             self.work.idle_deadline = None;
             self.suspend("idle timeout").await;
+        }
+    }
+
+    /// `permission_timeout` ran out on a held request (SPEC §18): answered with its first reject
+    /// option, else `cancelled`, and the harness event says it was the timeout.
+    async fn permission_timed_out(&mut self, held: HeldPermission) {
+        let answer = interactions::timeout_answer(&held.options);
+        let turn = self.work.turn.as_ref().map(|t| t.action_id);
+        let timeout = self.profile.permission_timeout.unwrap_or_default();
+        let mut out = Out::default();
+        self.log_event(
+            &mut out,
+            json!({"event": "permission_decided", "request_id": held.id.to_json(),
+                   "by": "timeout", "timeout": humantime::format_duration(timeout).to_string(),
+                   "answer": interactions::answer_json(&answer)}),
+            turn,
+        );
+        let frame = acp_frames::permission_response(&held.id, &answer);
+        self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+        let before = self.work.held.clone();
+        self.work.held.release(&held.id);
+        self.refresh_status(&mut out);
+        if let Err(error) = self.flush(out).await {
+            // Nothing was sent: hold it as it was; the storage fault ends the runtime anyway.
+            self.work.held = before;
+            self.fault("storage", error.message).await;
         }
     }
 

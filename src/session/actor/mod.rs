@@ -346,9 +346,11 @@ impl Actor {
         let pending = self.runtime.pending.values().map(|p| p.deadline);
         let cancel = self.work.turn.as_ref().and_then(|t| t.cancel_deadline);
         let exit = self.runtime.conn.as_ref().and_then(|c| c.exit_deadline);
+        let held = self.work.held.permissions.iter().filter_map(|p| p.deadline);
         pending
             .chain(cancel)
             .chain(exit)
+            .chain(held)
             .chain(self.work.idle_deadline)
             .min()
     }

@@ -1,0 +1,184 @@
+//! Agent features beyond the reference (SPEC §18): "start only if idle", permission rules and
+//! timeouts, fork, what the agent reports about itself, and a chosen model re-applied after a
+//! reopen (SPEC §8).
+
+use std::time::Duration;
+
+use agent_harness::{
+    config::{PermissionRule, RuleDecision},
+    pb::v1::{self as pb, control_request::Action},
+};
+use tonic::Code;
+
+use crate::{
+    harness::{Harness, assert_error, bounded, expect_err},
+    support::{Session, mock_profile_with, prompt, stop},
+};
+
+fn expecting_idle(session: &Session, action: Action) -> pb::ControlRequest {
+    pb::ControlRequest {
+        expect: pb::Expect::Idle as i32,
+        ..session.control_request(action)
+    }
+}
+
+fn rule(kind: &str, decision: RuleDecision) -> PermissionRule {
+    PermissionRule {
+        kind: Some(kind.to_owned()),
+        title_regex: None,
+        decision,
+    }
+}
+
+#[tokio::test]
+async fn expect_idle_while_a_turn_runs_is_refused_as_session_busy_and_stores_nothing() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("@wait-cancel").await;
+        watch.status(pb::SessionStatus::Running).await;
+        let head_before = session.get().await.head_offset;
+        let action_id = uuid::Uuid::now_v7().to_string();
+        let request = pb::ControlRequest {
+            action_id: Some(action_id.clone()),
+            ..expecting_idle(&session, prompt("only if idle"))
+        };
+        let refused = expect_err(session.control(request).await);
+        assert_error(&refused, Code::FailedPrecondition, "SESSION_BUSY");
+        let compact = expect_err(
+            session
+                .control(expecting_idle(
+                    &session,
+                    Action::Compact(pb::CompactAction {}),
+                ))
+                .await,
+        );
+        assert_error(&compact, Code::FailedPrecondition, "SESSION_BUSY");
+        assert!(session.queue().await.is_empty(), "nothing was queued");
+        assert_eq!(
+            session.get().await.head_offset,
+            head_before,
+            "nothing was logged"
+        );
+        assert!(
+            session
+                .log()
+                .await
+                .iter()
+                .all(|e| e.action_id.as_deref() != Some(action_id.as_str())),
+            "the refused action id appears nowhere in the log"
+        );
+        session.act(stop(false)).await.unwrap();
+        watch.response_to(&turn.action_id).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn expect_idle_on_an_idle_session_is_sent_and_with_work_queued_is_busy() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        let sent = session
+            .control(expecting_idle(&session, prompt("@wait-cancel")))
+            .await
+            .unwrap();
+        assert_eq!(sent.status, pb::ControlStatus::Sent as i32);
+        // Plain delivery still queues behind the turn; then "only if idle" sees the queue too.
+        let queued = session.prompt("later").await;
+        assert_eq!(queued.status, pb::ControlStatus::Queued as i32);
+        session.act(stop(false)).await.unwrap();
+        watch.response_to(&sent.action_id).await;
+        watch.response_to(&queued.action_id).await;
+        watch.status(pb::SessionStatus::Idle).await;
+        let again = session
+            .control(expecting_idle(&session, prompt("now idle")))
+            .await
+            .unwrap();
+        assert_eq!(again.status, pb::ControlStatus::Sent as i32);
+        // Only prompts and compacts take a condition.
+        let odd = expect_err(session.control(expecting_idle(&session, stop(false))).await);
+        assert_error(&odd, Code::InvalidArgument, "INVALID_ARGUMENT");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_rule_allowing_read_and_rejecting_execute_answers_each_without_a_person_and_logs_which_rule()
+ {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            mock_profile_with(config, "ruled", &[], |profile| {
+                profile.permission_rules = vec![
+                    rule("read", RuleDecision::AllowOnce),
+                    rule("execute", RuleDecision::RejectOnce),
+                ];
+            })
+        })
+        .await;
+        let mut session = Session::create(&h, "ruled").await;
+        let mut watch = session.watch().await;
+        let turn = session
+            .prompt("@permission-kind read Read the notes\n@permission-kind execute Run rm -rf")
+            .await;
+        watch.chunk("permission: selected allow-once").await;
+        watch.chunk("permission: selected reject-once").await;
+        assert_eq!(
+            watch.response_to(&turn.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        let decided: Vec<serde_json::Value> = session
+            .log()
+            .await
+            .iter()
+            .filter(|e| e.direction == pb::LogDirection::Event as i32)
+            .map(|e| serde_json::from_str::<serde_json::Value>(&e.json).unwrap())
+            .filter(|event| event["event"] == "permission_decided")
+            .collect();
+        assert_eq!(decided.len(), 2, "{decided:?}");
+        assert_eq!(decided[0]["by"], "rule");
+        assert_eq!(decided[0]["rule"], 0);
+        assert_eq!(decided[0]["decision"], "allow_once");
+        assert_eq!(decided[0]["answer"]["selected"], "allow-once");
+        assert_eq!(decided[1]["rule"], 1);
+        assert_eq!(decided[1]["decision"], "reject_once");
+        assert_eq!(decided[1]["answer"]["selected"], "reject-once");
+        // Nobody was asked: the session never waited for input.
+        assert!(
+            !watch
+                .statuses
+                .contains(&(pb::SessionStatus::AwaitingInput as i32)),
+            "{:?}",
+            watch.statuses
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_permission_timeout_answers_with_the_first_reject_option_and_logs_it() {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            mock_profile_with(config, "impatient", &[], |profile| {
+                profile.permission_timeout = Some(Duration::from_millis(200));
+            })
+        })
+        .await;
+        let mut session = Session::create(&h, "impatient").await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("@permission").await;
+        watch.status(pb::SessionStatus::AwaitingInput).await;
+        watch.chunk("permission: selected reject-once").await;
+        let event = watch.event("permission_decided").await;
+        assert_eq!(event["by"], "timeout");
+        assert_eq!(event["timeout"], "200ms");
+        assert_eq!(event["answer"]["selected"], "reject-once");
+        assert_eq!(
+            watch.response_to(&turn.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+    })
+    .await
+}
