@@ -172,13 +172,38 @@ pub struct ModelOption {
 }
 
 /// Session metadata derived from the log (the live status comes from the session itself).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metadata {
     pub model: String,
     pub models: Vec<ModelOption>,
     pub config_options_json: String,
     pub available_commands_json: String,
     pub pending_interactions: Vec<JsonRpcId>,
+    /// What the agent says it is (`initialize` → `agentInfo`), when it says (SPEC §18).
+    pub agent_info: Option<AgentInfo>,
+    /// `initialize` → `agentCapabilities`, as JSON; empty before the handshake.
+    pub agent_capabilities_json: String,
+    /// The latest `plan` update's entries, as a JSON array; empty before any plan.
+    pub plan_json: String,
+    /// The latest `usage_update`.
+    pub usage: Option<Usage>,
+}
+
+/// An agent's `agentInfo`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentInfo {
+    pub name: String,
+    pub version: String,
+    pub title: Option<String>,
+}
+
+/// An ACP `usage_update`: tokens in the context, the context's size, the cumulative cost.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub used: u64,
+    pub size: u64,
+    /// Amount and currency, when sent.
+    pub cost: Option<(f64, String)>,
 }
 
 /// A turn that ended: its prompt's or compact's response arrived, or a fault, restart, close or
@@ -730,6 +755,17 @@ impl Fold {
         {
             self.adopt_config_options(options.clone());
         }
+        // Only `initialize` answers with these (SPEC §18: what the agent says about itself).
+        if let Some(capabilities) = frame.pointer("/result/agentCapabilities") {
+            self.metadata.agent_capabilities_json = capabilities.to_string();
+        }
+        if let Some(info) = frame.pointer("/result/agentInfo").filter(|i| i.is_object()) {
+            self.metadata.agent_info = Some(AgentInfo {
+                name: str_field(info, "name"),
+                version: str_field(info, "version"),
+                title: info.get("title").and_then(Value::as_str).map(str::to_owned),
+            });
+        }
         let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
             return;
         };
@@ -889,6 +925,9 @@ impl Fold {
                             .collect()
                     })
                     .unwrap_or_default();
+                if let Some(entries) = update.get("entries") {
+                    self.metadata.plan_json = entries.to_string();
+                }
                 let i = self.agent_message(entry);
                 let parts = &mut self.messages[i].parts;
                 match parts.iter_mut().find(|p| matches!(p, Part::Plan(_))) {
@@ -905,6 +944,15 @@ impl Fold {
             Some("config_option_update") => {
                 if let Some(options) = update.get("configOptions").and_then(Value::as_array) {
                     self.adopt_config_options(options.clone());
+                }
+            }
+            Some("usage_update") => {
+                let number = |name: &str| update.get(name).and_then(Value::as_u64);
+                if let (Some(used), Some(size)) = (number("used"), number("size")) {
+                    let cost = update.get("cost").and_then(|cost| {
+                        Some((cost.get("amount")?.as_f64()?, str_field(cost, "currency")))
+                    });
+                    self.metadata.usage = Some(Usage { used, size, cost });
                 }
             }
             _ => {}

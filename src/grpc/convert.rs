@@ -543,7 +543,10 @@ pub(crate) fn metadata_to_pb(
             .iter()
             .map(jsonrpc_id_to_pb)
             .collect(),
-        ..Default::default()
+        agent_info: agent_info_to_pb(metadata),
+        agent_capabilities_json: metadata.agent_capabilities_json.clone(),
+        plan_json: metadata.plan_json.clone(),
+        usage: usage_to_pb(metadata),
     }
 }
 
@@ -586,6 +589,41 @@ pub(crate) fn stream_event_to_pb(
 }
 
 // ---- agent features (SPEC §18) -----------------------------------------------------------
+
+/// A session with what its agent reported about itself (SPEC §18).
+pub(crate) fn session_with_reported_to_pb(
+    record: &crate::domain::session::SessionRecord,
+    head: u64,
+    reported: &crate::acp::fold::Metadata,
+) -> pb::AgentSession {
+    pb::AgentSession {
+        agent_info: agent_info_to_pb(reported),
+        agent_capabilities_json: reported.agent_capabilities_json.clone(),
+        available_commands_json: reported.available_commands_json.clone(),
+        plan_json: reported.plan_json.clone(),
+        usage: usage_to_pb(reported),
+        ..session_to_pb(record, head)
+    }
+}
+
+fn agent_info_to_pb(metadata: &crate::acp::fold::Metadata) -> Option<pb::AgentInfo> {
+    metadata.agent_info.as_ref().map(|info| pb::AgentInfo {
+        name: info.name.clone(),
+        version: info.version.clone(),
+        title: info.title.clone(),
+    })
+}
+
+fn usage_to_pb(metadata: &crate::acp::fold::Metadata) -> Option<pb::Usage> {
+    metadata.usage.as_ref().map(|usage| pb::Usage {
+        used_tokens: usage.used,
+        context_size: usage.size,
+        cost: usage.cost.as_ref().map(|(amount, currency)| pb::Cost {
+            amount: *amount,
+            currency: currency.clone(),
+        }),
+    })
+}
 
 fn expect_idle_from_pb(value: i32) -> Result<bool> {
     match pb::Expect::try_from(value) {

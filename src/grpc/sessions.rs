@@ -52,12 +52,14 @@ impl AgentSessionService for SessionsService {
         request: Request<pb::GetSessionRequest>,
     ) -> Reply<pb::GetSessionResponse> {
         let principal = auth::principal(&request)?;
-        let (record, head) = self
+        let (record, head, reported) = self
             .sessions
-            .get(&principal, &request.get_ref().session_id)
+            .get_reported(&principal, &request.get_ref().session_id)
             .await?;
         Ok(Response::new(pb::GetSessionResponse {
-            session: Some(convert::session_to_pb(&record, head)),
+            session: Some(convert::session_with_reported_to_pb(
+                &record, head, &reported,
+            )),
         }))
     }
 

@@ -182,3 +182,48 @@ async fn a_permission_timeout_answers_with_the_first_reject_option_and_logs_it()
     })
     .await
 }
+
+#[tokio::test]
+async fn usage_updates_show_on_get_session_with_what_the_agent_says_about_itself() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        let first = session
+            .prompt("@usage 1000 200000\n@commands\n@plan Read|Write")
+            .await;
+        watch.response_to(&first.action_id).await;
+        let got = session.get().await;
+        let usage = got.usage.expect("usage is reported");
+        assert_eq!((usage.used_tokens, usage.context_size), (1000, 200000));
+        assert_eq!(usage.cost, None);
+        let info = got.agent_info.expect("the mock agent names itself");
+        assert_eq!(info.name, "agent-harness-mock");
+        assert!(!info.version.is_empty());
+        let capabilities: serde_json::Value =
+            serde_json::from_str(&got.agent_capabilities_json).unwrap();
+        assert!(
+            capabilities["sessionCapabilities"]["resume"].is_object(),
+            "{capabilities}"
+        );
+        let commands: serde_json::Value =
+            serde_json::from_str(&got.available_commands_json).unwrap();
+        assert_eq!(commands[0]["name"], "test");
+        let plan: serde_json::Value = serde_json::from_str(&got.plan_json).unwrap();
+        assert_eq!(plan[0]["content"], "Read");
+        assert_eq!(plan[1]["status"], "pending");
+
+        // A later update replaces the figures, with the cost when the agent sends one.
+        let second = session.prompt("@usage 53000 200000 0.045 USD").await;
+        watch.response_to(&second.action_id).await;
+        let usage = session.get().await.usage.unwrap();
+        assert_eq!(usage.used_tokens, 53000);
+        let cost = usage.cost.expect("a cost");
+        assert_eq!((cost.amount, cost.currency.as_str()), (0.045, "USD"));
+        let metadata = session.transcript().await.metadata.unwrap();
+        assert_eq!(metadata.usage.unwrap().used_tokens, 53000);
+        assert_eq!(metadata.agent_info.unwrap().name, "agent-harness-mock");
+        assert!(metadata.plan_json.contains("Write"));
+    })
+    .await
+}
