@@ -227,3 +227,56 @@ async fn usage_updates_show_on_get_session_with_what_the_agent_says_about_itself
     })
     .await
 }
+
+#[tokio::test]
+async fn a_model_chosen_before_a_restart_is_re_applied_after_the_reopen() {
+    bounded(async {
+        // The data directory and the session's cwd outlive the first server.
+        let data = tempfile::TempDir::new().unwrap();
+        let on_data = |c: &mut agent_harness::config::ServeConfig| {
+            c.data_dir = data.path().to_path_buf();
+        };
+        let first = Harness::start_with(on_data).await;
+        let mut request = crate::support::create_request(&first, "mock");
+        request.cwd = data.path().to_string_lossy().into_owned();
+        let mut session = Session::create_with(&first, request).await;
+        let mut watch = session.watch().await;
+        let chosen = session
+            .act(crate::support::set_model("mock-smart"))
+            .await
+            .unwrap();
+        watch.response_to(&chosen.action_id).await;
+        assert_eq!(session.get().await.model, "mock-smart");
+        drop(watch);
+        first.shutdown().await;
+
+        // The new mock agent process reports its default model for the resumed session.
+        let second = Harness::start_with(on_data).await;
+        let mut session = Session::attach(second.sessions(), &session.id);
+        let mut watch = session.watch().await;
+        let turn = session.prompt("after the restart").await;
+        let event = watch.event("settings_reapplied").await;
+        assert_eq!(event["model"], "mock-smart");
+        assert_eq!(event["reported_model"], "mock-fast");
+        watch.response_to(&turn.action_id).await;
+        let frames = session.sent_frames().await;
+        let resume = frames
+            .iter()
+            .rposition(|f| f["method"] == "session/resume")
+            .expect("reopened by session/resume");
+        let reapplied = frames
+            .iter()
+            .rposition(|f| {
+                f["method"] == "session/set_config_option" && f["params"]["value"] == "mock-smart"
+            })
+            .expect("the model was asked for again");
+        let prompt = frames
+            .iter()
+            .rposition(|f| f["method"] == "session/prompt")
+            .unwrap();
+        assert!(resume < reapplied && reapplied < prompt, "{frames:?}");
+        assert_eq!(session.get().await.model, "mock-smart");
+        second.shutdown().await;
+    })
+    .await
+}

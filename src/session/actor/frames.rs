@@ -208,6 +208,10 @@ impl Actor {
             }
             return self.become_ready(out).await;
         }
+        if matches!(self.runtime.starting, Some(StartPurpose::Reopen)) {
+            // A model re-applied after a reopen: refused or not, the session goes on.
+            return self.become_ready(out).await;
+        }
         let _ = self.flush(out).await;
     }
 

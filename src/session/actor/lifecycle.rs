@@ -353,8 +353,52 @@ impl Actor {
                 }
             }
             PendingKind::Reopen(_) => {
+                // Agents do not always keep a session's model across a reopen (SPEC §8): the
+                // one the session had is asked for again when the agent reports another.
+                let chosen = std::mem::take(&mut self.record.model);
                 self.adopt_config_options(&result);
+                let reported = self.record.model.clone();
+                if reported.is_empty() {
+                    self.record.model = chosen.clone();
+                }
                 self.touch(&mut out);
+                if !chosen.is_empty()
+                    && !reported.is_empty()
+                    && chosen != reported
+                    && self.check_model(&chosen).is_ok()
+                {
+                    self.log_event(
+                        &mut out,
+                        json!({"event": "settings_reapplied", "model": chosen,
+                               "reported_model": reported}),
+                        None,
+                    );
+                    let action_id = ActionId::mint();
+                    let config_id =
+                        acp_frames::model_config_id(&self.runtime.config_options).to_owned();
+                    let frame = acp_frames::set_config_option_request(
+                        &action_id,
+                        self.acp_session_id(),
+                        &config_id,
+                        &ConfigValue::Id(chosen.clone()),
+                    );
+                    self.expect(
+                        &frame["id"],
+                        PendingKind::SetConfig { action_id },
+                        "session/set_config_option",
+                    );
+                    out.record_action(
+                        action_id,
+                        fingerprint(&Action::SetModel { model: chosen }, &None, false),
+                        ActionState::Sent,
+                    );
+                    self.log_send(&mut out, &frame, HARNESS_ACTOR, Some(action_id));
+                    if let Err(e) = self.flush(out).await {
+                        self.fault("storage", e.message).await;
+                    }
+                    // Ready once the agent answers (see `on_set_config_response`).
+                    return;
+                }
                 self.become_ready(out).await;
             }
             PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
