@@ -162,6 +162,8 @@ pub struct Message {
     pub actor: String,
     pub first_offset: u64,
     pub last_offset: u64,
+    /// From the parent of a fork, up to the fork point (SPEC §18); offsets are the parent's.
+    pub inherited: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,6 +218,43 @@ pub struct TurnEnd {
     pub request_id: Option<ActionId>,
     pub stop_reason: StopReason,
     pub error: Option<String>,
+}
+
+/// The `event` name of a fork's first log entry: `{"event": "forked", "parent_session_id",
+/// "parent_head", "entries": [{"offset", "direction", "json", "actor", "action_id", "epoch"}]}`.
+pub const FORKED_EVENT: &str = "forked";
+
+/// One parent entry of a `forked` event, as a log entry (its time is not kept).
+fn inherited_entry(value: &Value) -> Option<LogEntry> {
+    Some(LogEntry {
+        offset: value.get("offset")?.as_u64()?,
+        direction: Direction::from_i64(value.get("direction")?.as_i64()?)?,
+        json: value.get("json")?.as_str()?.to_owned(),
+        actor: str_field(value, "actor"),
+        action_id: value
+            .get("action_id")
+            .and_then(Value::as_str)
+            .and_then(ActionId::from_stored),
+        epoch: value.get("epoch").and_then(Value::as_u64).unwrap_or(0) as u32,
+        created_at: std::time::UNIX_EPOCH,
+    })
+}
+
+/// The `event` of a fork's first entry, holding the parent's log up to the fork point.
+pub fn forked_event(parent_session_id: &str, entries: &[LogEntry]) -> Value {
+    serde_json::json!({
+        "event": FORKED_EVENT,
+        "parent_session_id": parent_session_id,
+        "parent_head": entries.last().map_or(0, |e| e.offset),
+        "entries": entries.iter().map(|e| serde_json::json!({
+            "offset": e.offset,
+            "direction": e.direction.as_i64(),
+            "json": e.json,
+            "actor": e.actor,
+            "action_id": e.action_id.map(|id| id.to_string()),
+            "epoch": e.epoch,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// The `event` name of the harness event that records a turn's end in the log.
@@ -439,6 +478,7 @@ impl Fold {
             actor: actor.to_owned(),
             first_offset: entry.offset,
             last_offset: entry.offset,
+            inherited: false,
         });
         let i = self.messages.len() - 1;
         self.index.insert(id, i);
@@ -976,6 +1016,27 @@ impl Fold {
 
     // ---- harness events ------------------------------------------------------------------------
 
+    /// A fork's first entry: the parent's log up to the fork point, folded on its own and
+    /// taken as this transcript's first turns, marked inherited. The session's own turns are
+    /// numbered after them.
+    fn inherit(&mut self, frame: &Value, changed: &mut Changed) {
+        let entries: Vec<LogEntry> = frame
+            .get("entries")
+            .and_then(Value::as_array)
+            .map(|entries| entries.iter().filter_map(inherited_entry).collect())
+            .unwrap_or_default();
+        let parent = Fold::of(&self.meta_key, &entries);
+        for message in parent.messages {
+            let mut message = message;
+            message.inherited = true;
+            self.index.insert(message.id.clone(), self.messages.len());
+            self.messages.push(message);
+            changed.push(&self.messages[self.messages.len() - 1].id);
+        }
+        self.turns = self.turns.max(parent.turns);
+        self.last_prompt_turn = parent.last_prompt_turn.or(self.last_prompt_turn);
+    }
+
     fn event(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
         let event = frame
             .get("event")
@@ -985,6 +1046,9 @@ impl Fold {
             event,
             "fault" | "session_closed" | "harness_restarted" | "owner_replica_lost" | "drain"
         );
+        if event == FORKED_EVENT {
+            return self.inherit(frame, changed);
+        }
         if !closes_turn {
             if event == "runtime_started" {
                 // A new connection: nothing of the old one is pending any more.

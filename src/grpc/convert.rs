@@ -516,7 +516,7 @@ pub(crate) fn message_to_pb(m: &crate::acp::fold::Message) -> pb::TranscriptMess
         actor: m.actor.clone(),
         first_offset: m.first_offset,
         last_offset: m.last_offset,
-        ..Default::default()
+        inherited: m.inherited,
     }
 }
 

@@ -339,6 +339,15 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 let result = self.session_result(session_id, false);
                 wire::response(self.buf(), id, &result);
             }
+            "session/fork" if self.args.fork => {
+                let Some(parent) = params.get("sessionId").and_then(Value::as_str) else {
+                    return self.invalid_params(id, "params.sessionId must be a string");
+                };
+                let session_id = format!("{parent}-fork-{}", self.next_session);
+                self.next_session += 1;
+                let result = self.session_result(&session_id, true);
+                wire::response(self.buf(), id, &result);
+            }
             "session/set_config_option" => {
                 let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
                     return self.invalid_params(id, "params.sessionId must be a string");
@@ -370,6 +379,9 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
         let mut session_capabilities = serde_json::Map::new();
         if self.args.resume {
             session_capabilities.insert("resume".into(), json!({}));
+        }
+        if self.args.fork {
+            session_capabilities.insert("fork".into(), json!({}));
         }
         json!({
             "protocolVersion": 1,

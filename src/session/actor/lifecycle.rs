@@ -265,7 +265,31 @@ impl Actor {
                     .is_some_and(|r| !r.is_null());
                 self.touch(&mut out);
                 let id = self.harness_request_id();
-                match self.runtime.starting {
+                match &self.runtime.starting {
+                    Some(StartPurpose::Create {
+                        fork_of: Some(parent),
+                        ..
+                    }) => {
+                        // `session/fork` is unstable in ACP 1.20 (`unstable_session_fork`):
+                        // advertised as `sessionCapabilities.fork`, asked with the parent's
+                        // session id, answered like `session/new`.
+                        if capabilities
+                            .and_then(|c| c.pointer("/sessionCapabilities/fork"))
+                            .is_none_or(Value::is_null)
+                        {
+                            let _ = self.flush(out).await;
+                            return self
+                                .startup_fault(
+                                    ErrorCode::NotSupported,
+                                    "the agent does not advertise session/fork".into(),
+                                )
+                                .await;
+                        }
+                        let frame =
+                            acp_frames::fork_session_request(id.clone(), parent, &self.record.cwd);
+                        self.expect(&id, PendingKind::NewSession, "session/fork");
+                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+                    }
                     Some(StartPurpose::Create { .. }) => {
                         let frame = acp_frames::new_session_request(id.clone(), &self.record.cwd);
                         self.expect(&id, PendingKind::NewSession, "session/new");

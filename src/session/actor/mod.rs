@@ -65,6 +65,9 @@ pub(crate) enum StartPurpose {
         ready: oneshot::Sender<Result<Option<ActionId>>>,
         model: Option<String>,
         first_prompt: Option<FirstPrompt>,
+        /// A fork (SPEC §18): the parent's ACP session id, opened with `session/fork` instead
+        /// of `session/new`.
+        fork_of: Option<String>,
     },
     /// A new epoch for an existing session.
     Reopen,
