@@ -162,6 +162,8 @@ pub struct Message {
     pub actor: String,
     pub first_offset: u64,
     pub last_offset: u64,
+    /// From the parent of a fork, up to the fork point (SPEC §18); offsets are the parent's.
+    pub inherited: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,13 +174,38 @@ pub struct ModelOption {
 }
 
 /// Session metadata derived from the log (the live status comes from the session itself).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metadata {
     pub model: String,
     pub models: Vec<ModelOption>,
     pub config_options_json: String,
     pub available_commands_json: String,
     pub pending_interactions: Vec<JsonRpcId>,
+    /// What the agent says it is (`initialize` → `agentInfo`), when it says (SPEC §18).
+    pub agent_info: Option<AgentInfo>,
+    /// `initialize` → `agentCapabilities`, as JSON; empty before the handshake.
+    pub agent_capabilities_json: String,
+    /// The latest `plan` update's entries, as a JSON array; empty before any plan.
+    pub plan_json: String,
+    /// The latest `usage_update`.
+    pub usage: Option<Usage>,
+}
+
+/// An agent's `agentInfo`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentInfo {
+    pub name: String,
+    pub version: String,
+    pub title: Option<String>,
+}
+
+/// An ACP `usage_update`: tokens in the context, the context's size, the cumulative cost.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub used: u64,
+    pub size: u64,
+    /// Amount and currency, when sent.
+    pub cost: Option<(f64, String)>,
 }
 
 /// A turn that ended: its prompt's or compact's response arrived, or a fault, restart, close or
@@ -191,6 +218,43 @@ pub struct TurnEnd {
     pub request_id: Option<ActionId>,
     pub stop_reason: StopReason,
     pub error: Option<String>,
+}
+
+/// The `event` name of a fork's first log entry: `{"event": "forked", "parent_session_id",
+/// "parent_head", "entries": [{"offset", "direction", "json", "actor", "action_id", "epoch"}]}`.
+pub const FORKED_EVENT: &str = "forked";
+
+/// One parent entry of a `forked` event, as a log entry (its time is not kept).
+fn inherited_entry(value: &Value) -> Option<LogEntry> {
+    Some(LogEntry {
+        offset: value.get("offset")?.as_u64()?,
+        direction: Direction::from_i64(value.get("direction")?.as_i64()?)?,
+        json: value.get("json")?.as_str()?.to_owned(),
+        actor: str_field(value, "actor"),
+        action_id: value
+            .get("action_id")
+            .and_then(Value::as_str)
+            .and_then(ActionId::from_stored),
+        epoch: value.get("epoch").and_then(Value::as_u64).unwrap_or(0) as u32,
+        created_at: std::time::UNIX_EPOCH,
+    })
+}
+
+/// The `event` of a fork's first entry, holding the parent's log up to the fork point.
+pub fn forked_event(parent_session_id: &str, entries: &[LogEntry]) -> Value {
+    serde_json::json!({
+        "event": FORKED_EVENT,
+        "parent_session_id": parent_session_id,
+        "parent_head": entries.last().map_or(0, |e| e.offset),
+        "entries": entries.iter().map(|e| serde_json::json!({
+            "offset": e.offset,
+            "direction": e.direction.as_i64(),
+            "json": e.json,
+            "actor": e.actor,
+            "action_id": e.action_id.map(|id| id.to_string()),
+            "epoch": e.epoch,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// The `event` name of the harness event that records a turn's end in the log.
@@ -414,6 +478,7 @@ impl Fold {
             actor: actor.to_owned(),
             first_offset: entry.offset,
             last_offset: entry.offset,
+            inherited: false,
         });
         let i = self.messages.len() - 1;
         self.index.insert(id, i);
@@ -730,6 +795,17 @@ impl Fold {
         {
             self.adopt_config_options(options.clone());
         }
+        // Only `initialize` answers with these (SPEC §18: what the agent says about itself).
+        if let Some(capabilities) = frame.pointer("/result/agentCapabilities") {
+            self.metadata.agent_capabilities_json = capabilities.to_string();
+        }
+        if let Some(info) = frame.pointer("/result/agentInfo").filter(|i| i.is_object()) {
+            self.metadata.agent_info = Some(AgentInfo {
+                name: str_field(info, "name"),
+                version: str_field(info, "version"),
+                title: info.get("title").and_then(Value::as_str).map(str::to_owned),
+            });
+        }
         let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
             return;
         };
@@ -889,6 +965,9 @@ impl Fold {
                             .collect()
                     })
                     .unwrap_or_default();
+                if let Some(entries) = update.get("entries") {
+                    self.metadata.plan_json = entries.to_string();
+                }
                 let i = self.agent_message(entry);
                 let parts = &mut self.messages[i].parts;
                 match parts.iter_mut().find(|p| matches!(p, Part::Plan(_))) {
@@ -905,6 +984,15 @@ impl Fold {
             Some("config_option_update") => {
                 if let Some(options) = update.get("configOptions").and_then(Value::as_array) {
                     self.adopt_config_options(options.clone());
+                }
+            }
+            Some("usage_update") => {
+                let number = |name: &str| update.get(name).and_then(Value::as_u64);
+                if let (Some(used), Some(size)) = (number("used"), number("size")) {
+                    let cost = update.get("cost").and_then(|cost| {
+                        Some((cost.get("amount")?.as_f64()?, str_field(cost, "currency")))
+                    });
+                    self.metadata.usage = Some(Usage { used, size, cost });
                 }
             }
             _ => {}
@@ -928,6 +1016,27 @@ impl Fold {
 
     // ---- harness events ------------------------------------------------------------------------
 
+    /// A fork's first entry: the parent's log up to the fork point, folded on its own and
+    /// taken as this transcript's first turns, marked inherited. The session's own turns are
+    /// numbered after them.
+    fn inherit(&mut self, frame: &Value, changed: &mut Changed) {
+        let entries: Vec<LogEntry> = frame
+            .get("entries")
+            .and_then(Value::as_array)
+            .map(|entries| entries.iter().filter_map(inherited_entry).collect())
+            .unwrap_or_default();
+        let parent = Fold::of(&self.meta_key, &entries);
+        for message in parent.messages {
+            let mut message = message;
+            message.inherited = true;
+            self.index.insert(message.id.clone(), self.messages.len());
+            self.messages.push(message);
+            changed.push(&self.messages[self.messages.len() - 1].id);
+        }
+        self.turns = self.turns.max(parent.turns);
+        self.last_prompt_turn = parent.last_prompt_turn.or(self.last_prompt_turn);
+    }
+
     fn event(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
         let event = frame
             .get("event")
@@ -937,6 +1046,9 @@ impl Fold {
             event,
             "fault" | "session_closed" | "harness_restarted" | "owner_replica_lost" | "drain"
         );
+        if event == FORKED_EVENT {
+            return self.inherit(frame, changed);
+        }
         if !closes_turn {
             if event == "runtime_started" {
                 // A new connection: nothing of the old one is pending any more.

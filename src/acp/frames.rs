@@ -217,6 +217,16 @@ pub fn initialize_request(id: Value) -> Value {
     )
 }
 
+/// `session/fork {sessionId, cwd, mcpServers: []}` (unstable in ACP 1.20): a new session with
+/// the context of `parent`.
+pub fn fork_session_request(id: Value, parent: &str, cwd: &str) -> Value {
+    request(
+        id,
+        "session/fork",
+        json!({"sessionId": parent, "cwd": cwd, "mcpServers": []}),
+    )
+}
+
 /// `session/new {cwd, mcpServers: []}`.
 pub fn new_session_request(id: Value, cwd: &str) -> Value {
     request(id, "session/new", json!({"cwd": cwd, "mcpServers": []}))

@@ -6,7 +6,8 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 pub use crate::session::profile::{
-    DEFAULT_CANCEL_GRACE, DEFAULT_STARTUP_TIMEOUT, MOCK_PROFILE, PermissionPolicy, Profile,
+    DEFAULT_CANCEL_GRACE, DEFAULT_STARTUP_TIMEOUT, MOCK_PROFILE, PermissionPolicy, PermissionRule,
+    Profile, RuleDecision,
 };
 
 /// A `[profiles.<name>]` table as written.
@@ -24,6 +25,19 @@ pub struct ProfileFile {
     pub startup_timeout: Option<String>,
     pub cancel_grace: Option<String>,
     pub idle_timeout: Option<String>,
+    #[serde(default)]
+    pub permission_rules: Vec<PermissionRuleFile>,
+    pub permission_timeout: Option<String>,
+}
+
+/// One `[[profiles.<name>.permission_rules]]` entry as written; the decision is checked in
+/// [`ProfileFile::resolve`] so that an unknown one is reported with the rule's place.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionRuleFile {
+    pub kind: Option<String>,
+    pub title_regex: Option<String>,
+    pub decision: String,
 }
 
 /// Parses a duration such as `"30s"`, `"500ms"`, `"2m"`.
@@ -56,6 +70,39 @@ impl ProfileFile {
                 }
             }
         }
+        let mut permission_rules = Vec::with_capacity(file.permission_rules.len());
+        for (i, rule) in file.permission_rules.iter().enumerate() {
+            let key = |k: &str| field(&format!("permission_rules[{i}].{k}"));
+            let decision: RuleDecision =
+                serde::Deserialize::deserialize(serde::de::value::StrDeserializer::<
+                    serde::de::value::Error,
+                >::new(&rule.decision))
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "{} = {:?} is not a decision; use allow_once, allow_always, \
+                         reject_once, reject_always or ask",
+                        key("decision"),
+                        rule.decision
+                    )
+                })?;
+            let title_regex = rule
+                .title_regex
+                .as_deref()
+                .map(|text| {
+                    regex::Regex::new(text).map_err(|e| {
+                        anyhow::anyhow!(
+                            "{} = {text:?} is not a valid regular expression: {e}",
+                            key("title_regex")
+                        )
+                    })
+                })
+                .transpose()?;
+            permission_rules.push(PermissionRule {
+                kind: rule.kind.clone(),
+                title_regex,
+                decision,
+            });
+        }
         Ok(Profile {
             name: name.to_owned(),
             command: PathBuf::from(file.command),
@@ -68,6 +115,8 @@ impl ProfileFile {
             cancel_grace: duration("cancel_grace", &file.cancel_grace)?
                 .unwrap_or(DEFAULT_CANCEL_GRACE),
             idle_timeout: duration("idle_timeout", &file.idle_timeout)?,
+            permission_rules,
+            permission_timeout: duration("permission_timeout", &file.permission_timeout)?,
         })
     }
 }
@@ -111,5 +160,59 @@ mod tests {
             .resolve("p")
             .unwrap_err();
         assert!(err.to_string().contains("allowed_cwd_roots"), "{err}");
+    }
+
+    #[test]
+    fn permission_rules_are_read_in_order_with_their_timeout() {
+        let profile = file(
+            r#"command = "x"
+               permission_timeout = "2m"
+               [[permission_rules]]
+               kind = "read"
+               decision = "allow_always"
+               [[permission_rules]]
+               title_regex = "^rm "
+               decision = "reject_once""#,
+        )
+        .resolve("p")
+        .unwrap();
+        assert_eq!(profile.permission_timeout, Some(Duration::from_secs(120)));
+        assert_eq!(profile.permission_rules.len(), 2);
+        assert_eq!(
+            profile.permission_rules[0].decision,
+            RuleDecision::AllowAlways
+        );
+        assert!(profile.permission_rules[1].matches("execute", "rm -rf /"));
+        assert!(!profile.permission_rules[0].matches("execute", "cat"));
+    }
+
+    #[test]
+    fn a_bad_rule_is_refused_naming_its_key() {
+        let err = file("command = \"x\"\n[[permission_rules]]\ndecision = \"maybe\"")
+            .resolve("p")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("profiles.p.permission_rules[0].decision"),
+            "{err}"
+        );
+        let err = file(
+            "command = \"x\"\n[[permission_rules]]\ndecision = \"ask\"\n\
+             [[permission_rules]]\ntitle_regex = \"(\"\ndecision = \"ask\"",
+        )
+        .resolve("p")
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("profiles.p.permission_rules[1].title_regex"),
+            "{err}"
+        );
+        let err = file("command = \"x\"\npermission_timeout = \"later\"")
+            .resolve("p")
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("profiles.p.permission_timeout"),
+            "{err}"
+        );
     }
 }

@@ -196,6 +196,7 @@ fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
         action_id,
         context: request.context.map(struct_to_json),
         interrupt,
+        expect_idle: expect_idle_from_pb(request.expect)?,
         action,
     })
 }
@@ -334,6 +335,7 @@ pub(crate) fn session_to_pb(
         profile_fingerprint: record.profile_fingerprint.clone(),
         editors: record.editors.clone(),
         head_offset: head,
+        ..Default::default()
     }
 }
 
@@ -544,6 +546,7 @@ impl From<&crate::acp::fold::Message> for pb::TranscriptMessage {
             actor: m.actor.clone(),
             first_offset: m.first_offset,
             last_offset: m.last_offset,
+            inherited: m.inherited,
         }
     }
 }
@@ -571,6 +574,10 @@ pub(crate) fn metadata_to_pb(
             .iter()
             .map(Into::into)
             .collect(),
+        agent_info: agent_info_to_pb(metadata),
+        agent_capabilities_json: metadata.agent_capabilities_json.clone(),
+        plan_json: metadata.plan_json.clone(),
+        usage: usage_to_pb(metadata),
     }
 }
 
@@ -609,6 +616,53 @@ pub(crate) fn stream_event_to_pb(
     pb::SubscribeResponse {
         offset,
         event: Some(event),
+    }
+}
+
+// ---- agent features (SPEC §18) -----------------------------------------------------------
+
+/// A session with what its agent reported about itself (SPEC §18).
+pub(crate) fn session_with_reported_to_pb(
+    record: &crate::domain::session::SessionRecord,
+    head: u64,
+    reported: &crate::acp::fold::Metadata,
+) -> pb::AgentSession {
+    pb::AgentSession {
+        agent_info: agent_info_to_pb(reported),
+        agent_capabilities_json: reported.agent_capabilities_json.clone(),
+        available_commands_json: reported.available_commands_json.clone(),
+        plan_json: reported.plan_json.clone(),
+        usage: usage_to_pb(reported),
+        ..session_to_pb(record, head)
+    }
+}
+
+fn agent_info_to_pb(metadata: &crate::acp::fold::Metadata) -> Option<pb::AgentInfo> {
+    metadata.agent_info.as_ref().map(|info| pb::AgentInfo {
+        name: info.name.clone(),
+        version: info.version.clone(),
+        title: info.title.clone(),
+    })
+}
+
+fn usage_to_pb(metadata: &crate::acp::fold::Metadata) -> Option<pb::Usage> {
+    metadata.usage.as_ref().map(|usage| pb::Usage {
+        used_tokens: usage.used,
+        context_size: usage.size,
+        cost: usage.cost.as_ref().map(|(amount, currency)| pb::Cost {
+            amount: *amount,
+            currency: currency.clone(),
+        }),
+    })
+}
+
+fn expect_idle_from_pb(value: i32) -> Result<bool> {
+    match pb::Expect::try_from(value) {
+        Ok(pb::Expect::Unspecified) => Ok(false),
+        Ok(pb::Expect::Idle) => Ok(true),
+        Err(_) => Err(Error::invalid(format!(
+            "expect {value} is not an Expect value"
+        ))),
     }
 }
 

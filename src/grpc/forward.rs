@@ -276,6 +276,19 @@ impl AgentSessionService for RoutedSessions {
         self.inner.list_sessions(request).await
     }
 
+    async fn fork_session(
+        &self,
+        request: Request<pb::ForkSessionRequest>,
+    ) -> Reply<pb::ForkSessionResponse> {
+        // Forked where the parent runs: the new session's runtime forks the parent's context.
+        self.unary(
+            request,
+            |r| self.inner.fork_session(r),
+            |mut c, r| async move { c.fork_session(r).await },
+        )
+        .await
+    }
+
     async fn close_session(
         &self,
         request: Request<pb::CloseSessionRequest>,

@@ -52,12 +52,14 @@ impl AgentSessionService for SessionsService {
         request: Request<pb::GetSessionRequest>,
     ) -> Reply<pb::GetSessionResponse> {
         let principal = auth::principal(&request)?;
-        let (record, head) = self
+        let (record, head, reported) = self
             .sessions
-            .get(&principal, &request.get_ref().session_id)
+            .get_reported(&principal, &request.get_ref().session_id)
             .await?;
         Ok(Response::new(pb::GetSessionResponse {
-            session: Some(convert::session_to_pb(&record, head)),
+            session: Some(convert::session_with_reported_to_pb(
+                &record, head, &reported,
+            )),
         }))
     }
 
@@ -74,6 +76,22 @@ impl AgentSessionService for SessionsService {
                 .map(|(record, head)| convert::session_to_pb(record, *head))
                 .collect(),
             next_page_token,
+        }))
+    }
+
+    async fn fork_session(
+        &self,
+        request: Request<pb::ForkSessionRequest>,
+    ) -> Reply<pb::ForkSessionResponse> {
+        let principal = auth::principal(&request)?;
+        let traceparent = auth::traceparent(&request);
+        let request = request.into_inner();
+        let (record, head) = self
+            .sessions
+            .fork(&principal, &request.session_id, request.name, traceparent)
+            .await?;
+        Ok(Response::new(pb::ForkSessionResponse {
+            session: Some(convert::session_to_pb(&record, head)),
         }))
     }
 

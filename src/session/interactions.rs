@@ -1,11 +1,14 @@
 //! Requests the agent made of a person, held until answered (SPEC §7): permission requests (any
 //! number) and at most one session-scoped elicitation. Pure bookkeeping; the actor does the I/O.
 
+use std::time::Instant;
+
 use serde_json::Value;
 
 use crate::domain::{
     Error, ErrorCode, JsonRpcId, PermissionAnswer, Result, action::ElicitationAnswer,
 };
+use crate::session::profile::{PermissionRule, RuleDecision};
 
 /// A permission option as the agent offered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +21,8 @@ pub(crate) struct OfferedOption {
 pub(crate) struct HeldPermission {
     pub id: JsonRpcId,
     pub options: Vec<OfferedOption>,
+    /// When the profile's `permission_timeout` answers it (SPEC §18).
+    pub deadline: Option<Instant>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +148,77 @@ pub(crate) fn auto_accept(options: &[OfferedOption]) -> PermissionAnswer {
         .unwrap_or(PermissionAnswer::Cancelled)
 }
 
+/// What a matching permission rule decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RuleMatch {
+    /// The rule's place in the profile's list, from 0.
+    pub index: usize,
+    pub decision: RuleDecision,
+    /// The answer to send; `None`: hold the request for a person (`ask`, or no option of the
+    /// decided kind was offered).
+    pub answer: Option<PermissionAnswer>,
+}
+
+/// The first rule matching a `session/request_permission` (its tool call's `kind` and
+/// `title`), and the option it selects: the offered option of the decided kind, else of the
+/// other kind that allows or rejects alike (`allow_once` for `allow_always`, …).
+pub(crate) fn apply_rules(
+    rules: &[PermissionRule],
+    params: &Value,
+    options: &[OfferedOption],
+) -> Option<RuleMatch> {
+    let tool = params.get("toolCall");
+    let field = |name: &str| {
+        tool.and_then(|t| t.get(name))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let (kind, title) = (field("kind"), field("title"));
+    let (index, rule) = rules
+        .iter()
+        .enumerate()
+        .find(|(_, rule)| rule.matches(kind, title))?;
+    let answer = rule.decision.option_kind().and_then(|wanted| {
+        let alike = match wanted {
+            "allow_once" => "allow_always",
+            "allow_always" => "allow_once",
+            "reject_once" => "reject_always",
+            _ => "reject_once",
+        };
+        [wanted, alike]
+            .iter()
+            .find_map(|k| options.iter().find(|o| o.kind == *k))
+            .map(|o| PermissionAnswer::Selected {
+                option_id: o.option_id.clone(),
+            })
+    });
+    Some(RuleMatch {
+        index,
+        decision: rule.decision,
+        answer,
+    })
+}
+
+/// The answer when `permission_timeout` runs out: the first reject option offered, else
+/// cancelled.
+pub(crate) fn timeout_answer(options: &[OfferedOption]) -> PermissionAnswer {
+    options
+        .iter()
+        .find(|o| o.kind.starts_with("reject"))
+        .map(|o| PermissionAnswer::Selected {
+            option_id: o.option_id.clone(),
+        })
+        .unwrap_or(PermissionAnswer::Cancelled)
+}
+
+/// How a harness event names an answer it sent.
+pub(crate) fn answer_json(answer: &PermissionAnswer) -> Value {
+    match answer {
+        PermissionAnswer::Selected { option_id } => serde_json::json!({"selected": option_id}),
+        PermissionAnswer::Cancelled => Value::from("cancelled"),
+    }
+}
+
 /// Why an elicitation is refused at once, if it is.
 pub(crate) fn elicitation_refusal(params: &Value, held: &Held) -> Option<&'static str> {
     if params.get("sessionId").is_none() || params.get("requestId").is_some() {
@@ -201,6 +277,7 @@ mod tests {
         held.permissions.push(HeldPermission {
             id: JsonRpcId::Number(7),
             options: options(),
+            deadline: None,
         });
         let select = |o: &str| PermissionAnswer::Selected {
             option_id: o.into(),
@@ -224,6 +301,58 @@ mod tests {
             Some(Released::Permission)
         );
         assert_eq!(held.release(&JsonRpcId::Number(7)), None);
+    }
+
+    fn rule(kind: Option<&str>, title: Option<&str>, decision: RuleDecision) -> PermissionRule {
+        PermissionRule {
+            kind: kind.map(str::to_owned),
+            title_regex: title.map(|t| regex::Regex::new(t).unwrap()),
+            decision,
+        }
+    }
+
+    #[test]
+    fn the_first_matching_rule_selects_an_offered_option_of_its_kind() {
+        let rules = [
+            rule(Some("read"), None, RuleDecision::AllowOnce),
+            rule(None, Some("^rm "), RuleDecision::RejectAlways),
+            rule(None, None, RuleDecision::Ask),
+        ];
+        let request = |kind: &str, title: &str| json!({"toolCall": {"toolCallId": "t", "kind": kind, "title": title}});
+        let read = apply_rules(&rules, &request("read", "rm x"), &options()).unwrap();
+        assert_eq!(read.index, 0);
+        assert_eq!(
+            read.answer,
+            Some(PermissionAnswer::Selected {
+                option_id: "allow".into()
+            })
+        );
+        // No `reject_always` offered: the alike `reject_once` is chosen.
+        let rm = apply_rules(&rules, &request("execute", "rm -rf /"), &options()).unwrap();
+        assert_eq!(rm.index, 1);
+        assert_eq!(
+            rm.answer,
+            Some(PermissionAnswer::Selected {
+                option_id: "reject".into()
+            })
+        );
+        let other = apply_rules(&rules, &request("edit", "x"), &options()).unwrap();
+        assert_eq!((other.index, other.answer), (2, None));
+        assert_eq!(
+            apply_rules(&rules[..1], &request("edit", "x"), &options()),
+            None
+        );
+    }
+
+    #[test]
+    fn a_timeout_answers_with_the_first_reject_option_else_cancels() {
+        assert_eq!(
+            timeout_answer(&options()),
+            PermissionAnswer::Selected {
+                option_id: "reject".into()
+            }
+        );
+        assert_eq!(timeout_answer(&options()[..2]), PermissionAnswer::Cancelled);
     }
 
     #[test]

@@ -23,6 +23,58 @@ pub enum PermissionPolicy {
     AutoAccept,
 }
 
+/// What a permission rule decides (SPEC §18).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleDecision {
+    AllowOnce,
+    AllowAlways,
+    RejectOnce,
+    RejectAlways,
+    /// Hold the request for a person, whatever the policy says.
+    Ask,
+}
+
+impl RuleDecision {
+    /// The ACP option kind this decision selects; `None` for `ask`.
+    pub(crate) fn option_kind(self) -> Option<&'static str> {
+        match self {
+            Self::AllowOnce => Some("allow_once"),
+            Self::AllowAlways => Some("allow_always"),
+            Self::RejectOnce => Some("reject_once"),
+            Self::RejectAlways => Some("reject_always"),
+            Self::Ask => None,
+        }
+    }
+}
+
+/// One permission rule: it matches a request whose tool call has this `kind` (any kind when
+/// unset) and a title matching `title_regex` (any title when unset).
+#[derive(Debug, Clone)]
+pub struct PermissionRule {
+    pub kind: Option<String>,
+    pub title_regex: Option<regex::Regex>,
+    pub decision: RuleDecision,
+}
+
+impl PartialEq for PermissionRule {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && self.title_regex.as_ref().map(regex::Regex::as_str)
+                == other.title_regex.as_ref().map(regex::Regex::as_str)
+            && self.decision == other.decision
+    }
+}
+
+impl Eq for PermissionRule {}
+
+impl PermissionRule {
+    pub(crate) fn matches(&self, kind: &str, title: &str) -> bool {
+        self.kind.as_deref().is_none_or(|k| k == kind)
+            && self.title_regex.as_ref().is_none_or(|r| r.is_match(title))
+    }
+}
+
 /// A resolved profile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Profile {
@@ -37,6 +89,10 @@ pub struct Profile {
     pub startup_timeout: Duration,
     pub cancel_grace: Duration,
     pub idle_timeout: Option<Duration>,
+    /// Applied in order before `permission_policy`; the first match decides (SPEC §18).
+    pub permission_rules: Vec<PermissionRule>,
+    /// A request held this long is answered with its first reject option, else `cancelled`.
+    pub permission_timeout: Option<Duration>,
 }
 
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -65,6 +121,8 @@ impl Profile {
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             idle_timeout: None,
+            permission_rules: Vec::new(),
+            permission_timeout: None,
         }
     }
 
@@ -89,6 +147,30 @@ impl Profile {
             "permission_policy",
             format!("{:?}", self.permission_policy).as_bytes(),
         );
+        // Only when set, so the fingerprints of profiles without rules stay as they were.
+        for rule in &self.permission_rules {
+            field(
+                "permission_rule.kind",
+                rule.kind.as_deref().unwrap_or("").as_bytes(),
+            );
+            field(
+                "permission_rule.title_regex",
+                rule.title_regex
+                    .as_ref()
+                    .map_or("", |r| r.as_str())
+                    .as_bytes(),
+            );
+            field(
+                "permission_rule.decision",
+                format!("{:?}", rule.decision).as_bytes(),
+            );
+        }
+        if let Some(timeout) = self.permission_timeout {
+            field(
+                "permission_timeout",
+                timeout.as_millis().to_string().as_bytes(),
+            );
+        }
         hex::encode(hasher.finalize())
     }
 }

@@ -8,7 +8,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use agent_harness::{
-    config::{PermissionPolicy, Profile, ServeConfig},
+    config::{PermissionPolicy, PermissionRule, Profile, RuleDecision, ServeConfig},
     pb::v1::{self as pb, control_request::Action},
 };
 use serde_json::Value;
@@ -51,6 +51,8 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             startup_timeout: Duration::from_secs(20),
             cancel_grace: Duration::from_secs(10),
             idle_timeout: None,
+            permission_rules: Vec::new(),
+            permission_timeout: None,
         }),
     );
 }
@@ -104,6 +106,67 @@ async fn interop_ts_a_permission_turn_completes_when_answered_allow() {
 #[ignore = "needs the third-party TS example agent: run by scripts/test"]
 async fn interop_ts_a_permission_turn_completes_when_answered_reject() {
     ts_turn_answered("reject", "skip the configuration update").await
+}
+
+/// A profile rule on the tool call's kind (`edit` for the example agent) decides the request:
+/// nobody is asked, and the log names the rule (SPEC §18).
+async fn ts_turn_decided_by_rule(decision: RuleDecision, option: &str, expect_text: &str) {
+    within(async {
+        let agent = required("AGENT_HARNESS_TS_AGENT");
+        let h = Harness::start_with(|config| {
+            profile(config, "ts-ruled", which("node"), vec![agent]);
+            let ruled = config.profiles.get_mut("ts-ruled").unwrap();
+            Arc::make_mut(ruled).permission_rules = vec![PermissionRule {
+                kind: Some("edit".to_owned()),
+                title_regex: Some(regex::Regex::new("(?i)configuration").unwrap()),
+                decision,
+            }];
+        })
+        .await;
+        let mut session = Session::create(&h, "ts-ruled").await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("please update the configuration").await;
+        let request = watch.agent_request("session/request_permission").await;
+        let event = watch.event("permission_decided").await;
+        assert_eq!(event["by"], "rule");
+        assert_eq!(event["rule"], 0);
+        assert_eq!(event["request_id"], request["id"]);
+        assert_eq!(event["answer"]["selected"], option);
+        assert_eq!(
+            watch.response_to(&turn.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        watch.chunk(expect_text).await;
+        assert!(
+            !watch
+                .statuses
+                .contains(&(pb::SessionStatus::AwaitingInput as i32)),
+            "nobody was asked"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs the third-party TS example agent: run by scripts/test"]
+async fn interop_ts_a_permission_rule_allowing_edits_answers_the_request_allow() {
+    ts_turn_decided_by_rule(
+        RuleDecision::AllowOnce,
+        "allow",
+        "successfully updated the configuration",
+    )
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs the third-party TS example agent: run by scripts/test"]
+async fn interop_ts_a_permission_rule_rejecting_edits_answers_the_request_reject() {
+    ts_turn_decided_by_rule(
+        RuleDecision::RejectAlways,
+        "reject",
+        "skip the configuration update",
+    )
+    .await
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ mod cannot_reopen;
 mod crash;
 mod create_crash;
 mod faults;
+mod features;
 mod first_action;
 mod health;
 mod held_answers;

@@ -339,6 +339,15 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 let result = self.session_result(session_id, false);
                 wire::response(self.buf(), id, &result);
             }
+            "session/fork" if self.args.fork => {
+                let Some(parent) = params.get("sessionId").and_then(Value::as_str) else {
+                    return self.invalid_params(id, "params.sessionId must be a string");
+                };
+                let session_id = format!("{parent}-fork-{}", self.next_session);
+                self.next_session += 1;
+                let result = self.session_result(&session_id, true);
+                wire::response(self.buf(), id, &result);
+            }
             "session/set_config_option" => {
                 let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
                     return self.invalid_params(id, "params.sessionId must be a string");
@@ -370,6 +379,9 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
         let mut session_capabilities = serde_json::Map::new();
         if self.args.resume {
             session_capabilities.insert("resume".into(), json!({}));
+        }
+        if self.args.fork {
+            session_capabilities.insert("fork".into(), json!({}));
         }
         json!({
             "protocolVersion": 1,
@@ -628,6 +640,20 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 turn.outstanding.push((id, Purpose::Permission));
                 turn.wait = Wait::Replies { deadline: None };
             }
+            Directive::PermissionKind { kind, title } => {
+                let id = self.request_permission_of(session_id, &title, Some(&kind));
+                turn.outstanding.push((id, Purpose::Permission));
+                turn.wait = Wait::Replies { deadline: None };
+            }
+            Directive::Usage { used, size, cost } => {
+                let mut update =
+                    json!({"sessionUpdate": "usage_update", "used": used, "size": size});
+                if let Some((amount, currency)) = cost {
+                    let amount: f64 = amount.parse().expect("checked when parsed");
+                    update["cost"] = json!({"amount": amount, "currency": currency});
+                }
+                wire::update(self.buf(), session_id, &update);
+            }
             Directive::PermissionTwice => {
                 for n in 1..=2 {
                     let title = format!("Run mock command ({n} of 2)");
@@ -751,14 +777,22 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
     }
 
     fn request_permission(&mut self, session_id: &str, title: &str) -> i64 {
+        self.request_permission_of(session_id, title, None)
+    }
+
+    fn request_permission_of(&mut self, session_id: &str, title: &str, kind: Option<&str>) -> i64 {
         let id = self.next_request_id();
+        let mut tool_call = json!({"toolCallId": format!("mock-permission-{id}"), "title": title});
+        if let Some(kind) = kind {
+            tool_call["kind"] = kind.into();
+        }
         wire::request(
             self.buf(),
             id,
             "session/request_permission",
             &json!({
                 "sessionId": session_id,
-                "toolCall": {"toolCallId": format!("mock-permission-{id}"), "title": title},
+                "toolCall": tool_call,
                 "options": [
                     {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
                     {"optionId": "allow-always", "name": "Allow always", "kind": "allow_always"},

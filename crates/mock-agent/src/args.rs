@@ -43,6 +43,10 @@ pub struct MockAgentArgs {
     /// Advertise session resume (`sessionCapabilities.resume`) and serve `session/resume`
     #[arg(long)]
     pub resume: bool,
+    /// Advertise session fork (`sessionCapabilities.fork`, unstable in ACP 1.20) and serve
+    /// `session/fork`
+    #[arg(long)]
+    pub fork: bool,
     /// Advertise `loadSession` and serve `session/load` (replays a short fixed history first)
     #[arg(long)]
     pub load: bool,
@@ -94,6 +98,7 @@ impl Default for MockAgentArgs {
     fn default() -> Self {
         Self {
             resume: false,
+            fork: false,
             load: false,
             models: vec!["mock-fast".to_owned(), "mock-smart".to_owned()],
             no_models: false,

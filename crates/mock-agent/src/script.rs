@@ -48,6 +48,17 @@ pub enum Directive {
     Permission {
         title: String,
     },
+    /// A permission request whose tool call has a `kind` (for the harness's permission rules).
+    PermissionKind {
+        kind: String,
+        title: String,
+    },
+    /// A `usage_update`: tokens used, context size, and a cost (amount as written, currency).
+    Usage {
+        used: u64,
+        size: u64,
+        cost: Option<(String, String)>,
+    },
     PermissionTwice,
     /// A permission request the turn does not wait for: the turn ends with it outstanding.
     PermissionNoWait,
@@ -130,6 +141,26 @@ fn known(verb: &str, rest: &str) -> Option<Directive> {
                 rest.to_owned()
             },
         }),
+        ("permission-kind", [kind, ..]) => Some(Directive::PermissionKind {
+            kind: (*kind).to_owned(),
+            title: match rest[kind.len()..].trim() {
+                "" => DEFAULT_PERMISSION_TITLE.to_owned(),
+                title => title.to_owned(),
+            },
+        }),
+        ("usage", [used, size]) => Some(Directive::Usage {
+            used: used.parse().ok()?,
+            size: size.parse().ok()?,
+            cost: None,
+        }),
+        ("usage", [used, size, amount, currency]) => {
+            amount.parse::<f64>().ok()?;
+            Some(Directive::Usage {
+                used: used.parse().ok()?,
+                size: size.parse().ok()?,
+                cost: Some(((*amount).to_owned(), (*currency).to_owned())),
+            })
+        }
         ("permission-twice", _) => bare(Directive::PermissionTwice),
         ("permission-nowait", _) => bare(Directive::PermissionNoWait),
         ("cancel-permission", _) => bare(Directive::CancelPermission),
@@ -329,6 +360,22 @@ mod tests {
             }
         );
         assert_eq!(one("@permission-twice"), Directive::PermissionTwice);
+        assert_eq!(
+            one("@permission-kind read Read the notes"),
+            Directive::PermissionKind {
+                kind: "read".into(),
+                title: "Read the notes".into()
+            }
+        );
+        assert_eq!(
+            one("@usage 53000 200000 0.045 USD"),
+            Directive::Usage {
+                used: 53000,
+                size: 200000,
+                cost: Some(("0.045".into(), "USD".into()))
+            }
+        );
+        assert!(matches!(one("@usage 1"), Directive::Unknown(_)));
         assert_eq!(one("@cancel-permission"), Directive::CancelPermission);
         assert_eq!(one("@permission-nowait"), Directive::PermissionNoWait);
         assert_eq!(one("@elicit"), Directive::Elicit(ElicitKind::Form));

@@ -91,10 +91,16 @@ impl Actor {
             action_id,
             context,
             interrupt,
+            expect_idle,
             action,
             ..
         } = input;
         self.check_control(&principal, &action, &context, interrupt)?;
+        if expect_idle && !matches!(action, Action::Prompt(_) | Action::Compact) {
+            return Err(Error::invalid(
+                "expect applies to prompts and compacts only",
+            ));
+        }
         let fingerprint = fingerprint(&action, &context, interrupt);
         let action_id = match action_id {
             Some(action_id) => {
@@ -110,6 +116,10 @@ impl Actor {
             }
             None => ActionId::mint(),
         };
+        // After the re-send check, so a re-sent admitted action still reports its status.
+        if expect_idle {
+            self.check_idle()?;
+        }
         let actor = principal.actor().to_owned();
         match action {
             Action::Prompt(_) | Action::Compact => {
@@ -216,6 +226,30 @@ impl Actor {
                 ..
             } => limits.check_identifier("respond_to_permission.selected_option_id", option_id),
             _ => Ok(()),
+        }
+    }
+
+    /// "Start only if idle" (SPEC §18): no turn, nothing held, nothing queued, no runtime
+    /// starting. A suspended or disconnected session with nothing to do counts as idle: the
+    /// action reopens it, and piles nothing up.
+    fn check_idle(&self) -> Result<()> {
+        let busy = if self.work.turn.is_some() {
+            Some("a turn is running")
+        } else if !self.work.held.is_empty() {
+            Some("a permission request or elicitation is held")
+        } else if !self.work.queue.is_empty() {
+            Some("actions are queued")
+        } else if self.runtime.starting.is_some() {
+            Some("the runtime is starting")
+        } else {
+            None
+        };
+        match busy {
+            Some(why) => Err(Error::new(
+                ErrorCode::SessionBusy,
+                format!("session {} is not idle: {why}", self.record.id),
+            )),
+            None => Ok(()),
         }
     }
 

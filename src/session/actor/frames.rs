@@ -8,7 +8,7 @@ use tracing::Instrument;
 use super::{Actor, HARNESS_ACTOR, Out, PendingKind, RUNTIME_ACTOR, StartPurpose, Turn};
 use crate::session::{
     PermissionPolicy,
-    interactions::{self, HeldElicitation, HeldPermission, Released},
+    interactions::{self, HeldElicitation, HeldPermission, Released, RuleMatch, answer_json},
 };
 use crate::{
     acp::{
@@ -21,6 +21,7 @@ use crate::{
     },
     store::{ActionRecord, ActionState, Direction, QueueOp},
 };
+use std::time::Instant;
 
 impl Actor {
     pub(super) async fn on_runtime_events(&mut self, events: Vec<RuntimeEvent>) {
@@ -207,6 +208,10 @@ impl Actor {
             }
             return self.become_ready(out).await;
         }
+        if matches!(self.runtime.starting, Some(StartPurpose::Reopen)) {
+            // A model re-applied after a reopen: refused or not, the session goes on.
+            return self.become_ready(out).await;
+        }
         let _ = self.flush(out).await;
     }
 
@@ -229,14 +234,47 @@ impl Actor {
         match method {
             "session/request_permission" => {
                 let options = interactions::offered_options(params);
-                if self.profile.permission_policy == PermissionPolicy::AutoAccept {
+                // Rules come before the policy (SPEC §18); a rule that says `ask` holds the
+                // request even under auto-accept.
+                let rule =
+                    interactions::apply_rules(&self.profile.permission_rules, params, &options);
+                if let Some(RuleMatch {
+                    index,
+                    decision,
+                    answer: Some(answer),
+                }) = &rule
+                {
+                    self.log_event(
+                        &mut out,
+                        json!({"event": "permission_decided", "request_id": id, "by": "rule",
+                               "rule": index, "decision": decision,
+                               "answer": answer_json(answer)}),
+                        turn,
+                    );
+                    let frame = acp_frames::permission_response(&agent_id, answer);
+                    self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+                } else if rule.is_none()
+                    && self.profile.permission_policy == PermissionPolicy::AutoAccept
+                {
                     let answer = interactions::auto_accept(&options);
                     let frame = acp_frames::permission_response(&agent_id, &answer);
                     self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
                 } else {
+                    if let Some(RuleMatch {
+                        index, decision, ..
+                    }) = &rule
+                    {
+                        self.log_event(
+                            &mut out,
+                            json!({"event": "permission_held", "request_id": id, "by": "rule",
+                                   "rule": index, "decision": decision}),
+                            turn,
+                        );
+                    }
                     self.work.held.permissions.push(HeldPermission {
                         id: agent_id,
                         options,
+                        deadline: self.profile.permission_timeout.map(|t| Instant::now() + t),
                     });
                     self.refresh_status(&mut out);
                 }

@@ -20,6 +20,7 @@ use crate::{
         queue::{QueuedEntry, QueuedWork},
         session::SessionStatus,
     },
+    session::interactions::{self, HeldPermission},
     store::ActionState,
 };
 
@@ -278,7 +279,31 @@ impl Actor {
                     .is_some_and(|r| !r.is_null());
                 self.touch(&mut out);
                 let id = self.harness_request_id();
-                match self.runtime.starting {
+                match &self.runtime.starting {
+                    Some(StartPurpose::Create {
+                        fork_of: Some(parent),
+                        ..
+                    }) => {
+                        // `session/fork` is unstable in ACP 1.20 (`unstable_session_fork`):
+                        // advertised as `sessionCapabilities.fork`, asked with the parent's
+                        // session id, answered like `session/new`.
+                        if capabilities
+                            .and_then(|c| c.pointer("/sessionCapabilities/fork"))
+                            .is_none_or(Value::is_null)
+                        {
+                            let _ = self.flush(out).await;
+                            return self
+                                .startup_fault(
+                                    ErrorCode::NotSupported,
+                                    "the agent does not advertise session/fork".into(),
+                                )
+                                .await;
+                        }
+                        let frame =
+                            acp_frames::fork_session_request(id.clone(), parent, &self.record.cwd);
+                        self.expect(&id, PendingKind::NewSession, "session/fork");
+                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+                    }
                     Some(StartPurpose::Create { .. }) => {
                         let frame = acp_frames::new_session_request(id.clone(), &self.record.cwd);
                         self.expect(&id, PendingKind::NewSession, "session/new");
@@ -366,8 +391,52 @@ impl Actor {
                 }
             }
             PendingKind::Reopen(_) => {
+                // Agents do not always keep a session's model across a reopen (SPEC §8): the
+                // one the session had is asked for again when the agent reports another.
+                let chosen = std::mem::take(&mut self.record.model);
                 self.adopt_config_options(&result);
+                let reported = self.record.model.clone();
+                if reported.is_empty() {
+                    self.record.model = chosen.clone();
+                }
                 self.touch(&mut out);
+                if !chosen.is_empty()
+                    && !reported.is_empty()
+                    && chosen != reported
+                    && self.check_model(&chosen).is_ok()
+                {
+                    self.log_event(
+                        &mut out,
+                        json!({"event": "settings_reapplied", "model": chosen,
+                               "reported_model": reported}),
+                        None,
+                    );
+                    let action_id = ActionId::mint();
+                    let config_id =
+                        acp_frames::model_config_id(&self.runtime.config_options).to_owned();
+                    let frame = acp_frames::set_config_option_request(
+                        &action_id,
+                        self.acp_session_id(),
+                        &config_id,
+                        &ConfigValue::Id(chosen.clone()),
+                    );
+                    self.expect(
+                        &frame["id"],
+                        PendingKind::SetConfig { action_id },
+                        "session/set_config_option",
+                    );
+                    out.record_action(
+                        action_id,
+                        fingerprint(&Action::SetModel { model: chosen }, &None, false),
+                        ActionState::Sent,
+                    );
+                    self.log_send(&mut out, &frame, HARNESS_ACTOR, Some(action_id));
+                    if let Err(e) = self.flush(out).await {
+                        self.fault("storage", e.message).await;
+                    }
+                    // Ready once the agent answers (see `on_set_config_response`).
+                    return;
+                }
                 self.become_ready(out).await;
             }
             PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
@@ -572,9 +641,45 @@ impl Actor {
             );
             return self.fault("cancel_grace", detail).await;
         }
+        if let Some(held) = self
+            .work
+            .held
+            .permissions
+            .iter()
+            .find(|p| p.deadline.is_some_and(|d| d <= now))
+            .cloned()
+        {
+            return self.permission_timed_out(held).await;
+        }
         if self.work.idle_deadline.is_some_and(|d| d <= now) {
             self.work.idle_deadline = None;
             self.suspend("idle timeout").await;
+        }
+    }
+
+    /// `permission_timeout` ran out on a held request (SPEC §18): answered with its first reject
+    /// option, else `cancelled`, and the harness event says it was the timeout.
+    async fn permission_timed_out(&mut self, held: HeldPermission) {
+        let answer = interactions::timeout_answer(&held.options);
+        let turn = self.work.turn.as_ref().map(|t| t.action_id);
+        let timeout = self.profile.permission_timeout.unwrap_or_default();
+        let mut out = Out::default();
+        self.log_event(
+            &mut out,
+            json!({"event": "permission_decided", "request_id": held.id.to_json(),
+                   "by": "timeout", "timeout": humantime::format_duration(timeout).to_string(),
+                   "answer": interactions::answer_json(&answer)}),
+            turn,
+        );
+        let frame = acp_frames::permission_response(&held.id, &answer);
+        self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+        let before = self.work.held.clone();
+        self.work.held.release(&held.id);
+        self.refresh_status(&mut out);
+        if let Err(error) = self.flush(out).await {
+            // Nothing was sent: hold it as it was; the storage fault ends the runtime anyway.
+            self.work.held = before;
+            self.fault("storage", error.message).await;
         }
     }
 

@@ -65,6 +65,9 @@ pub(crate) enum StartPurpose {
         ready: oneshot::Sender<Result<Option<ActionId>>>,
         model: Option<String>,
         first_prompt: Option<FirstPrompt>,
+        /// A fork (SPEC §18): the parent's ACP session id, opened with `session/fork` instead
+        /// of `session/new`.
+        fork_of: Option<String>,
     },
     /// A new epoch for an existing session.
     Reopen,
@@ -346,9 +349,11 @@ impl Actor {
         let pending = self.runtime.pending.values().map(|p| p.deadline);
         let cancel = self.work.turn.as_ref().and_then(|t| t.cancel_deadline);
         let exit = self.runtime.conn.as_ref().and_then(|c| c.exit_deadline);
+        let held = self.work.held.permissions.iter().filter_map(|p| p.deadline);
         pending
             .chain(cancel)
             .chain(exit)
+            .chain(held)
             .chain(self.work.idle_deadline)
             .min()
     }

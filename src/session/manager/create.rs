@@ -43,12 +43,29 @@ pub(crate) struct Created {
     pub first_action_id: Option<ActionId>,
 }
 
+/// What a fork starts from (SPEC §18): the parent's ACP session, and the first log entry that
+/// carries the parent's log up to the fork point.
+pub(crate) struct ForkFrom {
+    pub parent_acp_session_id: String,
+    pub forked_event: Value,
+}
+
 impl Sessions {
     pub(crate) async fn create(
         &self,
         principal: &Principal,
         input: CreateInput,
         traceparent: Option<String>,
+    ) -> Result<Created> {
+        self.create_from(principal, input, traceparent, None).await
+    }
+
+    pub(crate) async fn create_from(
+        &self,
+        principal: &Principal,
+        input: CreateInput,
+        traceparent: Option<String>,
+        fork: Option<ForkFrom>,
     ) -> Result<Created> {
         let ctx = &self.ctx;
         let limits = &ctx.limits;
@@ -146,6 +163,32 @@ impl Sessions {
 
         // The creating replica owns the new session (SPEC §15).
         let fence = self.claim_new(session_id).await?;
+        let mut head = 0;
+        let mut fork_of = None;
+        if let Some(fork) = fork {
+            // The parent's messages are the new log's first entry, before its runtime starts.
+            let batch = crate::store::Batch {
+                entries: vec![crate::store::LogEntry {
+                    offset: 1,
+                    direction: crate::store::Direction::Event,
+                    json: fork.forked_event.to_string(),
+                    actor: crate::session::actor::HARNESS_ACTOR.to_owned(),
+                    action_id: None,
+                    epoch: 0,
+                    created_at: now,
+                }],
+                fence,
+                ..Default::default()
+            };
+            if let Err(error) = ctx.store.commit(session_id, batch).await {
+                if let Err(e) = ctx.store.delete_session(session_id).await {
+                    tracing::error!(session = %session_id, error = %e, "could not remove a failed fork");
+                }
+                return Err(error);
+            }
+            head = 1;
+            fork_of = Some(fork.parent_acp_session_id);
+        }
         let (ready_tx, ready_rx) = oneshot::channel();
         let first = first_prompt.map(|prompt| FirstPrompt {
             action_id: record.first_action_id.expect("minted with the record"),
@@ -158,7 +201,7 @@ impl Sessions {
             profile.clone(),
             Resume {
                 record,
-                head: 0,
+                head,
                 epoch: 0,
                 queue: Vec::new(),
                 after_restart: false,
@@ -169,6 +212,7 @@ impl Sessions {
                 ready: ready_tx,
                 model: input.model.clone(),
                 first_prompt: first,
+                fork_of,
             }),
         );
         self.handles

@@ -4,6 +4,7 @@
 //! ([`transcript`]) live beside it. No global lock is held across an await.
 
 mod create;
+mod fork;
 pub(crate) mod owners;
 mod reads;
 mod transcript;

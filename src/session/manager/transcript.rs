@@ -68,6 +68,36 @@ impl Sessions {
         })
     }
 
+    /// A session with what its agent reported about itself (SPEC §18), from the kept fold when
+    /// the session's actor is here, else from the log.
+    pub(crate) async fn get_reported(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+    ) -> Result<(crate::domain::session::SessionRecord, u64, Metadata)> {
+        let (record, head) = self.get(principal, session_id).await?;
+        let local = self
+            .handles
+            .read()
+            .expect("not poisoned")
+            .get(&record.id)
+            .cloned();
+        let metadata = match local {
+            Some(handle) => {
+                let mut cached = handle.shared.transcript.lock().await;
+                let fold = cached.get_or_insert_with(|| Fold::new(self.ctx.meta_key.clone()));
+                self.fold_since(handle.shared.id, fold).await?;
+                fold.metadata().clone()
+            }
+            None => {
+                let mut fold = Fold::new(self.ctx.meta_key.clone());
+                self.fold_since(record.id, &mut fold).await?;
+                fold.metadata().clone()
+            }
+        };
+        Ok((record, head, metadata))
+    }
+
     /// Folds what the log holds past what `fold` has seen.
     pub(crate) async fn fold_since(&self, session_id: Uuid, fold: &mut Fold) -> Result<()> {
         crate::session::fold_stored_log(self.ctx.store.as_ref(), session_id, fold, u64::MAX).await

@@ -1,0 +1,91 @@
+//! Forking a session (SPEC §18): a new session whose runtime opens with `session/fork` on the
+//! parent's ACP session, and whose transcript starts with the parent's messages up to the fork
+//! point, marked inherited. Forked on the replica that runs the parent (the call is routed
+//! there), so the parent's kept fold and log are at hand.
+
+use serde_json::Value;
+
+use super::{CreateInput, Sessions, create::ForkFrom};
+use crate::{
+    acp::fold::{Fold, forked_event},
+    domain::{Error, ErrorCode, Principal, Result, session::SessionRecord},
+};
+
+/// Log entries read per page while copying the parent's log.
+const PAGE: usize = 1000;
+/// What the default name of a fork adds to its parent's.
+const FORK_SUFFIX: &str = " (fork)";
+
+impl Sessions {
+    pub(crate) async fn fork(
+        &self,
+        principal: &Principal,
+        session_id: &str,
+        name: Option<String>,
+        traceparent: Option<String>,
+    ) -> Result<(SessionRecord, u64)> {
+        let handle = self.handle(principal, session_id).await?;
+        if let Some(name) = &name {
+            self.ctx.limits.check_session_name(name)?;
+        }
+        let (parent, _) = handle.shared.snapshot();
+        // What the parent's agent advertised, from the log (the runtime may be suspended).
+        let (capabilities, head) = {
+            let mut cached = handle.shared.transcript.lock().await;
+            let fold = cached.get_or_insert_with(|| Fold::new(self.ctx.meta_key.clone()));
+            self.fold_since(parent.id, fold).await?;
+            (fold.metadata().agent_capabilities_json.clone(), fold.head())
+        };
+        let advertised = serde_json::from_str::<Value>(&capabilities)
+            .ok()
+            .and_then(|c| c.pointer("/sessionCapabilities/fork").cloned())
+            .is_some_and(|fork| !fork.is_null());
+        if !advertised || parent.acp_session_id.is_empty() {
+            return Err(Error::new(
+                ErrorCode::NotSupported,
+                format!(
+                    "the agent of session {} does not advertise session/fork",
+                    parent.id
+                ),
+            ));
+        }
+        let mut entries = Vec::new();
+        while (entries.len() as u64) < head {
+            let page = self
+                .ctx
+                .store
+                .read_log(parent.id, entries.len() as u64, PAGE)
+                .await?;
+            if page.is_empty() {
+                break;
+            }
+            entries.extend(page.into_iter().filter(|e| e.offset <= head));
+        }
+        let name = name.or_else(|| {
+            let keep = self
+                .ctx
+                .limits
+                .session_name_chars
+                .saturating_sub(FORK_SUFFIX.len());
+            let base: String = parent.name.chars().take(keep).collect();
+            (!base.trim().is_empty()).then(|| format!("{base}{FORK_SUFFIX}"))
+        });
+        let input = CreateInput {
+            profile: parent.profile.clone(),
+            cwd: parent.cwd.clone(),
+            name,
+            labels: parent.labels.clone(),
+            editors: parent.editors.clone(),
+            ..Default::default()
+        };
+        let fork = ForkFrom {
+            parent_acp_session_id: parent.acp_session_id.clone(),
+            forked_event: forked_event(&parent.id.to_string(), &entries),
+        };
+        let created = self
+            .create_from(principal, input, traceparent, Some(fork))
+            .await?;
+        tracing::info!(parent = %parent.id, session = %created.record.id, "session forked");
+        Ok((created.record, created.head))
+    }
+}
