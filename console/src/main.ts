@@ -176,6 +176,8 @@ async function createSession(form: HTMLFormElement) {
     name: name || undefined,
   });
   const id = response.session?.id ?? "";
+  form.reset();
+  byId<HTMLDetailsElement>("create").open = false;
   location.hash = `session=${encodeURIComponent(id)}`;
 }
 

@@ -79,6 +79,9 @@ after(async () => {
   rmSync(work, { recursive: true, force: true });
 });
 
+/** The prompt box, by its label. */
+const promptBox = (page) => page.getByRole("textbox", { name: /^Prompt/ });
+
 /** The transcript's text, once the stream has caught up. */
 async function transcriptText(page) {
   await page.locator("#live", { hasText: "live" }).waitFor({ timeout: WAIT });
@@ -99,7 +102,7 @@ test("a person drives a mock session from the console", async () => {
   await page.locator("#sessions a", { hasText: "fix the build" }).waitFor({ timeout: WAIT });
 
   // A prompt whose answer streams chunks, a tool call, a plan, then asks for permission.
-  await page.getByLabel("Prompt").fill(
+  await promptBox(page).fill(
     "Build and test the project\n@chunks 3 24\n@tool cargo-build\n@plan inspect|fix|verify\n@permission Run cargo test",
   );
   await page.getByRole("button", { name: "Send", exact: true }).click();
@@ -120,13 +123,32 @@ test("a person drives a mock session from the console", async () => {
   await page.locator("fieldset.permission.answered", { hasText: "allow-once" }).waitFor({ timeout: WAIT });
   await agent.locator("footer.stop", { hasText: "end turn" }).waitFor({ timeout: WAIT });
 
+  // A question (elicitation) answered in its form.
+  await promptBox(page).fill("Who is asking?\n@elicit form");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  const question = page.locator("form.elicitation.pending");
+  await question.getByLabel("Name").fill("Ada");
+  await question.getByRole("button", { name: "Send" }).click();
+  await page.locator("fieldset.elicitation.answered").waitFor({ timeout: WAIT });
+  await page.locator("article.message.agent").nth(1).locator("footer.stop", { hasText: "end turn" }).waitFor({ timeout: WAIT });
+
   // A long turn, sent with Ctrl+Enter, then stopped.
-  await page.getByLabel("Prompt").fill("Wait for me\n@wait-cancel");
-  await page.getByLabel("Prompt").press("Control+Enter");
+  await promptBox(page).fill("Wait for me\n@wait-cancel");
+  await promptBox(page).press("Control+Enter");
   await page.locator("#session-status", { hasText: "running" }).waitFor({ timeout: WAIT });
+  // While it runs, a prompt waits in the queue: edit it, then remove it.
+  await promptBox(page).fill("Then this");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  const queued = page.locator("#queue li", { hasText: "Then this" });
+  await queued.waitFor({ timeout: WAIT });
+  page.once("dialog", (dialog) => dialog.accept("Then this, edited"));
+  await page.getByRole("button", { name: "Edit queued prompt 1" }).click();
+  await page.locator("#queue li", { hasText: "Then this, edited" }).waitFor({ timeout: WAIT });
+  await page.getByRole("button", { name: "Remove queued action 1" }).click();
+  await page.locator("#queue-section").waitFor({ state: "hidden", timeout: WAIT });
   await page.getByRole("button", { name: "Stop" }).click();
   await page
-    .locator("article.message.agent", { hasText: "" })
+    .locator("article.message.agent")
     .last()
     .locator("footer.stop", { hasText: "cancelled" })
     .waitFor({ timeout: WAIT });
@@ -144,7 +166,7 @@ test("a person drives a mock session from the console", async () => {
   await page.setViewportSize({ width: 390, height: 844 });
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   assert.ok(overflow <= 0, `the page is ${overflow}px wider than a phone`);
-  await page.getByLabel("Prompt").scrollIntoViewIfNeeded();
+  await promptBox(page).scrollIntoViewIfNeeded();
   await page.screenshot({ path: join(SCREENSHOT_DIR, "console-phone.png"), fullPage: true });
 
   // Every form control has a label.
