@@ -68,7 +68,9 @@ function errorReason(e: ConnectError): string | undefined {
 function describe(err: unknown): string {
   const e = ConnectError.from(err);
   if (e.code === Code.Unauthenticated) {
-    return "Not signed in: the server refused the token (UNAUTHENTICATED). Check the token field.";
+    return token
+      ? "Not signed in: the server refused the token (UNAUTHENTICATED). Check the token field."
+      : "This server needs a token (UNAUTHENTICATED): enter it in the token field.";
   }
   const reason = errorReason(e);
   const code = Code[e.code] ?? String(e.code);
@@ -204,18 +206,39 @@ async function openSession(id: string | null) {
   try {
     const session = await client.getSession({ sessionId: id }, { signal: abort.signal });
     if (session.session) showSession(session.session);
-    const stream = client.subscribe(
-      { sessionId: id, afterOffset: 0n, view: SubscribeView.MESSAGES },
-      { signal: abort.signal },
-    );
-    for await (const event of stream) {
-      if (current !== me) return;
-      apply(me, event);
-    }
-    showError("The session's stream ended.");
   } catch (err) {
-    if (abort.signal.aborted) return;
-    showError(describe(err));
+    if (!abort.signal.aborted) showError(describe(err));
+    return;
+  }
+  // Follow the stream; when it drops (a restart, a network blip) resume after the last offset
+  // seen, so nothing is shown twice or lost (SPEC §9.4).
+  let after = 0n;
+  let dropped = false;
+  while (!abort.signal.aborted && current === me) {
+    try {
+      const stream = client.subscribe(
+        { sessionId: id, afterOffset: after, view: SubscribeView.MESSAGES },
+        { signal: abort.signal },
+      );
+      for await (const event of stream) {
+        if (current !== me) return;
+        if (dropped) {
+          dropped = false;
+          showError("");
+        }
+        if (event.offset > after) after = event.offset;
+        apply(me, event);
+      }
+    } catch (err) {
+      if (abort.signal.aborted) return;
+      const code = ConnectError.from(err).code;
+      showError(describe(err));
+      if (code === Code.Unauthenticated || code === Code.NotFound || code === Code.PermissionDenied) return;
+    }
+    dropped = true;
+    me.caughtUp = false;
+    byId("live").textContent = "reconnecting…";
+    await new Promise((resolve) => setTimeout(resolve, 2000));
   }
 }
 

@@ -40,8 +40,8 @@ function freePort() {
 }
 
 /** Starts `agent-harness serve` and resolves once it logs that it serves gRPC-Web. */
-async function startServer(name, args) {
-  const port = await freePort();
+async function startServer(name, args, port) {
+  port ??= await freePort();
   const data = join(work, name);
   mkdirSync(data, { recursive: true });
   const child = spawn(HARNESS_BIN, ["serve", "--listen", `127.0.0.1:${port}`, "--data-dir", data, ...args], {
@@ -64,7 +64,7 @@ async function startServer(name, args) {
       reject(new Error(`${name} exited with ${code}:\n${log}`));
     });
   });
-  return { url: `http://127.0.0.1:${port}/`, data };
+  return { url: `http://127.0.0.1:${port}/`, data, port, child };
 }
 
 before(async () => {
@@ -161,6 +161,18 @@ test("a person drives a mock session from the console", async () => {
   await page.locator("footer.stop", { hasText: "cancelled" }).waitFor({ timeout: WAIT });
   assert.equal(await transcriptText(page), before);
   assert.match(before, /#2:/);
+
+  // The server restarts under the open page: the console resumes its stream by itself.
+  const exited = new Promise((resolve) => server.child.once("exit", resolve));
+  server.child.kill("SIGTERM");
+  await exited;
+  await page.locator("#live", { hasText: "reconnecting" }).waitFor({ timeout: WAIT });
+  await startServer("console", ["--console"], server.port);
+  await page.locator("#live", { hasText: "live" }).waitFor({ timeout: WAIT });
+  await promptBox(page).fill("Still there?");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  await page.getByText("echo: Still there?").waitFor({ timeout: WAIT });
+  assert.equal(await page.getByRole("alert").isVisible(), false);
 
   // A phone's width: one column, nothing wider than the screen.
   await page.setViewportSize({ width: 390, height: 844 });
