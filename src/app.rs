@@ -19,7 +19,7 @@ use crate::{
     config::ServeConfig,
     domain::{Error, ErrorCode},
     grpc::{
-        auth::Authenticator, forward::RoutedSessions, gateway::GatewayService,
+        auth::Authenticator, browser, forward::RoutedSessions, gateway::GatewayService,
         sessions::SessionsService, status, translator::TranslatorService,
     },
     pb::{
@@ -286,6 +286,7 @@ fn authenticator(config: &ServeConfig) -> anyhow::Result<(Authenticator, Option<
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     refuses_insecure_listen(&config)?;
     let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
+    let grpc_web = browser::grpc_web_layer(&config.browser)?;
     let (auth, tokens) = authenticator(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
@@ -405,6 +406,10 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     }
     let server = builder
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // Browsers (SPEC §17): HTTP/1.1, the console and gRPC-Web only when configured.
+        .accept_http1(config.browser.grpc_web_enabled())
+        .layer(browser::FrontLayer::new(&config.browser))
+        .layer(tower::util::option_layer(grpc_web))
         .layer(RpcMetricsLayer)
         .layer(MapResponseLayer::new(status::message_limit_mapper(
             max_message,
@@ -421,6 +426,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         );
     let task = tokio::spawn(server);
     tracing::info!(%local_addr, services = ?served, tls = config.tls.is_some(), tokens = config.tokens_file.is_some(), "serving gRPC");
+    if config.browser.grpc_web_enabled() {
+        tracing::info!(
+            cors_allow_origins = ?config.browser.cors_allow_origins,
+            console = config.browser.console,
+            "serving gRPC-Web"
+        );
+    }
     Ok(RunningServer {
         local_addr,
         metrics_addr,

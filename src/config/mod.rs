@@ -158,6 +158,34 @@ pub struct ServeArgs {
     /// replica forwards a call to one [default: tls_client_ca]
     #[arg(long, env = "AGENT_HARNESS_REPLICA_TLS_CA", value_name = "PATH")]
     pub replica_tls_ca: Option<PathBuf>,
+    /// An origin (scheme://host[:port]) whose pages may call over gRPC-Web (SPEC §17); repeat
+    /// for several. Any origin enables gRPC-Web [default: none]
+    #[arg(
+        long = "cors-allow-origin",
+        env = "AGENT_HARNESS_CORS_ALLOW_ORIGIN",
+        value_name = "ORIGIN",
+        value_delimiter = ','
+    )]
+    pub cors_allow_origins: Vec<String>,
+    /// Accept gRPC-Web (and HTTP/1.1) on the listen address, for same-origin pages and proxies
+    /// [default: off; on with --console or any --cors-allow-origin]
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_GRPC_WEB",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub grpc_web: Option<bool>,
+    /// Serve the built-in web console at / (implies --grpc-web) [default: off]
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_CONSOLE",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub console: Option<bool>,
 }
 
 /// The config file as written.
@@ -182,6 +210,9 @@ pub struct FileConfig {
     pub lease_ttl: Option<String>,
     pub replica_token_file: Option<PathBuf>,
     pub replica_tls_ca: Option<PathBuf>,
+    pub cors_allow_origins: Option<Vec<String>>,
+    pub grpc_web: Option<bool>,
+    pub console: Option<bool>,
     /// The `_meta` key marking the hidden invocation block.
     pub invocation_meta_key: Option<String>,
     #[serde(default)]
@@ -222,6 +253,57 @@ impl ServiceSet {
     }
 }
 
+/// What a browser may reach (SPEC §17): none of it unless configured.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BrowserConfig {
+    /// Origins allowed by CORS, exactly as browsers send them (`https://ui.example:8443`).
+    pub cors_allow_origins: Vec<String>,
+    /// gRPC-Web asked for explicitly.
+    pub grpc_web: bool,
+    /// The built-in console at `/`.
+    pub console: bool,
+}
+
+impl BrowserConfig {
+    /// gRPC-Web (and with it HTTP/1.1) is accepted when asked for, when the console needs it,
+    /// or when some origin is allowed to use it.
+    pub fn grpc_web_enabled(&self) -> bool {
+        self.grpc_web || self.console || !self.cors_allow_origins.is_empty()
+    }
+
+    fn resolve(
+        args_origins: Vec<String>,
+        file_origins: Option<Vec<String>>,
+        grpc_web: bool,
+        console: bool,
+    ) -> anyhow::Result<Self> {
+        let cors_allow_origins = if args_origins.is_empty() {
+            file_origins.unwrap_or_default()
+        } else {
+            args_origins
+        };
+        for origin in &cors_allow_origins {
+            let parsed = url::Url::parse(origin)
+                .with_context(|| format!("cors_allow_origins: {origin:?} is not an origin"))?;
+            // Browsers send `Origin` as scheme://host[:port] with nothing after it, and CORS
+            // compares it byte for byte: anything else here could never match.
+            if !matches!(parsed.scheme(), "https" | "http")
+                || parsed.origin().ascii_serialization() != *origin
+            {
+                anyhow::bail!(
+                    "cors_allow_origins: {origin:?} must be an origin like https://ui.example:8443 \
+                     (scheme, host and port only, no trailing slash)"
+                );
+            }
+        }
+        Ok(Self {
+            cors_allow_origins,
+            grpc_web,
+            console,
+        })
+    }
+}
+
 /// The resolved configuration of a `serve` process.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -252,6 +334,8 @@ pub struct ServeConfig {
     pub invocation_meta_key: String,
     pub limits: Limits,
     pub profiles: BTreeMap<String, Arc<Profile>>,
+    /// gRPC-Web, CORS and the console (SPEC §17).
+    pub browser: BrowserConfig,
 }
 
 impl ServeConfig {
@@ -344,6 +428,12 @@ impl ServeConfig {
             }
         }
         let tokens_file = args.tokens_file.or(file.tokens_file);
+        let browser = BrowserConfig::resolve(
+            args.cors_allow_origins,
+            file.cors_allow_origins,
+            args.grpc_web.or(file.grpc_web).unwrap_or(false),
+            args.console.or(file.console).unwrap_or(false),
+        )?;
 
         let mut profiles = BTreeMap::new();
         profiles.insert(
@@ -409,6 +499,7 @@ impl ServeConfig {
                 .unwrap_or_else(|| invocation::DEFAULT_META_KEY.to_owned()),
             limits: file.limits,
             profiles,
+            browser,
         })
     }
 }
@@ -479,6 +570,52 @@ mod tests {
         let printed = format!("{config:?}");
         assert!(!printed.contains("hunter2"), "{printed}");
         assert!(printed.contains("DatabaseUrl(<redacted>)"), "{printed}");
+    }
+
+    #[test]
+    fn browsers_get_nothing_unless_an_origin_grpc_web_or_the_console_is_configured() {
+        let config = resolve(ServeArgs::default(), "").unwrap();
+        assert_eq!(config.browser, BrowserConfig::default());
+        assert!(!config.browser.grpc_web_enabled());
+
+        let config = resolve(
+            ServeArgs::default(),
+            "cors_allow_origins = [\"https://ui.example:8443\", \"http://localhost:5173\"]",
+        )
+        .unwrap();
+        assert_eq!(config.browser.cors_allow_origins.len(), 2);
+        assert!(config.browser.grpc_web_enabled() && !config.browser.console);
+
+        let flags = ServeArgs {
+            cors_allow_origins: vec!["https://other.example".into()],
+            console: Some(true),
+            ..Default::default()
+        };
+        let config = resolve(flags, "cors_allow_origins = [\"https://ui.example\"]").unwrap();
+        assert_eq!(config.browser.cors_allow_origins, ["https://other.example"]);
+        assert!(config.browser.console && config.browser.grpc_web_enabled());
+
+        let config = resolve(ServeArgs::default(), "grpc_web = true").unwrap();
+        assert!(config.browser.grpc_web_enabled() && !config.browser.console);
+    }
+
+    #[test]
+    fn a_cors_origin_must_be_exactly_what_a_browser_sends() {
+        for bad in [
+            "https://ui.example/",
+            "https://ui.example/app",
+            "ui.example",
+            "file:///tmp",
+            "*",
+            "https://UI.example",
+        ] {
+            let file = format!("cors_allow_origins = [{bad:?}]");
+            let err = resolve(ServeArgs::default(), &file).unwrap_err();
+            assert!(
+                format!("{err:#}").contains("cors_allow_origins"),
+                "{bad}: {err:#}"
+            );
+        }
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! module, the error table, authentication, and the assembly of the router.
 
 pub(crate) mod auth;
+pub(crate) mod browser;
+pub(crate) mod console;
 pub(crate) mod convert;
 pub(crate) mod forward;
 pub(crate) mod gateway;

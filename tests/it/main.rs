@@ -7,6 +7,7 @@
 use agent_harness_testkit::{harness, process, support};
 
 mod auth;
+mod browser;
 mod cannot_reopen;
 mod crash;
 mod create_crash;

@@ -1,0 +1,158 @@
+//! The browser's way in (SPEC §17): gRPC-Web beside native gRPC on the same port, a CORS
+//! allowlist for pages served elsewhere, and the built-in console at `/`.
+//!
+//! Everything here is off unless configured, so a deployment that asks for none of it sees no
+//! change: HTTP/1.1 stays refused, nothing answers at `/`, and a gRPC-Web request is refused with
+//! 415 before it reaches a service.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use tonic::body::Body;
+use tower::{Layer, Service};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::{config::BrowserConfig, grpc::console};
+
+/// Request headers a gRPC-Web page sends: the protocol's own, the bearer token and the acting
+/// user of SPEC §11.
+const ALLOWED_HEADERS: [&str; 7] = [
+    "content-type",
+    "x-grpc-web",
+    "x-user-agent",
+    "grpc-timeout",
+    "authorization",
+    "x-acting-user",
+    "accept",
+];
+
+/// Response headers a page must be able to read: the status travels in headers when a call fails
+/// before its first message (trailers-only), and the ErrorInfo details with it.
+const EXPOSED_HEADERS: [&str; 3] = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
+
+/// gRPC-Web translation with CORS in front, when the configuration enables gRPC-Web. CORS answers
+/// preflights itself and adds `access-control-allow-origin` only for listed origins, so a page
+/// from any other origin cannot read a response.
+pub(crate) fn grpc_web_layer(
+    config: &BrowserConfig,
+) -> anyhow::Result<Option<tower::layer::util::Stack<tonic_web::GrpcWebLayer, CorsLayer>>> {
+    if !config.grpc_web_enabled() {
+        return Ok(None);
+    }
+    let origins = config
+        .cors_allow_origins
+        .iter()
+        .map(|origin| {
+            HeaderValue::from_str(origin).map_err(|_| {
+                anyhow::anyhow!("cors_allow_origins: {origin:?} is not a header value")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cors = CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::POST])
+        .allow_headers(ALLOWED_HEADERS.map(HeaderName::from_static))
+        .expose_headers(EXPOSED_HEADERS.map(HeaderName::from_static))
+        .max_age(Duration::from_secs(600));
+    Ok(Some(tower::layer::util::Stack::new(
+        tonic_web::GrpcWebLayer::new(),
+        cors,
+    )))
+}
+
+/// Serves the console's files (when on) and refuses gRPC-Web (when off); passes everything else
+/// through untouched.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FrontLayer {
+    console: bool,
+    grpc_web: bool,
+}
+
+impl FrontLayer {
+    pub(crate) fn new(config: &BrowserConfig) -> Self {
+        Self {
+            console: config.console,
+            grpc_web: config.grpc_web_enabled(),
+        }
+    }
+}
+
+impl<S> Layer<S> for FrontLayer {
+    type Service = Front<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Front {
+            inner,
+            layer: *self,
+        }
+    }
+}
+
+/// See [`FrontLayer`].
+#[derive(Debug, Clone)]
+pub(crate) struct Front<S> {
+    inner: S,
+    layer: FrontLayer,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B> Service<Request<B>> for Front<S>
+where
+    S: Service<Request<B>, Response = Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Response<Body>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        if self.layer.console
+            && matches!(*request.method(), Method::GET | Method::HEAD)
+            && let Some(response) = console::respond(request.uri().path())
+        {
+            return Box::pin(std::future::ready(Ok(response)));
+        }
+        if !self.layer.grpc_web && is_grpc_web(&request) {
+            return Box::pin(std::future::ready(Ok(plain(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "gRPC-Web is not enabled on this server (see --grpc-web, --cors-allow-origin, --console)\n",
+            ))));
+        }
+        Box::pin(self.inner.call(request))
+    }
+}
+
+fn is_grpc_web<B>(request: &Request<B>) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc-web"))
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(Body::new(http_body_util::Full::new(bytes_of(
+        text.as_bytes(),
+    ))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+pub(crate) fn bytes_of(bytes: &'static [u8]) -> tonic::codegen::Bytes {
+    tonic::codegen::Bytes::from_static(bytes)
+}

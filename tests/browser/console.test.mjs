@@ -1,0 +1,218 @@
+// The built-in console in real headless Chromium (SPEC §17), run by `scripts/test browser`:
+// a real server with the `mock` profile and `--console`; a person's path through the page —
+// create a session, a prompt whose answer streams chunks and a tool call, a permission answered
+// from the page, a long turn stopped, a reload showing the same transcript, a phone's width, and
+// a wrong token's clear error. Screenshots go to $SCREENSHOT_DIR.
+//
+// env: HARNESS_BIN (the agent-harness binary), CHROMIUM (its executable), NPM_PREFIX (where
+// playwright-core is installed), SCREENSHOT_DIR.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdtempSync, mkdirSync, writeFileSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const { HARNESS_BIN, CHROMIUM, NPM_PREFIX, SCREENSHOT_DIR } = process.env;
+for (const [name, value] of Object.entries({ HARNESS_BIN, CHROMIUM, NPM_PREFIX, SCREENSHOT_DIR })) {
+  if (!value) throw new Error(`${name} must be set (scripts/test browser sets it)`);
+}
+const { chromium } = await import(join(NPM_PREFIX, "node_modules/playwright-core/index.mjs"));
+
+// Every wait in the page is for something to appear, bounded by this.
+const WAIT = 20_000;
+const work = mkdtempSync(join(tmpdir(), "agent-harness-browser-"));
+const servers = [];
+let browser;
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.once("error", reject);
+    probe.listen(0, "127.0.0.1", () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/** Starts `agent-harness serve` and resolves once it logs that it serves gRPC-Web. */
+async function startServer(name, args, port) {
+  port ??= await freePort();
+  const data = join(work, name);
+  mkdirSync(data, { recursive: true });
+  const child = spawn(HARNESS_BIN, ["serve", "--listen", `127.0.0.1:${port}`, "--data-dir", data, ...args], {
+    stdio: ["ignore", "ignore", "pipe"],
+    env: { ...process.env, RUST_LOG: "info" },
+  });
+  servers.push(child);
+  let log = "";
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${name} did not start:\n${log}`)), WAIT);
+    child.stderr.on("data", (chunk) => {
+      log += chunk;
+      if (log.includes("serving gRPC-Web")) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`${name} exited with ${code}:\n${log}`));
+    });
+  });
+  return { url: `http://127.0.0.1:${port}/`, data, port, child };
+}
+
+before(async () => {
+  mkdirSync(SCREENSHOT_DIR, { recursive: true });
+  // Root in a container has no user namespace for Chromium's sandbox.
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
+});
+
+after(async () => {
+  await browser?.close();
+  for (const child of servers) child.kill("SIGKILL");
+  rmSync(work, { recursive: true, force: true });
+});
+
+/** The prompt box, by its label. */
+const promptBox = (page) => page.getByRole("textbox", { name: /^Prompt/ });
+
+/** The transcript's text, once the stream has caught up. */
+async function transcriptText(page) {
+  await page.locator("#live", { hasText: "live" }).waitFor({ timeout: WAIT });
+  return page.locator("#transcript").innerText();
+}
+
+test("a person drives a mock session from the console", async () => {
+  const server = await startServer("console", ["--console"]);
+  const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  await page.goto(server.url);
+
+  // Create a session (the form is reached by its labels, as a screen reader would).
+  await page.getByText("New session").click();
+  await page.getByLabel("Working directory").fill(server.data);
+  await page.getByLabel("Name").fill("fix the build");
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.locator("#session-title", { hasText: "fix the build" }).waitFor({ timeout: WAIT });
+  await page.locator("#sessions a", { hasText: "fix the build" }).waitFor({ timeout: WAIT });
+
+  // A prompt whose answer streams chunks, a tool call, a plan, then asks for permission.
+  await promptBox(page).fill(
+    "Build and test the project\n@chunks 3 24\n@tool cargo-build\n@plan inspect|fix|verify\n@permission Run cargo test",
+  );
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  const agent = page.locator("article.message.agent").first();
+  for (const chunk of ["#0:", "#1:", "#2:"]) {
+    await agent.getByText(chunk).first().waitFor({ timeout: WAIT });
+  }
+  await page.locator('[data-tool="cargo-build"] .tool-status', { hasText: "completed" }).waitFor({ timeout: WAIT });
+  await page.locator("ol.plan li", { hasText: "verify" }).waitFor({ timeout: WAIT });
+  const allow = page.getByRole("button", { name: "Allow once" });
+  await allow.waitFor({ timeout: WAIT });
+  await page.locator("#session-status", { hasText: "awaiting input" }).waitFor({ timeout: WAIT });
+  await page.screenshot({ path: join(SCREENSHOT_DIR, "console.png") });
+
+  // Answer the permission from the page, with the keyboard.
+  await allow.focus();
+  await page.keyboard.press("Enter");
+  await page.locator("fieldset.permission.answered", { hasText: "allow-once" }).waitFor({ timeout: WAIT });
+  await agent.locator("footer.stop", { hasText: "end turn" }).waitFor({ timeout: WAIT });
+
+  // A question (elicitation) answered in its form.
+  await promptBox(page).fill("Who is asking?\n@elicit form");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  const question = page.locator("form.elicitation.pending");
+  await question.getByLabel("Name").fill("Ada");
+  await question.getByRole("button", { name: "Send" }).click();
+  await page.locator("fieldset.elicitation.answered").waitFor({ timeout: WAIT });
+  await page.locator("article.message.agent").nth(1).locator("footer.stop", { hasText: "end turn" }).waitFor({ timeout: WAIT });
+
+  // A long turn, sent with Ctrl+Enter, then stopped.
+  await promptBox(page).fill("Wait for me\n@wait-cancel");
+  await promptBox(page).press("Control+Enter");
+  await page.locator("#session-status", { hasText: "running" }).waitFor({ timeout: WAIT });
+  // While it runs, a prompt waits in the queue: edit it, then remove it.
+  await promptBox(page).fill("Then this");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  const queued = page.locator("#queue li", { hasText: "Then this" });
+  await queued.waitFor({ timeout: WAIT });
+  page.once("dialog", (dialog) => dialog.accept("Then this, edited"));
+  await page.getByRole("button", { name: "Edit queued prompt 1" }).click();
+  await page.locator("#queue li", { hasText: "Then this, edited" }).waitFor({ timeout: WAIT });
+  await page.getByRole("button", { name: "Remove queued action 1" }).click();
+  await page.locator("#queue-section").waitFor({ state: "hidden", timeout: WAIT });
+  await page.getByRole("button", { name: "Stop" }).click();
+  await page
+    .locator("article.message.agent")
+    .last()
+    .locator("footer.stop", { hasText: "cancelled" })
+    .waitFor({ timeout: WAIT });
+  await page.locator("#session-status", { hasText: "idle" }).waitFor({ timeout: WAIT });
+
+  // A reload shows the same transcript (the session is in the address; the stream replays).
+  const before = await transcriptText(page);
+  await page.reload();
+  await page.locator("#session-title", { hasText: "fix the build" }).waitFor({ timeout: WAIT });
+  await page.locator("footer.stop", { hasText: "cancelled" }).waitFor({ timeout: WAIT });
+  assert.equal(await transcriptText(page), before);
+  assert.match(before, /#2:/);
+
+  // The server restarts under the open page: the console resumes its stream by itself.
+  const exited = new Promise((resolve) => server.child.once("exit", resolve));
+  server.child.kill("SIGTERM");
+  await exited;
+  await page.locator("#live", { hasText: "reconnecting" }).waitFor({ timeout: WAIT });
+  await startServer("console", ["--console"], server.port);
+  await page.locator("#live", { hasText: "live" }).waitFor({ timeout: WAIT });
+  await promptBox(page).fill("Still there?");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  await page.getByText("echo: Still there?").waitFor({ timeout: WAIT });
+  assert.equal(await page.getByRole("alert").isVisible(), false);
+
+  // A phone's width: one column, nothing wider than the screen.
+  await page.setViewportSize({ width: 390, height: 844 });
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `the page is ${overflow}px wider than a phone`);
+  await promptBox(page).scrollIntoViewIfNeeded();
+  await page.screenshot({ path: join(SCREENSHOT_DIR, "console-phone.png"), fullPage: true });
+
+  // Every form control has a label.
+  const unlabelled = await page.evaluate(() =>
+    [...document.querySelectorAll("input, textarea")]
+      .filter((input) => input.labels.length === 0 && !input.getAttribute("aria-label"))
+      .map((input) => input.outerHTML),
+  );
+  assert.deepEqual(unlabelled, []);
+  await page.close();
+});
+
+test("a wrong token shows a clear error, and the right one clears it", async () => {
+  const good = "console-test-token";
+  const tokens = join(work, "tokens.toml");
+  writeFileSync(
+    tokens,
+    `[[tokens]]\nsha256 = "${createHash("sha256").update(good).digest("hex")}"\nprincipal = "ada"\nkind = "user"\n`,
+  );
+  const server = await startServer("tokens", ["--console", "--tokens-file", tokens]);
+  const page = await browser.newPage({ viewport: { width: 1280, height: 600 } });
+  await page.goto(server.url);
+  const error = page.getByRole("alert");
+  await error.waitFor({ timeout: WAIT });
+  assert.match(await error.innerText(), /UNAUTHENTICATED/);
+
+  await page.getByLabel("Token").fill("not-the-token");
+  await page.getByRole("button", { name: "Use token" }).click();
+  await page.locator("#error", { hasText: "refused the token" }).waitFor({ timeout: WAIT });
+  await page.screenshot({ path: join(SCREENSHOT_DIR, "console-wrong-token.png") });
+
+  await page.getByLabel("Token").fill(good);
+  await page.getByRole("button", { name: "Use token" }).click();
+  await page.locator("#sessions", { hasText: "No sessions yet." }).waitFor({ timeout: WAIT });
+  await error.waitFor({ state: "hidden", timeout: WAIT });
+  await page.close();
+});
