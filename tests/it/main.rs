@@ -8,6 +8,7 @@ use agent_harness_testkit::{harness, support};
 
 mod auth;
 mod cannot_reopen;
+mod cli;
 mod crash;
 mod create_crash;
 mod faults;
