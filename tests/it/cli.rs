@@ -351,3 +351,47 @@ async fn help_teaches_by_example_and_lists_the_exit_codes() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn answer_settles_a_held_permission_and_an_elicitation_by_request_id() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let mut session = Session::attach(h.sessions(), &id);
+        let mut watch = session.watch().await;
+
+        let sent = run(&h, &["prompt", &id, "@permission Deploy\n@elicit form"]).await;
+        assert!(sent.status.success(), "{}", stderr(&sent));
+        assert!(stdout(&sent).starts_with("sent "), "{}", stdout(&sent));
+        let (_, request) = watch
+            .entry(|_, f| f["method"] == "session/request_permission")
+            .await;
+        let permission_id = request["id"].to_string();
+
+        let nothing_pending = run(&h, &["answer", &id, "999", "--option", "allow-once"]).await;
+        assert_eq!(nothing_pending.status.code(), Some(6));
+        let answered = run(
+            &h,
+            &["answer", &id, &permission_id, "--option", "allow-once"],
+        )
+        .await;
+        assert_eq!(answered.status.code(), Some(0), "{}", stderr(&answered));
+
+        let (_, request) = watch
+            .entry(|_, f| f["method"] == "elicitation/create")
+            .await;
+        let elicitation_id = request["id"].to_string();
+        let accepted = run(
+            &h,
+            &["answer", &id, &elicitation_id, "--accept", "name=Ada"],
+        )
+        .await;
+        assert_eq!(accepted.status.code(), Some(0), "{}", stderr(&accepted));
+        let (_, response) = watch
+            .entry(move |_, f| f["id"].to_string() == elicitation_id && f["method"].is_null())
+            .await;
+        assert_eq!(response["result"]["action"], "accept", "{response}");
+        assert_eq!(response["result"]["content"]["name"], "Ada", "{response}");
+    })
+    .await;
+}
