@@ -380,15 +380,21 @@ async fn answer_settles_a_held_permission_and_an_elicitation_by_request_id() {
         let (_, request) = watch
             .entry(|_, f| f["method"] == "elicitation/create")
             .await;
-        let elicitation_id = request["id"].to_string();
+        let elicitation_id = request["id"].clone();
         let accepted = run(
             &h,
-            &["answer", &id, &elicitation_id, "--accept", "name=Ada"],
+            &[
+                "answer",
+                &id,
+                &elicitation_id.to_string(),
+                "--accept",
+                "name=Ada",
+            ],
         )
         .await;
         assert_eq!(accepted.status.code(), Some(0), "{}", stderr(&accepted));
         let (_, response) = watch
-            .entry(move |_, f| f["id"].to_string() == elicitation_id && f["method"].is_null())
+            .entry(move |_, f| f["id"] == elicitation_id && f["method"].is_null())
             .await;
         assert_eq!(response["result"]["action"], "accept", "{response}");
         assert_eq!(response["result"]["content"]["name"], "Ada", "{response}");
