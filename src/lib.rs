@@ -11,6 +11,8 @@
 //! - storage: [`store`] — the `Store` trait and its implementations;
 //! - [`domain`]: actions, ids, queue rules, limits, principals, the error type — pure, no I/O,
 //!   importing nothing else of the crate;
+//! - [`cli`]: the people's subcommands (`sessions`, `prompt`, `follow`, …), a gRPC client of
+//!   the service that uses only [`pb`];
 //! - beside them: `translate` (channel messages → prompt attachments), [`config`] (flags, env,
 //!   config file: it only assembles each subsystem's options), [`telemetry`] (metrics endpoint,
 //!   logging), and [`app`], the composition root that wires everything and serves.
@@ -28,6 +30,7 @@
 pub mod acp;
 pub mod app;
 pub(crate) mod auth;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub(crate) mod grpc;

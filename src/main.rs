@@ -27,6 +27,10 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
+    /// The people's subcommands (`sessions`, `prompt`, `follow`, `answer`, `log`): a client of a
+    /// running server.
+    #[command(flatten)]
+    People(agent_harness::cli::Command),
     /// Internal: started by `serve`; kills its runtimes' process trees when `serve` dies.
     #[command(hide = true)]
     RuntimeWatchdog {
@@ -61,6 +65,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::MockAgent(args) => std::process::exit(mock_agent::main(args)),
+        Command::People(command) => std::process::exit(agent_harness::cli::main(command).into()),
         Command::RuntimeWatchdog { marker_prefix } => {
             std::process::exit(agent_harness::acp::process::watchdog_main(&marker_prefix))
         }

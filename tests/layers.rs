@@ -165,6 +165,17 @@ fn storage_and_the_runtime_transport_never_import_the_engine() {
 }
 
 #[test]
+fn the_command_line_is_a_client_that_reaches_only_the_generated_types() {
+    // `agent-harness sessions|prompt|follow|…` talk to a server like any other caller would.
+    let bad = forbidden(&crate_edges(), &["cli"], |to| to != "pb");
+    assert!(
+        bad.is_empty(),
+        "the cli must use only pb:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
 fn no_top_level_modules_import_each_other_in_a_circle() {
     let edges = crate_edges();
     let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();

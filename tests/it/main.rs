@@ -9,6 +9,7 @@ use agent_harness_testkit::{harness, process, support};
 mod auth;
 mod browser;
 mod cannot_reopen;
+mod cli;
 mod crash;
 mod create_crash;
 mod faults;

@@ -1,0 +1,51 @@
+"""One exception type for every error the service returns, decoded from `google.rpc.ErrorInfo`."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+#: The `ErrorInfo.domain` of every error agent-harness returns.
+ERROR_DOMAIN = "agent-harness"
+
+
+class HarnessError(Exception):
+    """A failed call. Branch on `reason` (e.g. ``"SESSION_NOT_FOUND"``, ``"QUEUE_FULL"``), never on
+    the message text; `code` is the gRPC status code and `metadata` the reason's details
+    (e.g. ``{"head_offset": "12"}`` for ``OFFSET_OUT_OF_RANGE``; see errors.proto)."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        reason: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        domain: Optional[str] = None,
+    ) -> None:
+        super().__init__(f"{reason or code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.metadata = dict(metadata or {})
+        self.domain = domain
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.RpcError) -> "HarnessError":
+        """Decodes the status details of a failed call (a `grpc.Call` error)."""
+        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+        message = error.details() if hasattr(error, "details") else str(error)
+        reason = metadata = domain = None
+        try:
+            status = rpc_status.from_call(error)
+        except (ValueError, AttributeError):
+            status = None
+        for detail in status.details if status is not None else ():
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason, metadata, domain = info.reason, dict(info.metadata), info.domain
+                break
+        return cls(code, message or "", reason, metadata, domain)

@@ -1,0 +1,1 @@
+"""Generated from proto/agent_harness/v1 by generate.py: do not edit."""

@@ -1,0 +1,246 @@
+// @agent-harness/client against the real release server (SPEC §17), run with node's test runner
+// by `scripts/test clients`: sessions, prompts with attachments, the queue, permissions, the
+// transcript, typed errors, and a subscribe that survives a server restart with every event once.
+// AGENT_HARNESS_BIN names the server binary.
+
+import { spawn } from "node:child_process";
+import { mkdtempSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+
+import {
+  AgentHarnessClient,
+  Code,
+  ControlStatus,
+  HarnessError,
+  InteractionOutcome,
+  StopReason,
+} from "@agent-harness/client";
+
+const TIMEOUT = 20_000;
+const BIN = process.env.AGENT_HARNESS_BIN;
+assert.ok(BIN, "AGENT_HARNESS_BIN must name the agent-harness binary (scripts/test sets it)");
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.once("error", reject);
+    probe.listen(0, "127.0.0.1", () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/** The real server as a process, restartable on the same port and data dir. */
+class Server {
+  static async create() {
+    const server = new Server();
+    server.dir = mkdtempSync(join(tmpdir(), "agent-harness-ts-"));
+    server.port = await freePort();
+    server.config = join(server.dir, "config.toml");
+    // `mock-resume`: the mock agent with session/resume, so a session reopens after a restart.
+    writeFileSync(server.config, `[profiles.mock-resume]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume"]\n`);
+    await server.start();
+    return server;
+  }
+
+  get baseUrl() {
+    return `http://127.0.0.1:${this.port}`;
+  }
+
+  async start() {
+    const log = openSync(join(this.dir, "server.log"), "a");
+    this.child = spawn(BIN, ["serve", "--listen", `127.0.0.1:${this.port}`, "--data-dir", join(this.dir, "data"), "--config", this.config], {
+      stdio: ["ignore", log, log],
+    });
+    this.exited = new Promise((resolve) => this.child.once("exit", resolve));
+    // Serving once a call answers (any answer: NOT_FOUND is fine).
+    const probe = new AgentHarnessClient({ baseUrl: this.baseUrl, timeoutMs: 1000 });
+    const deadline = Date.now() + TIMEOUT;
+    for (;;) {
+      if (this.child.exitCode !== null) throw new Error(`server exited: ${readFileSync(join(this.dir, "server.log"), "utf8")}`);
+      try {
+        await probe.listSessions();
+        return;
+      } catch (error) {
+        if (Date.now() > deadline) throw error;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+
+  async kill(signal = "SIGKILL") {
+    if (this.child.exitCode === null && this.child.signalCode === null) {
+      this.child.kill(signal);
+      await this.exited;
+    }
+  }
+}
+
+const servers = [];
+after(async () => {
+  for (const server of servers) await server.kill("SIGTERM");
+});
+
+async function setup() {
+  const server = await Server.create();
+  servers.push(server);
+  return { server, client: new AgentHarnessClient({ baseUrl: server.baseUrl, timeoutMs: TIMEOUT }) };
+}
+
+/** Consumes subscribe() in the background; `until` waits for a matching event. */
+class Events {
+  constructor(client, sessionId, view) {
+    this.seen = [];
+    this.waiters = [];
+    this.controller = new AbortController();
+    this.done = (async () => {
+      try {
+        for await (const event of client.subscribe(sessionId, { view, signal: this.controller.signal })) {
+          this.seen.push(event);
+          this.#wake();
+        }
+      } catch (error) {
+        this.error = error;
+        this.#wake();
+      }
+    })();
+  }
+
+  #wake() {
+    for (const wake of this.waiters.splice(0)) wake();
+  }
+
+  async until(predicate, from = 0) {
+    const deadline = Date.now() + TIMEOUT;
+    let index = from;
+    for (;;) {
+      for (; index < this.seen.length; index++) {
+        if (predicate(this.seen[index])) return this.seen[index];
+      }
+      if (this.error && !this.controller.signal.aborted) throw this.error;
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error("no matching event in time");
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, left);
+        this.waiters.push(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+    }
+  }
+
+  turnEnded(actionId) {
+    return this.until((e) => e.event.case === "turnEnded" && e.event.value.requestId === actionId);
+  }
+
+  stop() {
+    this.controller.abort();
+  }
+}
+
+const text = (message) => message.parts.filter((p) => p.kind.case === "text").map((p) => p.kind.value.text).join("");
+
+test("a prompt with attachments streams and ends its turn", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir(), labels: { suite: "typescript" } });
+  const events = new Events(client, session.id, "messages");
+  const sent = await client.prompt(session.id, "hello", {
+    attachments: ["https://files.example/a.png", { uri: "https://files.example/b.txt", name: "b.txt", mimeType: "text/plain" }],
+  });
+  assert.equal(sent.status, ControlStatus.SENT);
+  const ended = await events.turnEnded(sent.actionId);
+  assert.equal(ended.event.value.stopReason, StopReason.END_TURN);
+  events.stop();
+
+  const { messages } = await client.getTranscript(session.id);
+  const [user, agent] = messages;
+  assert.deepEqual(
+    user.parts.filter((p) => p.kind.case === "attachment").map((p) => p.kind.value.uri),
+    ["https://files.example/a.png", "https://files.example/b.txt"],
+  );
+  assert.equal(agent.requestId, sent.actionId);
+  assert.equal(text(agent), "echo: hello");
+  assert.deepEqual((await client.listSessions({ labels: { suite: "typescript" } })).map((s) => s.id), [session.id]);
+});
+
+test("a second prompt queues behind a permission and runs once it is answered", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const events = new Events(client, session.id, "messages");
+  const first = await client.prompt(session.id, "@permission Deploy");
+  const held = await events.until(
+    (e) => e.event.case === "message"
+      && e.event.value.parts.some((p) => p.kind.case === "permission" && p.kind.value.outcome === InteractionOutcome.PENDING),
+  );
+  const second = await client.prompt(session.id, "and then this");
+  assert.equal(second.status, ControlStatus.QUEUED);
+  assert.equal(second.queuePosition, 1);
+  assert.deepEqual((await client.getQueue(session.id)).map((q) => q.actionId), [second.actionId]);
+
+  const permission = held.event.value.parts.find((p) => p.kind.case === "permission").kind.value;
+  await client.respondToPermission(session.id, permission.requestId, "allow-once");
+  assert.equal((await events.turnEnded(first.actionId)).event.value.stopReason, StopReason.END_TURN);
+  assert.equal((await events.turnEnded(second.actionId)).event.value.stopReason, StopReason.END_TURN);
+  events.stop();
+
+  const { messages } = await client.getTranscript(session.id);
+  const answered = messages[1].parts.find((p) => p.kind.case === "permission").kind.value;
+  assert.equal(answered.outcome, InteractionOutcome.SELECTED);
+  assert.equal(answered.selectedOptionId, "allow-once");
+  assert.equal(text(messages[3]), "echo: and then this");
+});
+
+test("errors carry their code, reason and metadata", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  await assert.rejects(client.getSession("0190e0e0-0000-7000-8000-000000000000"), (error) => {
+    assert.ok(error instanceof HarnessError);
+    assert.equal(error.code, Code.NotFound);
+    assert.equal(error.reason, "SESSION_NOT_FOUND");
+    assert.equal(error.domain, "agent-harness");
+    return true;
+  });
+  await assert.rejects(client.createSession({ profile: "no-such-profile", cwd: tmpdir() }), { reason: "PROFILE_NOT_FOUND" });
+
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const head = (await client.getSession(session.id)).headOffset;
+  const beyond = client.subscribe(session.id, { view: "log", afterOffset: head + 100n });
+  await assert.rejects(beyond.next(), (error) => {
+    assert.equal(error.code, Code.OutOfRange);
+    assert.equal(error.reason, "OFFSET_OUT_OF_RANGE");
+    assert.equal(error.metadata.head_offset, String(head));
+    return true;
+  });
+});
+
+test("subscribe survives a server restart with every event once", { timeout: 90_000 }, async () => {
+  const { server, client } = await setup();
+  const session = await client.createSession({ profile: "mock-resume", cwd: tmpdir() });
+  const events = new Events(client, session.id, "log");
+  const first = await client.prompt(session.id, "before the restart\n@chunks 3 16");
+  await events.turnEnded(first.actionId);
+
+  // The stream is open when the server dies; it comes back on the same port and data dir.
+  await server.kill();
+  await server.start();
+
+  const second = await client.prompt(session.id, "after the restart\n@chunks 3 16");
+  assert.equal((await events.turnEnded(second.actionId)).event.value.stopReason, StopReason.END_TURN);
+  events.stop();
+
+  const offsets = events.seen.filter((e) => e.event.case === "entry").map((e) => Number(e.event.value.offset));
+  assert.deepEqual(offsets, Array.from({ length: offsets.at(-1) }, (_, i) => i + 1), "every offset once, in order");
+  const logged = (await client.readLog(session.id)).map((e) => Number(e.offset)).filter((o) => o <= offsets.at(-1));
+  assert.deepEqual(offsets, logged);
+  const started = events.seen.filter((e) => e.event.case === "entry" && e.event.value.json.includes('"runtime_started"'));
+  assert.equal(started.length, 2, "one runtime before the restart, one reopened after it");
+  assert.deepEqual(
+    events.seen.filter((e) => e.event.case === "turnEnded").map((e) => e.event.value.requestId),
+    [first.actionId, second.actionId],
+  );
+});

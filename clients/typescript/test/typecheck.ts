@@ -1,0 +1,17 @@
+// Compiled (never run) by scripts/test clients with tsc --strict: the package's types (src/index.d.ts)
+// fit the way its README uses it.
+import { AgentHarnessClient, HarnessError, StopReason, Code } from "@agent-harness/client";
+const client = new AgentHarnessClient({ baseUrl: "http://127.0.0.1:50051" });
+async function main(): Promise<void> {
+  const session = await client.createSession({ profile: "mock", cwd: "/" });
+  const sent = await client.prompt(session.id, "hi", { attachments: ["https://x/a.png"] });
+  for await (const event of client.subscribe(session.id, { view: "messages" })) {
+    if (event.event.case === "turnEnded" && event.event.value.requestId === sent.actionId) {
+      const r: StopReason = event.event.value.stopReason;
+      console.log(r);
+      break;
+    }
+  }
+  try { await client.getSession("x"); } catch (e) { if (e instanceof HarnessError && e.code === Code.NotFound) console.log(e.reason); }
+}
+void main;

@@ -1,0 +1,403 @@
+//! The people's subcommands (SPEC §17) run as processes against a real server: `prompt
+//! --follow` streams the agent's text and ends with the stop reason, `--json` lines parse, a
+//! permission is answered interactively under a pseudo-terminal, and a wrong token exits non-zero
+//! with the reason.
+
+use std::{
+    io::Read,
+    os::fd::{FromRawFd, OwnedFd},
+    process::{Output, Stdio},
+    sync::{Arc, Mutex},
+};
+
+use agent_harness::pb::v1::{self as pb, message_part::Kind};
+use agent_harness_testkit::service_bin;
+use serde_json::Value;
+use tokio::{process::Command, sync::Notify};
+
+use crate::{
+    auth,
+    harness::{Harness, bounded},
+    support::Session,
+};
+
+/// `agent-harness ARGS…` pointed at the harness, with no token unless `token` is given.
+fn cli(h: &Harness, token: Option<&str>, args: &[&str]) -> Command {
+    let mut command = Command::new(service_bin());
+    command
+        .args(args)
+        .env("AGENT_HARNESS_SERVER", format!("http://{}", h.addr()))
+        .env_remove("AGENT_HARNESS_TOKEN")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    if let Some(token) = token {
+        command.env("AGENT_HARNESS_TOKEN", token);
+    }
+    command
+}
+
+async fn run(h: &Harness, args: &[&str]) -> Output {
+    cli(h, None, args).output().await.expect("the CLI runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+async fn create_session(h: &Harness) -> String {
+    let cwd = h.data_dir().to_string_lossy().into_owned();
+    let output = run(
+        h,
+        &["sessions", "create", "--profile", "mock", "--cwd", &cwd],
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "create failed: {}",
+        stderr(&output)
+    );
+    let id = stdout(&output).trim().to_owned();
+    assert!(
+        !id.is_empty() && !id.contains(' '),
+        "create prints only the id: {id:?}"
+    );
+    id
+}
+
+#[tokio::test]
+async fn prompt_follow_prints_the_streamed_text_and_ends_with_the_stop_reason() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let output = run(
+            &h,
+            &["prompt", &id, "hello\n@chunks 2 8\n@tool t1", "--follow"],
+        )
+        .await;
+        let text = stdout(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "stdout: {text}\nstderr: {}",
+            stderr(&output)
+        );
+        assert!(text.contains("echo: hello"), "{text}");
+        // `@chunks 2 8`: two 8-byte chunks, streamed into one text.
+        assert!(text.contains("#0:abcde#1:abcde"), "{text}");
+        assert!(text.contains("Run t1 [completed]"), "{text}");
+        assert!(
+            text.trim_end().ends_with("turn 1 ended: end_turn"),
+            "the last line is the stop reason: {text}"
+        );
+        // Piped output is plain: no escape sequences, no spinner.
+        assert!(!text.contains('\x1b') && !stderr(&output).contains('\x1b'));
+
+        let listed = run(&h, &["sessions", "list"]).await;
+        assert!(stdout(&listed).contains(&id), "{}", stdout(&listed));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_turn_that_does_not_end_well_exits_with_its_own_code() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let output = run(&h, &["prompt", &id, "@stop refusal", "--follow"]).await;
+        assert_eq!(output.status.code(), Some(7), "{}", stdout(&output));
+        assert!(stdout(&output).contains("ended: refusal"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn json_lines_of_prompt_follow_and_log_each_parse() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let output = run(&h, &["prompt", &id, "hello", "--follow", "--json"]).await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let lines: Vec<Value> = stdout(&output)
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+            .collect();
+        let first = lines.first().expect("a first line");
+        assert_eq!(first["type"], "control");
+        assert_eq!(first["status"], "sent");
+        let action_id = first["action_id"].as_str().expect("an action id");
+        let last = lines.last().expect("a last line");
+        assert_eq!(last["type"], "turn_ended");
+        assert_eq!(last["request_id"], action_id);
+        assert_eq!(last["stop_reason"], "end_turn");
+        let agent_text = lines
+            .iter()
+            .filter(|l| l["type"] == "message" && l["message"]["role"] == "agent")
+            .filter_map(|l| l["message"]["parts"][0]["text"].as_str())
+            .next_back();
+        assert_eq!(agent_text, Some("echo: hello"));
+
+        let log = run(&h, &["log", &id, "--json"]).await;
+        assert!(log.status.success(), "{}", stderr(&log));
+        let offsets: Vec<u64> = stdout(&log)
+            .lines()
+            .map(|line| {
+                let entry: Value = serde_json::from_str(line).expect("each log line parses");
+                assert!(
+                    entry["frame"].is_object(),
+                    "the frame is embedded JSON: {line}"
+                );
+                entry["offset"].as_u64().expect("an offset")
+            })
+            .collect();
+        assert_eq!(offsets, (1..=offsets.len() as u64).collect::<Vec<_>>());
+
+        let after = run(&h, &["log", &id, "--json", "--after", "2"]).await;
+        assert_eq!(stdout(&after).lines().count(), offsets.len() - 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_wrong_token_exits_non_zero_with_the_reason() {
+    bounded(async {
+        let (h, _tokens) = auth::start().await;
+        let output = cli(&h, Some("not-a-token"), &["sessions", "list"])
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert_eq!(output.status.code(), Some(4));
+        assert!(
+            stderr(&output).contains("UNAUTHENTICATED"),
+            "{}",
+            stderr(&output)
+        );
+
+        let output = cli(&h, Some(auth::ADA), &["sessions", "list", "--json"])
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unknown_session_exits_with_not_found_and_its_reason() {
+    bounded(async {
+        let h = Harness::start().await;
+        let output = run(
+            &h,
+            &["sessions", "show", "0190e0e0-0000-7000-8000-000000000000"],
+        )
+        .await;
+        assert_eq!(output.status.code(), Some(5));
+        assert!(
+            stderr(&output).contains("SESSION_NOT_FOUND"),
+            "{}",
+            stderr(&output)
+        );
+    })
+    .await;
+}
+
+/// A pseudo-terminal: the child gets the slave side as stdin, stdout and stderr; the test reads
+/// everything it prints from the master side.
+struct Pty {
+    master: OwnedFd,
+    slave: OwnedFd,
+}
+
+impl Pty {
+    fn open() -> Self {
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: openpty writes two new descriptors into the out-pointers; the others may be null.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: both are fresh descriptors owned by nothing else.
+        unsafe {
+            Self {
+                master: OwnedFd::from_raw_fd(master),
+                slave: OwnedFd::from_raw_fd(slave),
+            }
+        }
+    }
+}
+
+/// What the terminal showed, without escape sequences, and a signal for each new read.
+#[derive(Default)]
+struct Screen {
+    text: Mutex<String>,
+    changed: Notify,
+}
+
+impl Screen {
+    async fn wait_for(&self, needle: &str) {
+        loop {
+            let changed = self.changed.notified();
+            if self.text.lock().unwrap().contains(needle) {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+fn strip_escapes(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\x1b' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            chars.next();
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_permission_is_answered_interactively_under_a_pseudo_terminal() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let pty = Pty::open();
+        let mut command = cli(&h, None, &["prompt", &id, "@permission Deploy", "--follow"]);
+        command
+            .env_remove("NO_COLOR")
+            .stdin(Stdio::from(pty.slave.try_clone().unwrap()))
+            .stdout(Stdio::from(pty.slave.try_clone().unwrap()))
+            .stderr(Stdio::from(pty.slave.try_clone().unwrap()));
+        let mut child = command.spawn().expect("the CLI starts");
+        drop(pty.slave);
+
+        let screen = Arc::new(Screen::default());
+        let mut reader = std::fs::File::from(pty.master.try_clone().unwrap());
+        let feed = screen.clone();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            // Ends with EIO once the child has exited and the slave side is closed.
+            while let Ok(n @ 1..) = reader.read(&mut buffer) {
+                let chunk = String::from_utf8_lossy(&buffer[..n]);
+                feed.text.lock().unwrap().push_str(&strip_escapes(&chunk));
+                feed.changed.notify_waiters();
+            }
+        });
+
+        screen.wait_for("choose for permission").await;
+        {
+            let text = screen.text.lock().unwrap();
+            assert!(text.contains("Deploy"), "{text}");
+            assert!(text.contains("1) Allow once [allow-once]"), "{text}");
+        }
+        let mut writer = std::fs::File::from(pty.master);
+        std::io::Write::write_all(&mut writer, b"1\n").expect("typing the choice");
+
+        screen.wait_for("ended: end_turn").await;
+        let status = child.wait().await.expect("the CLI exits");
+        assert_eq!(status.code(), Some(0), "{}", screen.text.lock().unwrap());
+
+        let mut session = Session::attach(h.sessions(), &id);
+        let transcript = session.transcript().await;
+        let permission = transcript.messages[1]
+            .parts
+            .iter()
+            .find_map(|p| match &p.kind {
+                Some(Kind::Permission(p)) => Some(p.clone()),
+                _ => None,
+            })
+            .expect("a permission part");
+        assert_eq!(permission.outcome(), pb::InteractionOutcome::Selected);
+        assert_eq!(permission.selected_option_id.as_deref(), Some("allow-once"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn help_teaches_by_example_and_lists_the_exit_codes() {
+    let output = Command::new(service_bin())
+        .args(["prompt", "--help"])
+        .output()
+        .await
+        .expect("the CLI runs");
+    let text = stdout(&output);
+    assert!(
+        text.contains("Examples:") && text.contains("--follow"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Exit codes:") && text.contains("AGENT_HARNESS_TOKEN"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn answer_settles_a_held_permission_and_an_elicitation_by_request_id() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let mut session = Session::attach(h.sessions(), &id);
+        let mut watch = session.watch().await;
+
+        let sent = run(&h, &["prompt", &id, "@permission Deploy\n@elicit form"]).await;
+        assert!(sent.status.success(), "{}", stderr(&sent));
+        assert!(stdout(&sent).starts_with("sent "), "{}", stdout(&sent));
+        let (_, request) = watch
+            .entry(|_, f| f["method"] == "session/request_permission")
+            .await;
+        let permission_id = request["id"].to_string();
+
+        let nothing_pending = run(&h, &["answer", &id, "999", "--option", "allow-once"]).await;
+        assert_eq!(nothing_pending.status.code(), Some(6));
+        let answered = run(
+            &h,
+            &["answer", &id, &permission_id, "--option", "allow-once"],
+        )
+        .await;
+        assert_eq!(answered.status.code(), Some(0), "{}", stderr(&answered));
+
+        let (_, request) = watch
+            .entry(|_, f| f["method"] == "elicitation/create")
+            .await;
+        let elicitation_id = request["id"].clone();
+        let accepted = run(
+            &h,
+            &[
+                "answer",
+                &id,
+                &elicitation_id.to_string(),
+                "--accept",
+                "name=Ada",
+            ],
+        )
+        .await;
+        assert_eq!(accepted.status.code(), Some(0), "{}", stderr(&accepted));
+        let (_, response) = watch
+            .entry(move |_, f| f["id"] == elicitation_id && f["method"].is_null())
+            .await;
+        assert_eq!(response["result"]["action"], "accept", "{response}");
+        assert_eq!(response["result"]["content"]["name"], "Ada", "{response}");
+    })
+    .await;
+}
