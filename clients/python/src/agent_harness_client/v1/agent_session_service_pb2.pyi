@@ -72,6 +72,20 @@ class GetSessionResponse(_message.Message):
     session: _session_pb2.AgentSession
     def __init__(self, session: _Optional[_Union[_session_pb2.AgentSession, _Mapping]] = ...) -> None: ...
 
+class ForkSessionRequest(_message.Message):
+    __slots__ = ("session_id", "name")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ForkSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: _session_pb2.AgentSession
+    def __init__(self, session: _Optional[_Union[_session_pb2.AgentSession, _Mapping]] = ...) -> None: ...
+
 class ListSessionsRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "statuses", "labels")
     class LabelsEntry(_message.Message):
@@ -122,11 +136,12 @@ class DeleteSessionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ControlRequest(_message.Message):
-    __slots__ = ("session_id", "action_id", "context", "delivery", "prompt", "set_model", "set_config_option", "compact", "stop", "respond_elicitation", "respond_to_permission")
+    __slots__ = ("session_id", "action_id", "context", "delivery", "expect", "prompt", "set_model", "set_config_option", "compact", "stop", "respond_elicitation", "respond_to_permission")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    EXPECT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SET_MODEL_FIELD_NUMBER: _ClassVar[int]
     SET_CONFIG_OPTION_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +153,7 @@ class ControlRequest(_message.Message):
     action_id: str
     context: _struct_pb2.Struct
     delivery: _session_pb2.Delivery
+    expect: _session_pb2.Expect
     prompt: _actions_pb2.PromptAction
     set_model: _actions_pb2.SetModelAction
     set_config_option: _actions_pb2.SetConfigOptionAction
@@ -145,7 +161,7 @@ class ControlRequest(_message.Message):
     stop: _actions_pb2.StopAction
     respond_elicitation: _actions_pb2.RespondElicitationAction
     respond_to_permission: _actions_pb2.RespondToPermissionAction
-    def __init__(self, session_id: _Optional[str] = ..., action_id: _Optional[str] = ..., context: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., delivery: _Optional[_Union[_session_pb2.Delivery, str]] = ..., prompt: _Optional[_Union[_actions_pb2.PromptAction, _Mapping]] = ..., set_model: _Optional[_Union[_actions_pb2.SetModelAction, _Mapping]] = ..., set_config_option: _Optional[_Union[_actions_pb2.SetConfigOptionAction, _Mapping]] = ..., compact: _Optional[_Union[_actions_pb2.CompactAction, _Mapping]] = ..., stop: _Optional[_Union[_actions_pb2.StopAction, _Mapping]] = ..., respond_elicitation: _Optional[_Union[_actions_pb2.RespondElicitationAction, _Mapping]] = ..., respond_to_permission: _Optional[_Union[_actions_pb2.RespondToPermissionAction, _Mapping]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., action_id: _Optional[str] = ..., context: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., delivery: _Optional[_Union[_session_pb2.Delivery, str]] = ..., expect: _Optional[_Union[_session_pb2.Expect, str]] = ..., prompt: _Optional[_Union[_actions_pb2.PromptAction, _Mapping]] = ..., set_model: _Optional[_Union[_actions_pb2.SetModelAction, _Mapping]] = ..., set_config_option: _Optional[_Union[_actions_pb2.SetConfigOptionAction, _Mapping]] = ..., compact: _Optional[_Union[_actions_pb2.CompactAction, _Mapping]] = ..., stop: _Optional[_Union[_actions_pb2.StopAction, _Mapping]] = ..., respond_elicitation: _Optional[_Union[_actions_pb2.RespondElicitationAction, _Mapping]] = ..., respond_to_permission: _Optional[_Union[_actions_pb2.RespondToPermissionAction, _Mapping]] = ...) -> None: ...
 
 class ControlResponse(_message.Message):
     __slots__ = ("action_id", "status", "queue_position")

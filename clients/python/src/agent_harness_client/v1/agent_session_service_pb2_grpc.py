@@ -51,6 +51,11 @@ class AgentSessionServiceStub:
                 request_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=agent__harness_dot_v1_dot_agent__session__service__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/agent_harness.v1.AgentSessionService/ForkSession',
+                request_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=agent__harness_dot_v1_dot_agent__session__service__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/agent_harness.v1.AgentSessionService/CloseSession',
                 request_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.CloseSessionRequest.SerializeToString,
@@ -119,6 +124,15 @@ class AgentSessionServiceServicer:
 
     def ListSessions(self, request, context):
         """Lists the caller's sessions, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSession(self, request, context):
+        """Opens a new session with the context of an existing one, when its agent advertises
+        `session/fork` (else FAILED_PRECONDITION NOT_SUPPORTED); the new transcript starts with the
+        parent's messages up to the fork point, marked as inherited.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,6 +218,11 @@ def add_AgentSessionServiceServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=agent__harness_dot_v1_dot_agent__session__service__pb2.ListSessionsRequest.FromString,
                     response_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=agent__harness_dot_v1_dot_agent__session__service__pb2.ForkSessionRequest.FromString,
+                    response_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.ForkSessionResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -334,6 +353,33 @@ class AgentSessionService:
             '/agent_harness.v1.AgentSessionService/ListSessions',
             agent__harness_dot_v1_dot_agent__session__service__pb2.ListSessionsRequest.SerializeToString,
             agent__harness_dot_v1_dot_agent__session__service__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agent_harness.v1.AgentSessionService/ForkSession',
+            agent__harness_dot_v1_dot_agent__session__service__pb2.ForkSessionRequest.SerializeToString,
+            agent__harness_dot_v1_dot_agent__session__service__pb2.ForkSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_INTERNAL: _ClassVar[ErrorReason]
     ERROR_REASON_SESSION_BUSY: _ClassVar[ErrorReason]
     ERROR_REASON_NOT_SUPPORTED: _ClassVar[ErrorReason]
+    ERROR_REASON_STORE_UNAVAILABLE: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_INVALID_ARGUMENT: ErrorReason
 ERROR_REASON_LIMIT_EXCEEDED: ErrorReason
@@ -72,3 +73,4 @@ ERROR_REASON_UNIMPLEMENTED: ErrorReason
 ERROR_REASON_INTERNAL: ErrorReason
 ERROR_REASON_SESSION_BUSY: ErrorReason
 ERROR_REASON_NOT_SUPPORTED: ErrorReason
+ERROR_REASON_STORE_UNAVAILABLE: ErrorReason

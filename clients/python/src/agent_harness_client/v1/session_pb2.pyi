@@ -28,6 +28,11 @@ class Delivery(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DELIVERY_QUEUE: _ClassVar[Delivery]
     DELIVERY_INTERRUPT: _ClassVar[Delivery]
 
+class Expect(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPECT_UNSPECIFIED: _ClassVar[Expect]
+    EXPECT_IDLE: _ClassVar[Expect]
+
 class ControlStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CONTROL_STATUS_UNSPECIFIED: _ClassVar[ControlStatus]
@@ -50,6 +55,8 @@ SESSION_STATUS_CLOSED: SessionStatus
 DELIVERY_UNSPECIFIED: Delivery
 DELIVERY_QUEUE: Delivery
 DELIVERY_INTERRUPT: Delivery
+EXPECT_UNSPECIFIED: Expect
+EXPECT_IDLE: Expect
 CONTROL_STATUS_UNSPECIFIED: ControlStatus
 CONTROL_STATUS_SENT: ControlStatus
 CONTROL_STATUS_QUEUED: ControlStatus
@@ -58,7 +65,7 @@ QUEUED_ACTION_KIND_PROMPT: QueuedActionKind
 QUEUED_ACTION_KIND_COMPACT: QueuedActionKind
 
 class AgentSession(_message.Message):
-    __slots__ = ("id", "name", "owner", "profile", "cwd", "model", "acp_session_id", "status", "status_reason", "created_at", "updated_at", "labels", "profile_fingerprint", "editors", "head_offset")
+    __slots__ = ("id", "name", "owner", "profile", "cwd", "model", "acp_session_id", "status", "status_reason", "created_at", "updated_at", "labels", "profile_fingerprint", "editors", "head_offset", "agent_info", "agent_capabilities_json", "available_commands_json", "plan_json", "usage")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +88,11 @@ class AgentSession(_message.Message):
     PROFILE_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EDITORS_FIELD_NUMBER: _ClassVar[int]
     HEAD_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    AGENT_INFO_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CAPABILITIES_JSON_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_COMMANDS_JSON_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     owner: str
@@ -96,7 +108,40 @@ class AgentSession(_message.Message):
     profile_fingerprint: str
     editors: _containers.RepeatedScalarFieldContainer[str]
     head_offset: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., profile: _Optional[str] = ..., cwd: _Optional[str] = ..., model: _Optional[str] = ..., acp_session_id: _Optional[str] = ..., status: _Optional[_Union[SessionStatus, str]] = ..., status_reason: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., profile_fingerprint: _Optional[str] = ..., editors: _Optional[_Iterable[str]] = ..., head_offset: _Optional[int] = ...) -> None: ...
+    agent_info: AgentInfo
+    agent_capabilities_json: str
+    available_commands_json: str
+    plan_json: str
+    usage: Usage
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., profile: _Optional[str] = ..., cwd: _Optional[str] = ..., model: _Optional[str] = ..., acp_session_id: _Optional[str] = ..., status: _Optional[_Union[SessionStatus, str]] = ..., status_reason: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., profile_fingerprint: _Optional[str] = ..., editors: _Optional[_Iterable[str]] = ..., head_offset: _Optional[int] = ..., agent_info: _Optional[_Union[AgentInfo, _Mapping]] = ..., agent_capabilities_json: _Optional[str] = ..., available_commands_json: _Optional[str] = ..., plan_json: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+
+class AgentInfo(_message.Message):
+    __slots__ = ("name", "version", "title")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    title: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., title: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("used_tokens", "context_size", "cost")
+    USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    used_tokens: int
+    context_size: int
+    cost: Cost
+    def __init__(self, used_tokens: _Optional[int] = ..., context_size: _Optional[int] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ...) -> None: ...
+
+class Cost(_message.Message):
+    __slots__ = ("amount", "currency")
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    CURRENCY_FIELD_NUMBER: _ClassVar[int]
+    amount: float
+    currency: str
+    def __init__(self, amount: _Optional[float] = ..., currency: _Optional[str] = ...) -> None: ...
 
 class QueuedAction(_message.Message):
     __slots__ = ("action_id", "kind", "prompt", "attachments", "actor", "created_at")

@@ -102,7 +102,7 @@ class LogEntry(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., direction: _Optional[_Union[LogDirection, str]] = ..., json: _Optional[str] = ..., actor: _Optional[str] = ..., action_id: _Optional[str] = ..., epoch: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class TranscriptMessage(_message.Message):
-    __slots__ = ("id", "turn", "role", "request_id", "parts", "stop_reason", "error", "actor", "first_offset", "last_offset")
+    __slots__ = ("id", "turn", "role", "request_id", "parts", "stop_reason", "error", "actor", "first_offset", "last_offset", "inherited")
     ID_FIELD_NUMBER: _ClassVar[int]
     TURN_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class TranscriptMessage(_message.Message):
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    INHERITED_FIELD_NUMBER: _ClassVar[int]
     id: str
     turn: int
     role: MessageRole
@@ -123,7 +124,8 @@ class TranscriptMessage(_message.Message):
     actor: str
     first_offset: int
     last_offset: int
-    def __init__(self, id: _Optional[str] = ..., turn: _Optional[int] = ..., role: _Optional[_Union[MessageRole, str]] = ..., request_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[MessagePart, _Mapping]]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., error: _Optional[str] = ..., actor: _Optional[str] = ..., first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ...) -> None: ...
+    inherited: bool
+    def __init__(self, id: _Optional[str] = ..., turn: _Optional[int] = ..., role: _Optional[_Union[MessageRole, str]] = ..., request_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[MessagePart, _Mapping]]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., error: _Optional[str] = ..., actor: _Optional[str] = ..., first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., inherited: _Optional[bool] = ...) -> None: ...
 
 class MessagePart(_message.Message):
     __slots__ = ("text", "thought", "attachment", "tool", "plan", "permission", "elicitation", "control", "content")
@@ -252,20 +254,28 @@ class TurnEnded(_message.Message):
     def __init__(self, turn: _Optional[int] = ..., request_id: _Optional[str] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class SessionMetadata(_message.Message):
-    __slots__ = ("model", "models", "config_options_json", "available_commands_json", "status", "pending_interactions")
+    __slots__ = ("model", "models", "config_options_json", "available_commands_json", "status", "pending_interactions", "agent_info", "agent_capabilities_json", "plan_json", "usage")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_COMMANDS_JSON_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     PENDING_INTERACTIONS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_INFO_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CAPABILITIES_JSON_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     model: str
     models: _containers.RepeatedCompositeFieldContainer[ModelOption]
     config_options_json: str
     available_commands_json: str
     status: _session_pb2.SessionStatus
     pending_interactions: _containers.RepeatedCompositeFieldContainer[_actions_pb2.JsonRpcId]
-    def __init__(self, model: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelOption, _Mapping]]] = ..., config_options_json: _Optional[str] = ..., available_commands_json: _Optional[str] = ..., status: _Optional[_Union[_session_pb2.SessionStatus, str]] = ..., pending_interactions: _Optional[_Iterable[_Union[_actions_pb2.JsonRpcId, _Mapping]]] = ...) -> None: ...
+    agent_info: _session_pb2.AgentInfo
+    agent_capabilities_json: str
+    plan_json: str
+    usage: _session_pb2.Usage
+    def __init__(self, model: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelOption, _Mapping]]] = ..., config_options_json: _Optional[str] = ..., available_commands_json: _Optional[str] = ..., status: _Optional[_Union[_session_pb2.SessionStatus, str]] = ..., pending_interactions: _Optional[_Iterable[_Union[_actions_pb2.JsonRpcId, _Mapping]]] = ..., agent_info: _Optional[_Union[_session_pb2.AgentInfo, _Mapping]] = ..., agent_capabilities_json: _Optional[str] = ..., plan_json: _Optional[str] = ..., usage: _Optional[_Union[_session_pb2.Usage, _Mapping]] = ...) -> None: ...
 
 class ModelOption(_message.Message):
     __slots__ = ("value", "name", "description")

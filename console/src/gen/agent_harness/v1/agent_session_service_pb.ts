@@ -8,7 +8,7 @@ import type { CompactAction, PromptAction, RespondElicitationAction, RespondToPe
 import { file_agent_harness_v1_actions } from "./actions_pb";
 import type { ChannelMessage, TaskAssignment } from "./channel_pb";
 import { file_agent_harness_v1_channel } from "./channel_pb";
-import type { AgentSession, ControlStatus, Delivery, QueuedAction, SessionStatus } from "./session_pb";
+import type { AgentSession, ControlStatus, Delivery, Expect, QueuedAction, SessionStatus } from "./session_pb";
 import { file_agent_harness_v1_session } from "./session_pb";
 import type { LogEntry, SessionMetadata, TranscriptMessage, TurnEnded } from "./transcript_pb";
 import { file_agent_harness_v1_transcript } from "./transcript_pb";
@@ -19,7 +19,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agent_harness/v1/agent_session_service.proto.
  */
 export const file_agent_harness_v1_agent_session_service: GenFile = /*@__PURE__*/
-  fileDesc("CixhZ2VudF9oYXJuZXNzL3YxL2FnZW50X3Nlc3Npb25fc2VydmljZS5wcm90bxIQYWdlbnRfaGFybmVzcy52MSKWAwoUQ3JlYXRlU2Vzc2lvblJlcXVlc3QSFwoKc2Vzc2lvbl9pZBgBIAEoCUgBiAEBEg8KB3Byb2ZpbGUYAiABKAkSCwoDY3dkGAMgASgJEhIKBW1vZGVsGAQgASgJSAKIAQESEQoEbmFtZRgFIAEoCUgDiAEBEjMKB21lbnRpb24YBiABKAsyIC5hZ2VudF9oYXJuZXNzLnYxLkNoYW5uZWxNZXNzYWdlSAASOwoPdGFza19hc3NpZ25tZW50GAcgASgLMiAuYWdlbnRfaGFybmVzcy52MS5UYXNrQXNzaWdubWVudEgAEkIKBmxhYmVscxgIIAMoCzIyLmFnZW50X2hhcm5lc3MudjEuQ3JlYXRlU2Vzc2lvblJlcXVlc3QuTGFiZWxzRW50cnkSDwoHZWRpdG9ycxgJIAMoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQggKBm9yaWdpbkINCgtfc2Vzc2lvbl9pZEIICgZfbW9kZWxCBwoFX25hbWUiegoVQ3JlYXRlU2Vzc2lvblJlc3BvbnNlEi8KB3Nlc3Npb24YASABKAsyHi5hZ2VudF9oYXJuZXNzLnYxLkFnZW50U2Vzc2lvbhIcCg9maXJzdF9hY3Rpb25faWQYAiABKAlIAIgBAUISChBfZmlyc3RfYWN0aW9uX2lkIicKEUdldFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiRQoSR2V0U2Vzc2lvblJlc3BvbnNlEi8KB3Nlc3Npb24YASABKAsyHi5hZ2VudF9oYXJuZXNzLnYxLkFnZW50U2Vzc2lvbiLhAQoTTGlzdFNlc3Npb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIxCghzdGF0dXNlcxgDIAMoDjIfLmFnZW50X2hhcm5lc3MudjEuU2Vzc2lvblN0YXR1cxJBCgZsYWJlbHMYBCADKAsyMS5hZ2VudF9oYXJuZXNzLnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QuTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJhChRMaXN0U2Vzc2lvbnNSZXNwb25zZRIwCghzZXNzaW9ucxgBIAMoCzIeLmFnZW50X2hhcm5lc3MudjEuQWdlbnRTZXNzaW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChNDbG9zZVNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiRwoUQ2xvc2VTZXNzaW9uUmVzcG9uc2USLwoHc2Vzc2lvbhgBIAEoCzIeLmFnZW50X2hhcm5lc3MudjEuQWdlbnRTZXNzaW9uIioKFERlbGV0ZVNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiFwoVRGVsZXRlU2Vzc2lvblJlc3BvbnNlItYECg5Db250cm9sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhYKCWFjdGlvbl9pZBgCIAEoCUgBiAEBEigKB2NvbnRleHQYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EiwKCGRlbGl2ZXJ5GAQgASgOMhouYWdlbnRfaGFybmVzcy52MS5EZWxpdmVyeRIwCgZwcm9tcHQYCiABKAsyHi5hZ2VudF9oYXJuZXNzLnYxLlByb21wdEFjdGlvbkgAEjUKCXNldF9tb2RlbBgLIAEoCzIgLmFnZW50X2hhcm5lc3MudjEuU2V0TW9kZWxBY3Rpb25IABJEChFzZXRfY29uZmlnX29wdGlvbhgMIAEoCzInLmFnZW50X2hhcm5lc3MudjEuU2V0Q29uZmlnT3B0aW9uQWN0aW9uSAASMgoHY29tcGFjdBgNIAEoCzIfLmFnZW50X2hhcm5lc3MudjEuQ29tcGFjdEFjdGlvbkgAEiwKBHN0b3AYDiABKAsyHC5hZ2VudF9oYXJuZXNzLnYxLlN0b3BBY3Rpb25IABJJChNyZXNwb25kX2VsaWNpdGF0aW9uGA8gASgLMiouYWdlbnRfaGFybmVzcy52MS5SZXNwb25kRWxpY2l0YXRpb25BY3Rpb25IABJMChVyZXNwb25kX3RvX3Blcm1pc3Npb24YECABKAsyKy5hZ2VudF9oYXJuZXNzLnYxLlJlc3BvbmRUb1Blcm1pc3Npb25BY3Rpb25IAEIICgZhY3Rpb25CDAoKX2FjdGlvbl9pZCJtCg9Db250cm9sUmVzcG9uc2USEQoJYWN0aW9uX2lkGAEgASgJEi8KBnN0YXR1cxgCIAEoDjIfLmFnZW50X2hhcm5lc3MudjEuQ29udHJvbFN0YXR1cxIWCg5xdWV1ZV9wb3NpdGlvbhgDIAEoDSIlCg9HZXRRdWV1ZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSJDChBHZXRRdWV1ZVJlc3BvbnNlEi8KB2VudHJpZXMYASADKAsyHi5hZ2VudF9oYXJuZXNzLnYxLlF1ZXVlZEFjdGlvbiJQChdFZGl0UXVldWVkUHJvbXB0UmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhEKCWFjdGlvbl9pZBgCIAEoCRIOCgZwcm9tcHQYAyABKAkiSQoYRWRpdFF1ZXVlZFByb21wdFJlc3BvbnNlEi0KBWVudHJ5GAEgASgLMh4uYWdlbnRfaGFybmVzcy52MS5RdWV1ZWRBY3Rpb24iQgoZUmVtb3ZlUXVldWVkQWN0aW9uUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhEKCWFjdGlvbl9pZBgCIAEoCSIcChpSZW1vdmVRdWV1ZWRBY3Rpb25SZXNwb25zZSJJCg5SZWFkTG9nUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhQKDGFmdGVyX29mZnNldBgCIAEoBBINCgVsaW1pdBgDIAEoDSJTCg9SZWFkTG9nUmVzcG9uc2USKwoHZW50cmllcxgBIAMoCzIaLmFnZW50X2hhcm5lc3MudjEuTG9nRW50cnkSEwoLaGVhZF9vZmZzZXQYAiABKAQiUQoUR2V0VHJhbnNjcmlwdFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSKxAQoVR2V0VHJhbnNjcmlwdFJlc3BvbnNlEjUKCG1lc3NhZ2VzGAEgAygLMiMuYWdlbnRfaGFybmVzcy52MS5UcmFuc2NyaXB0TWVzc2FnZRIzCghtZXRhZGF0YRgCIAEoCzIhLmFnZW50X2hhcm5lc3MudjEuU2Vzc2lvbk1ldGFkYXRhEhMKC2hlYWRfb2Zmc2V0GAMgASgEEhcKD25leHRfcGFnZV90b2tlbhgEIAEoCSJrChBTdWJzY3JpYmVSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSFAoMYWZ0ZXJfb2Zmc2V0GAIgASgEEi0KBHZpZXcYAyABKA4yHy5hZ2VudF9oYXJuZXNzLnYxLlN1YnNjcmliZVZpZXcikgMKEVN1YnNjcmliZVJlc3BvbnNlEg4KBm9mZnNldBgBIAEoBBIrCgVlbnRyeRgCIAEoCzIaLmFnZW50X2hhcm5lc3MudjEuTG9nRW50cnlIABI2CgdtZXNzYWdlGAMgASgLMiMuYWdlbnRfaGFybmVzcy52MS5UcmFuc2NyaXB0TWVzc2FnZUgAEjAKBXF1ZXVlGAQgASgLMh8uYWdlbnRfaGFybmVzcy52MS5RdWV1ZVNuYXBzaG90SAASNwoGc3RhdHVzGAUgASgLMiUuYWdlbnRfaGFybmVzcy52MS5TZXNzaW9uU3RhdHVzQ2hhbmdlSAASLwoJY2F1Z2h0X3VwGAYgASgLMhouYWdlbnRfaGFybmVzcy52MS5DYXVnaHRVcEgAEjAKCWhlYXJ0YmVhdBgHIAEoCzIbLmFnZW50X2hhcm5lc3MudjEuSGVhcnRiZWF0SAASMQoKdHVybl9lbmRlZBgIIAEoCzIbLmFnZW50X2hhcm5lc3MudjEuVHVybkVuZGVkSABCBwoFZXZlbnQiQAoNUXVldWVTbmFwc2hvdBIvCgdlbnRyaWVzGAEgAygLMh4uYWdlbnRfaGFybmVzcy52MS5RdWV1ZWRBY3Rpb24iVgoTU2Vzc2lvblN0YXR1c0NoYW5nZRIvCgZzdGF0dXMYASABKA4yHy5hZ2VudF9oYXJuZXNzLnYxLlNlc3Npb25TdGF0dXMSDgoGcmVhc29uGAIgASgJIh8KCENhdWdodFVwEhMKC2hlYWRfb2Zmc2V0GAEgASgEIiAKCUhlYXJ0YmVhdBITCgtoZWFkX29mZnNldBgBIAEoBCp8Cg1TdWJzY3JpYmVWaWV3Eh4KGlNVQlNDUklCRV9WSUVXX1VOU1BFQ0lGSUVEEAASFgoSU1VCU0NSSUJFX1ZJRVdfQUxMEAESFgoSU1VCU0NSSUJFX1ZJRVdfTE9HEAISGwoXU1VCU0NSSUJFX1ZJRVdfTUVTU0FHRVMQAzL5CAoTQWdlbnRTZXNzaW9uU2VydmljZRJgCg1DcmVhdGVTZXNzaW9uEiYuYWdlbnRfaGFybmVzcy52MS5DcmVhdGVTZXNzaW9uUmVxdWVzdBonLmFnZW50X2hhcm5lc3MudjEuQ3JlYXRlU2Vzc2lvblJlc3BvbnNlElcKCkdldFNlc3Npb24SIy5hZ2VudF9oYXJuZXNzLnYxLkdldFNlc3Npb25SZXF1ZXN0GiQuYWdlbnRfaGFybmVzcy52MS5HZXRTZXNzaW9uUmVzcG9uc2USXQoMTGlzdFNlc3Npb25zEiUuYWdlbnRfaGFybmVzcy52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GiYuYWdlbnRfaGFybmVzcy52MS5MaXN0U2Vzc2lvbnNSZXNwb25zZRJdCgxDbG9zZVNlc3Npb24SJS5hZ2VudF9oYXJuZXNzLnYxLkNsb3NlU2Vzc2lvblJlcXVlc3QaJi5hZ2VudF9oYXJuZXNzLnYxLkNsb3NlU2Vzc2lvblJlc3BvbnNlEmAKDURlbGV0ZVNlc3Npb24SJi5hZ2VudF9oYXJuZXNzLnYxLkRlbGV0ZVNlc3Npb25SZXF1ZXN0GicuYWdlbnRfaGFybmVzcy52MS5EZWxldGVTZXNzaW9uUmVzcG9uc2USTgoHQ29udHJvbBIgLmFnZW50X2hhcm5lc3MudjEuQ29udHJvbFJlcXVlc3QaIS5hZ2VudF9oYXJuZXNzLnYxLkNvbnRyb2xSZXNwb25zZRJRCghHZXRRdWV1ZRIhLmFnZW50X2hhcm5lc3MudjEuR2V0UXVldWVSZXF1ZXN0GiIuYWdlbnRfaGFybmVzcy52MS5HZXRRdWV1ZVJlc3BvbnNlEmkKEEVkaXRRdWV1ZWRQcm9tcHQSKS5hZ2VudF9oYXJuZXNzLnYxLkVkaXRRdWV1ZWRQcm9tcHRSZXF1ZXN0GiouYWdlbnRfaGFybmVzcy52MS5FZGl0UXVldWVkUHJvbXB0UmVzcG9uc2USbwoSUmVtb3ZlUXVldWVkQWN0aW9uEisuYWdlbnRfaGFybmVzcy52MS5SZW1vdmVRdWV1ZWRBY3Rpb25SZXF1ZXN0GiwuYWdlbnRfaGFybmVzcy52MS5SZW1vdmVRdWV1ZWRBY3Rpb25SZXNwb25zZRJOCgdSZWFkTG9nEiAuYWdlbnRfaGFybmVzcy52MS5SZWFkTG9nUmVxdWVzdBohLmFnZW50X2hhcm5lc3MudjEuUmVhZExvZ1Jlc3BvbnNlEmAKDUdldFRyYW5zY3JpcHQSJi5hZ2VudF9oYXJuZXNzLnYxLkdldFRyYW5zY3JpcHRSZXF1ZXN0GicuYWdlbnRfaGFybmVzcy52MS5HZXRUcmFuc2NyaXB0UmVzcG9uc2USVgoJU3Vic2NyaWJlEiIuYWdlbnRfaGFybmVzcy52MS5TdWJzY3JpYmVSZXF1ZXN0GiMuYWdlbnRfaGFybmVzcy52MS5TdWJzY3JpYmVSZXNwb25zZTABQqIBChdkZXYuYWdlbnRoYXJuZXNzLmFwaS52MUIYQWdlbnRTZXNzaW9uU2VydmljZVByb3RvUAFaNGFnZW50aGFybmVzcy5kZXYvYXBpL2FnZW50X2hhcm5lc3MvdjE7YWdlbnRoYXJuZXNzdjGqAg9BZ2VudEhhcm5lc3MuVjHKAg9BZ2VudEhhcm5lc3NcVjHqAhBBZ2VudEhhcm5lc3M6OlYxYgZwcm90bzM", [file_agent_harness_v1_actions, file_agent_harness_v1_channel, file_agent_harness_v1_session, file_agent_harness_v1_transcript, file_google_protobuf_struct]);
+  fileDesc("CixhZ2VudF9oYXJuZXNzL3YxL2FnZW50X3Nlc3Npb25fc2VydmljZS5wcm90bxIQYWdlbnRfaGFybmVzcy52MSKWAwoUQ3JlYXRlU2Vzc2lvblJlcXVlc3QSFwoKc2Vzc2lvbl9pZBgBIAEoCUgBiAEBEg8KB3Byb2ZpbGUYAiABKAkSCwoDY3dkGAMgASgJEhIKBW1vZGVsGAQgASgJSAKIAQESEQoEbmFtZRgFIAEoCUgDiAEBEjMKB21lbnRpb24YBiABKAsyIC5hZ2VudF9oYXJuZXNzLnYxLkNoYW5uZWxNZXNzYWdlSAASOwoPdGFza19hc3NpZ25tZW50GAcgASgLMiAuYWdlbnRfaGFybmVzcy52MS5UYXNrQXNzaWdubWVudEgAEkIKBmxhYmVscxgIIAMoCzIyLmFnZW50X2hhcm5lc3MudjEuQ3JlYXRlU2Vzc2lvblJlcXVlc3QuTGFiZWxzRW50cnkSDwoHZWRpdG9ycxgJIAMoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQggKBm9yaWdpbkINCgtfc2Vzc2lvbl9pZEIICgZfbW9kZWxCBwoFX25hbWUiegoVQ3JlYXRlU2Vzc2lvblJlc3BvbnNlEi8KB3Nlc3Npb24YASABKAsyHi5hZ2VudF9oYXJuZXNzLnYxLkFnZW50U2Vzc2lvbhIcCg9maXJzdF9hY3Rpb25faWQYAiABKAlIAIgBAUISChBfZmlyc3RfYWN0aW9uX2lkIicKEUdldFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiRQoSR2V0U2Vzc2lvblJlc3BvbnNlEi8KB3Nlc3Npb24YASABKAsyHi5hZ2VudF9oYXJuZXNzLnYxLkFnZW50U2Vzc2lvbiJEChJGb3JrU2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIRCgRuYW1lGAIgASgJSACIAQFCBwoFX25hbWUiRgoTRm9ya1Nlc3Npb25SZXNwb25zZRIvCgdzZXNzaW9uGAEgASgLMh4uYWdlbnRfaGFybmVzcy52MS5BZ2VudFNlc3Npb24i4QEKE0xpc3RTZXNzaW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSMQoIc3RhdHVzZXMYAyADKA4yHy5hZ2VudF9oYXJuZXNzLnYxLlNlc3Npb25TdGF0dXMSQQoGbGFiZWxzGAQgAygLMjEuYWdlbnRfaGFybmVzcy52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0LkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiYQoUTGlzdFNlc3Npb25zUmVzcG9uc2USMAoIc2Vzc2lvbnMYASADKAsyHi5hZ2VudF9oYXJuZXNzLnYxLkFnZW50U2Vzc2lvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiKQoTQ2xvc2VTZXNzaW9uUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIkcKFENsb3NlU2Vzc2lvblJlc3BvbnNlEi8KB3Nlc3Npb24YASABKAsyHi5hZ2VudF9oYXJuZXNzLnYxLkFnZW50U2Vzc2lvbiIqChREZWxldGVTZXNzaW9uUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIhcKFURlbGV0ZVNlc3Npb25SZXNwb25zZSKABQoOQ29udHJvbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIWCglhY3Rpb25faWQYAiABKAlIAYgBARIoCgdjb250ZXh0GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIsCghkZWxpdmVyeRgEIAEoDjIaLmFnZW50X2hhcm5lc3MudjEuRGVsaXZlcnkSKAoGZXhwZWN0GAUgASgOMhguYWdlbnRfaGFybmVzcy52MS5FeHBlY3QSMAoGcHJvbXB0GAogASgLMh4uYWdlbnRfaGFybmVzcy52MS5Qcm9tcHRBY3Rpb25IABI1CglzZXRfbW9kZWwYCyABKAsyIC5hZ2VudF9oYXJuZXNzLnYxLlNldE1vZGVsQWN0aW9uSAASRAoRc2V0X2NvbmZpZ19vcHRpb24YDCABKAsyJy5hZ2VudF9oYXJuZXNzLnYxLlNldENvbmZpZ09wdGlvbkFjdGlvbkgAEjIKB2NvbXBhY3QYDSABKAsyHy5hZ2VudF9oYXJuZXNzLnYxLkNvbXBhY3RBY3Rpb25IABIsCgRzdG9wGA4gASgLMhwuYWdlbnRfaGFybmVzcy52MS5TdG9wQWN0aW9uSAASSQoTcmVzcG9uZF9lbGljaXRhdGlvbhgPIAEoCzIqLmFnZW50X2hhcm5lc3MudjEuUmVzcG9uZEVsaWNpdGF0aW9uQWN0aW9uSAASTAoVcmVzcG9uZF90b19wZXJtaXNzaW9uGBAgASgLMisuYWdlbnRfaGFybmVzcy52MS5SZXNwb25kVG9QZXJtaXNzaW9uQWN0aW9uSABCCAoGYWN0aW9uQgwKCl9hY3Rpb25faWQibQoPQ29udHJvbFJlc3BvbnNlEhEKCWFjdGlvbl9pZBgBIAEoCRIvCgZzdGF0dXMYAiABKA4yHy5hZ2VudF9oYXJuZXNzLnYxLkNvbnRyb2xTdGF0dXMSFgoOcXVldWVfcG9zaXRpb24YAyABKA0iJQoPR2V0UXVldWVSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiQwoQR2V0UXVldWVSZXNwb25zZRIvCgdlbnRyaWVzGAEgAygLMh4uYWdlbnRfaGFybmVzcy52MS5RdWV1ZWRBY3Rpb24iUAoXRWRpdFF1ZXVlZFByb21wdFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIRCglhY3Rpb25faWQYAiABKAkSDgoGcHJvbXB0GAMgASgJIkkKGEVkaXRRdWV1ZWRQcm9tcHRSZXNwb25zZRItCgVlbnRyeRgBIAEoCzIeLmFnZW50X2hhcm5lc3MudjEuUXVldWVkQWN0aW9uIkIKGVJlbW92ZVF1ZXVlZEFjdGlvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIRCglhY3Rpb25faWQYAiABKAkiHAoaUmVtb3ZlUXVldWVkQWN0aW9uUmVzcG9uc2UiSQoOUmVhZExvZ1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIUCgxhZnRlcl9vZmZzZXQYAiABKAQSDQoFbGltaXQYAyABKA0iUwoPUmVhZExvZ1Jlc3BvbnNlEisKB2VudHJpZXMYASADKAsyGi5hZ2VudF9oYXJuZXNzLnYxLkxvZ0VudHJ5EhMKC2hlYWRfb2Zmc2V0GAIgASgEIlEKFEdldFRyYW5zY3JpcHRSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkisQEKFUdldFRyYW5zY3JpcHRSZXNwb25zZRI1CghtZXNzYWdlcxgBIAMoCzIjLmFnZW50X2hhcm5lc3MudjEuVHJhbnNjcmlwdE1lc3NhZ2USMwoIbWV0YWRhdGEYAiABKAsyIS5hZ2VudF9oYXJuZXNzLnYxLlNlc3Npb25NZXRhZGF0YRITCgtoZWFkX29mZnNldBgDIAEoBBIXCg9uZXh0X3BhZ2VfdG9rZW4YBCABKAkiawoQU3Vic2NyaWJlUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhQKDGFmdGVyX29mZnNldBgCIAEoBBItCgR2aWV3GAMgASgOMh8uYWdlbnRfaGFybmVzcy52MS5TdWJzY3JpYmVWaWV3IpIDChFTdWJzY3JpYmVSZXNwb25zZRIOCgZvZmZzZXQYASABKAQSKwoFZW50cnkYAiABKAsyGi5hZ2VudF9oYXJuZXNzLnYxLkxvZ0VudHJ5SAASNgoHbWVzc2FnZRgDIAEoCzIjLmFnZW50X2hhcm5lc3MudjEuVHJhbnNjcmlwdE1lc3NhZ2VIABIwCgVxdWV1ZRgEIAEoCzIfLmFnZW50X2hhcm5lc3MudjEuUXVldWVTbmFwc2hvdEgAEjcKBnN0YXR1cxgFIAEoCzIlLmFnZW50X2hhcm5lc3MudjEuU2Vzc2lvblN0YXR1c0NoYW5nZUgAEi8KCWNhdWdodF91cBgGIAEoCzIaLmFnZW50X2hhcm5lc3MudjEuQ2F1Z2h0VXBIABIwCgloZWFydGJlYXQYByABKAsyGy5hZ2VudF9oYXJuZXNzLnYxLkhlYXJ0YmVhdEgAEjEKCnR1cm5fZW5kZWQYCCABKAsyGy5hZ2VudF9oYXJuZXNzLnYxLlR1cm5FbmRlZEgAQgcKBWV2ZW50IkAKDVF1ZXVlU25hcHNob3QSLwoHZW50cmllcxgBIAMoCzIeLmFnZW50X2hhcm5lc3MudjEuUXVldWVkQWN0aW9uIlYKE1Nlc3Npb25TdGF0dXNDaGFuZ2USLwoGc3RhdHVzGAEgASgOMh8uYWdlbnRfaGFybmVzcy52MS5TZXNzaW9uU3RhdHVzEg4KBnJlYXNvbhgCIAEoCSIfCghDYXVnaHRVcBITCgtoZWFkX29mZnNldBgBIAEoBCIgCglIZWFydGJlYXQSEwoLaGVhZF9vZmZzZXQYASABKAQqfAoNU3Vic2NyaWJlVmlldxIeChpTVUJTQ1JJQkVfVklFV19VTlNQRUNJRklFRBAAEhYKElNVQlNDUklCRV9WSUVXX0FMTBABEhYKElNVQlNDUklCRV9WSUVXX0xPRxACEhsKF1NVQlNDUklCRV9WSUVXX01FU1NBR0VTEAMy1QkKE0FnZW50U2Vzc2lvblNlcnZpY2USYAoNQ3JlYXRlU2Vzc2lvbhImLmFnZW50X2hhcm5lc3MudjEuQ3JlYXRlU2Vzc2lvblJlcXVlc3QaJy5hZ2VudF9oYXJuZXNzLnYxLkNyZWF0ZVNlc3Npb25SZXNwb25zZRJXCgpHZXRTZXNzaW9uEiMuYWdlbnRfaGFybmVzcy52MS5HZXRTZXNzaW9uUmVxdWVzdBokLmFnZW50X2hhcm5lc3MudjEuR2V0U2Vzc2lvblJlc3BvbnNlEl0KDExpc3RTZXNzaW9ucxIlLmFnZW50X2hhcm5lc3MudjEuTGlzdFNlc3Npb25zUmVxdWVzdBomLmFnZW50X2hhcm5lc3MudjEuTGlzdFNlc3Npb25zUmVzcG9uc2USWgoLRm9ya1Nlc3Npb24SJC5hZ2VudF9oYXJuZXNzLnYxLkZvcmtTZXNzaW9uUmVxdWVzdBolLmFnZW50X2hhcm5lc3MudjEuRm9ya1Nlc3Npb25SZXNwb25zZRJdCgxDbG9zZVNlc3Npb24SJS5hZ2VudF9oYXJuZXNzLnYxLkNsb3NlU2Vzc2lvblJlcXVlc3QaJi5hZ2VudF9oYXJuZXNzLnYxLkNsb3NlU2Vzc2lvblJlc3BvbnNlEmAKDURlbGV0ZVNlc3Npb24SJi5hZ2VudF9oYXJuZXNzLnYxLkRlbGV0ZVNlc3Npb25SZXF1ZXN0GicuYWdlbnRfaGFybmVzcy52MS5EZWxldGVTZXNzaW9uUmVzcG9uc2USTgoHQ29udHJvbBIgLmFnZW50X2hhcm5lc3MudjEuQ29udHJvbFJlcXVlc3QaIS5hZ2VudF9oYXJuZXNzLnYxLkNvbnRyb2xSZXNwb25zZRJRCghHZXRRdWV1ZRIhLmFnZW50X2hhcm5lc3MudjEuR2V0UXVldWVSZXF1ZXN0GiIuYWdlbnRfaGFybmVzcy52MS5HZXRRdWV1ZVJlc3BvbnNlEmkKEEVkaXRRdWV1ZWRQcm9tcHQSKS5hZ2VudF9oYXJuZXNzLnYxLkVkaXRRdWV1ZWRQcm9tcHRSZXF1ZXN0GiouYWdlbnRfaGFybmVzcy52MS5FZGl0UXVldWVkUHJvbXB0UmVzcG9uc2USbwoSUmVtb3ZlUXVldWVkQWN0aW9uEisuYWdlbnRfaGFybmVzcy52MS5SZW1vdmVRdWV1ZWRBY3Rpb25SZXF1ZXN0GiwuYWdlbnRfaGFybmVzcy52MS5SZW1vdmVRdWV1ZWRBY3Rpb25SZXNwb25zZRJOCgdSZWFkTG9nEiAuYWdlbnRfaGFybmVzcy52MS5SZWFkTG9nUmVxdWVzdBohLmFnZW50X2hhcm5lc3MudjEuUmVhZExvZ1Jlc3BvbnNlEmAKDUdldFRyYW5zY3JpcHQSJi5hZ2VudF9oYXJuZXNzLnYxLkdldFRyYW5zY3JpcHRSZXF1ZXN0GicuYWdlbnRfaGFybmVzcy52MS5HZXRUcmFuc2NyaXB0UmVzcG9uc2USVgoJU3Vic2NyaWJlEiIuYWdlbnRfaGFybmVzcy52MS5TdWJzY3JpYmVSZXF1ZXN0GiMuYWdlbnRfaGFybmVzcy52MS5TdWJzY3JpYmVSZXNwb25zZTABQqIBChdkZXYuYWdlbnRoYXJuZXNzLmFwaS52MUIYQWdlbnRTZXNzaW9uU2VydmljZVByb3RvUAFaNGFnZW50aGFybmVzcy5kZXYvYXBpL2FnZW50X2hhcm5lc3MvdjE7YWdlbnRoYXJuZXNzdjGqAg9BZ2VudEhhcm5lc3MuVjHKAg9BZ2VudEhhcm5lc3NcVjHqAhBBZ2VudEhhcm5lc3M6OlYxYgZwcm90bzM", [file_agent_harness_v1_actions, file_agent_harness_v1_channel, file_agent_harness_v1_session, file_agent_harness_v1_transcript, file_google_protobuf_struct]);
 
 /**
  * Create a session.
@@ -179,6 +179,55 @@ export const GetSessionResponseSchema: GenMessage<GetSessionResponse> = /*@__PUR
   messageDesc(file_agent_harness_v1_agent_session_service, 3);
 
 /**
+ * Fork a session.
+ *
+ * @generated from message agent_harness.v1.ForkSessionRequest
+ */
+export type ForkSessionRequest = Message<"agent_harness.v1.ForkSessionRequest"> & {
+  /**
+   * The session to fork.
+   *
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * The new session's display name; else the parent's name with ` (fork)`.
+   *
+   * @generated from field: optional string name = 2;
+   */
+  name?: string | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.ForkSessionRequest.
+ * Use `create(ForkSessionRequestSchema)` to create a new message.
+ */
+export const ForkSessionRequestSchema: GenMessage<ForkSessionRequest> = /*@__PURE__*/
+  messageDesc(file_agent_harness_v1_agent_session_service, 4);
+
+/**
+ * The new session.
+ *
+ * @generated from message agent_harness.v1.ForkSessionResponse
+ */
+export type ForkSessionResponse = Message<"agent_harness.v1.ForkSessionResponse"> & {
+  /**
+   * The new session.
+   *
+   * @generated from field: agent_harness.v1.AgentSession session = 1;
+   */
+  session?: AgentSession | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.ForkSessionResponse.
+ * Use `create(ForkSessionResponseSchema)` to create a new message.
+ */
+export const ForkSessionResponseSchema: GenMessage<ForkSessionResponse> = /*@__PURE__*/
+  messageDesc(file_agent_harness_v1_agent_session_service, 5);
+
+/**
  * List sessions visible to the caller, newest first. Filters are ANDed.
  *
  * @generated from message agent_harness.v1.ListSessionsRequest
@@ -218,7 +267,7 @@ export type ListSessionsRequest = Message<"agent_harness.v1.ListSessionsRequest"
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 4);
+  messageDesc(file_agent_harness_v1_agent_session_service, 6);
 
 /**
  * A page of sessions.
@@ -246,7 +295,7 @@ export type ListSessionsResponse = Message<"agent_harness.v1.ListSessionsRespons
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 5);
+  messageDesc(file_agent_harness_v1_agent_session_service, 7);
 
 /**
  * Close a session.
@@ -267,7 +316,7 @@ export type CloseSessionRequest = Message<"agent_harness.v1.CloseSessionRequest"
  * Use `create(CloseSessionRequestSchema)` to create a new message.
  */
 export const CloseSessionRequestSchema: GenMessage<CloseSessionRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 6);
+  messageDesc(file_agent_harness_v1_agent_session_service, 8);
 
 /**
  * The closed session.
@@ -288,7 +337,7 @@ export type CloseSessionResponse = Message<"agent_harness.v1.CloseSessionRespons
  * Use `create(CloseSessionResponseSchema)` to create a new message.
  */
 export const CloseSessionResponseSchema: GenMessage<CloseSessionResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 7);
+  messageDesc(file_agent_harness_v1_agent_session_service, 9);
 
 /**
  * Delete a session and everything it holds.
@@ -309,7 +358,7 @@ export type DeleteSessionRequest = Message<"agent_harness.v1.DeleteSessionReques
  * Use `create(DeleteSessionRequestSchema)` to create a new message.
  */
 export const DeleteSessionRequestSchema: GenMessage<DeleteSessionRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 8);
+  messageDesc(file_agent_harness_v1_agent_session_service, 10);
 
 /**
  * The session is gone.
@@ -324,7 +373,7 @@ export type DeleteSessionResponse = Message<"agent_harness.v1.DeleteSessionRespo
  * Use `create(DeleteSessionResponseSchema)` to create a new message.
  */
 export const DeleteSessionResponseSchema: GenMessage<DeleteSessionResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 9);
+  messageDesc(file_agent_harness_v1_agent_session_service, 11);
 
 /**
  * One action for a session.
@@ -360,6 +409,14 @@ export type ControlRequest = Message<"agent_harness.v1.ControlRequest"> & {
    * @generated from field: agent_harness.v1.Delivery delivery = 4;
    */
   delivery: Delivery;
+
+  /**
+   * A condition on admitting a prompt or compact; EXPECT_IDLE refuses it unless the session is idle
+   * with an empty queue.
+   *
+   * @generated from field: agent_harness.v1.Expect expect = 5;
+   */
+  expect: Expect;
 
   /**
    * The action.
@@ -430,7 +487,7 @@ export type ControlRequest = Message<"agent_harness.v1.ControlRequest"> & {
  * Use `create(ControlRequestSchema)` to create a new message.
  */
 export const ControlRequestSchema: GenMessage<ControlRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 10);
+  messageDesc(file_agent_harness_v1_agent_session_service, 12);
 
 /**
  * What happened to the action.
@@ -465,7 +522,7 @@ export type ControlResponse = Message<"agent_harness.v1.ControlResponse"> & {
  * Use `create(ControlResponseSchema)` to create a new message.
  */
 export const ControlResponseSchema: GenMessage<ControlResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 11);
+  messageDesc(file_agent_harness_v1_agent_session_service, 13);
 
 /**
  * Read a session's queue.
@@ -486,7 +543,7 @@ export type GetQueueRequest = Message<"agent_harness.v1.GetQueueRequest"> & {
  * Use `create(GetQueueRequestSchema)` to create a new message.
  */
 export const GetQueueRequestSchema: GenMessage<GetQueueRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 12);
+  messageDesc(file_agent_harness_v1_agent_session_service, 14);
 
 /**
  * A session's queue.
@@ -507,7 +564,7 @@ export type GetQueueResponse = Message<"agent_harness.v1.GetQueueResponse"> & {
  * Use `create(GetQueueResponseSchema)` to create a new message.
  */
 export const GetQueueResponseSchema: GenMessage<GetQueueResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 13);
+  messageDesc(file_agent_harness_v1_agent_session_service, 15);
 
 /**
  * Edit a queued prompt.
@@ -542,7 +599,7 @@ export type EditQueuedPromptRequest = Message<"agent_harness.v1.EditQueuedPrompt
  * Use `create(EditQueuedPromptRequestSchema)` to create a new message.
  */
 export const EditQueuedPromptRequestSchema: GenMessage<EditQueuedPromptRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 14);
+  messageDesc(file_agent_harness_v1_agent_session_service, 16);
 
 /**
  * The edited entry.
@@ -563,7 +620,7 @@ export type EditQueuedPromptResponse = Message<"agent_harness.v1.EditQueuedPromp
  * Use `create(EditQueuedPromptResponseSchema)` to create a new message.
  */
 export const EditQueuedPromptResponseSchema: GenMessage<EditQueuedPromptResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 15);
+  messageDesc(file_agent_harness_v1_agent_session_service, 17);
 
 /**
  * Remove a queued action.
@@ -591,7 +648,7 @@ export type RemoveQueuedActionRequest = Message<"agent_harness.v1.RemoveQueuedAc
  * Use `create(RemoveQueuedActionRequestSchema)` to create a new message.
  */
 export const RemoveQueuedActionRequestSchema: GenMessage<RemoveQueuedActionRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 16);
+  messageDesc(file_agent_harness_v1_agent_session_service, 18);
 
 /**
  * The action is no longer queued.
@@ -606,7 +663,7 @@ export type RemoveQueuedActionResponse = Message<"agent_harness.v1.RemoveQueuedA
  * Use `create(RemoveQueuedActionResponseSchema)` to create a new message.
  */
 export const RemoveQueuedActionResponseSchema: GenMessage<RemoveQueuedActionResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 17);
+  messageDesc(file_agent_harness_v1_agent_session_service, 19);
 
 /**
  * Read a page of a session's log.
@@ -641,7 +698,7 @@ export type ReadLogRequest = Message<"agent_harness.v1.ReadLogRequest"> & {
  * Use `create(ReadLogRequestSchema)` to create a new message.
  */
 export const ReadLogRequestSchema: GenMessage<ReadLogRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 18);
+  messageDesc(file_agent_harness_v1_agent_session_service, 20);
 
 /**
  * A page of a session's log.
@@ -669,7 +726,7 @@ export type ReadLogResponse = Message<"agent_harness.v1.ReadLogResponse"> & {
  * Use `create(ReadLogResponseSchema)` to create a new message.
  */
 export const ReadLogResponseSchema: GenMessage<ReadLogResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 19);
+  messageDesc(file_agent_harness_v1_agent_session_service, 21);
 
 /**
  * Read the folded transcript.
@@ -705,7 +762,7 @@ export type GetTranscriptRequest = Message<"agent_harness.v1.GetTranscriptReques
  * Use `create(GetTranscriptRequestSchema)` to create a new message.
  */
 export const GetTranscriptRequestSchema: GenMessage<GetTranscriptRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 20);
+  messageDesc(file_agent_harness_v1_agent_session_service, 22);
 
 /**
  * A page of the transcript.
@@ -747,7 +804,7 @@ export type GetTranscriptResponse = Message<"agent_harness.v1.GetTranscriptRespo
  * Use `create(GetTranscriptResponseSchema)` to create a new message.
  */
 export const GetTranscriptResponseSchema: GenMessage<GetTranscriptResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 21);
+  messageDesc(file_agent_harness_v1_agent_session_service, 23);
 
 /**
  * Stream a session.
@@ -782,7 +839,7 @@ export type SubscribeRequest = Message<"agent_harness.v1.SubscribeRequest"> & {
  * Use `create(SubscribeRequestSchema)` to create a new message.
  */
 export const SubscribeRequestSchema: GenMessage<SubscribeRequest> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 22);
+  messageDesc(file_agent_harness_v1_agent_session_service, 24);
 
 /**
  * One event of a subscription.
@@ -868,7 +925,7 @@ export type SubscribeResponse = Message<"agent_harness.v1.SubscribeResponse"> & 
  * Use `create(SubscribeResponseSchema)` to create a new message.
  */
 export const SubscribeResponseSchema: GenMessage<SubscribeResponse> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 23);
+  messageDesc(file_agent_harness_v1_agent_session_service, 25);
 
 /**
  * The whole queue of a session, next first, as a stream event.
@@ -889,7 +946,7 @@ export type QueueSnapshot = Message<"agent_harness.v1.QueueSnapshot"> & {
  * Use `create(QueueSnapshotSchema)` to create a new message.
  */
 export const QueueSnapshotSchema: GenMessage<QueueSnapshot> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 24);
+  messageDesc(file_agent_harness_v1_agent_session_service, 26);
 
 /**
  * A session's status changed.
@@ -917,7 +974,7 @@ export type SessionStatusChange = Message<"agent_harness.v1.SessionStatusChange"
  * Use `create(SessionStatusChangeSchema)` to create a new message.
  */
 export const SessionStatusChangeSchema: GenMessage<SessionStatusChange> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 25);
+  messageDesc(file_agent_harness_v1_agent_session_service, 27);
 
 /**
  * The replay reached the head of the log.
@@ -938,7 +995,7 @@ export type CaughtUp = Message<"agent_harness.v1.CaughtUp"> & {
  * Use `create(CaughtUpSchema)` to create a new message.
  */
 export const CaughtUpSchema: GenMessage<CaughtUp> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 26);
+  messageDesc(file_agent_harness_v1_agent_session_service, 28);
 
 /**
  * The stream is alive.
@@ -959,7 +1016,7 @@ export type Heartbeat = Message<"agent_harness.v1.Heartbeat"> & {
  * Use `create(HeartbeatSchema)` to create a new message.
  */
 export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_agent_session_service, 27);
+  messageDesc(file_agent_harness_v1_agent_session_service, 29);
 
 /**
  * What a subscription streams.
@@ -1038,6 +1095,18 @@ export const AgentSessionService: GenService<{
     methodKind: "unary";
     input: typeof ListSessionsRequestSchema;
     output: typeof ListSessionsResponseSchema;
+  },
+  /**
+   * Opens a new session with the context of an existing one, when its agent advertises
+   * `session/fork` (else FAILED_PRECONDITION NOT_SUPPORTED); the new transcript starts with the
+   * parent's messages up to the fork point, marked as inherited.
+   *
+   * @generated from rpc agent_harness.v1.AgentSessionService.ForkSession
+   */
+  forkSession: {
+    methodKind: "unary";
+    input: typeof ForkSessionRequestSchema;
+    output: typeof ForkSessionResponseSchema;
   },
   /**
    * Stops the runtime and closes the session; its log and transcript are kept.

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agent_harness/v1/session.proto.
  */
 export const file_agent_harness_v1_session: GenFile = /*@__PURE__*/
-  fileDesc("Ch5hZ2VudF9oYXJuZXNzL3YxL3Nlc3Npb24ucHJvdG8SEGFnZW50X2hhcm5lc3MudjEi0gMKDEFnZW50U2Vzc2lvbhIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBW93bmVyGAMgASgJEg8KB3Byb2ZpbGUYBCABKAkSCwoDY3dkGAUgASgJEg0KBW1vZGVsGAYgASgJEhYKDmFjcF9zZXNzaW9uX2lkGAcgASgJEi8KBnN0YXR1cxgIIAEoDjIfLmFnZW50X2hhcm5lc3MudjEuU2Vzc2lvblN0YXR1cxIVCg1zdGF0dXNfcmVhc29uGAkgASgJEi4KCmNyZWF0ZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjoKBmxhYmVscxgMIAMoCzIqLmFnZW50X2hhcm5lc3MudjEuQWdlbnRTZXNzaW9uLkxhYmVsc0VudHJ5EhsKE3Byb2ZpbGVfZmluZ2VycHJpbnQYDSABKAkSDwoHZWRpdG9ycxgOIAMoCRITCgtoZWFkX29mZnNldBgPIAEoBBotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIusBCgxRdWV1ZWRBY3Rpb24SEQoJYWN0aW9uX2lkGAEgASgJEjAKBGtpbmQYAiABKA4yIi5hZ2VudF9oYXJuZXNzLnYxLlF1ZXVlZEFjdGlvbktpbmQSEwoGcHJvbXB0GAMgASgJSACIAQESNwoLYXR0YWNobWVudHMYBCADKAsyIi5hZ2VudF9oYXJuZXNzLnYxLlByb21wdEF0dGFjaG1lbnQSDQoFYWN0b3IYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCCQoHX3Byb21wdCr+AQoNU2Vzc2lvblN0YXR1cxIeChpTRVNTSU9OX1NUQVRVU19VTlNQRUNJRklFRBAAEhsKF1NFU1NJT05fU1RBVFVTX1NUQVJUSU5HEAESFwoTU0VTU0lPTl9TVEFUVVNfSURMRRACEhoKFlNFU1NJT05fU1RBVFVTX1JVTk5JTkcQAxIhCh1TRVNTSU9OX1NUQVRVU19BV0FJVElOR19JTlBVVBAEEhwKGFNFU1NJT05fU1RBVFVTX1NVU1BFTkRFRBAFEh8KG1NFU1NJT05fU1RBVFVTX0RJU0NPTk5FQ1RFRBAGEhkKFVNFU1NJT05fU1RBVFVTX0NMT1NFRBAHKlAKCERlbGl2ZXJ5EhgKFERFTElWRVJZX1VOU1BFQ0lGSUVEEAASEgoOREVMSVZFUllfUVVFVUUQARIWChJERUxJVkVSWV9JTlRFUlJVUFQQAipjCg1Db250cm9sU3RhdHVzEh4KGkNPTlRST0xfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTQ09OVFJPTF9TVEFUVVNfU0VOVBABEhkKFUNPTlRST0xfU1RBVFVTX1FVRVVFRBACKnUKEFF1ZXVlZEFjdGlvbktpbmQSIgoeUVVFVUVEX0FDVElPTl9LSU5EX1VOU1BFQ0lGSUVEEAASHQoZUVVFVUVEX0FDVElPTl9LSU5EX1BST01QVBABEh4KGlFVRVVFRF9BQ1RJT05fS0lORF9DT01QQUNUEAJClgEKF2Rldi5hZ2VudGhhcm5lc3MuYXBpLnYxQgxTZXNzaW9uUHJvdG9QAVo0YWdlbnRoYXJuZXNzLmRldi9hcGkvYWdlbnRfaGFybmVzcy92MTthZ2VudGhhcm5lc3N2MaoCD0FnZW50SGFybmVzcy5WMcoCD0FnZW50SGFybmVzc1xWMeoCEEFnZW50SGFybmVzczo6VjFiBnByb3RvMw", [file_agent_harness_v1_actions, file_google_protobuf_timestamp]);
+  fileDesc("Ch5hZ2VudF9oYXJuZXNzL3YxL3Nlc3Npb24ucHJvdG8SEGFnZW50X2hhcm5lc3MudjEigAUKDEFnZW50U2Vzc2lvbhIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBW93bmVyGAMgASgJEg8KB3Byb2ZpbGUYBCABKAkSCwoDY3dkGAUgASgJEg0KBW1vZGVsGAYgASgJEhYKDmFjcF9zZXNzaW9uX2lkGAcgASgJEi8KBnN0YXR1cxgIIAEoDjIfLmFnZW50X2hhcm5lc3MudjEuU2Vzc2lvblN0YXR1cxIVCg1zdGF0dXNfcmVhc29uGAkgASgJEi4KCmNyZWF0ZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjoKBmxhYmVscxgMIAMoCzIqLmFnZW50X2hhcm5lc3MudjEuQWdlbnRTZXNzaW9uLkxhYmVsc0VudHJ5EhsKE3Byb2ZpbGVfZmluZ2VycHJpbnQYDSABKAkSDwoHZWRpdG9ycxgOIAMoCRITCgtoZWFkX29mZnNldBgPIAEoBBIvCgphZ2VudF9pbmZvGBAgASgLMhsuYWdlbnRfaGFybmVzcy52MS5BZ2VudEluZm8SHwoXYWdlbnRfY2FwYWJpbGl0aWVzX2pzb24YESABKAkSHwoXYXZhaWxhYmxlX2NvbW1hbmRzX2pzb24YEiABKAkSEQoJcGxhbl9qc29uGBMgASgJEiYKBXVzYWdlGBQgASgLMhcuYWdlbnRfaGFybmVzcy52MS5Vc2FnZRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkgKCUFnZW50SW5mbxIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSEgoFdGl0bGUYAyABKAlIAIgBAUIICgZfdGl0bGUiZgoFVXNhZ2USEwoLdXNlZF90b2tlbnMYASABKAQSFAoMY29udGV4dF9zaXplGAIgASgEEikKBGNvc3QYAyABKAsyFi5hZ2VudF9oYXJuZXNzLnYxLkNvc3RIAIgBAUIHCgVfY29zdCIoCgRDb3N0Eg4KBmFtb3VudBgBIAEoARIQCghjdXJyZW5jeRgCIAEoCSLrAQoMUXVldWVkQWN0aW9uEhEKCWFjdGlvbl9pZBgBIAEoCRIwCgRraW5kGAIgASgOMiIuYWdlbnRfaGFybmVzcy52MS5RdWV1ZWRBY3Rpb25LaW5kEhMKBnByb21wdBgDIAEoCUgAiAEBEjcKC2F0dGFjaG1lbnRzGAQgAygLMiIuYWdlbnRfaGFybmVzcy52MS5Qcm9tcHRBdHRhY2htZW50Eg0KBWFjdG9yGAUgASgJEi4KCmNyZWF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQgkKB19wcm9tcHQq/gEKDVNlc3Npb25TdGF0dXMSHgoaU0VTU0lPTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIbChdTRVNTSU9OX1NUQVRVU19TVEFSVElORxABEhcKE1NFU1NJT05fU1RBVFVTX0lETEUQAhIaChZTRVNTSU9OX1NUQVRVU19SVU5OSU5HEAMSIQodU0VTU0lPTl9TVEFUVVNfQVdBSVRJTkdfSU5QVVQQBBIcChhTRVNTSU9OX1NUQVRVU19TVVNQRU5ERUQQBRIfChtTRVNTSU9OX1NUQVRVU19ESVNDT05ORUNURUQQBhIZChVTRVNTSU9OX1NUQVRVU19DTE9TRUQQBypQCghEZWxpdmVyeRIYChRERUxJVkVSWV9VTlNQRUNJRklFRBAAEhIKDkRFTElWRVJZX1FVRVVFEAESFgoSREVMSVZFUllfSU5URVJSVVBUEAIqMQoGRXhwZWN0EhYKEkVYUEVDVF9VTlNQRUNJRklFRBAAEg8KC0VYUEVDVF9JRExFEAEqYwoNQ29udHJvbFN0YXR1cxIeChpDT05UUk9MX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE0NPTlRST0xfU1RBVFVTX1NFTlQQARIZChVDT05UUk9MX1NUQVRVU19RVUVVRUQQAip1ChBRdWV1ZWRBY3Rpb25LaW5kEiIKHlFVRVVFRF9BQ1RJT05fS0lORF9VTlNQRUNJRklFRBAAEh0KGVFVRVVFRF9BQ1RJT05fS0lORF9QUk9NUFQQARIeChpRVUVVRURfQUNUSU9OX0tJTkRfQ09NUEFDVBACQpYBChdkZXYuYWdlbnRoYXJuZXNzLmFwaS52MUIMU2Vzc2lvblByb3RvUAFaNGFnZW50aGFybmVzcy5kZXYvYXBpL2FnZW50X2hhcm5lc3MvdjE7YWdlbnRoYXJuZXNzdjGqAg9BZ2VudEhhcm5lc3MuVjHKAg9BZ2VudEhhcm5lc3NcVjHqAhBBZ2VudEhhcm5lc3M6OlYxYgZwcm90bzM", [file_agent_harness_v1_actions, file_google_protobuf_timestamp]);
 
 /**
  * An agent session: one runtime, its queue and its durable log.
@@ -126,6 +126,41 @@ export type AgentSession = Message<"agent_harness.v1.AgentSession"> & {
    * @generated from field: uint64 head_offset = 15;
    */
   headOffset: bigint;
+
+  /**
+   * What the agent says it is (ACP `initialize` `agentInfo`), when it says.
+   *
+   * @generated from field: agent_harness.v1.AgentInfo agent_info = 16;
+   */
+  agentInfo?: AgentInfo | undefined;
+
+  /**
+   * The agent's capabilities as advertised (ACP `agentCapabilities`), as JSON.
+   *
+   * @generated from field: string agent_capabilities_json = 17;
+   */
+  agentCapabilitiesJson: string;
+
+  /**
+   * The agent's available commands (ACP `available_commands_update`), as the ACP JSON array.
+   *
+   * @generated from field: string available_commands_json = 18;
+   */
+  availableCommandsJson: string;
+
+  /**
+   * The agent's current plan (the latest ACP `plan` update's entries), as a JSON array.
+   *
+   * @generated from field: string plan_json = 19;
+   */
+  planJson: string;
+
+  /**
+   * What the session has used (the latest ACP `usage_update`), when the agent reports it.
+   *
+   * @generated from field: agent_harness.v1.Usage usage = 20;
+   */
+  usage?: Usage | undefined;
 };
 
 /**
@@ -134,6 +169,104 @@ export type AgentSession = Message<"agent_harness.v1.AgentSession"> & {
  */
 export const AgentSessionSchema: GenMessage<AgentSession> = /*@__PURE__*/
   messageDesc(file_agent_harness_v1_session, 0);
+
+/**
+ * What an agent says about itself in the ACP handshake.
+ *
+ * @generated from message agent_harness.v1.AgentInfo
+ */
+export type AgentInfo = Message<"agent_harness.v1.AgentInfo"> & {
+  /**
+   * The agent's programmatic name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The agent's version.
+   *
+   * @generated from field: string version = 2;
+   */
+  version: string;
+
+  /**
+   * A human-readable name, when given.
+   *
+   * @generated from field: optional string title = 3;
+   */
+  title?: string | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.AgentInfo.
+ * Use `create(AgentInfoSchema)` to create a new message.
+ */
+export const AgentInfoSchema: GenMessage<AgentInfo> = /*@__PURE__*/
+  messageDesc(file_agent_harness_v1_session, 1);
+
+/**
+ * Context window and cost of a session, as the agent last reported them (ACP `usage_update`).
+ *
+ * @generated from message agent_harness.v1.Usage
+ */
+export type Usage = Message<"agent_harness.v1.Usage"> & {
+  /**
+   * Tokens currently in the context.
+   *
+   * @generated from field: uint64 used_tokens = 1;
+   */
+  usedTokens: bigint;
+
+  /**
+   * The context window's size in tokens.
+   *
+   * @generated from field: uint64 context_size = 2;
+   */
+  contextSize: bigint;
+
+  /**
+   * The cumulative cost, when the agent sends one.
+   *
+   * @generated from field: optional agent_harness.v1.Cost cost = 3;
+   */
+  cost?: Cost | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.Usage.
+ * Use `create(UsageSchema)` to create a new message.
+ */
+export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
+  messageDesc(file_agent_harness_v1_session, 2);
+
+/**
+ * An amount of money.
+ *
+ * @generated from message agent_harness.v1.Cost
+ */
+export type Cost = Message<"agent_harness.v1.Cost"> & {
+  /**
+   * The amount.
+   *
+   * @generated from field: double amount = 1;
+   */
+  amount: number;
+
+  /**
+   * The currency code, for example `USD`.
+   *
+   * @generated from field: string currency = 2;
+   */
+  currency: string;
+};
+
+/**
+ * Describes the message agent_harness.v1.Cost.
+ * Use `create(CostSchema)` to create a new message.
+ */
+export const CostSchema: GenMessage<Cost> = /*@__PURE__*/
+  messageDesc(file_agent_harness_v1_session, 3);
 
 /**
  * One action waiting in a session's queue.
@@ -189,7 +322,7 @@ export type QueuedAction = Message<"agent_harness.v1.QueuedAction"> & {
  * Use `create(QueuedActionSchema)` to create a new message.
  */
 export const QueuedActionSchema: GenMessage<QueuedAction> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_session, 1);
+  messageDesc(file_agent_harness_v1_session, 4);
 
 /**
  * Where a session stands.
@@ -295,6 +428,34 @@ export const DeliverySchema: GenEnum<Delivery> = /*@__PURE__*/
   enumDesc(file_agent_harness_v1_session, 1);
 
 /**
+ * A condition on admitting a turn-occupying action (a prompt or a compact).
+ *
+ * @generated from enum agent_harness.v1.Expect
+ */
+export enum Expect {
+  /**
+   * No condition: the action runs now or is queued.
+   *
+   * @generated from enum value: EXPECT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Admitted only when the session is idle with an empty queue, else FAILED_PRECONDITION
+   * SESSION_BUSY and nothing is stored ("start only if idle").
+   *
+   * @generated from enum value: EXPECT_IDLE = 1;
+   */
+  IDLE = 1,
+}
+
+/**
+ * Describes the enum agent_harness.v1.Expect.
+ */
+export const ExpectSchema: GenEnum<Expect> = /*@__PURE__*/
+  enumDesc(file_agent_harness_v1_session, 2);
+
+/**
  * What happened to an accepted action.
  *
  * @generated from enum agent_harness.v1.ControlStatus
@@ -326,7 +487,7 @@ export enum ControlStatus {
  * Describes the enum agent_harness.v1.ControlStatus.
  */
 export const ControlStatusSchema: GenEnum<ControlStatus> = /*@__PURE__*/
-  enumDesc(file_agent_harness_v1_session, 2);
+  enumDesc(file_agent_harness_v1_session, 3);
 
 /**
  * Which action waits in the queue.
@@ -360,5 +521,5 @@ export enum QueuedActionKind {
  * Describes the enum agent_harness.v1.QueuedActionKind.
  */
 export const QueuedActionKindSchema: GenEnum<QueuedActionKind> = /*@__PURE__*/
-  enumDesc(file_agent_harness_v1_session, 3);
+  enumDesc(file_agent_harness_v1_session, 4);
 

@@ -5,7 +5,7 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 import type { ChannelMessage, TaskAssignment } from "./channel_pb.js";
-import type { AgentSession, ControlStatus, Delivery, QueuedAction, SessionStatus } from "./session_pb.js";
+import type { AgentSession, ControlStatus, Delivery, Expect, QueuedAction, SessionStatus } from "./session_pb.js";
 import type { CompactAction, PromptAction, RespondElicitationAction, RespondToPermissionAction, SetConfigOptionAction, SetModelAction, StopAction } from "./actions_pb.js";
 import type { LogEntry, SessionMetadata, TranscriptMessage, TurnEnded } from "./transcript_pb.js";
 
@@ -166,6 +166,53 @@ export declare type GetSessionResponse = Message<"agent_harness.v1.GetSessionRes
  * Use `create(GetSessionResponseSchema)` to create a new message.
  */
 export declare const GetSessionResponseSchema: GenMessage<GetSessionResponse>;
+
+/**
+ * Fork a session.
+ *
+ * @generated from message agent_harness.v1.ForkSessionRequest
+ */
+export declare type ForkSessionRequest = Message<"agent_harness.v1.ForkSessionRequest"> & {
+  /**
+   * The session to fork.
+   *
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * The new session's display name; else the parent's name with ` (fork)`.
+   *
+   * @generated from field: optional string name = 2;
+   */
+  name?: string | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.ForkSessionRequest.
+ * Use `create(ForkSessionRequestSchema)` to create a new message.
+ */
+export declare const ForkSessionRequestSchema: GenMessage<ForkSessionRequest>;
+
+/**
+ * The new session.
+ *
+ * @generated from message agent_harness.v1.ForkSessionResponse
+ */
+export declare type ForkSessionResponse = Message<"agent_harness.v1.ForkSessionResponse"> & {
+  /**
+   * The new session.
+   *
+   * @generated from field: agent_harness.v1.AgentSession session = 1;
+   */
+  session?: AgentSession | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.ForkSessionResponse.
+ * Use `create(ForkSessionResponseSchema)` to create a new message.
+ */
+export declare const ForkSessionResponseSchema: GenMessage<ForkSessionResponse>;
 
 /**
  * List sessions visible to the caller, newest first. Filters are ANDed.
@@ -343,6 +390,14 @@ export declare type ControlRequest = Message<"agent_harness.v1.ControlRequest"> 
    * @generated from field: agent_harness.v1.Delivery delivery = 4;
    */
   delivery: Delivery;
+
+  /**
+   * A condition on admitting a prompt or compact; EXPECT_IDLE refuses it unless the session is idle
+   * with an empty queue.
+   *
+   * @generated from field: agent_harness.v1.Expect expect = 5;
+   */
+  expect: Expect;
 
   /**
    * The action.
@@ -1002,6 +1057,18 @@ export declare const AgentSessionService: GenService<{
     methodKind: "unary";
     input: typeof ListSessionsRequestSchema;
     output: typeof ListSessionsResponseSchema;
+  },
+  /**
+   * Opens a new session with the context of an existing one, when its agent advertises
+   * `session/fork` (else FAILED_PRECONDITION NOT_SUPPORTED); the new transcript starts with the
+   * parent's messages up to the fork point, marked as inherited.
+   *
+   * @generated from rpc agent_harness.v1.AgentSessionService.ForkSession
+   */
+  forkSession: {
+    methodKind: "unary";
+    input: typeof ForkSessionRequestSchema;
+    output: typeof ForkSessionResponseSchema;
   },
   /**
    * Stops the runtime and closes the session; its log and transcript are kept.

@@ -252,6 +252,14 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_NOT_SUPPORTED = 32;
    */
   NOT_SUPPORTED = 32,
+
+  /**
+   * The store's database cannot be reached right now (UNAVAILABLE, with a `google.rpc.RetryInfo`
+   * delay): nothing of the request was stored, and the same request may be retried.
+   *
+   * @generated from enum value: ERROR_REASON_STORE_UNAVAILABLE = 33;
+   */
+  STORE_UNAVAILABLE = 33,
 }
 
 /**

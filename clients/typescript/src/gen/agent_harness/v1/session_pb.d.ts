@@ -122,6 +122,41 @@ export declare type AgentSession = Message<"agent_harness.v1.AgentSession"> & {
    * @generated from field: uint64 head_offset = 15;
    */
   headOffset: bigint;
+
+  /**
+   * What the agent says it is (ACP `initialize` `agentInfo`), when it says.
+   *
+   * @generated from field: agent_harness.v1.AgentInfo agent_info = 16;
+   */
+  agentInfo?: AgentInfo | undefined;
+
+  /**
+   * The agent's capabilities as advertised (ACP `agentCapabilities`), as JSON.
+   *
+   * @generated from field: string agent_capabilities_json = 17;
+   */
+  agentCapabilitiesJson: string;
+
+  /**
+   * The agent's available commands (ACP `available_commands_update`), as the ACP JSON array.
+   *
+   * @generated from field: string available_commands_json = 18;
+   */
+  availableCommandsJson: string;
+
+  /**
+   * The agent's current plan (the latest ACP `plan` update's entries), as a JSON array.
+   *
+   * @generated from field: string plan_json = 19;
+   */
+  planJson: string;
+
+  /**
+   * What the session has used (the latest ACP `usage_update`), when the agent reports it.
+   *
+   * @generated from field: agent_harness.v1.Usage usage = 20;
+   */
+  usage?: Usage | undefined;
 };
 
 /**
@@ -129,6 +164,101 @@ export declare type AgentSession = Message<"agent_harness.v1.AgentSession"> & {
  * Use `create(AgentSessionSchema)` to create a new message.
  */
 export declare const AgentSessionSchema: GenMessage<AgentSession>;
+
+/**
+ * What an agent says about itself in the ACP handshake.
+ *
+ * @generated from message agent_harness.v1.AgentInfo
+ */
+export declare type AgentInfo = Message<"agent_harness.v1.AgentInfo"> & {
+  /**
+   * The agent's programmatic name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The agent's version.
+   *
+   * @generated from field: string version = 2;
+   */
+  version: string;
+
+  /**
+   * A human-readable name, when given.
+   *
+   * @generated from field: optional string title = 3;
+   */
+  title?: string | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.AgentInfo.
+ * Use `create(AgentInfoSchema)` to create a new message.
+ */
+export declare const AgentInfoSchema: GenMessage<AgentInfo>;
+
+/**
+ * Context window and cost of a session, as the agent last reported them (ACP `usage_update`).
+ *
+ * @generated from message agent_harness.v1.Usage
+ */
+export declare type Usage = Message<"agent_harness.v1.Usage"> & {
+  /**
+   * Tokens currently in the context.
+   *
+   * @generated from field: uint64 used_tokens = 1;
+   */
+  usedTokens: bigint;
+
+  /**
+   * The context window's size in tokens.
+   *
+   * @generated from field: uint64 context_size = 2;
+   */
+  contextSize: bigint;
+
+  /**
+   * The cumulative cost, when the agent sends one.
+   *
+   * @generated from field: optional agent_harness.v1.Cost cost = 3;
+   */
+  cost?: Cost | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.Usage.
+ * Use `create(UsageSchema)` to create a new message.
+ */
+export declare const UsageSchema: GenMessage<Usage>;
+
+/**
+ * An amount of money.
+ *
+ * @generated from message agent_harness.v1.Cost
+ */
+export declare type Cost = Message<"agent_harness.v1.Cost"> & {
+  /**
+   * The amount.
+   *
+   * @generated from field: double amount = 1;
+   */
+  amount: number;
+
+  /**
+   * The currency code, for example `USD`.
+   *
+   * @generated from field: string currency = 2;
+   */
+  currency: string;
+};
+
+/**
+ * Describes the message agent_harness.v1.Cost.
+ * Use `create(CostSchema)` to create a new message.
+ */
+export declare const CostSchema: GenMessage<Cost>;
 
 /**
  * One action waiting in a session's queue.
@@ -285,6 +415,33 @@ export enum Delivery {
  * Describes the enum agent_harness.v1.Delivery.
  */
 export declare const DeliverySchema: GenEnum<Delivery>;
+
+/**
+ * A condition on admitting a turn-occupying action (a prompt or a compact).
+ *
+ * @generated from enum agent_harness.v1.Expect
+ */
+export enum Expect {
+  /**
+   * No condition: the action runs now or is queued.
+   *
+   * @generated from enum value: EXPECT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Admitted only when the session is idle with an empty queue, else FAILED_PRECONDITION
+   * SESSION_BUSY and nothing is stored ("start only if idle").
+   *
+   * @generated from enum value: EXPECT_IDLE = 1;
+   */
+  IDLE = 1,
+}
+
+/**
+ * Describes the enum agent_harness.v1.Expect.
+ */
+export declare const ExpectSchema: GenEnum<Expect>;
 
 /**
  * What happened to an accepted action.

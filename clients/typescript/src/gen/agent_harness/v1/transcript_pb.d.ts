@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2"
 import type { Message } from "@bufbuild/protobuf";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import type { JsonRpcId, PromptAttachment } from "./actions_pb.js";
-import type { SessionStatus } from "./session_pb.js";
+import type { AgentInfo, SessionStatus, Usage } from "./session_pb.js";
 
 /**
  * Describes the file agent_harness/v1/transcript.proto.
@@ -151,6 +151,14 @@ export declare type TranscriptMessage = Message<"agent_harness.v1.TranscriptMess
    * @generated from field: uint64 last_offset = 10;
    */
   lastOffset: bigint;
+
+  /**
+   * The message came from the parent session of a fork (up to the fork point); its offsets are
+   * the parent's.
+   *
+   * @generated from field: bool inherited = 11;
+   */
+  inherited: boolean;
 };
 
 /**
@@ -656,6 +664,34 @@ export declare type SessionMetadata = Message<"agent_harness.v1.SessionMetadata"
    * @generated from field: repeated agent_harness.v1.JsonRpcId pending_interactions = 6;
    */
   pendingInteractions: JsonRpcId[];
+
+  /**
+   * What the agent says it is, when it says.
+   *
+   * @generated from field: agent_harness.v1.AgentInfo agent_info = 7;
+   */
+  agentInfo?: AgentInfo | undefined;
+
+  /**
+   * The agent's capabilities as advertised, as JSON.
+   *
+   * @generated from field: string agent_capabilities_json = 8;
+   */
+  agentCapabilitiesJson: string;
+
+  /**
+   * The agent's current plan (the latest `plan` update's entries), as a JSON array.
+   *
+   * @generated from field: string plan_json = 9;
+   */
+  planJson: string;
+
+  /**
+   * What the session has used (the latest `usage_update`), when the agent reports it.
+   *
+   * @generated from field: agent_harness.v1.Usage usage = 10;
+   */
+  usage?: Usage | undefined;
 };
 
 /**
