@@ -7,6 +7,10 @@
 //! never see which replica owns what: the owner's answer is returned as it is. A replica that
 //! serves TLS dials its peers over TLS (trusting `replica_tls_ca`, presenting its own
 //! certificate when they require client certificates).
+//!
+//! Reads (GetSession, ListSessions, ReadLog, GetTranscript, GetQueue) are never forwarded: any
+//! replica answers them from the store, so they still answer while the owner is paused or
+//! partitioned and its lease has not expired yet.
 
 use std::{collections::HashMap, pin::Pin, sync::Mutex, time::Duration};
 
@@ -261,12 +265,8 @@ impl AgentSessionService for RoutedSessions {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Reply<pb::GetSessionResponse> {
-        self.unary(
-            request,
-            |r| self.inner.get_session(r),
-            |mut c, r| async move { c.get_session(r).await },
-        )
-        .await
+        // A read: served from the store here, whoever owns the session.
+        self.inner.get_session(request).await
     }
 
     async fn list_sessions(
@@ -326,12 +326,8 @@ impl AgentSessionService for RoutedSessions {
         &self,
         request: Request<pb::GetQueueRequest>,
     ) -> Reply<pb::GetQueueResponse> {
-        self.unary(
-            request,
-            |r| self.inner.get_queue(r),
-            |mut c, r| async move { c.get_queue(r).await },
-        )
-        .await
+        // A read: served from the store here, whoever owns the session.
+        self.inner.get_queue(request).await
     }
 
     async fn edit_queued_prompt(
@@ -359,24 +355,16 @@ impl AgentSessionService for RoutedSessions {
     }
 
     async fn read_log(&self, request: Request<pb::ReadLogRequest>) -> Reply<pb::ReadLogResponse> {
-        self.unary(
-            request,
-            |r| self.inner.read_log(r),
-            |mut c, r| async move { c.read_log(r).await },
-        )
-        .await
+        // A read: served from the store here, whoever owns the session.
+        self.inner.read_log(request).await
     }
 
     async fn get_transcript(
         &self,
         request: Request<pb::GetTranscriptRequest>,
     ) -> Reply<pb::GetTranscriptResponse> {
-        self.unary(
-            request,
-            |r| self.inner.get_transcript(r),
-            |mut c, r| async move { c.get_transcript(r).await },
-        )
-        .await
+        // A read: served from the store here, whoever owns the session.
+        self.inner.get_transcript(request).await
     }
 
     async fn subscribe(

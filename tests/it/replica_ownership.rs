@@ -1,7 +1,8 @@
 //! Several replicas on one PostgreSQL database (SPEC §15), as real `serve` processes on loopback:
 //! a call to a replica that does not own the session is served by the owner; a killed owner's
 //! session is claimed by a survivor that fails the interrupted turn ("owner replica lost") and
-//! drains the queue; a paused owner resumed after its lease moved stops its actor and runtime.
+//! drains the queue; a paused owner resumed after its lease moved stops its actor and runtime;
+//! reads on another replica answer from the store while the owner is paused.
 //!
 //! Needs `AGENT_HARNESS_TEST_DATABASE_URL` like the other PostgreSQL tests (and fails without it
 //! when `CI=true`); each test works in a schema of its own and drops it at the end.
@@ -316,6 +317,66 @@ async fn a_paused_owner_resumed_after_its_lease_moved_is_fenced_off_and_stops_it
     })
     .await;
     drop((a, b, c));
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_on_another_replica_answer_from_the_store_while_the_owner_is_paused() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    // A lease that outlives the test: the paused owner holds the session throughout, so a read
+    // forwarded to it would wait and answer UNAVAILABLE.
+    let [a, b] = ["a", "b"].map(|name| {
+        let marker = format!("replica-{name}-{}", uuid::Uuid::now_v7().simple());
+        let config = config_file(dir.path(), name, &marker);
+        let process = Serve::new()
+            .args(["--lease-ttl", "600s", "--database-url", &database_url])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("data-{name}")))
+            .arg("--config")
+            .arg(&config)
+            .start();
+        Replica { process, marker }
+    });
+    within(TEST_BOUND, async {
+        let mut session = create_on(&a, dir.path()).await;
+        let mut watch = session.watch().await;
+        let done = session.prompt("before the pause").await;
+        watch.response_to(&done.action_id).await;
+        let running = session.prompt("@wait-cancel").await;
+        watch.chunk("echo: @wait-cancel").await;
+        let queued = session.prompt("queued behind it").await;
+        drop(watch);
+        a.process.pause();
+
+        let mut via_b = Session::attach(b.client().await, &session.id);
+        let record = via_b.get().await;
+        assert_eq!(record.id, session.id);
+        let log = via_b.log().await;
+        assert_eq!(
+            prompts_sent(&log),
+            [done.action_id.clone(), running.action_id.clone()],
+            "the stored log"
+        );
+        assert_eq!(record.head_offset, log.last().unwrap().offset);
+        let transcript = via_b.transcript().await;
+        assert_eq!(transcript.head_offset, record.head_offset);
+        let said = format!("{:?}", transcript.messages);
+        assert!(
+            said.contains("before the pause") && said.contains("@wait-cancel"),
+            "the transcript folded from the stored log: {said}"
+        );
+        let queue = via_b.queue().await;
+        let waiting: Vec<&str> = queue.iter().map(|q| q.action_id.as_str()).collect();
+        assert_eq!(waiting, [queued.action_id.as_str()], "the stored queue");
+        assert!(!b.runs_a_runtime(), "a read starts no runtime on B");
+        a.process.resume();
+    })
+    .await;
+    drop((a, b));
     drop_schema(&url, &schema).await;
 }
 
