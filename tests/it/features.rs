@@ -347,6 +347,47 @@ async fn a_fork_of_a_session_with_two_turns_inherits_both_and_its_next_prompt_ru
 }
 
 #[tokio::test]
+async fn a_fork_whose_copied_log_would_not_fit_one_message_is_refused_as_a_limit_and_creates_nothing()
+ {
+    bounded(async {
+        // A small message limit: the parent's log outgrows it in two turns.
+        let h = Harness::start_with(|config| {
+            config.limits.grpc_message_bytes = 96 * 1024;
+            mock_profile_with(config, "forkable", &["--resume", "--fork"], |_| {})
+        })
+        .await;
+        let mut parent = Session::create(&h, "forkable").await;
+        let mut watch = parent.watch().await;
+        let long = "x".repeat(20 * 1024);
+        for _ in 0..2 {
+            let turn = parent.prompt(&long).await;
+            watch.response_to(&turn.action_id).await;
+        }
+        let before = crate::support::session_count(&h).await;
+        let refused = expect_err(
+            parent
+                .client
+                .fork_session(pb::ForkSessionRequest {
+                    session_id: parent.id.clone(),
+                    name: None,
+                })
+                .await,
+        );
+        assert_error(&refused, Code::InvalidArgument, "LIMIT_EXCEEDED");
+        assert!(
+            refused.message().contains("copied into the fork"),
+            "{}",
+            refused.message()
+        );
+        assert_eq!(crate::support::session_count(&h).await, before);
+        // The parent goes on as before.
+        let turn = parent.prompt("still here").await;
+        watch.response_to(&turn.action_id).await;
+    })
+    .await
+}
+
+#[tokio::test]
 async fn a_fork_against_an_agent_that_does_not_advertise_it_is_not_supported() {
     bounded(async {
         let h = Harness::start().await;

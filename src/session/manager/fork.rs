@@ -1,11 +1,13 @@
 //! Forking a session (SPEC §18): a new session whose runtime opens with `session/fork` on the
 //! parent's ACP session, and whose transcript starts with the parent's messages up to the fork
 //! point, marked inherited. Forked on the replica that runs the parent (the call is routed
-//! there), so the parent's kept fold and log are at hand.
+//! there), so the parent's kept fold and log are at hand. The parent's log is copied into the
+//! fork's first entry, so a fork is refused (LIMIT_EXCEEDED, `grpc_message_bytes`) when that
+//! entry would not fit one ReadLog page.
 
 use serde_json::Value;
 
-use super::{CreateInput, Sessions, create::ForkFrom};
+use super::{CreateInput, Sessions, create::ForkFrom, reads::PAGE_OVERHEAD_BYTES};
 use crate::{
     acp::fold::{Fold, forked_event},
     domain::{Error, ErrorCode, Principal, Result, session::SessionRecord},
@@ -49,7 +51,27 @@ impl Sessions {
                 ),
             ));
         }
+        // The fork's first entry carries the parent's log up to the fork point. It must fit
+        // one ReadLog page and one Subscribe message, so a parent too large for that is
+        // refused, before anything is created, rather than stored as an entry no client can read.
+        let budget = self
+            .ctx
+            .limits
+            .grpc_message_bytes
+            .saturating_sub(PAGE_OVERHEAD_BYTES);
+        let too_large = |bytes: usize| {
+            Error::limit(
+                "grpc_message_bytes",
+                self.ctx.limits.grpc_message_bytes,
+                format!(
+                    "forking session {}: its log up to offset {head} ({bytes} bytes, copied into \
+                     the fork's first log entry)",
+                    parent.id
+                ),
+            )
+        };
         let mut entries = Vec::new();
+        let mut copied = 0;
         while (entries.len() as u64) < head {
             let page = self
                 .ctx
@@ -59,7 +81,15 @@ impl Sessions {
             if page.is_empty() {
                 break;
             }
-            entries.extend(page.into_iter().filter(|e| e.offset <= head));
+            let page = page.into_iter().filter(|e| e.offset <= head);
+            for entry in page {
+                // The entries' JSON alone (escaping only adds to it): stop reading early.
+                copied += entry.json.len();
+                if copied > budget {
+                    return Err(too_large(copied));
+                }
+                entries.push(entry);
+            }
         }
         let name = name.or_else(|| {
             let keep = self
@@ -78,9 +108,14 @@ impl Sessions {
             editors: parent.editors.clone(),
             ..Default::default()
         };
+        let forked_event = forked_event(&parent.id.to_string(), &entries);
+        let bytes = forked_event.to_string().len();
+        if bytes > budget {
+            return Err(too_large(bytes));
+        }
         let fork = ForkFrom {
             parent_acp_session_id: parent.acp_session_id.clone(),
-            forked_event: forked_event(&parent.id.to_string(), &entries),
+            forked_event,
         };
         let created = self
             .create_from(principal, input, traceparent, Some(fork))

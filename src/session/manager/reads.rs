@@ -36,7 +36,7 @@ pub(crate) struct ListInput {
 }
 
 /// Room kept in a ReadLog page for the response's own fields.
-const PAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+pub(crate) const PAGE_OVERHEAD_BYTES: usize = 64 * 1024;
 /// What one entry costs in a page besides its JSON (offset, actor, ids, time, framing).
 const ENTRY_OVERHEAD_BYTES: usize = 128;
 
