@@ -28,6 +28,7 @@
 pub mod acp;
 pub mod app;
 pub(crate) mod auth;
+pub mod bridge;
 pub mod config;
 pub mod domain;
 pub(crate) mod grpc;

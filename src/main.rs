@@ -25,6 +25,8 @@ struct Cli {
 enum Command {
     /// Serve the gRPC API (SQLite in the data dir and the built-in `mock` profile by default).
     Serve(Box<ServeArgs>),
+    /// Run agents here for a harness elsewhere: dial its RuntimeGatewayService (SPEC §16).
+    Bridge(agent_harness::bridge::BridgeArgs),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
     /// Internal: started by `serve`; kills its runtimes' process trees when `serve` dies.
@@ -63,6 +65,14 @@ fn main() -> anyhow::Result<()> {
         Command::MockAgent(args) => std::process::exit(mock_agent::main(args)),
         Command::RuntimeWatchdog { marker_prefix } => {
             std::process::exit(agent_harness::acp::process::watchdog_main(&marker_prefix))
+        }
+        Command::Bridge(args) => {
+            agent_harness::acp::process::set_watchdog_program(std::env::current_exe()?);
+            agent_harness::telemetry::init_logging(Default::default());
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(agent_harness::bridge::run(args))
         }
         Command::Serve(args) => {
             let program = std::env::current_exe()?;

@@ -18,7 +18,7 @@ use serde::Deserialize;
 pub use crate::auth::tls::TlsFiles;
 use crate::domain::{invocation, limits::Limits};
 pub use crate::telemetry::LogFormat;
-pub use profile::{MOCK_PROFILE, PermissionPolicy, Profile, ProfileFile};
+pub use profile::{MOCK_PROFILE, PermissionPolicy, Profile, ProfileFile, RemoteTarget};
 
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub(crate) const DEFAULT_DATA_DIR: &str = "./data";

@@ -37,6 +37,19 @@ pub struct Profile {
     pub startup_timeout: Duration,
     pub cancel_grace: Duration,
     pub idle_timeout: Option<Duration>,
+    /// `Some` for a profile of `kind = "remote"` (SPEC §16): its runtimes run on a bridge, and
+    /// `command`, `args` and `env` are unused (the bridge's own profile says what to run).
+    pub remote: Option<RemoteTarget>,
+}
+
+/// Where a remote profile's runtimes run: a bridge whose labels include `bridge_labels`, from
+/// its profile `bridge_profile`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteTarget {
+    pub bridge_labels: BTreeMap<String, String>,
+    pub bridge_profile: String,
+    /// How long a runtime outlives a broken bridge stream before it is faulted.
+    pub reconnect_grace: Duration,
 }
 
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -65,6 +78,7 @@ impl Profile {
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             idle_timeout: None,
+            remote: None,
         }
     }
 
@@ -84,6 +98,13 @@ impl Profile {
         for (key, value) in &self.env {
             field("env.key", key.as_bytes());
             field("env.value", value.as_bytes());
+        }
+        if let Some(remote) = &self.remote {
+            for (key, value) in &remote.bridge_labels {
+                field("bridge_labels.key", key.as_bytes());
+                field("bridge_labels.value", value.as_bytes());
+            }
+            field("bridge_profile", remote.bridge_profile.as_bytes());
         }
         field(
             "permission_policy",

@@ -51,6 +51,7 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             startup_timeout: Duration::from_secs(20),
             cancel_grace: Duration::from_secs(10),
             idle_timeout: None,
+            remote: None,
         }),
     );
 }

@@ -7,6 +7,7 @@
 use agent_harness_testkit::{harness, support};
 
 mod auth;
+mod bridge;
 mod cannot_reopen;
 mod crash;
 mod create_crash;

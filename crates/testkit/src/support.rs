@@ -39,6 +39,7 @@ pub fn mock_profile_with(
         startup_timeout: Duration::from_secs(10),
         cancel_grace: Duration::from_secs(10),
         idle_timeout: None,
+        remote: None,
     };
     edit(&mut profile);
     config.profiles.insert(name.to_owned(), Arc::new(profile));
