@@ -435,7 +435,7 @@ async fn a_connection_cut_mid_turn_is_redialled_and_the_turn_completes_with_ever
         let mut session = Session::create(&h, "far").await;
         let mut watch = session.watch().await;
         let turn = session
-            .prompt("before and after\n@chunks 20 30\n@permission\n@chunks 200 30")
+            .prompt("before and after\n@chunks 20 30\n@permission\n@chunks 2000 31")
             .await;
         let request = watch.agent_request("session/request_permission").await;
         proxy.cut();
@@ -447,13 +447,23 @@ async fn a_connection_cut_mid_turn_is_redialled_and_the_turn_completes_with_ever
             .act(permission_answer(number_id(id), Some("allow-once")))
             .await
             .unwrap();
+        // Cut again while the agent streams its second batch (31-byte chunks): lines in flight
+        // both ways are resent, and duplicates dropped.
+        watch
+            .entry(|_, f| {
+                f["params"]["update"]["content"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.len() == 31 && t.starts_with("#10:"))
+            })
+            .await;
+        proxy.cut();
         assert_eq!(
             watch.response_to(&turn.action_id).await["result"]["stopReason"],
             "end_turn"
         );
         assert!(
-            proxy.accepted.load(Ordering::SeqCst) >= 2,
-            "the bridge redialled"
+            proxy.accepted.load(Ordering::SeqCst) >= 3,
+            "the bridge redialled twice"
         );
 
         let log = session.log().await;
@@ -475,7 +485,7 @@ async fn a_connection_cut_mid_turn_is_redialled_and_the_turn_completes_with_ever
             .iter()
             .map(|t| t[1..t.find(':').unwrap()].parse().unwrap())
             .collect();
-        let want: Vec<usize> = (0..20).chain(0..200).collect();
+        let want: Vec<usize> = (0..20).chain(0..2000).collect();
         assert_eq!(numbers, want, "every chunk exactly once, in order");
         let answers = frames
             .iter()
@@ -814,6 +824,16 @@ fn a_hostile_bridge_is_refused_or_its_runtime_faulted_and_the_harness_serves_oth
             .await
             .unwrap()
             .into_inner();
+        let hostile = listed
+            .sessions
+            .iter()
+            .filter(|s| s.profile == "hostile")
+            .count();
+        assert_eq!(
+            hostile,
+            case.load(Ordering::SeqCst),
+            "every hostile bridge got its session"
+        );
         for s in listed.sessions {
             let fine = [
                 pb::SessionStatus::Idle as i32,
