@@ -19,6 +19,7 @@
 //!
 //! `docs/benchmarks.md` has the command, the machine, the figures and what bounds each one.
 
+mod bridge;
 mod client;
 mod direct;
 mod echo;
@@ -49,16 +50,18 @@ pub enum Figure {
     Replay,
     Translate,
     Rss,
+    Bridge,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 6] = [
+    pub const ALL: [Figure; 7] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
         Figure::Replay,
         Figure::Translate,
         Figure::Rss,
+        Figure::Bridge,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -81,6 +84,11 @@ impl Figure {
             Figure::Replay => &[("replay", replay::FIGURE, ">= 200,000 frames/s")],
             Figure::Translate => &[("translate", translate::FIGURE, ">= 0.80 of echo")],
             Figure::Rss => &[("rss", rss::FIGURE, "<= 64 KiB")],
+            Figure::Bridge => &[(
+                "bridge-rtt-p50",
+                bridge::FIGURE,
+                "overhead <= 1.000 ms (ours)",
+            )],
         }
     }
 }
@@ -354,6 +362,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usiz
             Figure::Replay => replay::run(ctx).await,
             Figure::Translate => translate::run(ctx).await,
             Figure::Rss => rss::run(ctx).await,
+            Figure::Bridge => bridge::run(ctx).await,
         };
         match outcome {
             Ok(PhaseReport {
