@@ -91,6 +91,18 @@ impl Bridge {
         profiles: &str,
         token: Option<&str>,
     ) -> Self {
+        Self::start_with_args(url, id, labels, profiles, token, &[])
+    }
+
+    /// [`Bridge::start`] with extra flags.
+    fn start_with_args(
+        url: &str,
+        id: &str,
+        labels: &[(&str, &str)],
+        profiles: &str,
+        token: Option<&str>,
+        args: &[&std::ffi::OsStr],
+    ) -> Self {
         let dir = tempfile::tempdir().expect("a temporary dir");
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k} = {v:?}")).collect();
         let config = format!(
@@ -107,6 +119,7 @@ impl Bridge {
             .arg(url)
             .arg("--config")
             .arg(&config_path)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -549,6 +562,73 @@ async fn a_killed_bridge_leaves_the_session_disconnected_and_it_reopens_through_
     .await
 }
 
+#[tokio::test]
+async fn a_bridge_dials_an_https_harness_trusting_the_ca_it_was_given_and_runs_a_turn() {
+    within(BRIDGE_TIMEOUT, async {
+        let ca = crate::tls::Ca::new("bridge test CA");
+        let issued = ca.issue(&["localhost", "127.0.0.1"]);
+        let files = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = files.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ca_path = write("ca.pem", &ca.pem());
+        let tls = agent_harness::config::TlsFiles {
+            cert: write("server.pem", &issued.cert),
+            key: write("server.key", &issued.key),
+            client_ca: None,
+        };
+        let data = tempfile::tempdir().unwrap();
+        let mut config = crate::harness::test_config(data.path().to_owned(), service_bin());
+        config.tls = Some(tls);
+        remote_profile(
+            &mut config,
+            "far",
+            &[],
+            "mock",
+            Duration::from_secs(20),
+            Duration::from_secs(30),
+        );
+        let server = agent_harness::app::start(config).await.expect("serves");
+        let url = format!("https://localhost:{}", server.local_addr().port());
+        let _bridge = Bridge::start_with_args(
+            &url,
+            "tls-bridge",
+            &[],
+            &mock_bridge_profile("mock"),
+            None,
+            &["--tls-ca-file".as_ref(), ca_path.as_os_str()],
+        );
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem()))
+            .domain_name("localhost");
+        let channel = tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .expect("a TLS connection");
+        let client = pb::agent_session_service_client::AgentSessionServiceClient::new(channel);
+        let request = pb::CreateSessionRequest {
+            profile: "far".into(),
+            cwd: data.path().to_string_lossy().into_owned(),
+            ..Default::default()
+        };
+        let mut session = Session::create_with_client(client, request).await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("over TLS").await;
+        assert_eq!(
+            watch.response_to(&turn.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        drop(watch);
+        server.shutdown().await.unwrap();
+    })
+    .await
+}
+
 // ---- a hostile bridge ----------------------------------------------------------------------
 
 /// A bridge speaking the protocol directly: what it sends, and what the harness answers.
@@ -785,6 +865,14 @@ fn a_hostile_bridge_is_refused_or_its_runtime_faulted_and_the_harness_serves_oth
             case.load(Ordering::SeqCst),
             "every hostile bridge got its session"
         );
+        let faulted = listed
+            .sessions
+            .iter()
+            .filter(|s| {
+                s.profile == "hostile" && s.status == pb::SessionStatus::Disconnected as i32
+            })
+            .count();
+        assert!(faulted > 0, "some hostile runtimes were faulted");
         for s in listed.sessions {
             let fine = [
                 pb::SessionStatus::Idle as i32,
