@@ -40,6 +40,8 @@ pub const OUTBOUND_MESSAGES: usize = 256;
 const RUNTIME_EVENTS: usize = 64;
 /// Bytes buffered in the pipe between a runtime task and its session actor, each way.
 const PIPE_BYTES: usize = 256 * 1024;
+/// How long a send to a bridge stream may wait before the stream counts as broken.
+const SEND_STALL: Duration = Duration::from_secs(10);
 /// The default of `reconnect_grace` (SPEC §16).
 pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(30);
 
@@ -593,12 +595,20 @@ impl RuntimeTask {
     }
 
     /// Sends to the bridge if its stream is up; a line that cannot go now stays unacknowledged
-    /// and is resent on the next attach.
+    /// and is resent on the next attach. A stream that takes nothing for [`SEND_STALL`] is
+    /// treated as broken (a dead connection can look alive for a while; the bridge's keepalive
+    /// redials and a fresh stream takes the runtime over), so the grace clock starts.
     async fn send(&mut self, message: ToBridge) {
-        if let Some(out) = &self.out
-            && out.send(message).await.is_err()
-        {
-            self.out = None;
+        let Some(out) = &self.out else { return };
+        match tokio::time::timeout(SEND_STALL, out.send(message)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => self.out = None,
+            Err(_) => {
+                tracing::warn!(bridge = %self.bridge_id, runtime = %self.key, "the bridge stream took nothing for {SEND_STALL:?}; waiting for a redial");
+                self.out = None;
+                self.detached_until
+                    .get_or_insert_with(|| Instant::now() + self.grace);
+            }
         }
     }
 
