@@ -164,7 +164,6 @@ enum RuntimeEvent {
 
 struct BridgeEntry {
     labels: BTreeMap<String, String>,
-    profiles: Vec<String>,
     /// `None` while the bridge's stream is broken.
     out: Option<mpsc::Sender<ToBridge>>,
     /// Counts the bridge's streams; a stream that ends acts only if it is still the current one.
@@ -399,7 +398,6 @@ impl Gateway {
                 bridge_id.clone(),
                 BridgeEntry {
                     labels: hello.labels.clone(),
-                    profiles: hello.profiles.clone(),
                     out: Some(out.clone()),
                     generation,
                     runtimes: kept,
@@ -487,20 +485,6 @@ impl Gateway {
             let _ = events.send(RuntimeEvent::Detached).await;
         }
         result
-    }
-
-    /// Which profiles the bridges that match `labels` offer (for error messages).
-    pub fn profiles_matching(&self, labels: &BTreeMap<String, String>) -> Vec<String> {
-        let state = self.state.lock().expect("not poisoned");
-        let mut profiles: Vec<String> = state
-            .bridges
-            .values()
-            .filter(|b| labels.iter().all(|(k, v)| b.labels.get(k) == Some(v)))
-            .flat_map(|b| b.profiles.iter().cloned())
-            .collect();
-        profiles.sort();
-        profiles.dedup();
-        profiles
     }
 }
 
