@@ -880,4 +880,55 @@ mod tests {
         assert!(exit.unwrap_err().to_string().contains("lost"));
         assert_eq!(next(&mut out).await, ToBridge::Kill { key });
     }
+
+    #[tokio::test]
+    async fn after_a_broken_stream_the_redialled_bridge_gets_what_it_had_not_received_again() {
+        let gateway = Gateway::new();
+        let (mut out, inbound) = connect(&gateway, hello("b1", &[]));
+        let spawning = tokio::spawn({
+            let gateway = gateway.clone();
+            async move { gateway.spawn(spec(&BTreeMap::new())).await }
+        });
+        let ToBridge::Spawn { key, .. } = next(&mut out).await else {
+            panic!()
+        };
+        inbound
+            .send(Ok(FromBridge::Spawned { key: key.clone() }))
+            .await
+            .unwrap();
+        let mut runtime = spawning.await.unwrap().unwrap();
+        runtime
+            .stdin
+            .write_all(b"{\"one\":1}\n{\"two\":2}\n")
+            .await
+            .unwrap();
+        for seq in [1, 2] {
+            assert!(matches!(next(&mut out).await, ToBridge::Stdin { seq: s, .. } if s == seq));
+        }
+        // The bridge took line 1 only, then the stream broke.
+        drop(inbound);
+        drop(out);
+        let mut again = hello("b1", &[]);
+        again.running = vec![StillRunning {
+            key: key.clone(),
+            last_stdin_seq: 1,
+            last_stdout_seq: 0,
+        }];
+        let (mut out, _inbound) = connect(&gateway, again);
+        assert_eq!(
+            next(&mut out).await,
+            ToBridge::Ack {
+                key: key.clone(),
+                seq: 0
+            }
+        );
+        assert_eq!(
+            next(&mut out).await,
+            ToBridge::Stdin {
+                key,
+                seq: 2,
+                line: b"{\"two\":2}".to_vec()
+            }
+        );
+    }
 }
