@@ -865,14 +865,6 @@ fn a_hostile_bridge_is_refused_or_its_runtime_faulted_and_the_harness_serves_oth
             case.load(Ordering::SeqCst),
             "every hostile bridge got its session"
         );
-        let faulted = listed
-            .sessions
-            .iter()
-            .filter(|s| {
-                s.profile == "hostile" && s.status == pb::SessionStatus::Disconnected as i32
-            })
-            .count();
-        assert!(faulted > 0, "some hostile runtimes were faulted");
         for s in listed.sessions {
             let fine = [
                 pb::SessionStatus::Idle as i32,
