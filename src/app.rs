@@ -341,10 +341,11 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         served.push(<ChannelTranslatorServiceServer<TranslatorService> as NamedService>::NAME);
     }
     if config.services.gateway {
-        let service = RuntimeGatewayServiceServer::new(GatewayService)
+        let gateway = sessions.as_ref().map(|s| s.context().gateway().clone());
+        let service = RuntimeGatewayServiceServer::new(GatewayService::new(gateway))
             .max_decoding_message_size(max_message)
             .max_encoding_message_size(max_response);
-        routes.add_service(InterceptedService::new(service, auth.clone()));
+        routes.add_service(InterceptedService::new(service, auth.for_gateway()));
         served.push(<RuntimeGatewayServiceServer<GatewayService> as NamedService>::NAME);
     }
     for name in &served {

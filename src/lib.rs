@@ -31,6 +31,7 @@ pub mod acp;
 pub mod app;
 pub(crate) mod auth;
 pub mod cli;
+pub mod bridge;
 pub mod config;
 pub mod domain;
 pub(crate) mod grpc;

@@ -25,6 +25,8 @@ struct Cli {
 enum Command {
     /// Serve the gRPC API (SQLite in the data dir and the built-in `mock` profile by default).
     Serve(Box<ServeArgs>),
+    /// Run agents here for a harness elsewhere: dial its RuntimeGatewayService (SPEC §16).
+    Bridge(agent_harness::bridge::BridgeArgs),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
     /// The people's subcommands (`sessions`, `prompt`, `follow`, `answer`, `log`): a client of a
@@ -68,6 +70,14 @@ fn main() -> anyhow::Result<()> {
         Command::People(command) => std::process::exit(agent_harness::cli::main(command).into()),
         Command::RuntimeWatchdog { marker_prefix } => {
             std::process::exit(agent_harness::acp::process::watchdog_main(&marker_prefix))
+        }
+        Command::Bridge(args) => {
+            agent_harness::acp::process::set_watchdog_program(std::env::current_exe()?);
+            agent_harness::telemetry::init_logging(Default::default());
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(agent_harness::bridge::run(args))
         }
         Command::Serve(args) => {
             let program = std::env::current_exe()?;

@@ -176,6 +176,41 @@ fn the_command_line_is_a_client_that_reaches_only_the_generated_types() {
 }
 
 #[test]
+fn the_bridge_is_only_a_client_of_the_gateway_and_nothing_of_the_service_reaches_it() {
+    let edges = crate_edges();
+    // It starts processes (`acp`) and speaks the wire types (`pb`); it never runs the engine,
+    // the store or the server's transport.
+    let bad = forbidden(&edges, &["bridge"], |to| {
+        ["session", "store", "grpc", "auth", "app", "translate"].contains(&to)
+    });
+    assert!(
+        bad.is_empty(),
+        "the bridge reaches into the service:\n{}",
+        bad.join("\n")
+    );
+    let bad = forbidden(
+        &edges,
+        &[
+            "domain",
+            "acp",
+            "store",
+            "session",
+            "grpc",
+            "auth",
+            "app",
+            "config",
+            "telemetry",
+        ],
+        |to| to == "bridge",
+    );
+    assert!(
+        bad.is_empty(),
+        "the service reaches the bridge:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
 fn no_top_level_modules_import_each_other_in_a_circle() {
     let edges = crate_edges();
     let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();

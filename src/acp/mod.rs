@@ -7,6 +7,7 @@ pub mod connection;
 pub mod fold;
 pub mod frames;
 pub mod process;
+pub mod remote;
 
 use std::{collections::BTreeMap, path::Path};
 

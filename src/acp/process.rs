@@ -65,7 +65,7 @@ pub struct StderrTail {
 }
 
 impl StderrTail {
-    fn mark_closed(&self) {
+    pub(crate) fn mark_closed(&self) {
         self.is_closed
             .store(true, std::sync::atomic::Ordering::Release);
         self.closed.notify_waiters();
@@ -80,7 +80,7 @@ impl StderrTail {
         let _ = tokio::time::timeout(limit, notified).await;
     }
 
-    fn push(&self, chunk: &[u8]) {
+    pub(crate) fn push(&self, chunk: &[u8]) {
         let mut bytes = self.bytes.lock().expect("not poisoned");
         bytes.extend(chunk);
         let excess = bytes.len().saturating_sub(STDERR_TAIL_BYTES);
@@ -402,18 +402,30 @@ pub struct SpawnedRuntime {
 /// Kills a runtime's whole process tree (agents launched through `npx` have children).
 pub struct RuntimeKiller {
     kill: Option<oneshot::Sender<()>>,
-    pgid: u32,
+    /// `None` for a remote runtime: its bridge kills the tree.
+    pgid: Option<u32>,
     /// Set once the leader is reaped: its pid (and so the group id) may then be reused.
     reaped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RuntimeKiller {
+    /// A killer of a remote runtime (SPEC §16): `kill` tells its task to ask the bridge.
+    pub(crate) fn remote(kill: oneshot::Sender<()>) -> Self {
+        Self {
+            kill: Some(kill),
+            pgid: None,
+            reaped: Default::default(),
+        }
+    }
+
     pub fn kill(&mut self) {
         if let Some(kill) = self.kill.take() {
             // The group at once, so the runtime is dead by the time its fault is reported; the
             // supervisor then reaps it and sweeps descendants that left the group.
-            if !self.reaped.load(std::sync::atomic::Ordering::Acquire) {
-                kill_group(self.pgid);
+            if let Some(pgid) = self.pgid
+                && !self.reaped.load(std::sync::atomic::Ordering::Acquire)
+            {
+                kill_group(pgid);
             }
             let _ = kill.send(());
         }
@@ -503,7 +515,7 @@ pub fn spawn(
         stderr,
         killer: RuntimeKiller {
             kill: Some(kill_tx),
-            pgid: pid,
+            pgid: Some(pid),
             reaped: reaped.clone(),
         },
         exited: exit_rx,

@@ -4,7 +4,7 @@
 //! [[tokens]]
 //! sha256 = "<64 lower-case hex digits: SHA-256 of the token>"
 //! principal = "ada"
-//! kind = "user"      # or "service"
+//! kind = "user"      # or "service", "replica", "runtime" (a bridge: it may only Connect)
 //! ```
 //!
 //! The file never holds a token, only its digest. A request's bearer token is hashed and compared
@@ -35,6 +35,8 @@ enum KindField {
     User,
     Service,
     Replica,
+    /// A bridge (SPEC §16): it may call only `RuntimeGatewayService.Connect`.
+    Runtime,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,6 +109,7 @@ impl TokenTable {
                 KindField::User => PrincipalKind::User,
                 KindField::Service => PrincipalKind::Service,
                 KindField::Replica => PrincipalKind::Replica,
+                KindField::Runtime => PrincipalKind::Runtime,
             };
             if grants.iter().any(|g| g.digest == digest) {
                 anyhow::bail!("{at}.sha256 appears twice in the file");

@@ -19,7 +19,8 @@ pub use crate::auth::tls::TlsFiles;
 use crate::domain::{invocation, limits::Limits};
 pub use crate::telemetry::LogFormat;
 pub use profile::{
-    MOCK_PROFILE, PermissionPolicy, PermissionRule, Profile, ProfileFile, RuleDecision,
+    MOCK_PROFILE, PermissionPolicy, PermissionRule, Profile, ProfileFile, RemoteTarget,
+    RuleDecision,
 };
 
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";

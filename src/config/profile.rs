@@ -7,13 +7,28 @@ use serde::Deserialize;
 
 pub use crate::session::profile::{
     DEFAULT_CANCEL_GRACE, DEFAULT_STARTUP_TIMEOUT, MOCK_PROFILE, PermissionPolicy, PermissionRule,
-    Profile, RuleDecision,
+    Profile, RemoteTarget, RuleDecision,
 };
+
+/// Where a profile's runtimes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProfileKind {
+    /// A child process of the harness.
+    #[default]
+    Local,
+    /// On a bridge that dialled in (SPEC §16).
+    Remote,
+}
 
 /// A `[profiles.<name>]` table as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileFile {
+    #[serde(default)]
+    pub kind: ProfileKind,
+    /// Required for local profiles; remote ones name a `bridge_profile` instead.
+    #[serde(default)]
     pub command: String,
     #[serde(default)]
     pub args: Vec<String>,
@@ -28,6 +43,13 @@ pub struct ProfileFile {
     #[serde(default)]
     pub permission_rules: Vec<PermissionRuleFile>,
     pub permission_timeout: Option<String>,
+    /// Remote: labels a bridge must carry (all of them) to run this profile's runtimes.
+    #[serde(default)]
+    pub bridge_labels: BTreeMap<String, String>,
+    /// Remote: the name of the bridge's own profile to start.
+    pub bridge_profile: Option<String>,
+    /// Remote: how long a runtime waits for its bridge to redial (default "30s").
+    pub reconnect_grace: Option<String>,
 }
 
 /// One `[[profiles.<name>.permission_rules]]` entry as written; the decision is checked in
@@ -51,14 +73,52 @@ impl ProfileFile {
     pub fn resolve(self, name: &str) -> anyhow::Result<Profile> {
         let file = self;
         let field = |key: &str| format!("profiles.{name}.{key}");
-        if file.command.trim().is_empty() {
-            anyhow::bail!("{} is empty", field("command"));
-        }
         let duration = |key: &str, value: &Option<String>| {
             value
                 .as_deref()
                 .map(|text| parse_duration(&field(key), text))
                 .transpose()
+        };
+        let remote = match file.kind {
+            ProfileKind::Local => {
+                if file.command.trim().is_empty() {
+                    anyhow::bail!("{} is empty", field("command"));
+                }
+                for key in ["bridge_profile", "reconnect_grace"] {
+                    let set = match key {
+                        "bridge_profile" => file.bridge_profile.is_some(),
+                        _ => file.reconnect_grace.is_some(),
+                    };
+                    if set {
+                        anyhow::bail!("{} is only for kind = \"remote\"", field(key));
+                    }
+                }
+                if !file.bridge_labels.is_empty() {
+                    anyhow::bail!("{} is only for kind = \"remote\"", field("bridge_labels"));
+                }
+                None
+            }
+            ProfileKind::Remote => {
+                if !file.command.is_empty() || !file.args.is_empty() || !file.env.is_empty() {
+                    anyhow::bail!(
+                        "profiles.{name} is remote: the bridge's own profile holds command, args \
+                         and env"
+                    );
+                }
+                let Some(bridge_profile) = file.bridge_profile.clone().filter(|p| !p.is_empty())
+                else {
+                    anyhow::bail!(
+                        "{} is required for kind = \"remote\"",
+                        field("bridge_profile")
+                    );
+                };
+                Some(RemoteTarget {
+                    bridge_labels: file.bridge_labels.clone(),
+                    bridge_profile,
+                    reconnect_grace: duration("reconnect_grace", &file.reconnect_grace)?
+                        .unwrap_or(crate::acp::remote::DEFAULT_RECONNECT_GRACE),
+                })
+            }
         };
         if let Some(roots) = &file.allowed_cwd_roots {
             for root in roots {
@@ -117,6 +177,7 @@ impl ProfileFile {
             idle_timeout: duration("idle_timeout", &file.idle_timeout)?,
             permission_rules,
             permission_timeout: duration("permission_timeout", &file.permission_timeout)?,
+            remote,
         })
     }
 }
@@ -146,6 +207,32 @@ mod tests {
         assert_eq!(profile.cancel_grace, DEFAULT_CANCEL_GRACE);
         assert_eq!(profile.idle_timeout, Some(Duration::from_secs(600)));
         assert_eq!(profile.permission_policy, PermissionPolicy::AutoAccept);
+    }
+
+    #[test]
+    fn a_remote_profile_names_a_bridge_profile_and_labels_and_no_command() {
+        let profile = file(
+            r#"kind = "remote"
+               bridge_labels = { pool = "sandbox" }
+               bridge_profile = "claude"
+               reconnect_grace = "5s""#,
+        )
+        .resolve("far")
+        .unwrap();
+        let remote = profile.remote.expect("remote");
+        assert_eq!(remote.bridge_profile, "claude");
+        assert_eq!(remote.bridge_labels["pool"], "sandbox");
+        assert_eq!(remote.reconnect_grace, Duration::from_secs(5));
+        let err = file("kind = \"remote\"").resolve("far").unwrap_err();
+        assert!(err.to_string().contains("bridge_profile"), "{err}");
+        let err = file("kind = \"remote\"\nbridge_profile = \"x\"\ncommand = \"sh\"")
+            .resolve("far")
+            .unwrap_err();
+        assert!(err.to_string().contains("remote"), "{err}");
+        let err = file("command = \"x\"\nbridge_profile = \"y\"")
+            .resolve("p")
+            .unwrap_err();
+        assert!(err.to_string().contains("bridge_profile"), "{err}");
     }
 
     #[test]

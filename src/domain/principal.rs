@@ -13,6 +13,9 @@ pub enum PrincipalKind {
     /// A peer replica forwarding a call (SPEC §15): it has no rights of its own and acts only
     /// as the principal it forwards for.
     Replica,
+    /// A bridge running agents elsewhere (SPEC §16): it may call only
+    /// `RuntimeGatewayService.Connect`, and nobody else may.
+    Runtime,
 }
 
 impl PrincipalKind {
@@ -22,6 +25,7 @@ impl PrincipalKind {
             Self::Service => "service",
             Self::Local => "local",
             Self::Replica => "replica",
+            Self::Runtime => "runtime",
         }
     }
 }

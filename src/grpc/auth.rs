@@ -34,6 +34,8 @@ const MAX_TOKEN_BYTES: usize = 4096;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Authenticator {
     tokens: Option<Arc<TokenStore>>,
+    /// Guards `RuntimeGatewayService` (bridges only) rather than the other services.
+    gateway: bool,
 }
 
 /// The token a request was authenticated with, so its streams can watch for revocation.
@@ -60,13 +62,26 @@ fn unauthenticated() -> Error {
 impl Authenticator {
     /// Every caller is `local`.
     pub(crate) fn no_tokens() -> Self {
-        Self { tokens: None }
+        Self {
+            tokens: None,
+            gateway: false,
+        }
+    }
+
+    /// The same tokens, for `RuntimeGatewayService`: only bridges (`runtime` tokens, or `local`
+    /// without tokens) may call it, and they may call nothing else (SPEC §11, §16).
+    pub(crate) fn for_gateway(&self) -> Self {
+        Self {
+            tokens: self.tokens.clone(),
+            gateway: true,
+        }
     }
 
     /// Callers present bearer tokens listed in `store`.
     pub(crate) fn with_tokens(store: Arc<TokenStore>) -> Self {
         Self {
             tokens: Some(store),
+            gateway: false,
         }
     }
 
@@ -104,6 +119,22 @@ impl Authenticator {
                 ErrorCode::Forbidden,
                 "a replica token only forwards calls for another principal",
             ));
+        }
+        match (self.gateway, principal.kind) {
+            (true, PrincipalKind::Runtime | PrincipalKind::Local) => {}
+            (true, _) => {
+                return Err(Error::new(
+                    ErrorCode::Forbidden,
+                    "only a bridge's runtime token may call RuntimeGatewayService.Connect",
+                ));
+            }
+            (false, PrincipalKind::Runtime) => {
+                return Err(Error::new(
+                    ErrorCode::Forbidden,
+                    "a runtime token may call only RuntimeGatewayService.Connect",
+                ));
+            }
+            (false, _) => {}
         }
         principal.acting_user = acting_user(metadata, principal.kind)?;
         Ok((principal, credential))

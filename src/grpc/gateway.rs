@@ -1,20 +1,112 @@
-//! `RuntimeGatewayService`: remote runtimes dialling in. Part of the contract; not built yet.
+//! `RuntimeGatewayService`: bridges dialling in with the runtimes they run (SPEC §16). Thin: the
+//! first message must be a hello; the rest is decoded into the engine's bridge messages and
+//! served by [`Gateway::serve_bridge`]; what the engine sends back is encoded on the way out.
 
-use std::pin::Pin;
+use std::{pin::Pin, sync::Arc};
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::auth;
 use crate::{
+    acp::remote::{self, FromBridge, Gateway, Hello, Refused, StillRunning, ToBridge},
     domain::{Error, ErrorCode},
     pb::v1::{
-        ConnectRequest, ConnectResponse, runtime_gateway_service_server::RuntimeGatewayService,
+        BridgeHello, ConnectRequest, ConnectResponse, KillRuntime, LineAck, RuntimeStdin,
+        SpawnRuntime, connect_request::Frame as In, connect_response::Frame as Out,
+        runtime_gateway_service_server::RuntimeGatewayService,
     },
 };
 
 #[derive(Debug, Default)]
-pub(crate) struct GatewayService;
+pub(crate) struct GatewayService {
+    /// `None` when this process serves no sessions: there is nothing to run on a bridge.
+    gateway: Option<Arc<Gateway>>,
+}
+
+impl GatewayService {
+    pub(crate) fn new(gateway: Option<Arc<Gateway>>) -> Self {
+        Self { gateway }
+    }
+}
+
+fn hello_of(hello: BridgeHello) -> Hello {
+    Hello {
+        bridge_id: hello.bridge_id,
+        labels: hello.labels.into_iter().collect(),
+        profiles: hello.profiles,
+        version: hello.version,
+        running: hello
+            .running
+            .into_iter()
+            .map(|r| StillRunning {
+                key: r.runtime_key,
+                last_stdin_seq: r.last_stdin_seq,
+                last_stdout_seq: r.last_stdout_seq,
+            })
+            .collect(),
+    }
+}
+
+/// One message from a bridge, after the hello.
+fn decode(message: Result<ConnectRequest, Status>) -> Result<FromBridge, Refused> {
+    let message =
+        message.map_err(|status| Refused(format!("stream failed: {}", status.message())))?;
+    Ok(match message.frame {
+        Some(In::Spawned(m)) => FromBridge::Spawned { key: m.runtime_key },
+        Some(In::SpawnFailed(m)) => FromBridge::SpawnFailed {
+            key: m.runtime_key,
+            error: m.error,
+            stderr_tail: m.stderr_tail,
+        },
+        Some(In::Stdout(m)) => FromBridge::Stdout {
+            key: m.runtime_key,
+            seq: m.seq,
+            line: m.line,
+        },
+        Some(In::Exited(m)) => FromBridge::Exited {
+            key: m.runtime_key,
+            code: m.code,
+            signal: m.signal,
+            stderr_tail: m.stderr_tail,
+        },
+        Some(In::Ack(m)) => FromBridge::Ack {
+            key: m.runtime_key,
+            seq: m.seq,
+        },
+        Some(In::Hello(_)) => return Err(Refused("a second hello on one stream".into())),
+        None => return Err(Refused("a message without a frame".into())),
+    })
+}
+
+fn encode(message: ToBridge) -> ConnectResponse {
+    let frame = match message {
+        ToBridge::Spawn {
+            key,
+            profile,
+            cwd,
+            session_id,
+        } => Out::Spawn(SpawnRuntime {
+            runtime_key: key,
+            profile,
+            cwd,
+            session_id,
+        }),
+        ToBridge::Stdin { key, seq, line } => Out::Stdin(RuntimeStdin {
+            runtime_key: key,
+            seq,
+            line,
+        }),
+        ToBridge::Kill { key } => Out::Kill(KillRuntime { runtime_key: key }),
+        ToBridge::Ack { key, seq } => Out::Ack(LineAck {
+            runtime_key: key,
+            seq,
+        }),
+    };
+    ConnectResponse { frame: Some(frame) }
+}
 
 #[tonic::async_trait]
 impl RuntimeGatewayService for GatewayService {
@@ -25,11 +117,37 @@ impl RuntimeGatewayService for GatewayService {
         request: Request<Streaming<ConnectRequest>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
         auth::principal(&request)?;
-        Err(Error::new(
-            ErrorCode::Unimplemented,
-            "RuntimeGatewayService.Connect is not built yet: remote runtimes cannot dial in; \
-             runtimes run as local processes from profiles",
-        )
-        .into())
+        let credential = auth::credential(&request);
+        let Some(gateway) = self.gateway.clone() else {
+            return Err(Error::new(
+                ErrorCode::Unimplemented,
+                "this process serves no sessions, so it runs nothing on bridges",
+            )
+            .into());
+        };
+        let mut inbound = request.into_inner();
+        let hello = match inbound.next().await {
+            Some(Ok(ConnectRequest {
+                frame: Some(In::Hello(hello)),
+            })) => hello_of(hello),
+            Some(Err(status)) => return Err(status),
+            _ => {
+                return Err(Error::invalid("the first message of Connect must be a hello").into());
+            }
+        };
+        let (out_tx, out_rx) = mpsc::channel(remote::OUTBOUND_MESSAGES);
+        let (end_tx, end_rx) = tokio::sync::oneshot::channel::<Status>();
+        tokio::spawn(async move {
+            let inbound = inbound.map(decode);
+            if let Err(Refused(why)) = gateway.serve_bridge(hello, inbound, out_tx).await {
+                let _ = end_tx.send(Error::invalid(why).into());
+            }
+        });
+        let outbound = ReceiverStream::new(out_rx).map(|m| Ok(encode(m)));
+        // A refused stream ends with its reason after whatever was already queued.
+        let ending =
+            futures::stream::once(end_rx).filter_map(|end| async move { end.ok().map(Err) });
+        let stream: Self::ConnectStream = Box::pin(outbound.chain(ending));
+        Ok(Response::new(auth::end_when_revoked(stream, credential)))
     }
 }

@@ -104,6 +104,8 @@ pub(crate) struct EngineContext {
     limits: Arc<Limits>,
     profiles: BTreeMap<String, Arc<Profile>>,
     registry: RuntimeRegistry,
+    /// Bridges that dialled in, and the remote runtimes placed on them (SPEC §16).
+    gateway: Arc<crate::acp::remote::Gateway>,
     /// One permit per live runtime process (SPEC §8: the live-runtime cap).
     runtime_slots: Arc<Semaphore>,
     meta_key: String,
@@ -133,6 +135,7 @@ impl EngineContext {
             limits: Arc::new(options.limits),
             profiles: options.profiles,
             registry,
+            gateway: crate::acp::remote::Gateway::new(),
             meta_key: options.meta_key,
             translator: Translator::new(options.static_files_base_url.as_deref()),
             tokens_configured: options.tokens_configured,
@@ -142,6 +145,11 @@ impl EngineContext {
             remote_streams: Default::default(),
             replica: options.replica,
         }
+    }
+
+    /// The bridges' side of the engine, which `RuntimeGatewayService.Connect` serves.
+    pub(crate) fn gateway(&self) -> &Arc<crate::acp::remote::Gateway> {
+        &self.gateway
     }
 
     pub(crate) fn replica(&self) -> &ReplicaOptions {

@@ -93,6 +93,19 @@ pub struct Profile {
     pub permission_rules: Vec<PermissionRule>,
     /// A request held this long is answered with its first reject option, else `cancelled`.
     pub permission_timeout: Option<Duration>,
+    /// `Some` for a profile of `kind = "remote"` (SPEC §16): its runtimes run on a bridge, and
+    /// `command`, `args` and `env` are unused (the bridge's own profile says what to run).
+    pub remote: Option<RemoteTarget>,
+}
+
+/// Where a remote profile's runtimes run: a bridge whose labels include `bridge_labels`, from
+/// its profile `bridge_profile`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteTarget {
+    pub bridge_labels: BTreeMap<String, String>,
+    pub bridge_profile: String,
+    /// How long a runtime outlives a broken bridge stream before it is faulted.
+    pub reconnect_grace: Duration,
 }
 
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -123,6 +136,7 @@ impl Profile {
             idle_timeout: None,
             permission_rules: Vec::new(),
             permission_timeout: None,
+            remote: None,
         }
     }
 
@@ -142,6 +156,13 @@ impl Profile {
         for (key, value) in &self.env {
             field("env.key", key.as_bytes());
             field("env.value", value.as_bytes());
+        }
+        if let Some(remote) = &self.remote {
+            for (key, value) in &remote.bridge_labels {
+                field("bridge_labels.key", key.as_bytes());
+                field("bridge_labels.value", value.as_bytes());
+            }
+            field("bridge_profile", remote.bridge_profile.as_bytes());
         }
         field(
             "permission_policy",

@@ -14,6 +14,7 @@ use agent_harness::{
 use serde_json::Value;
 
 use crate::{
+    bridge::{BRIDGE_TIMEOUT, Bridge, remote_profile, url},
     harness::Harness,
     support::{Session, attachment, number_id, permission_answer, stop},
 };
@@ -53,6 +54,7 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             idle_timeout: None,
             permission_rules: Vec::new(),
             permission_timeout: None,
+            remote: None,
         }),
     );
 }
@@ -274,6 +276,46 @@ async fn interop_python_a_prompt_with_text_and_two_attachments_comes_back_with_b
         );
         let texts: Vec<&str> = echoed.iter().filter_map(|c| c["text"].as_str()).collect();
         assert!(texts.contains(&"compare these"), "{texts:?}");
+    })
+    .await
+}
+
+/// The TS agent on a bridge (SPEC §16): the same turn as above, through `agent-harness bridge`.
+#[tokio::test]
+#[ignore = "needs the third-party TS example agent: run by scripts/test"]
+async fn interop_ts_a_permission_turn_through_a_bridge_completes_when_answered_allow() {
+    crate::harness::within(BRIDGE_TIMEOUT, async {
+        let agent = required("AGENT_HARNESS_TS_AGENT");
+        let node = which("node");
+        let h = Harness::start_with(|config| {
+            remote_profile(
+                config,
+                "ts",
+                &[],
+                "ts-example",
+                Duration::from_secs(30),
+                Duration::from_secs(30),
+            )
+        })
+        .await;
+        let profiles = format!("[profiles.ts-example]\ncommand = {node:?}\nargs = [{agent:?}]\n");
+        let _bridge = Bridge::start(&url(h.addr()), "b1", &[], &profiles, None);
+        let mut session = Session::create(&h, "ts").await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("please update the configuration").await;
+        let request = watch.agent_request("session/request_permission").await;
+        let id = request["id"]
+            .as_i64()
+            .expect("the TS SDK numbers its requests");
+        session
+            .act(permission_answer(number_id(id), Some("allow")))
+            .await
+            .unwrap();
+        assert_eq!(
+            watch.response_to(&turn.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        watch.chunk("successfully updated the configuration").await;
     })
     .await
 }

@@ -8,6 +8,7 @@ use agent_harness_testkit::{harness, process, support};
 
 mod auth;
 mod browser;
+mod bridge;
 mod cannot_reopen;
 mod cli;
 mod crash;

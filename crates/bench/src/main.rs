@@ -21,6 +21,7 @@
 //!
 //! `docs/benchmarks.md` has the command, the machine, the figures and what bounds each one.
 
+mod bridge;
 mod client;
 mod direct;
 mod echo;
@@ -53,10 +54,11 @@ pub enum Figure {
     Translate,
     Rss,
     Replicas,
+    Bridge,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 7] = [
+    pub const ALL: [Figure; 8] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
@@ -64,6 +66,7 @@ impl Figure {
         Figure::Translate,
         Figure::Rss,
         Figure::Replicas,
+        Figure::Bridge,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -90,6 +93,11 @@ impl Figure {
                 ("turns-pg", replicas::TURNS_FIGURE, replicas::TURNS_TARGET),
                 ("replica-lag", replicas::LAG_FIGURE, replicas::LAG_TARGET),
             ],
+            Figure::Bridge => &[(
+                "bridge-rtt-p50",
+                bridge::FIGURE,
+                "overhead <= 1.000 ms (ours)",
+            )],
         }
     }
 }
@@ -376,6 +384,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usiz
             Figure::Translate => translate::run(ctx).await,
             Figure::Rss => rss::run(ctx).await,
             Figure::Replicas => replicas::run(ctx).await,
+            Figure::Bridge => bridge::run(ctx).await,
         };
         match outcome {
             Ok(PhaseReport {

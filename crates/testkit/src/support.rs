@@ -41,6 +41,7 @@ pub fn mock_profile_with(
         idle_timeout: None,
         permission_rules: Vec::new(),
         permission_timeout: None,
+        remote: None,
     };
     edit(&mut profile);
     config.profiles.insert(name.to_owned(), Arc::new(profile));

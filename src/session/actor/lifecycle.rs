@@ -14,6 +14,7 @@ use crate::{
         connection::{self, LineWriter},
         frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
         process,
+        remote::{RemoteSpec, SpawnedRemote},
     },
     domain::{
         Action, ActionId, Error, ErrorCode, Result,
@@ -23,6 +24,12 @@ use crate::{
     session::interactions::{self, HeldPermission},
     store::ActionState,
 };
+
+/// A freshly started runtime, before the actor wraps it into its connection.
+enum Link {
+    Local(process::SpawnedRuntime),
+    Remote(SpawnedRemote),
+}
 
 impl Actor {
     /// After a harness restart (SPEC §8): a turn that was in flight is closed in the log as
@@ -132,47 +139,51 @@ impl Actor {
                 return self.start_failed(purpose, error).await;
             }
         };
-        let cwd = std::path::PathBuf::from(&self.record.cwd);
-        // With several replicas the workspace must be on storage each of them mounts (SPEC §15);
-        // a replica that claimed the session without it says so, instead of a bare spawn error.
-        if !cwd.is_dir() {
-            let error = Error::new(
-                ErrorCode::RuntimeStartFailed,
-                format!(
-                    "the session's cwd {} does not exist on this replica",
-                    cwd.display()
-                ),
-            );
-            return self.start_failed(purpose, error).await;
-        }
-        let spawned = match process::spawn(self.profile.launch(), &cwd, &self.ctx.registry) {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                let error = Error::new(
-                    ErrorCode::RuntimeStartFailed,
-                    format!(
-                        "could not start runtime {:?} of profile {}: {e}",
-                        self.profile.command, self.profile.name
-                    ),
-                );
-                return self.start_failed(purpose, error).await;
-            }
+        let link = match self.spawn_link().await {
+            Ok(link) => link,
+            Err(error) => return self.start_failed(purpose, error).await,
         };
         self.runtime.epoch += 1;
         let epoch = self.runtime.epoch;
-        let writer = LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
-        tokio::spawn(connection::read_lines(
-            spawned.stdout,
-            epoch,
-            self.ctx.limits.runtime_line_bytes,
-            self.runtime.events_tx.clone(),
-        ));
+        let (writer, started) = match link {
+            Link::Local(spawned) => {
+                let writer =
+                    LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
+                tokio::spawn(connection::read_lines(
+                    spawned.stdout,
+                    epoch,
+                    self.ctx.limits.runtime_line_bytes,
+                    self.runtime.events_tx.clone(),
+                ));
+                let started = json!({"pid": spawned.pid});
+                (
+                    writer,
+                    (started, spawned.killer, spawned.stderr, spawned.exited),
+                )
+            }
+            Link::Remote(spawned) => {
+                let writer =
+                    LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
+                tokio::spawn(connection::read_lines(
+                    spawned.stdout,
+                    epoch,
+                    self.ctx.limits.runtime_line_bytes,
+                    self.runtime.events_tx.clone(),
+                ));
+                let started = json!({"bridge": spawned.bridge_id, "runtime_key": spawned.key});
+                (
+                    writer,
+                    (started, spawned.killer, spawned.stderr, spawned.exited),
+                )
+            }
+        };
+        let (started, killer, stderr, exited) = started;
         self.runtime.conn = Some(Conn {
             epoch,
             writer,
-            killer: spawned.killer,
-            stderr: spawned.stderr,
-            exited: Some(spawned.exited),
+            killer,
+            stderr,
+            exited: Some(exited),
             exit_status: None,
             output_closed: false,
             exit_deadline: None,
@@ -181,12 +192,12 @@ impl Actor {
         });
         self.runtime.starting = Some(purpose);
         let mut out = Out::default();
-        self.log_event(
-            &mut out,
-            json!({"event": "runtime_started", "epoch": epoch, "pid": spawned.pid,
-                   "profile": self.profile.name, "profile_fingerprint": self.record.profile_fingerprint}),
-            None,
-        );
+        let mut event = json!({"event": "runtime_started", "epoch": epoch,
+               "profile": self.profile.name, "profile_fingerprint": self.record.profile_fingerprint});
+        if let (Some(event), Value::Object(started)) = (event.as_object_mut(), started) {
+            event.extend(started);
+        }
+        self.log_event(&mut out, event, None);
         let id = self.harness_request_id();
         let frame = acp_frames::initialize_request(id.clone());
         self.expect(&id, PendingKind::Initialize, "initialize");
@@ -195,6 +206,60 @@ impl Actor {
         if let Err(error) = self.flush(out).await {
             self.fault("storage", error.message).await;
         }
+    }
+
+    /// Starts the profile's runtime: a local child, or one on a bridge (SPEC §16).
+    async fn spawn_link(&mut self) -> Result<Link> {
+        let Some(remote) = &self.profile.remote else {
+            let cwd = std::path::PathBuf::from(&self.record.cwd);
+            // With several replicas the workspace must be on storage each of them mounts (SPEC
+            // §15); a replica that claimed the session without it says so, not a bare spawn error.
+            if !cwd.is_dir() {
+                return Err(Error::new(
+                    ErrorCode::RuntimeStartFailed,
+                    format!(
+                        "the session's cwd {} does not exist on this replica",
+                        cwd.display()
+                    ),
+                ));
+            }
+            return process::spawn(self.profile.launch(), &cwd, &self.ctx.registry)
+                .map(Link::Local)
+                .map_err(|e| {
+                    Error::new(
+                        ErrorCode::RuntimeStartFailed,
+                        format!(
+                            "could not start runtime {:?} of profile {}: {e}",
+                            self.profile.command, self.profile.name
+                        ),
+                    )
+                });
+        };
+        let session_id = self.record.id.to_string();
+        let spec = RemoteSpec {
+            labels: &remote.bridge_labels,
+            bridge_profile: &remote.bridge_profile,
+            cwd: &self.record.cwd,
+            session_id: &session_id,
+            startup_timeout: self.profile.startup_timeout,
+            reconnect_grace: remote.reconnect_grace,
+        };
+        // Waiting for a bridge holds this session's commands back (at most startup_timeout),
+        // as a local handshake would; other sessions are unaffected.
+        self.ctx
+            .gateway()
+            .spawn(spec)
+            .await
+            .map(Link::Remote)
+            .map_err(|why| {
+                Error::new(
+                    ErrorCode::RuntimeStartFailed,
+                    format!(
+                        "could not start a remote runtime of profile {}: {why}",
+                        self.profile.name
+                    ),
+                )
+            })
     }
 
     pub(super) fn harness_request_id(&mut self) -> Value {
@@ -581,6 +646,10 @@ impl Actor {
         conn.exited = None;
         let text = match status {
             Some(Ok(status)) => describe_exit(status),
+            // A remote runtime whose bridge is gone (SPEC §16).
+            Some(Err(e)) if e.kind() == io::ErrorKind::ConnectionAborted => {
+                format!("was lost: {e}")
+            }
             Some(Err(e)) => format!("could not be waited for: {e}"),
             None => "ended".to_owned(),
         };

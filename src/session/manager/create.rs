@@ -80,7 +80,10 @@ impl Sessions {
                 ),
             )
         })?;
-        let cwd = self.check_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())?;
+        let cwd = match &profile.remote {
+            Some(_) => self.check_remote_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())?,
+            None => self.check_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())?,
+        };
         let session_id = match &input.session_id {
             Some(id) => parse_session_id(id)?,
             None => Uuid::now_v7(),
@@ -311,6 +314,36 @@ impl Sessions {
         };
         let empty = prompt.prompt.trim().is_empty() && prompt.attachments.is_empty();
         Ok((!empty).then_some(prompt))
+    }
+
+    /// A remote runtime's cwd is on the bridge's machine, so here it is checked by its text only
+    /// (absolute, no `.` or `..`, under an allowed root); the bridge canonicalises it and checks
+    /// its own profile's roots before it starts anything (SPEC §16).
+    fn check_remote_cwd(&self, cwd: &str, roots: Option<&[PathBuf]>) -> Result<PathBuf> {
+        use std::path::Component;
+        let path = Path::new(cwd);
+        if cwd.is_empty() || !path.is_absolute() || cwd.len() > 4096 {
+            return Err(Error::invalid(format!(
+                "cwd {cwd:?} must be an absolute path of at most 4096 bytes"
+            )));
+        }
+        if path
+            .components()
+            .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
+        {
+            return Err(Error::invalid(format!(
+                "cwd {cwd:?} of a remote profile may not hold . or .. components"
+            )));
+        }
+        match roots {
+            None if self.ctx.tokens_configured => Err(Error::invalid(
+                "this profile has no allowed_cwd_roots, so it accepts no cwd",
+            )),
+            Some(roots) if !roots.iter().any(|root| path.starts_with(root)) => Err(Error::invalid(
+                format!("cwd {cwd:?} is not under an allowed root of this profile"),
+            )),
+            _ => Ok(path.to_path_buf()),
+        }
     }
 
     /// `cwd` must be absolute, exist, and — canonicalised — lie under an allowed root.
