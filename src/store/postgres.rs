@@ -9,7 +9,9 @@
 //!   one session are serialised even from two replicas and the head read inside it stays the
 //!   head; with a fence it also share-locks the lease row, so a claim by another replica waits
 //!   for it or fences it off — never both. The batch's statements are then pipelined (see
-//!   `postgres/commit.rs`). Durable on return (`COMMIT` waits for the WAL flush).
+//!   `postgres/commit.rs`). Durable on return (`COMMIT` waits for the WAL flush). Other
+//!   replicas learn of it from a notification sent after the commit, coalesced with others (see
+//!   `postgres/notify.rs`).
 //! - **Schema**: embedded, versioned, applied at start under an advisory lock (see
 //!   `postgres/schema.rs`). The tables live in the connection's `search_path`, so a URL or
 //!   [`PostgresOptions::schema`] can place them in a schema of their own (tests use one each).
@@ -82,6 +84,8 @@ pub struct PostgresStore {
     target: String,
     /// TLS for the listening connection too; `None`: plain text.
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    /// Tells the other replicas what this one committed.
+    notifier: notify::Notifier,
 }
 
 /// Turns a database error into a store error saying what the store was doing.
@@ -260,6 +264,7 @@ impl PostgresStore {
                 source: Some(e.into()),
             })?;
         let store = Self {
+            notifier: notify::Notifier::start(pool.clone()),
             pool,
             target,
             config: listen_config,
@@ -479,7 +484,10 @@ impl Store for PostgresStore {
             .ok_or_else(|| Error::session_not_found(&session_id.to_string()))?
             .get(0);
         commit::apply(&tx, pk, session_id, &batch).await?;
-        tx.commit().await.context("committing a batch")
+        tx.commit().await.context("committing a batch")?;
+        self.notifier
+            .committed(session_id, batch.entries.last().map_or(0, |e| e.offset));
+        Ok(())
     }
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {

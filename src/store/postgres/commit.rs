@@ -95,9 +95,6 @@ const CLEAR_LABELS_SQL: &str = "DELETE FROM session_labels WHERE session_pk = $1
 const CLEAR_EDITORS_SQL: &str = "DELETE FROM session_editors WHERE session_pk = $1";
 const LABELS_SQL: &str = "INSERT INTO session_labels (session_pk, key, value) \
      SELECT $1, k, v FROM unnest($2::text[], $3::text[]) AS t(k, v)";
-/// Wakes the other replicas' subscribers (SPEC §15): delivered only if the transaction commits,
-/// and only as a hint — they read what changed from the tables.
-const NOTIFY_SQL: &str = "SELECT pg_notify($1, $2)";
 const EDITORS_SQL: &str = "INSERT INTO session_editors (session_pk, position, principal) \
      SELECT $1, p, e FROM unnest($2::bigint[], $3::text[]) AS t(p, e)";
 
@@ -208,9 +205,6 @@ pub(super) async fn apply(tx: &Tx<'_>, pk: i64, session_id: Uuid, batch: &Batch)
         queue_stmts.push(prepare(row.sql).await?);
     }
     let new_action_stmt = prepare(NEW_ACTION_SQL).await?;
-    let notify_stmt = prepare(NOTIFY_SQL).await?;
-    let notify_channel = super::notify::CHANNEL;
-    let notify_payload = super::notify::payload(session_id, entries.last().map_or(0, |e| e.offset));
     let action_state_stmt = prepare(ACTION_STATE_SQL).await?;
     let record_stmts = [
         RECORD_SQL,
@@ -321,11 +315,6 @@ pub(super) async fn apply(tx: &Tx<'_>, pk: i64, session_id: Uuid, batch: &Batch)
         )));
         checks.extend((0..5).map(|_| Check::Any));
     }
-
-    pending.push(Box::pin(
-        tx.execute_raw(&notify_stmt, [p(&notify_channel), p(&notify_payload)]),
-    ));
-    checks.push(Check::Any);
 
     let results = in_order(pending).await;
     // The first failure in statement order explains the batch; later statements of an aborted

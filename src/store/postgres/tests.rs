@@ -623,3 +623,40 @@ async fn a_commit_on_one_replica_wakes_the_listeners_of_another_with_the_session
     })
     .await;
 }
+
+#[tokio::test]
+async fn concurrent_commits_of_many_sessions_each_wake_another_replica_with_their_head() {
+    with_store(|writer, schema| async move {
+        let listener = schema.open().await;
+        let mut wakes = listener
+            .wake_ups()
+            .expect("the PostgreSQL store can wake subscribers");
+        let first = wakes.recv().await.expect("the listener runs");
+        assert_eq!(first, crate::store::Wake::everyone());
+
+        let mut records = Vec::new();
+        for i in 0..40 {
+            let record = session("user:alice", i);
+            writer.create_session(&record).await.unwrap();
+            records.push(record);
+        }
+        // Committed at once, so the notifier gathers several into one notification.
+        let commits = records.iter().map(|record| {
+            let writer = writer.clone();
+            let id = record.id;
+            async move { writer.commit(id, entries(frames(1, 2))).await }
+        });
+        for committed in futures::future::join_all(commits).await {
+            committed.unwrap();
+        }
+        let mut waiting: std::collections::HashSet<Uuid> = records.iter().map(|r| r.id).collect();
+        while !waiting.is_empty() {
+            let wake = wakes.recv().await.expect("the listener keeps up");
+            if waiting.remove(&wake.session) {
+                assert_eq!(wake.head, 2, "the wake-up carries the head");
+            }
+        }
+        listener.close().await.unwrap();
+    })
+    .await;
+}
