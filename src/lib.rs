@@ -30,8 +30,8 @@
 pub mod acp;
 pub mod app;
 pub(crate) mod auth;
-pub mod cli;
 pub mod bridge;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub(crate) mod grpc;

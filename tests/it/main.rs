@@ -7,8 +7,8 @@
 use agent_harness_testkit::{harness, process, support};
 
 mod auth;
-mod browser;
 mod bridge;
+mod browser;
 mod cannot_reopen;
 mod cli;
 mod crash;
