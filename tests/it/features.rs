@@ -410,3 +410,102 @@ async fn a_fork_against_an_agent_that_does_not_advertise_it_is_not_supported() {
     })
     .await
 }
+
+#[tokio::test]
+async fn a_config_option_chosen_before_a_restart_is_re_applied_after_the_reopen() {
+    bounded(async {
+        // The data directory and the session's cwd outlive the first server. The second
+        // server's agent no longer offers `tone`.
+        let data = tempfile::TempDir::new().unwrap();
+        let with = |flags: &'static [&'static str]| {
+            let dir = data.path().to_path_buf();
+            move |c: &mut agent_harness::config::ServeConfig| {
+                c.data_dir = dir;
+                mock_profile_with(c, "opts", flags, |_| {});
+            }
+        };
+        let first = Harness::start_with(with(&[
+            "--resume",
+            "--config-option",
+            "effort=low|high",
+            "--config-option",
+            "tone=plain|warm",
+            "--bool-option",
+            "web",
+        ]))
+        .await;
+        let mut request = crate::support::create_request(&first, "opts");
+        request.cwd = data.path().to_string_lossy().into_owned();
+        let mut session = Session::create_with(&first, request).await;
+        let mut watch = session.watch().await;
+        for (config_id, value) in [("effort", "high"), ("tone", "warm"), ("web", "true")] {
+            let set = Action::SetConfigOption(pb::SetConfigOptionAction {
+                config_id: config_id.into(),
+                value: value.into(),
+            });
+            let chosen = session.act(set).await.unwrap();
+            watch.response_to(&chosen.action_id).await;
+        }
+        drop(watch);
+        first.shutdown().await;
+
+        // The new mock agent process reports its defaults for the resumed session.
+        let second = Harness::start_with(with(&[
+            "--resume",
+            "--config-option",
+            "effort=low|high",
+            "--bool-option",
+            "web",
+        ]))
+        .await;
+        let mut session = Session::attach(second.sessions(), &session.id);
+        let mut watch = session.watch().await;
+        let turn = session.prompt("after the restart").await;
+        let event = watch.event("settings_reapplied").await;
+        assert_eq!(
+            event["config_options"],
+            serde_json::json!([
+                {"config_id": "effort", "value": "high", "reported_value": "low"},
+                {"config_id": "web", "value": true, "reported_value": false},
+            ])
+        );
+        assert_eq!(event["skipped"][0]["config_id"], "tone");
+        assert_eq!(event["skipped"][0]["value"], "warm");
+        assert!(event.get("model").is_none(), "{event}");
+        watch.response_to(&turn.action_id).await;
+        let frames = session.sent_frames().await;
+        let resume = frames
+            .iter()
+            .rposition(|f| f["method"] == "session/resume")
+            .expect("reopened by session/resume");
+        let reapplied: Vec<usize> = frames
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f["method"] == "session/set_config_option")
+            .map(|(i, _)| i)
+            .filter(|i| *i > resume)
+            .collect();
+        let prompt = frames
+            .iter()
+            .rposition(|f| f["method"] == "session/prompt")
+            .unwrap();
+        assert_eq!(reapplied.len(), 2, "{frames:?}");
+        assert!(reapplied.iter().all(|i| *i < prompt), "{frames:?}");
+        let asked: Vec<(&serde_json::Value, &serde_json::Value)> = reapplied
+            .iter()
+            .map(|i| {
+                let params = &frames[*i]["params"];
+                (&params["configId"], &params["value"])
+            })
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                (&serde_json::json!("effort"), &serde_json::json!("high")),
+                (&serde_json::json!("web"), &serde_json::json!(true)),
+            ]
+        );
+        second.shutdown().await;
+    })
+    .await
+}

@@ -1,15 +1,83 @@
 //! The runtime's advertised config options: the model option, and what a setModel or a
 //! setConfigOption may ask for (SPEC §4).
 
+use std::collections::{BTreeMap, HashMap};
+
 use serde_json::Value;
 
 use super::Actor;
 use crate::{
     acp::frames::{self as acp_frames, ConfigValue},
-    domain::{Error, ErrorCode, Result},
+    domain::{Error, ErrorCode, Result, log::Direction},
 };
 
+/// Log entries read at a time when looking for the config options the harness chose.
+const LOG_PAGE: usize = 512;
+
 impl Actor {
+    /// The config options the harness set and the agent accepted, last value per option id,
+    /// read back from the log (the session record keeps only the model). A log that cannot be
+    /// read gives none: the reopen goes on without re-applying them.
+    pub(super) async fn chosen_config_options(&self) -> BTreeMap<String, Value> {
+        let mut chosen = BTreeMap::new();
+        // Requests sent and not yet answered, by their JSON-RPC id.
+        let mut asked: HashMap<String, (String, Value)> = HashMap::new();
+        let mut after = 0;
+        loop {
+            let page = match self
+                .ctx
+                .store
+                .read_log(self.record.id, after, LOG_PAGE)
+                .await
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(session = %self.record.id, error = %e.message,
+                        "cannot read the log for the config options to re-apply");
+                    return BTreeMap::new();
+                }
+            };
+            let Some(last) = page.last() else { break };
+            after = last.offset;
+            for entry in &page {
+                match entry.direction {
+                    Direction::ToRuntime if entry.json.contains("session/set_config_option") => {
+                        let Ok(frame) = serde_json::from_str::<Value>(&entry.json) else {
+                            continue;
+                        };
+                        let params = &frame["params"];
+                        if let (Some(config_id), Some(value)) =
+                            (params["configId"].as_str(), params.get("value"))
+                        {
+                            asked.insert(
+                                frame["id"].to_string(),
+                                (config_id.to_owned(), value.clone()),
+                            );
+                        }
+                    }
+                    // Only answers (no "method") can settle a request.
+                    Direction::FromRuntime
+                        if !asked.is_empty() && !entry.json.contains("\"method\"") =>
+                    {
+                        let Ok(frame) = serde_json::from_str::<Value>(&entry.json) else {
+                            continue;
+                        };
+                        if let Some((config_id, value)) = asked.remove(&frame["id"].to_string())
+                            && frame.get("result").is_some()
+                        {
+                            chosen.insert(config_id, value);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if page.len() < LOG_PAGE {
+                break;
+            }
+        }
+        chosen
+    }
+
     pub(super) fn adopt_config_options(&mut self, result: &Value) {
         if let Some(options) = result.get("configOptions").and_then(Value::as_array) {
             self.runtime.config_options = options.clone();

@@ -209,8 +209,16 @@ impl Actor {
             return self.become_ready(out).await;
         }
         if matches!(self.runtime.starting, Some(StartPurpose::Reopen)) {
-            // A model re-applied after a reopen: refused or not, the session goes on.
-            return self.become_ready(out).await;
+            // A setting re-applied after a reopen: refused or not, the session goes on once
+            // the agent has answered every one of them.
+            let waiting = self
+                .runtime
+                .pending
+                .values()
+                .any(|p| matches!(p.kind, PendingKind::SetConfig { .. }));
+            if !waiting {
+                return self.become_ready(out).await;
+            }
         }
         let _ = self.flush(out).await;
     }

@@ -456,34 +456,92 @@ impl Actor {
                 }
             }
             PendingKind::Reopen(_) => {
-                // Agents do not always keep a session's model across a reopen (SPEC §8): the
-                // one the session had is asked for again when the agent reports another.
+                // Agents do not always keep a session's model and config options across a
+                // reopen (SPEC §8): what the harness chose is asked for again when the agent
+                // reports another value.
                 let chosen = std::mem::take(&mut self.record.model);
+                let chosen_options = self.chosen_config_options().await;
                 self.adopt_config_options(&result);
                 let reported = self.record.model.clone();
                 if reported.is_empty() {
                     self.record.model = chosen.clone();
                 }
                 self.touch(&mut out);
+                let mut event = serde_json::Map::new();
+                let mut requests = Vec::new();
+                let model_config_id =
+                    acp_frames::model_config_id(&self.runtime.config_options).to_owned();
                 if !chosen.is_empty()
                     && !reported.is_empty()
                     && chosen != reported
                     && self.check_model(&chosen).is_ok()
                 {
-                    self.log_event(
-                        &mut out,
-                        json!({"event": "settings_reapplied", "model": chosen,
-                               "reported_model": reported}),
-                        None,
-                    );
+                    event.insert("model".into(), json!(chosen));
+                    event.insert("reported_model".into(), json!(reported));
+                    requests.push((
+                        model_config_id.clone(),
+                        ConfigValue::Id(chosen.clone()),
+                        Action::SetModel { model: chosen },
+                    ));
+                }
+                let (mut reapplied, mut skipped) = (Vec::new(), Vec::new());
+                for (config_id, value) in chosen_options {
+                    if config_id == model_config_id {
+                        continue; // the model is handled above
+                    }
+                    let Some(reported) =
+                        acp_frames::config_option(&self.runtime.config_options, &config_id)
+                            .and_then(|o| o.get("currentValue").cloned())
+                    else {
+                        skipped.push(json!({"config_id": config_id, "value": value,
+                                            "reason": "no longer offered by the agent"}));
+                        continue;
+                    };
+                    if reported == value {
+                        continue;
+                    }
+                    let text = match &value {
+                        Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    };
+                    match self.check_config_option(&config_id, &text) {
+                        Ok(config_value) => {
+                            reapplied.push(json!({"config_id": config_id, "value": value,
+                                                  "reported_value": reported}));
+                            requests.push((
+                                config_id.clone(),
+                                config_value,
+                                Action::SetConfigOption {
+                                    config_id,
+                                    value: text,
+                                },
+                            ));
+                        }
+                        Err(e) => skipped.push(
+                            json!({"config_id": config_id, "value": value, "reason": e.message}),
+                        ),
+                    }
+                }
+                if !reapplied.is_empty() {
+                    event.insert("config_options".into(), Value::Array(reapplied));
+                }
+                if !skipped.is_empty() {
+                    event.insert("skipped".into(), Value::Array(skipped));
+                }
+                if !event.is_empty() {
+                    event.insert("event".into(), json!("settings_reapplied"));
+                    self.log_event(&mut out, Value::Object(event), None);
+                }
+                if requests.is_empty() {
+                    return self.become_ready(out).await;
+                }
+                for (config_id, value, action) in requests {
                     let action_id = ActionId::mint();
-                    let config_id =
-                        acp_frames::model_config_id(&self.runtime.config_options).to_owned();
                     let frame = acp_frames::set_config_option_request(
                         &action_id,
                         self.acp_session_id(),
                         &config_id,
-                        &ConfigValue::Id(chosen.clone()),
+                        &value,
                     );
                     self.expect(
                         &frame["id"],
@@ -492,17 +550,15 @@ impl Actor {
                     );
                     out.record_action(
                         action_id,
-                        fingerprint(&Action::SetModel { model: chosen }, &None, false),
+                        fingerprint(&action, &None, false),
                         ActionState::Sent,
                     );
                     self.log_send(&mut out, &frame, HARNESS_ACTOR, Some(action_id));
-                    if let Err(e) = self.flush(out).await {
-                        self.fault("storage", e.message).await;
-                    }
-                    // Ready once the agent answers (see `on_set_config_response`).
-                    return;
                 }
-                self.become_ready(out).await;
+                if let Err(e) = self.flush(out).await {
+                    self.fault("storage", e.message).await;
+                }
+                // Ready once the agent has answered them all (see `on_set_config_response`).
             }
             PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
         }
