@@ -1,14 +1,15 @@
-//! The connection to the server: where it is (`--server` / `AGENT_HARNESS_SERVER`) and the
-//! bearer token (`AGENT_HARNESS_TOKEN`), attached to every call.
+//! The connection to the server: where it is (`--server` / `AGENT_HARNESS_SERVER`), how TLS is
+//! trusted for an `https://` server (`--ca-file`, `--cert`/`--key`), and the bearer token
+//! (`AGENT_HARNESS_TOKEN`), attached to every call.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 use tonic::{
     Request, Status,
     metadata::MetadataValue,
     service::{Interceptor, interceptor::InterceptedService},
-    transport::{Channel, Endpoint},
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
 };
 
 use super::{Failure, exit};
@@ -17,13 +18,32 @@ use crate::pb::v1::agent_session_service_client::AgentSessionServiceClient;
 /// Where the server is.
 #[derive(Args, Clone)]
 pub struct ServerArgs {
-    /// The server's URL (plaintext `http://`; TLS is not supported by these subcommands yet).
+    /// The server's URL: `http://` for plaintext, `https://` for TLS.
     #[arg(
         long,
         env = "AGENT_HARNESS_SERVER",
         default_value = "http://127.0.0.1:50051"
     )]
     server: String,
+    /// PEM CA certificates to trust for an `https://` server, besides the system's roots.
+    #[arg(long, env = "AGENT_HARNESS_CA_FILE", value_name = "PATH")]
+    ca_file: Option<PathBuf>,
+    /// PEM client certificate for a server that requires mutual TLS (with --key).
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_CERT",
+        value_name = "PATH",
+        requires = "key"
+    )]
+    cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(
+        long,
+        env = "AGENT_HARNESS_KEY",
+        value_name = "PATH",
+        requires = "cert"
+    )]
+    key: Option<PathBuf>,
 }
 
 /// Adds `authorization: Bearer <token>` when a token is set.
@@ -58,16 +78,100 @@ impl ServerArgs {
         let endpoint = Endpoint::from_shared(self.server.clone())
             .map_err(|e| Failure::new(exit::USAGE, format!("bad --server {:?}: {e}", self.server)))?
             .connect_timeout(Duration::from_secs(5));
-        // Connect once now so an unreachable server is reported as such, with its address.
-        let channel = endpoint.connect().await.map_err(|e| {
-            Failure::new(
-                exit::UNAVAILABLE,
-                format!("cannot reach {}: {e}", self.server),
-            )
-        })?;
+        let endpoint = self.with_tls(endpoint)?;
+        // Connect once now so an unreachable or untrusted server is reported as such, with its
+        // address.
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| match tls_failure(&e) {
+                Some(tls) => {
+                    Failure::new(exit::TLS, format!("TLS with {} failed: {tls}", self.server))
+                }
+                None => Failure::new(
+                    exit::UNAVAILABLE,
+                    format!("cannot reach {}: {}", self.server, chain(&e)),
+                ),
+            })?;
         Ok(AgentSessionServiceClient::with_interceptor(
             channel,
             Bearer(token),
         ))
     }
+}
+
+impl ServerArgs {
+    /// Sets up TLS for an `https://` server; the TLS options without one are a mistake worth
+    /// saying rather than silently sending plaintext.
+    fn with_tls(&self, endpoint: Endpoint) -> Result<Endpoint, Failure> {
+        if !self.server.starts_with("https://") {
+            if self.ca_file.is_some() || self.cert.is_some() {
+                return Err(Failure::new(
+                    exit::USAGE,
+                    "--ca-file, --cert and --key need an https:// --server",
+                ));
+            }
+            return Ok(endpoint);
+        }
+        let mut tls = ClientTlsConfig::new();
+        if let Some(path) = &self.ca_file {
+            tls = tls.ca_certificate(Certificate::from_pem(read(path)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        // The system's roots when it has any; a host without them still works with --ca-file.
+        match endpoint.clone().tls_config(tls.clone().with_native_roots()) {
+            Ok(endpoint) => Ok(endpoint),
+            Err(_) if self.ca_file.is_some() => endpoint.tls_config(tls).map_err(bad_tls_files),
+            Err(e) => Err(bad_tls_files(e)),
+        }
+    }
+}
+
+fn read(path: &PathBuf) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path)
+        .map_err(|e| Failure::new(exit::USAGE, format!("cannot read {}: {e}", path.display())))
+}
+
+fn bad_tls_files(e: tonic::transport::Error) -> Failure {
+    Failure::new(
+        exit::USAGE,
+        format!(
+            "cannot use the TLS files (--ca-file, --cert, --key) or the system's roots: {}",
+            chain(&e)
+        ),
+    )
+}
+
+/// The TLS error behind a failed connect, if it was one: an untrusted server certificate, or
+/// ours refused. `io::Error::source` skips the error it wraps, so each one is unwrapped by hand.
+fn tls_failure<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(tls) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls);
+        }
+        next = error.source();
+    }
+    None
+}
+
+/// An error and its causes on one line; tonic's own `Display` says only "transport error".
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
 }

@@ -33,6 +33,9 @@ pub(crate) mod exit {
     pub const REFUSED: u8 = 6;
     /// A followed turn ended with a stop reason other than `end_turn`.
     pub const TURN_NOT_ENDED_WELL: u8 = 7;
+    /// The TLS handshake failed: the server's certificate is not trusted (or not for that
+    /// name), or the server refused ours.
+    pub const TLS: u8 = 8;
 }
 
 /// The exit codes and where the server and token come from, ending every subcommand's help.
@@ -48,8 +51,11 @@ Exit codes:
   5  not found (SESSION_NOT_FOUND, PROFILE_NOT_FOUND, ...)
   6  refused in this state (SESSION_CLOSED, QUEUE_FULL, PERMISSION_NOT_PENDING, ...)
   7  the followed turn ended otherwise (cancelled, refusal, max_tokens, failed)
+  8  TLS failed: the server's certificate is not trusted, or the server refused ours
 
 Server: --server or AGENT_HARNESS_SERVER (default http://127.0.0.1:50051).
+TLS:    an https:// server is trusted by the system's roots and --ca-file (AGENT_HARNESS_CA_FILE);
+        --cert/--key (AGENT_HARNESS_CERT/AGENT_HARNESS_KEY) answer a server asking for mutual TLS.
 Token:  AGENT_HARNESS_TOKEN (sent as `authorization: Bearer <token>`)."
     };
 }
@@ -60,6 +66,7 @@ const SESSIONS_HELP: &str = concat!(
   agent-harness sessions list --status running
   agent-harness sessions show \"$id\" --json
   agent-harness sessions close \"$id\"
+  agent-harness sessions list --server https://harness.example:50051 --ca-file ca.pem
 ",
     exit_codes!()
 );

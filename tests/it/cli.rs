@@ -10,7 +10,10 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use agent_harness::pb::v1::{self as pb, message_part::Kind};
+use agent_harness::{
+    app,
+    pb::v1::{self as pb, message_part::Kind},
+};
 use agent_harness_testkit::service_bin;
 use serde_json::Value;
 use tokio::{process::Command, sync::Notify};
@@ -19,6 +22,7 @@ use crate::{
     auth,
     harness::{Harness, bounded},
     support::Session,
+    tls::{self, Ca, Files},
 };
 
 /// `agent-harness ARGS…` pointed at the harness, with no token unless `token` is given.
@@ -400,4 +404,180 @@ async fn answer_settles_a_held_permission_and_an_elicitation_by_request_id() {
         assert_eq!(response["result"]["content"]["name"], "Ada", "{response}");
     })
     .await;
+}
+
+/// `agent-harness ARGS…` pointed at a TLS server on `port` by its certificate's name, with
+/// `--ca-file`, `--cert` and `--key` taken only from `args` (none inherited from the environment).
+fn cli_over_https(port: u16, args: &[&str]) -> Command {
+    let mut command = Command::new(service_bin());
+    command
+        .args(args)
+        .env("AGENT_HARNESS_SERVER", format!("https://localhost:{port}"))
+        .env_remove("AGENT_HARNESS_TOKEN")
+        .env_remove("AGENT_HARNESS_CA_FILE")
+        .env_remove("AGENT_HARNESS_CERT")
+        .env_remove("AGENT_HARNESS_KEY")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+#[tokio::test]
+async fn a_cli_call_over_https_trusting_the_given_ca_succeeds() {
+    bounded(async {
+        let (data, files, ca) = (
+            tempfile::tempdir().unwrap(),
+            Files::new(),
+            Ca::new("server CA"),
+        );
+        let server = app::start(tls::config(&data, files.server(&ca, None)))
+            .await
+            .expect("the TLS server starts");
+        let port = server.local_addr().port();
+        let ca_file = files.write("ca.pem", &ca.pem());
+        let cwd = data.path().to_string_lossy().into_owned();
+
+        let output = cli_over_https(port, &["sessions", "create", "--cwd", &cwd])
+            .env("AGENT_HARNESS_CA_FILE", &ca_file)
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert!(output.status.success(), "create: {}", stderr(&output));
+        let id = stdout(&output).trim().to_owned();
+
+        let ca_file = ca_file.to_string_lossy().into_owned();
+        let output = cli_over_https(port, &["sessions", "list", "--ca-file", &ca_file])
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert!(output.status.success(), "list: {}", stderr(&output));
+        assert!(stdout(&output).contains(&id), "{}", stdout(&output));
+        server.shutdown().await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_cli_call_to_an_https_server_it_does_not_trust_exits_with_the_tls_code() {
+    bounded(async {
+        let (data, files, ca) = (
+            tempfile::tempdir().unwrap(),
+            Files::new(),
+            Ca::new("server CA"),
+        );
+        let server = app::start(tls::config(&data, files.server(&ca, None)))
+            .await
+            .expect("the TLS server starts");
+        let port = server.local_addr().port();
+        let other = files.write("other.pem", &Ca::new("another CA").pem());
+        let other = other.to_string_lossy().into_owned();
+
+        for args in [
+            &["sessions", "list"][..],
+            &["sessions", "list", "--ca-file", &other][..],
+        ] {
+            let output = cli_over_https(port, args)
+                .output()
+                .await
+                .expect("the CLI runs");
+            assert_eq!(
+                output.status.code(),
+                Some(8),
+                "{args:?}: {}",
+                stderr(&output)
+            );
+            assert!(
+                stderr(&output).contains("invalid peer certificate"),
+                "{args:?}: {}",
+                stderr(&output)
+            );
+        }
+        server.shutdown().await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn with_mutual_tls_the_cli_presents_the_certificate_given_by_cert_and_key() {
+    bounded(async {
+        let (data, files) = (tempfile::tempdir().unwrap(), Files::new());
+        let (server_ca, client_ca) = (Ca::new("server CA"), Ca::new("client CA"));
+        let server = app::start(tls::config(
+            &data,
+            files.server(&server_ca, Some(&client_ca)),
+        ))
+        .await
+        .expect("the mTLS server starts");
+        let port = server.local_addr().port();
+        let ca_file = files.write("ca.pem", &server_ca.pem());
+        let laptop = client_ca.issue(&["ada-laptop"]);
+        let cert = files.write("laptop.pem", &laptop.cert);
+        let key = files.write("laptop.key", &laptop.key);
+
+        let output = cli_over_https(port, &["sessions", "list"])
+            .env("AGENT_HARNESS_CA_FILE", &ca_file)
+            .env("AGENT_HARNESS_CERT", &cert)
+            .env("AGENT_HARNESS_KEY", &key)
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert!(output.status.success(), "{}", stderr(&output));
+
+        let output = cli_over_https(port, &["sessions", "list"])
+            .env("AGENT_HARNESS_CA_FILE", &ca_file)
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert!(
+            !output.status.success(),
+            "served without a client certificate"
+        );
+        server.shutdown().await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_server_whose_certificate_is_not_trusted_ends_the_cli_with_the_tls_exit_code() {
+    bounded(async {
+        let (data, files) = (tempfile::tempdir().unwrap(), Files::new());
+        let (server_ca, stranger) = (Ca::new("server CA"), Ca::new("some other CA"));
+        let server = app::start(tls::config(&data, files.server(&server_ca, None)))
+            .await
+            .expect("the TLS server starts");
+        let port = server.local_addr().port();
+        let wrong_ca = files.write("other.pem", &stranger.pem());
+
+        let output = cli_over_https(port, &["sessions", "list"])
+            .env("AGENT_HARNESS_CA_FILE", &wrong_ca)
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert_eq!(output.status.code(), Some(8), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains("TLS with https://localhost"),
+            "{}",
+            stderr(&output)
+        );
+        server.shutdown().await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn tls_options_with_a_plaintext_server_are_a_usage_error() {
+    bounded(async {
+        let output = Command::new(service_bin())
+            .args(["sessions", "list", "--server", "http://127.0.0.1:9"])
+            .args(["--ca-file", "/nonexistent/ca.pem"])
+            .env_remove("AGENT_HARNESS_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+        assert!(stderr(&output).contains("need an https://"), "{}", stderr(&output));
+    })
+    .await
 }

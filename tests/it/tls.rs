@@ -65,25 +65,25 @@ impl Ca {
     }
 }
 
-/// PEM files on disk for a server.
-struct Files {
+/// PEM files on disk for a server (and for the command line's `--ca-file`, `--cert`, `--key`).
+pub struct Files {
     dir: TempDir,
 }
 
 impl Files {
-    fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             dir: tempfile::tempdir().expect("a temporary dir"),
         }
     }
 
-    fn write(&self, name: &str, text: &str) -> PathBuf {
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
         let path = self.dir.path().join(name);
         std::fs::write(&path, text).expect("a PEM file is written");
         path
     }
 
-    fn server(&self, ca: &Ca, client_ca: Option<&Ca>) -> TlsFiles {
+    pub fn server(&self, ca: &Ca, client_ca: Option<&Ca>) -> TlsFiles {
         let server = ca.issue(&["localhost", "127.0.0.1"]);
         TlsFiles {
             cert: self.write("server.pem", &server.cert),
@@ -93,7 +93,7 @@ impl Files {
     }
 }
 
-fn config(data: &TempDir, tls: TlsFiles) -> ServeConfig {
+pub fn config(data: &TempDir, tls: TlsFiles) -> ServeConfig {
     let mut config = crate::harness::test_config(
         data.path().to_owned(),
         env!("CARGO_BIN_EXE_agent-harness").into(),

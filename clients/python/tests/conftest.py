@@ -32,8 +32,10 @@ class Server:
         self.log = tmp / "server.log"
         self.config = tmp / "config.toml"
         # `mock-resume`: the mock agent with session/resume, so a session reopens after a restart.
+        # `mock-fork`: the mock agent with session/fork.
         self.config.write_text(
             f'[profiles.mock-resume]\ncommand = "{self.bin}"\nargs = ["mock-agent", "--resume"]\n'
+            f'[profiles.mock-fork]\ncommand = "{self.bin}"\nargs = ["mock-agent", "--resume", "--fork"]\n'
         )
         self.process = None
 

@@ -105,6 +105,25 @@ def test_a_second_prompt_queues_behind_a_permission_and_runs_once_it_is_answered
     assert client.get_queue(session.id) == []
 
 
+def test_a_fork_starts_with_the_parents_messages_marked_inherited(client, tmp_path):
+    parent = client.create_session(profile="mock-fork", cwd=str(tmp_path))
+    events = Events(client, parent.id, "messages")
+    sent = client.prompt(parent.id, "first question")
+    events.turn_ended(sent.action_id)
+
+    forked = client.fork_session(parent.id, name="branch")
+    assert forked.id != parent.id
+    assert forked.name == "branch"
+    inherited = client.get_transcript(forked.id).messages
+    assert len(inherited) == 2
+    assert all(m.inherited for m in inherited)
+
+    plain = client.create_session(profile="mock", cwd=str(tmp_path))
+    with pytest.raises(HarnessError) as refused:
+        client.fork_session(plain.id)
+    assert refused.value.reason == "NOT_SUPPORTED"
+
+
 def test_errors_carry_their_code_reason_and_metadata(client, tmp_path):
     with pytest.raises(HarnessError) as missing:
         client.get_session("0190e0e0-0000-7000-8000-000000000000")

@@ -67,6 +67,7 @@ export declare class AgentHarnessClient {
   }): Promise<AgentSession>;
   getSession(sessionId: string): Promise<AgentSession>;
   listSessions(filter?: { statuses?: SessionStatus[]; labels?: Record<string, string> }): Promise<AgentSession[]>;
+  forkSession(sessionId: string, options?: { name?: string }): Promise<AgentSession>;
   closeSession(sessionId: string): Promise<AgentSession>;
   deleteSession(sessionId: string): Promise<void>;
   control(request: MessageInitShape<typeof ControlRequestSchema>): Promise<ControlResponse>;

@@ -191,6 +191,13 @@ export class AgentHarnessClient {
     return sessions;
   }
 
+  /** A new session with the context of `sessionId`, when its agent supports fork (else a
+   * HarnessError with reason NOT_SUPPORTED); its transcript starts with the parent's messages,
+   * marked `inherited`. */
+  async forkSession(sessionId, { name } = {}) {
+    return (await this.#call(this.sessions.forkSession, { sessionId, name })).session;
+  }
+
   async closeSession(sessionId) {
     return (await this.#call(this.sessions.closeSession, { sessionId })).session;
   }

@@ -43,7 +43,12 @@ class Server {
     server.port = await freePort();
     server.config = join(server.dir, "config.toml");
     // `mock-resume`: the mock agent with session/resume, so a session reopens after a restart.
-    writeFileSync(server.config, `[profiles.mock-resume]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume"]\n`);
+    // `mock-fork`: the mock agent with session/fork.
+    writeFileSync(
+      server.config,
+      `[profiles.mock-resume]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume"]\n`
+        + `[profiles.mock-fork]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume", "--fork"]\n`,
+    );
     await server.start();
     return server;
   }
@@ -194,6 +199,25 @@ test("a second prompt queues behind a permission and runs once it is answered", 
   assert.equal(answered.outcome, InteractionOutcome.SELECTED);
   assert.equal(answered.selectedOptionId, "allow-once");
   assert.equal(text(messages[3]), "echo: and then this");
+});
+
+test("a fork starts with the parent's messages marked inherited", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  const parent = await client.createSession({ profile: "mock-fork", cwd: tmpdir() });
+  const events = new Events(client, parent.id, "messages");
+  const sent = await client.prompt(parent.id, "first question");
+  await events.turnEnded(sent.actionId);
+  events.stop();
+
+  const forked = await client.forkSession(parent.id, { name: "branch" });
+  assert.notEqual(forked.id, parent.id);
+  assert.equal(forked.name, "branch");
+  const { messages } = await client.getTranscript(forked.id);
+  assert.equal(messages.length, 2);
+  assert.ok(messages.every((m) => m.inherited));
+
+  const plain = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  await assert.rejects(client.forkSession(plain.id), { reason: "NOT_SUPPORTED" });
 });
 
 test("errors carry their code, reason and metadata", { timeout: 60_000 }, async () => {

@@ -12,6 +12,8 @@ async function main(): Promise<void> {
       break;
     }
   }
+  const forked = await client.forkSession(session.id, { name: "branch" });
+  console.log(forked.id);
   try { await client.getSession("x"); } catch (e) { if (e instanceof HarnessError && e.code === Code.NotFound) console.log(e.reason); }
 }
 void main;

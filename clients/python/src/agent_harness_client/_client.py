@@ -136,6 +136,15 @@ class Client:
     def get_session(self, session_id: str) -> session_pb2.AgentSession:
         return self._call(self.sessions.GetSession, service_pb2.GetSessionRequest(session_id=session_id)).session
 
+    def fork_session(self, session_id: str, name: Optional[str] = None) -> session_pb2.AgentSession:
+        """A new session with the context of `session_id`, when its agent supports fork (else a
+        HarnessError with reason NOT_SUPPORTED); its transcript starts with the parent's messages,
+        marked `inherited`."""
+        request = service_pb2.ForkSessionRequest(session_id=session_id)
+        if name is not None:
+            request.name = name
+        return self._call(self.sessions.ForkSession, request).session
+
     def list_sessions(
         self, statuses: Iterable[int] = (), labels: Optional[Mapping[str, str]] = None
     ) -> list[session_pb2.AgentSession]:
