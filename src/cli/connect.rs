@@ -21,16 +21,23 @@ pub struct ServerArgs {
     /// The server's URL: `http://` for plaintext, `https://` for TLS.
     #[arg(
         long,
+        global = true,
         env = "AGENT_HARNESS_SERVER",
         default_value = "http://127.0.0.1:50051"
     )]
     server: String,
     /// PEM CA certificates to trust for an `https://` server, besides the system's roots.
-    #[arg(long, env = "AGENT_HARNESS_CA_FILE", value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "AGENT_HARNESS_CA_FILE",
+        value_name = "PATH"
+    )]
     ca_file: Option<PathBuf>,
     /// PEM client certificate for a server that requires mutual TLS (with --key).
     #[arg(
         long,
+        global = true,
         env = "AGENT_HARNESS_CERT",
         value_name = "PATH",
         requires = "key"
@@ -39,6 +46,7 @@ pub struct ServerArgs {
     /// PEM private key of --cert.
     #[arg(
         long,
+        global = true,
         env = "AGENT_HARNESS_KEY",
         value_name = "PATH",
         requires = "cert"

@@ -539,33 +539,6 @@ async fn with_mutual_tls_the_cli_presents_the_certificate_given_by_cert_and_key(
 }
 
 #[tokio::test]
-async fn a_server_whose_certificate_is_not_trusted_ends_the_cli_with_the_tls_exit_code() {
-    bounded(async {
-        let (data, files) = (tempfile::tempdir().unwrap(), Files::new());
-        let (server_ca, stranger) = (Ca::new("server CA"), Ca::new("some other CA"));
-        let server = app::start(tls::config(&data, files.server(&server_ca, None)))
-            .await
-            .expect("the TLS server starts");
-        let port = server.local_addr().port();
-        let wrong_ca = files.write("other.pem", &stranger.pem());
-
-        let output = cli_over_https(port, &["sessions", "list"])
-            .env("AGENT_HARNESS_CA_FILE", &wrong_ca)
-            .output()
-            .await
-            .expect("the CLI runs");
-        assert_eq!(output.status.code(), Some(8), "{}", stderr(&output));
-        assert!(
-            stderr(&output).contains("TLS with https://localhost"),
-            "{}",
-            stderr(&output)
-        );
-        server.shutdown().await.unwrap();
-    })
-    .await
-}
-
-#[tokio::test]
 async fn tls_options_with_a_plaintext_server_are_a_usage_error() {
     bounded(async {
         let output = Command::new(service_bin())
@@ -577,7 +550,11 @@ async fn tls_options_with_a_plaintext_server_are_a_usage_error() {
             .await
             .expect("the CLI runs");
         assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-        assert!(stderr(&output).contains("need an https://"), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains("need an https://"),
+            "{}",
+            stderr(&output)
+        );
     })
     .await
 }
