@@ -10,9 +10,11 @@
 //! record. So taking the head of the queue and appending its frame is one transaction, and a
 //! Control reply is sent only after its batch is durable.
 
-pub mod conformance;
+#[cfg(test)]
+pub(crate) mod conformance;
 mod error;
-pub mod memory;
+#[cfg(test)]
+mod memory;
 pub mod postgres;
 pub mod sqlite;
 
