@@ -480,7 +480,7 @@ export const LineAckSchema: GenMessage<LineAck> = /*@__PURE__*/
 /**
  * Lets runtimes that run elsewhere serve agent sessions: a bridge near the code starts agents from
  * its own profiles and dials in; the harness drives them as it drives local child processes.
- * `Connect` answers UNIMPLEMENTED until remote runtimes are built.
+ * Only a `runtime` token (a bridge) may call it, and it may call nothing else.
  *
  * @generated from service agent_harness.v1.RuntimeGatewayService
  */
