@@ -164,6 +164,7 @@ enum RuntimeEvent {
 
 struct BridgeEntry {
     labels: BTreeMap<String, String>,
+    profiles: Vec<String>,
     /// `None` while the bridge's stream is broken.
     out: Option<mpsc::Sender<ToBridge>>,
     /// Counts the bridge's streams; a stream that ends acts only if it is still the current one.
@@ -188,6 +189,22 @@ pub struct Gateway {
     state: Mutex<State>,
     /// Woken when a bridge connects, so a placement waiting for one looks again.
     connected: Notify,
+    /// Woken when a bridge connects or its stream ends, so the replica publishes its bridges.
+    changed: Notify,
+}
+
+/// A connected bridge as other replicas should see it (SPEC §16).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeSummary {
+    pub bridge_id: String,
+    pub labels: BTreeMap<String, String>,
+    pub profiles: Vec<String>,
+    pub runtimes: u64,
+}
+
+/// Whether a bridge with `have` labels serves a profile asking for `want`.
+pub fn labels_match(want: &BTreeMap<String, String>, have: &BTreeMap<String, String>) -> bool {
+    want.iter().all(|(k, v)| have.get(k) == Some(v))
 }
 
 impl std::fmt::Debug for Gateway {
@@ -201,7 +218,7 @@ impl std::fmt::Debug for Gateway {
 #[error("{0}")]
 pub struct Refused(pub String);
 
-fn labels_text(labels: &BTreeMap<String, String>) -> String {
+pub fn labels_text(labels: &BTreeMap<String, String>) -> String {
     let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!("{{{}}}", pairs.join(", "))
 }
@@ -217,13 +234,46 @@ impl Gateway {
         state.bridges.values().filter(|b| b.out.is_some()).count()
     }
 
+    /// The bridges whose stream is up here, for the other replicas.
+    pub fn summaries(&self) -> Vec<BridgeSummary> {
+        let state = self.state.lock().expect("not poisoned");
+        let mut found: Vec<BridgeSummary> = state
+            .bridges
+            .iter()
+            .filter(|(_, b)| b.out.is_some())
+            .map(|(id, b)| BridgeSummary {
+                bridge_id: id.clone(),
+                labels: b.labels.clone(),
+                profiles: b.profiles.clone(),
+                runtimes: b.runtimes.len() as u64,
+            })
+            .collect();
+        found.sort_by(|a, b| a.bridge_id.cmp(&b.bridge_id));
+        found
+    }
+
+    /// Whether a bridge matching `labels` is connected here now.
+    pub fn has_match(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.place(labels).is_some()
+    }
+
+    /// Resolves once a bridge connects here or a bridge's stream here ends (after this call).
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    /// Resolves once a bridge connects here (after this call).
+    pub fn connected(&self) -> tokio::sync::futures::Notified<'_> {
+        self.connected.notified()
+    }
+
     /// The least-loaded connected bridge whose labels include `labels`.
     fn place(&self, labels: &BTreeMap<String, String>) -> Option<(String, mpsc::Sender<ToBridge>)> {
         let state = self.state.lock().expect("not poisoned");
         state
             .bridges
             .iter()
-            .filter(|(_, b)| labels.iter().all(|(k, v)| b.labels.get(k) == Some(v)))
+            .filter(|(_, b)| labels_match(labels, &b.labels))
             .filter_map(|(id, b)| b.out.clone().map(|out| (b.runtimes.len(), id, out)))
             .min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)))
             .map(|(_, id, out)| (id.clone(), out))
@@ -398,6 +448,7 @@ impl Gateway {
                 bridge_id.clone(),
                 BridgeEntry {
                     labels: hello.labels.clone(),
+                    profiles: hello.profiles.clone(),
                     out: Some(out.clone()),
                     generation,
                     runtimes: kept,
@@ -413,6 +464,7 @@ impl Gateway {
         tracing::info!(bridge = %bridge_id, labels = %labels_text(&hello.labels), profiles = ?hello.profiles,
             version = %hello.version, running = hello.running.len(), "bridge connected");
         self.connected.notify_waiters();
+        self.changed.notify_waiters();
         for (events, last_stdin_seq) in reattach {
             let _ = events
                 .send(RuntimeEvent::Attached {
@@ -480,6 +532,7 @@ impl Gateway {
             }
         };
         metrics::gauge!(BRIDGES_CONNECTED).set(self.connected_bridges() as f64);
+        self.changed.notify_waiters();
         tracing::info!(bridge = %bridge_id, runtimes = detached.len(), error = ?result.as_ref().err(), "bridge stream ended");
         for events in detached {
             let _ = events.send(RuntimeEvent::Detached).await;

@@ -660,3 +660,32 @@ async fn concurrent_commits_of_many_sessions_each_wake_another_replica_with_thei
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_replicas_published_bridges_replace_its_earlier_ones_and_expire_with_their_ttl() {
+    with_store(|store, _schema| async move {
+        let ad = |id: &str, replica: &str| crate::store::BridgeAd {
+            bridge_id: id.into(),
+            replica: replica.into(),
+            labels: [("pool".to_owned(), "gpu".to_owned())].into(),
+            profiles: vec!["mock".into()],
+            runtimes: 2,
+        };
+        store
+            .publish_bridges("a@x:1", &[ad("b1", "a@x:1"), ad("b2", "a@x:1")], TTL)
+            .await
+            .unwrap();
+        store
+            .publish_bridges("c@x:3", &[ad("b3", "c@x:3")], Duration::ZERO)
+            .await
+            .unwrap();
+        store
+            .publish_bridges("a@x:1", &[ad("b2", "a@x:1")], TTL)
+            .await
+            .unwrap();
+        // c's publication, with no TTL, has expired already.
+        let ads = store.bridge_ads().await.unwrap();
+        assert_eq!(ads, vec![ad("b2", "a@x:1")]);
+    })
+    .await;
+}
