@@ -722,10 +722,12 @@ impl Store for PostgresStore {
 
     async fn renew_leases(&self, replica: &str, ttl: Duration) -> Result<Vec<Lease>> {
         let client = self.client().await?;
+        // A released lease (expired to 'epoch') stays released: its session is another
+        // replica's to claim, even if this replica's renewal races the claim.
         let stmt = client
             .prepare_cached(&format!(
                 "UPDATE leases SET expires_at = now() + $2::bigint * interval '1 microsecond' \
-                 WHERE owner_replica = $1 RETURNING {}",
+                 WHERE owner_replica = $1 AND expires_at <> 'epoch' RETURNING {}",
                 rows::LEASE_COLUMNS
             ))
             .await
