@@ -6,7 +6,12 @@
 //! Needs `AGENT_HARNESS_TEST_DATABASE_URL` like the other PostgreSQL tests (skipped without it,
 //! except under `CI=true`); each test works in a schema of its own and drops it at the end.
 
-use std::{path::Path, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use agent_harness::pb::v1 as pb;
 use serde_json::Value;
@@ -18,7 +23,11 @@ use crate::{
     postgres::{test_schema, url_in_schema},
     process::{Serve, ServeProcess},
     replica_ownership::{LEASE_TTL, drop_schema},
-    support::Session,
+    support::{Session, number_id, permission_answer},
+};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinHandle,
 };
 
 const TEST_BOUND: Duration = Duration::from_secs(90);
@@ -69,6 +78,63 @@ fn create_request(profile: &str, cwd: &Path) -> pb::CreateSessionRequest {
         profile: profile.into(),
         cwd: cwd.to_string_lossy().into_owned(),
         ..Default::default()
+    }
+}
+
+/// A TCP proxy standing for the Service in front of the replicas: it sends new connections to
+/// its current target, and can cut every connection through it and point elsewhere.
+struct Proxy {
+    addr: SocketAddr,
+    target: Arc<Mutex<SocketAddr>>,
+    links: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let target = Arc::new(Mutex::new(target));
+        let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let accept = tokio::spawn({
+            let target = target.clone();
+            let links = links.clone();
+            async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let to = *target.lock().unwrap();
+                    let link = tokio::spawn(async move {
+                        if let Ok(mut outbound) = TcpStream::connect(to).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    links.lock().unwrap().push(link);
+                }
+            }
+        });
+        Self {
+            addr,
+            target,
+            links,
+            accept,
+        }
+    }
+
+    /// Drops every connection through the proxy; new ones go to `target`.
+    fn cut_and_point_to(&self, target: SocketAddr) {
+        *self.target.lock().unwrap() = target;
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+        self.accept.abort();
     }
 }
 
@@ -245,5 +311,87 @@ async fn a_remote_session_whose_bridge_now_serves_another_replica_moves_there_an
     })
     .await;
     drop((a, b));
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_redialing_another_replica_keeps_its_sessions_running_there_without_a_fault() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let b = replica(dir.path(), "b", &database_url);
+    let mut c = replica(dir.path(), "c", &database_url);
+    within(TEST_BOUND, async {
+        let proxy = Proxy::start(b.addr()).await;
+        let _bridge = Bridge::start(
+            &format!("http://{}", proxy.addr),
+            "b1",
+            &[("pool", "far")],
+            &mock_bridge_profile("mock"),
+            None,
+        );
+        let mut session =
+            Session::create_with_client(b.client().await, create_request("far", dir.path())).await;
+        let mut watch = session.watch().await;
+        let turn = session
+            .prompt("before and after\n@chunks 20 30\n@permission\n@chunks 2000 31")
+            .await;
+        let request = watch.agent_request("session/request_permission").await;
+        // The Service now sends the bridge to c.
+        proxy.cut_and_point_to(c.addr());
+        let relayed = c
+            .next_logged(
+                "bridge redialled here: relaying its runtimes to the replica owning their sessions",
+            )
+            .await
+            .expect("c relays the runtime");
+        assert_eq!(relayed["owner"], b.addr().to_string(), "{relayed}");
+        let id = request["id"]
+            .as_i64()
+            .expect("the mock numbers its requests");
+        session
+            .act(permission_answer(number_id(id), Some("allow-once")))
+            .await
+            .unwrap();
+        assert_eq!(
+            watch.response_to(&turn.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        // The next turn runs through c's relay too.
+        let next = session.prompt("again").await;
+        assert_eq!(
+            watch.response_to(&next.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+
+        let log = session.log().await;
+        let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();
+        let expected: Vec<u64> = (1..=offsets.len() as u64).collect();
+        assert_eq!(offsets, expected, "no gap in the log");
+        let frames = frames(&log);
+        assert_eq!(
+            events(&frames, "runtime_started").len(),
+            1,
+            "same runtime epoch: never restarted"
+        );
+        assert!(events(&frames, "fault").is_empty(), "no fault");
+        let numbers: Vec<usize> = frames
+            .iter()
+            .filter_map(|f| f["params"]["update"]["content"]["text"].as_str())
+            .filter(|t| t.starts_with('#'))
+            .map(|t| t[1..t.find(':').unwrap()].parse().unwrap())
+            .collect();
+        let want: Vec<usize> = (0..20).chain(0..2000).collect();
+        assert_eq!(numbers, want, "every chunk exactly once, in order");
+        assert_eq!(
+            lease_holder(&url, &schema, &session.id).await,
+            b.addr().to_string(),
+            "the owner kept the session"
+        );
+    })
+    .await;
+    drop((b, c));
     drop_schema(&url, &schema).await;
 }

@@ -174,6 +174,21 @@ impl Sessions {
         self.bridge_elsewhere(&remote.bridge_labels).await
     }
 
+    /// The advertised address of another live replica holding the session's lease, if any (a
+    /// runtime a redialled bridge lists for it is relayed there).
+    pub(crate) async fn owner_elsewhere(&self, session_id: &str) -> Option<String> {
+        let replica = self.ctx.replica();
+        if !replica.shared_store {
+            return None;
+        }
+        let id = Uuid::parse_str(session_id).ok()?;
+        let lease = self.ctx.store.get_lease(id).await.ok()??;
+        let live = lease.expires_at > std::time::SystemTime::now();
+        (live && lease.owner_replica != replica.id)
+            .then(|| ReplicaOptions::address_of(&lease.owner_replica).map(str::to_owned))
+            .flatten()
+    }
+
     /// The error that sends a call to `home`, logged as a move.
     pub(super) fn send_to(&self, session_id: Uuid, profile: &str, home: Home) -> Result<()> {
         match home {
