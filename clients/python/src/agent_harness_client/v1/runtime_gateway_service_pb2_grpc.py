@@ -28,7 +28,7 @@ if _version_not_supported:
 class RuntimeGatewayServiceStub:
     """Lets runtimes that run elsewhere serve agent sessions: a bridge near the code starts agents from
     its own profiles and dials in; the harness drives them as it drives local child processes.
-    `Connect` answers UNIMPLEMENTED until remote runtimes are built.
+    Only a `runtime` token (a bridge) may call it, and it may call nothing else.
     """
 
     def __init__(self, channel):
@@ -47,7 +47,7 @@ class RuntimeGatewayServiceStub:
 class RuntimeGatewayServiceServicer:
     """Lets runtimes that run elsewhere serve agent sessions: a bridge near the code starts agents from
     its own profiles and dials in; the harness drives them as it drives local child processes.
-    `Connect` answers UNIMPLEMENTED until remote runtimes are built.
+    Only a `runtime` token (a bridge) may call it, and it may call nothing else.
     """
 
     def Connect(self, request_iterator, context):
@@ -78,7 +78,7 @@ def add_RuntimeGatewayServiceServicer_to_server(servicer, server):
 class RuntimeGatewayService:
     """Lets runtimes that run elsewhere serve agent sessions: a bridge near the code starts agents from
     its own profiles and dials in; the harness drives them as it drives local child processes.
-    `Connect` answers UNIMPLEMENTED until remote runtimes are built.
+    Only a `runtime` token (a bridge) may call it, and it may call nothing else.
     """
 
     @staticmethod

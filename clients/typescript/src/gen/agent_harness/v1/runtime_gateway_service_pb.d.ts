@@ -204,6 +204,14 @@ export declare type BridgeRuntime = Message<"agent_harness.v1.BridgeRuntime"> & 
    * @generated from field: uint64 last_stdout_seq = 3;
    */
   lastStdoutSeq: bigint;
+
+  /**
+   * The session the runtime was spawned for (from `spawn`), so a replica the bridge redials can
+   * tell which replica owns it (SPEC §16 with several replicas). Empty from older bridges.
+   *
+   * @generated from field: string session_id = 4;
+   */
+  sessionId: string;
 };
 
 /**
@@ -466,7 +474,7 @@ export declare const LineAckSchema: GenMessage<LineAck>;
 /**
  * Lets runtimes that run elsewhere serve agent sessions: a bridge near the code starts agents from
  * its own profiles and dials in; the harness drives them as it drives local child processes.
- * `Connect` answers UNIMPLEMENTED until remote runtimes are built.
+ * Only a `runtime` token (a bridge) may call it, and it may call nothing else.
  *
  * @generated from service agent_harness.v1.RuntimeGatewayService
  */
