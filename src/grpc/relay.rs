@@ -29,8 +29,8 @@ use crate::{
     acp::remote::OUTBOUND_MESSAGES,
     domain::{Principal, PrincipalKind},
     pb::v1::{
-        BridgeHello, BridgeRuntime, ConnectRequest, ConnectResponse, connect_request::Frame as Up,
-        connect_response::Frame as Down,
+        BridgeHello, BridgeRuntime, ConnectRequest, ConnectResponse, KillRuntime,
+        connect_request::Frame as Up, connect_response::Frame as Down,
         runtime_gateway_service_client::RuntimeGatewayServiceClient,
     },
     session::Sessions,
@@ -190,12 +190,30 @@ impl Relay {
                     break;
                 }
             }
-            // The owner ended the relayed stream: its keys route nowhere now.
-            if let Some(up) = up_tx.upgrade() {
-                routes
-                    .lock()
-                    .expect("not poisoned")
-                    .retain(|_, tx| !tx.same_channel(&up));
+            // The owner ended the relayed stream (it stopped, or gave the runtimes up): their keys
+            // route nowhere now, and the bridge stops them rather than run agents nobody drives
+            // (the owner's sessions reopen wherever they are claimed next).
+            let Some(up) = up_tx.upgrade() else {
+                return; // the bridge's own stream ended first
+            };
+            let orphaned: Vec<String> = {
+                let mut routes = routes.lock().expect("not poisoned");
+                let keys = routes
+                    .iter()
+                    .filter(|(_, tx)| tx.same_channel(&up))
+                    .map(|(key, _)| key.clone())
+                    .collect();
+                routes.retain(|_, tx| !tx.same_channel(&up));
+                keys
+            };
+            for key in orphaned {
+                tracing::info!(runtime = %key, "the owner replica ended a relayed stream: stopping its runtime");
+                let kill = ConnectResponse {
+                    frame: Some(Down::Kill(KillRuntime { runtime_key: key })),
+                };
+                if down.send(kill).await.is_err() {
+                    break;
+                }
             }
         });
         Ok(())
