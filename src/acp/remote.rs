@@ -544,6 +544,10 @@ impl Gateway {
 pub(crate) const BRIDGES_CONNECTED: &str = "agent_harness_bridges_connected";
 pub(crate) const BRIDGE_RUNTIMES: &str = "agent_harness_bridge_runtimes";
 pub(crate) const BRIDGE_RECONNECTS: &str = "agent_harness_bridge_reconnects_total";
+/// Sessions whose lease this replica gave up because their bridge serves another replica.
+pub(crate) const BRIDGE_LEASE_MOVES: &str = "agent_harness_bridge_lease_moves_total";
+/// Runtimes of a redialled bridge relayed to the replica owning their sessions.
+pub(crate) const BRIDGE_RELAYED_RUNTIMES: &str = "agent_harness_bridge_relayed_runtimes_total";
 pub(crate) const BRIDGE_UNKNOWN_KEYS: &str = "agent_harness_bridge_unknown_runtime_messages_total";
 
 /// One remote runtime's side of the harness (module doc).

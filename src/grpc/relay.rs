@@ -95,6 +95,8 @@ impl Relay {
                 .await
             {
                 Ok(()) => {
+                    metrics::counter!(crate::acp::remote::BRIDGE_RELAYED_RUNTIMES)
+                        .increment(keys.len() as u64);
                     tracing::info!(bridge = %hello.bridge_id, owner = %address, runtimes = ?keys,
                         "bridge redialled here: relaying its runtimes to the replica owning their sessions");
                 }

@@ -23,7 +23,7 @@ use crate::{
     postgres::{test_schema, url_in_schema},
     process::{Serve, ServeProcess},
     replica_ownership::{LEASE_TTL, drop_schema},
-    support::{Session, number_id, permission_answer},
+    support::{Session, number_id, permission_answer, processes_with},
 };
 use tokio::{
     net::{TcpListener, TcpStream},
@@ -389,6 +389,81 @@ async fn a_bridge_redialing_another_replica_keeps_its_sessions_running_there_wit
             lease_holder(&url, &schema, &session.id).await,
             b.addr().to_string(),
             "the owner kept the session"
+        );
+    })
+    .await;
+    drop((b, c));
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_owner_dies_while_its_runtime_is_relayed_the_agent_is_stopped_and_the_session_reopens_where_the_bridge_is()
+ {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = replica(dir.path(), "b", &database_url);
+    let mut c = replica(dir.path(), "c", &database_url);
+    within(TEST_BOUND, async {
+        let marker = format!("agent-{}", uuid::Uuid::now_v7().simple());
+        let profile = format!(
+            "[profiles.mock]\ncommand = {:?}\nargs = [\"mock-agent\", \"--resume\", \"--stderr-at-start\", {marker:?}]\n",
+            env!("CARGO_BIN_EXE_agent-harness")
+        );
+        let proxy = Proxy::start(b.addr()).await;
+        let _bridge = Bridge::start(
+            &format!("http://{}", proxy.addr),
+            "b1",
+            &[("pool", "far")],
+            &profile,
+            None,
+        );
+        let mut session =
+            Session::create_with_client(b.client().await, create_request("far", dir.path())).await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("one").await;
+        watch.response_to(&turn.action_id).await;
+        proxy.cut_and_point_to(c.addr());
+        c.next_logged(
+            "bridge redialled here: relaying its runtimes to the replica owning their sessions",
+        )
+        .await
+        .expect("c relays the runtime");
+        assert!(!processes_with(&marker).is_empty(), "the agent runs");
+        b.kill_9();
+        c.next_logged("the owner replica ended a relayed stream: stopping its runtime")
+            .await
+            .expect("c stops the runtime nobody drives");
+        while !processes_with(&marker).is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // b's lease expires; the next turn, asked of c, reopens the session there.
+        let mut via_c = Session::attach(c.client().await, &session.id);
+        let reply = loop {
+            match via_c.act(crate::support::prompt("two")).await {
+                Ok(reply) => break reply,
+                // b's lease has not expired yet.
+                Err(status) if status.code() == Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(status) => panic!("{status:?}"),
+            }
+        };
+        let mut watch = via_c.watch().await;
+        assert_eq!(
+            watch.response_to(&reply.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        assert_eq!(
+            lease_holder(&url, &schema, &session.id).await,
+            c.addr().to_string()
+        );
+        let log = frames(&via_c.log().await);
+        assert!(
+            log.iter().any(|f| f["method"] == "session/resume"),
+            "reopened through resume"
         );
     })
     .await;

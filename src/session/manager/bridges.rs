@@ -225,6 +225,7 @@ impl Sessions {
         let replica = self.ctx.replica();
         tracing::info!(session = %handle.shared.id, bridge = %bridge_id, from = %replica.id,
             to = %address, "lease moved: the session's bridge is connected to another replica");
+        metrics::counter!(crate::acp::remote::BRIDGE_LEASE_MOVES).increment(1);
         self.release_one(handle).await;
         self.send_to(handle.shared.id, &profile, home)
     }
