@@ -165,6 +165,9 @@ enum RuntimeEvent {
 struct BridgeEntry {
     labels: BTreeMap<String, String>,
     profiles: Vec<String>,
+    /// The replica relaying this stream (the bridge's own stream is there): no new runtimes
+    /// are placed on it here, and idle sessions on it move there.
+    relayed_by: Option<String>,
     /// `None` while the bridge's stream is broken.
     out: Option<mpsc::Sender<ToBridge>>,
     /// Counts the bridge's streams; a stream that ends acts only if it is still the current one.
@@ -240,7 +243,7 @@ impl Gateway {
         let mut found: Vec<BridgeSummary> = state
             .bridges
             .iter()
-            .filter(|(_, b)| b.out.is_some())
+            .filter(|(_, b)| b.out.is_some() && b.relayed_by.is_none())
             .map(|(id, b)| BridgeSummary {
                 bridge_id: id.clone(),
                 labels: b.labels.clone(),
@@ -250,6 +253,16 @@ impl Gateway {
             .collect();
         found.sort_by(|a, b| a.bridge_id.cmp(&b.bridge_id));
         found
+    }
+
+    /// The replica relaying the bridge's stream here, if it is relayed and up.
+    pub fn relayed_by(&self, bridge_id: &str) -> Option<String> {
+        let state = self.state.lock().expect("not poisoned");
+        state
+            .bridges
+            .get(bridge_id)
+            .filter(|b| b.out.is_some())
+            .and_then(|b| b.relayed_by.clone())
     }
 
     /// Whether a bridge matching `labels` is connected here now.
@@ -273,7 +286,7 @@ impl Gateway {
         state
             .bridges
             .iter()
-            .filter(|(_, b)| labels_match(labels, &b.labels))
+            .filter(|(_, b)| labels_match(labels, &b.labels) && b.relayed_by.is_none())
             .filter_map(|(id, b)| b.out.clone().map(|out| (b.runtimes.len(), id, out)))
             .min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)))
             .map(|(_, id, out)| (id.clone(), out))
@@ -402,6 +415,7 @@ impl Gateway {
         hello: Hello,
         mut inbound: S,
         out: mpsc::Sender<ToBridge>,
+        relayed_by: Option<String>,
     ) -> Result<(), Refused>
     where
         S: futures::Stream<Item = Result<FromBridge, Refused>> + Unpin,
@@ -449,6 +463,7 @@ impl Gateway {
                 BridgeEntry {
                     labels: hello.labels.clone(),
                     profiles: hello.profiles.clone(),
+                    relayed_by: relayed_by.clone(),
                     out: Some(out.clone()),
                     generation,
                     runtimes: kept,
@@ -838,7 +853,7 @@ mod tests {
         let gateway = gateway.clone();
         tokio::spawn(async move {
             let inbound = tokio_stream::wrappers::ReceiverStream::new(in_rx);
-            let _ = gateway.serve_bridge(hello, inbound, out_tx).await;
+            let _ = gateway.serve_bridge(hello, inbound, out_tx, None).await;
         });
         (out_rx, in_tx)
     }

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{
     auth,
-    relay::{Relay, Routes, key_of},
+    relay::{RELAYED_BY_HEADER, Relay, Routes, key_of},
 };
 use crate::{
     acp::remote::{self, FromBridge, Gateway, Hello, Refused, StillRunning, ToBridge},
@@ -130,6 +130,12 @@ impl RuntimeGatewayService for GatewayService {
             )
             .into());
         };
+        // A stream relayed by a peer replica (which holds the bridge's own stream).
+        let relayed_by = request
+            .metadata()
+            .get(RELAYED_BY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let mut inbound = request.into_inner();
         let routes: Routes = Arc::default();
         let (relayed_tx, relayed_rx) = mpsc::channel::<ConnectResponse>(remote::OUTBOUND_MESSAGES);
@@ -171,7 +177,9 @@ impl RuntimeGatewayService for GatewayService {
                 }
             });
             let inbound = Box::pin(inbound);
-            let served = gateway.serve_bridge(hello, inbound, out_tx).await;
+            let served = gateway
+                .serve_bridge(hello, inbound, out_tx, relayed_by)
+                .await;
             // The bridge's stream ended: so do the streams relayed for it.
             routes.lock().expect("not poisoned").clear();
             if let Err(Refused(why)) = served {

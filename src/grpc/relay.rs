@@ -36,6 +36,9 @@ use crate::{
     session::Sessions,
 };
 
+/// The header a relayed stream names the relaying replica in (its advertised address).
+pub(crate) const RELAYED_BY_HEADER: &str = "x-relayed-by";
+
 /// Where a bridge message goes: the owner replica's relayed stream, by runtime key.
 pub(crate) type Routes = Arc<Mutex<HashMap<String, mpsc::Sender<ConnectRequest>>>>;
 
@@ -156,6 +159,10 @@ impl Relay {
                 "authorization",
                 MetadataValue::try_from(format!("Bearer {token}"))?,
             );
+        }
+        let me = self.sessions.context().replica().id.clone();
+        if let Some(address) = crate::session::ReplicaOptions::address_of(&me) {
+            metadata.insert(RELAYED_BY_HEADER, MetadataValue::try_from(address)?);
         }
         if principal.kind != PrincipalKind::Local {
             metadata.insert(

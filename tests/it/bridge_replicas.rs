@@ -315,13 +315,14 @@ async fn a_remote_session_whose_bridge_now_serves_another_replica_moves_there_an
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bridge_redialing_another_replica_keeps_its_sessions_running_there_without_a_fault() {
+async fn a_bridge_redialing_another_replica_finishes_the_turn_in_flight_without_a_fault_then_the_session_moves_there()
+ {
     let Some((url, schema)) = test_schema().await else {
         return;
     };
     let database_url = url_in_schema(&url, &schema);
     let dir = tempfile::tempdir().unwrap();
-    let b = replica(dir.path(), "b", &database_url);
+    let mut b = replica(dir.path(), "b", &database_url);
     let mut c = replica(dir.path(), "c", &database_url);
     within(TEST_BOUND, async {
         let proxy = Proxy::start(b.addr()).await;
@@ -359,25 +360,23 @@ async fn a_bridge_redialing_another_replica_keeps_its_sessions_running_there_wit
             watch.response_to(&turn.action_id).await["result"]["stopReason"],
             "end_turn"
         );
-        // The next turn runs through c's relay too.
-        let next = session.prompt("again").await;
-        assert_eq!(
-            watch.response_to(&next.action_id).await["result"]["stopReason"],
-            "end_turn"
-        );
-
+        // The turn in flight finished on b, through c's relay: same epoch, no fault, no gap.
         let log = session.log().await;
         let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();
         let expected: Vec<u64> = (1..=offsets.len() as u64).collect();
         assert_eq!(offsets, expected, "no gap in the log");
-        let frames = frames(&log);
+        let frames_then = frames(&log);
+        let turn_end = frames_then
+            .iter()
+            .position(|f| f["id"] == turn.action_id.as_str() && f.get("result").is_some())
+            .expect("the turn's response is logged");
         assert_eq!(
-            events(&frames, "runtime_started").len(),
+            events(&frames_then[..turn_end], "runtime_started").len(),
             1,
-            "same runtime epoch: never restarted"
+            "same runtime epoch during the turn: never restarted"
         );
-        assert!(events(&frames, "fault").is_empty(), "no fault");
-        let numbers: Vec<usize> = frames
+        assert!(events(&frames_then, "fault").is_empty(), "no fault");
+        let numbers: Vec<usize> = frames_then
             .iter()
             .filter_map(|f| f["params"]["update"]["content"]["text"].as_str())
             .filter(|t| t.starts_with('#'))
@@ -385,11 +384,43 @@ async fn a_bridge_redialing_another_replica_keeps_its_sessions_running_there_wit
             .collect();
         let want: Vec<usize> = (0..20).chain(0..2000).collect();
         assert_eq!(numbers, want, "every chunk exactly once, in order");
+
+        // Once idle, b gives the session up to c, which holds the bridge's stream.
+        let moved = b
+            .next_logged("lease moved: the session's bridge is connected to another replica")
+            .await
+            .expect("b moved the lease");
+        assert_eq!(moved["session"], session.id.as_str(), "{moved}");
+        assert_eq!(moved["bridge"], "b1", "{moved}");
+        assert_eq!(moved["to"], c.addr().to_string(), "{moved}");
+        // The next turn, asked of b, runs on c (reopened by resume on the same bridge).
+        let next = session.prompt("again").await;
+        let mut on_c = Session::attach(c.client().await, &session.id);
+        let mut watch = on_c.watch().await;
+        assert_eq!(
+            watch.response_to(&next.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
         assert_eq!(
             lease_holder(&url, &schema, &session.id).await,
-            b.addr().to_string(),
-            "the owner kept the session"
+            c.addr().to_string(),
+            "the lease moved to the replica holding the bridge's stream"
         );
+        let log = on_c.log().await;
+        let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();
+        let expected: Vec<u64> = (1..=offsets.len() as u64).collect();
+        assert_eq!(offsets, expected, "no gap in the log");
+        let frames = frames(&log);
+        assert!(events(&frames, "fault").is_empty(), "no fault");
+        let started = events(&frames, "runtime_started");
+        assert_eq!(started.len(), 2, "reopened once, on c");
+        assert_eq!(started[1]["bridge"], "b1");
+        assert!(
+            frames.iter().any(|f| f["method"] == "session/resume"),
+            "reopened through resume"
+        );
+        let stopped = events(&frames, "runtime_stopped");
+        assert_eq!(stopped.len(), 1, "b stopped its runtime once, idle");
     })
     .await;
     drop((b, c));
@@ -397,7 +428,7 @@ async fn a_bridge_redialing_another_replica_keeps_its_sessions_running_there_wit
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn when_the_owner_dies_while_its_runtime_is_relayed_the_agent_is_stopped_and_the_session_reopens_where_the_bridge_is()
+async fn when_the_owner_dies_mid_turn_while_its_runtime_is_relayed_the_agent_is_stopped_and_the_session_reopens_where_the_bridge_is()
  {
     let Some((url, schema)) = test_schema().await else {
         return;
@@ -423,8 +454,9 @@ async fn when_the_owner_dies_while_its_runtime_is_relayed_the_agent_is_stopped_a
         let mut session =
             Session::create_with_client(b.client().await, create_request("far", dir.path())).await;
         let mut watch = session.watch().await;
-        let turn = session.prompt("one").await;
-        watch.response_to(&turn.action_id).await;
+        // A turn in flight (held on a permission request) keeps b from handing the session over.
+        session.prompt("one\n@permission").await;
+        watch.agent_request("session/request_permission").await;
         proxy.cut_and_point_to(c.addr());
         c.next_logged(
             "bridge redialled here: relaying its runtimes to the replica owning their sessions",
@@ -439,7 +471,8 @@ async fn when_the_owner_dies_while_its_runtime_is_relayed_the_agent_is_stopped_a
         while !processes_with(&marker).is_empty() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        // b's lease expires; the next turn, asked of c, reopens the session there.
+        // b's lease expires and c, which holds the bridge, claims the session (the turn that was
+        // in flight fails as "owner replica lost"); the next turn reopens it there.
         let mut via_c = Session::attach(c.client().await, &session.id);
         let reply = loop {
             match via_c.act(crate::support::prompt("two")).await {
@@ -465,6 +498,7 @@ async fn when_the_owner_dies_while_its_runtime_is_relayed_the_agent_is_stopped_a
             log.iter().any(|f| f["method"] == "session/resume"),
             "reopened through resume"
         );
+        assert_eq!(events(&log, "owner_replica_lost").len(), 1, "the turn in flight failed");
     })
     .await;
     drop((b, c));

@@ -13,8 +13,9 @@ use uuid::Uuid;
 use super::{Sessions, owners::OWNER_ADDRESS_KEY};
 use crate::{
     acp::remote::{labels_match, labels_text},
+    domain::session::SessionStatus,
     domain::{Error, ErrorCode, Result},
-    session::{Profile, ReplicaOptions, SessionHandle},
+    session::{Command, Profile, ReplicaOptions, SessionHandle},
     store::BridgeAd,
 };
 
@@ -172,6 +173,32 @@ impl Sessions {
             return Ok(None);
         }
         self.bridge_elsewhere(&remote.bridge_labels).await
+    }
+
+    /// Sessions whose runtime runs on a bridge whose stream another replica holds (and relays
+    /// here): once idle, each stops its runtime (SUSPENDED) and gives its lease up, so the next
+    /// call claims it on the replica holding the bridge, which reopens it by resume. A turn in
+    /// flight finishes through the relay first.
+    pub(super) async fn move_relayed(&self) {
+        for handle in self.all() {
+            if handle.shared.is_lost() || handle.shared.status() != SessionStatus::Idle {
+                continue;
+            }
+            let bridge = handle.shared.bridge.lock().expect("not poisoned").clone();
+            let Some(bridge) = bridge else { continue };
+            let Some(to) = self.ctx.gateway().relayed_by(&bridge) else {
+                continue;
+            };
+            match handle.ask(|reply| Command::HandOff { reply }).await {
+                Ok(true) => {}
+                _ => continue,
+            }
+            let replica = self.ctx.replica();
+            tracing::info!(session = %handle.shared.id, bridge = %bridge, from = %replica.id,
+                to = %to, "lease moved: the session's bridge is connected to another replica");
+            metrics::counter!(crate::acp::remote::BRIDGE_LEASE_MOVES).increment(1);
+            self.release_one(&handle).await;
+        }
     }
 
     /// The advertised address of another live replica holding the session's lease, if any (a

@@ -182,6 +182,7 @@ impl Sessions {
                     if let Err(error) = sessions.claim_orphans().await {
                         tracing::warn!(%error, "failover: could not claim orphaned sessions");
                     }
+                    sessions.move_relayed().await;
                 }
             })
         };
