@@ -7,8 +7,9 @@
 //! routes each bridge message by its runtime key (keys the owner spawns through the relay later
 //! are learned from its `spawn`). The relayed stream ends with the bridge's stream.
 //!
-//! The owner keeps the lease while the relay runs; moving it to the replica holding the
-//! bridge's stream (with the actor's in-flight state) is not built yet.
+//! The owner keeps the lease while the relay runs, so a turn in flight finishes there; once the
+//! session is idle the owner gives it up (see `Sessions::move_relayed`) and the replica holding
+//! the bridge's stream claims it. Moving a lease mid-turn with the actor's state is not built.
 
 use std::{
     collections::HashMap,
