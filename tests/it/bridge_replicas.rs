@@ -138,6 +138,24 @@ impl Drop for Proxy {
     }
 }
 
+/// The session's lease fence: it grows each time the lease changes hands, and a write carrying
+/// an older one is refused (SPEC §15).
+async fn lease_fence(url: &str, schema: &str, session_id: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("the test database is reachable");
+    tokio::spawn(connection);
+    let id: uuid::Uuid = session_id.parse().unwrap();
+    client
+        .query_one(
+            &format!("SELECT fence FROM {schema}.leases WHERE session_id = $1"),
+            &[&id],
+        )
+        .await
+        .expect("the session has a lease")
+        .get(0)
+}
+
 /// The advertised address of the replica holding the session's lease.
 async fn lease_holder(url: &str, schema: &str, session_id: &str) -> String {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -340,6 +358,7 @@ async fn a_bridge_redialing_another_replica_finishes_the_turn_in_flight_without_
             .prompt("before and after\n@chunks 20 30\n@permission\n@chunks 2000 31")
             .await;
         let request = watch.agent_request("session/request_permission").await;
+        let fence_on_b = lease_fence(&url, &schema, &session.id).await;
         // The Service now sends the bridge to c.
         proxy.cut_and_point_to(c.addr());
         let relayed = c
@@ -405,6 +424,10 @@ async fn a_bridge_redialing_another_replica_finishes_the_turn_in_flight_without_
             lease_holder(&url, &schema, &session.id).await,
             c.addr().to_string(),
             "the lease moved to the replica holding the bridge's stream"
+        );
+        assert!(
+            lease_fence(&url, &schema, &session.id).await > fence_on_b,
+            "b's writes for the session are fenced off"
         );
         let log = on_c.log().await;
         let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();
