@@ -858,6 +858,32 @@ mod tests {
         (out_rx, in_tx)
     }
 
+    #[tokio::test]
+    async fn a_stream_relayed_by_another_replica_is_neither_placed_on_nor_published() {
+        let gateway = Gateway::new();
+        let (out_tx, _out_rx) = mpsc::channel(OUTBOUND_MESSAGES);
+        let (_in_tx, in_rx) = mpsc::channel::<Result<FromBridge, Refused>>(16);
+        let connected = gateway.connected();
+        tokio::spawn({
+            let gateway = gateway.clone();
+            async move {
+                let inbound = tokio_stream::wrappers::ReceiverStream::new(in_rx);
+                let relayed_by = Some("10.0.0.3:50051".to_owned());
+                let _ = gateway
+                    .serve_bridge(hello("b1", &[]), inbound, out_tx, relayed_by)
+                    .await;
+            }
+        });
+        connected.await;
+        assert_eq!(gateway.relayed_by("b1").as_deref(), Some("10.0.0.3:50051"));
+        assert!(gateway.summaries().is_empty());
+        assert!(!gateway.has_match(&BTreeMap::new()));
+        let any = BTreeMap::new();
+        let mut short = spec(&any);
+        short.startup_timeout = Duration::from_millis(100);
+        assert!(gateway.spawn(short).await.is_err());
+    }
+
     async fn next(rx: &mut mpsc::Receiver<ToBridge>) -> ToBridge {
         tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
