@@ -311,6 +311,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     } else {
         (None, None)
     };
+    let mut relay = None;
     if let Some(sessions) = &sessions {
         let replica_token = replica_token(&config)?;
         // Peers exist only on a shared database.
@@ -321,6 +322,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
             )?),
             _ => None,
         };
+        if config.database_url.is_some() {
+            relay = Some(Arc::new(crate::grpc::relay::Relay {
+                sessions: sessions.clone(),
+                replica_token: replica_token.clone(),
+                peer_tls: peer_tls.clone(),
+            }));
+        }
         let service = AgentSessionServiceServer::new(RoutedSessions::new(
             SessionsService::new(sessions.clone()),
             replica_token,
@@ -342,7 +350,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     }
     if config.services.gateway {
         let gateway = sessions.as_ref().map(|s| s.context().gateway().clone());
-        let service = RuntimeGatewayServiceServer::new(GatewayService::new(gateway))
+        let service = RuntimeGatewayServiceServer::new(GatewayService::new(gateway, relay))
             .max_decoding_message_size(max_message)
             .max_encoding_message_size(max_response);
         routes.add_service(InterceptedService::new(service, auth.for_gateway()));

@@ -164,6 +164,10 @@ enum RuntimeEvent {
 
 struct BridgeEntry {
     labels: BTreeMap<String, String>,
+    profiles: Vec<String>,
+    /// The replica relaying this stream (the bridge's own stream is there): no new runtimes
+    /// are placed on it here, and idle sessions on it move there.
+    relayed_by: Option<String>,
     /// `None` while the bridge's stream is broken.
     out: Option<mpsc::Sender<ToBridge>>,
     /// Counts the bridge's streams; a stream that ends acts only if it is still the current one.
@@ -188,6 +192,22 @@ pub struct Gateway {
     state: Mutex<State>,
     /// Woken when a bridge connects, so a placement waiting for one looks again.
     connected: Notify,
+    /// Woken when a bridge connects or its stream ends, so the replica publishes its bridges.
+    changed: Notify,
+}
+
+/// A connected bridge as other replicas should see it (SPEC §16).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeSummary {
+    pub bridge_id: String,
+    pub labels: BTreeMap<String, String>,
+    pub profiles: Vec<String>,
+    pub runtimes: u64,
+}
+
+/// Whether a bridge with `have` labels serves a profile asking for `want`.
+pub fn labels_match(want: &BTreeMap<String, String>, have: &BTreeMap<String, String>) -> bool {
+    want.iter().all(|(k, v)| have.get(k) == Some(v))
 }
 
 impl std::fmt::Debug for Gateway {
@@ -201,7 +221,7 @@ impl std::fmt::Debug for Gateway {
 #[error("{0}")]
 pub struct Refused(pub String);
 
-fn labels_text(labels: &BTreeMap<String, String>) -> String {
+pub fn labels_text(labels: &BTreeMap<String, String>) -> String {
     let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!("{{{}}}", pairs.join(", "))
 }
@@ -217,13 +237,56 @@ impl Gateway {
         state.bridges.values().filter(|b| b.out.is_some()).count()
     }
 
+    /// The bridges whose stream is up here, for the other replicas.
+    pub fn summaries(&self) -> Vec<BridgeSummary> {
+        let state = self.state.lock().expect("not poisoned");
+        let mut found: Vec<BridgeSummary> = state
+            .bridges
+            .iter()
+            .filter(|(_, b)| b.out.is_some() && b.relayed_by.is_none())
+            .map(|(id, b)| BridgeSummary {
+                bridge_id: id.clone(),
+                labels: b.labels.clone(),
+                profiles: b.profiles.clone(),
+                runtimes: b.runtimes.len() as u64,
+            })
+            .collect();
+        found.sort_by(|a, b| a.bridge_id.cmp(&b.bridge_id));
+        found
+    }
+
+    /// The replica relaying the bridge's stream here, if it is relayed and up.
+    pub fn relayed_by(&self, bridge_id: &str) -> Option<String> {
+        let state = self.state.lock().expect("not poisoned");
+        state
+            .bridges
+            .get(bridge_id)
+            .filter(|b| b.out.is_some())
+            .and_then(|b| b.relayed_by.clone())
+    }
+
+    /// Whether a bridge matching `labels` is connected here now.
+    pub fn has_match(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.place(labels).is_some()
+    }
+
+    /// Resolves once a bridge connects here or a bridge's stream here ends (after this call).
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    /// Resolves once a bridge connects here (after this call).
+    pub fn connected(&self) -> tokio::sync::futures::Notified<'_> {
+        self.connected.notified()
+    }
+
     /// The least-loaded connected bridge whose labels include `labels`.
     fn place(&self, labels: &BTreeMap<String, String>) -> Option<(String, mpsc::Sender<ToBridge>)> {
         let state = self.state.lock().expect("not poisoned");
         state
             .bridges
             .iter()
-            .filter(|(_, b)| labels.iter().all(|(k, v)| b.labels.get(k) == Some(v)))
+            .filter(|(_, b)| labels_match(labels, &b.labels) && b.relayed_by.is_none())
             .filter_map(|(id, b)| b.out.clone().map(|out| (b.runtimes.len(), id, out)))
             .min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)))
             .map(|(_, id, out)| (id.clone(), out))
@@ -352,6 +415,7 @@ impl Gateway {
         hello: Hello,
         mut inbound: S,
         out: mpsc::Sender<ToBridge>,
+        relayed_by: Option<String>,
     ) -> Result<(), Refused>
     where
         S: futures::Stream<Item = Result<FromBridge, Refused>> + Unpin,
@@ -398,6 +462,8 @@ impl Gateway {
                 bridge_id.clone(),
                 BridgeEntry {
                     labels: hello.labels.clone(),
+                    profiles: hello.profiles.clone(),
+                    relayed_by: relayed_by.clone(),
                     out: Some(out.clone()),
                     generation,
                     runtimes: kept,
@@ -413,6 +479,7 @@ impl Gateway {
         tracing::info!(bridge = %bridge_id, labels = %labels_text(&hello.labels), profiles = ?hello.profiles,
             version = %hello.version, running = hello.running.len(), "bridge connected");
         self.connected.notify_waiters();
+        self.changed.notify_waiters();
         for (events, last_stdin_seq) in reattach {
             let _ = events
                 .send(RuntimeEvent::Attached {
@@ -480,6 +547,7 @@ impl Gateway {
             }
         };
         metrics::gauge!(BRIDGES_CONNECTED).set(self.connected_bridges() as f64);
+        self.changed.notify_waiters();
         tracing::info!(bridge = %bridge_id, runtimes = detached.len(), error = ?result.as_ref().err(), "bridge stream ended");
         for events in detached {
             let _ = events.send(RuntimeEvent::Detached).await;
@@ -491,6 +559,10 @@ impl Gateway {
 pub(crate) const BRIDGES_CONNECTED: &str = "agent_harness_bridges_connected";
 pub(crate) const BRIDGE_RUNTIMES: &str = "agent_harness_bridge_runtimes";
 pub(crate) const BRIDGE_RECONNECTS: &str = "agent_harness_bridge_reconnects_total";
+/// Sessions whose lease this replica gave up because their bridge serves another replica.
+pub(crate) const BRIDGE_LEASE_MOVES: &str = "agent_harness_bridge_lease_moves_total";
+/// Runtimes of a redialled bridge relayed to the replica owning their sessions.
+pub(crate) const BRIDGE_RELAYED_RUNTIMES: &str = "agent_harness_bridge_relayed_runtimes_total";
 pub(crate) const BRIDGE_UNKNOWN_KEYS: &str = "agent_harness_bridge_unknown_runtime_messages_total";
 
 /// One remote runtime's side of the harness (module doc).
@@ -781,9 +853,35 @@ mod tests {
         let gateway = gateway.clone();
         tokio::spawn(async move {
             let inbound = tokio_stream::wrappers::ReceiverStream::new(in_rx);
-            let _ = gateway.serve_bridge(hello, inbound, out_tx).await;
+            let _ = gateway.serve_bridge(hello, inbound, out_tx, None).await;
         });
         (out_rx, in_tx)
+    }
+
+    #[tokio::test]
+    async fn a_stream_relayed_by_another_replica_is_neither_placed_on_nor_published() {
+        let gateway = Gateway::new();
+        let (out_tx, _out_rx) = mpsc::channel(OUTBOUND_MESSAGES);
+        let (_in_tx, in_rx) = mpsc::channel::<Result<FromBridge, Refused>>(16);
+        let connected = gateway.connected();
+        tokio::spawn({
+            let gateway = gateway.clone();
+            async move {
+                let inbound = tokio_stream::wrappers::ReceiverStream::new(in_rx);
+                let relayed_by = Some("10.0.0.3:50051".to_owned());
+                let _ = gateway
+                    .serve_bridge(hello("b1", &[]), inbound, out_tx, relayed_by)
+                    .await;
+            }
+        });
+        connected.await;
+        assert_eq!(gateway.relayed_by("b1").as_deref(), Some("10.0.0.3:50051"));
+        assert!(gateway.summaries().is_empty());
+        assert!(!gateway.has_match(&BTreeMap::new()));
+        let any = BTreeMap::new();
+        let mut short = spec(&any);
+        short.startup_timeout = Duration::from_millis(100);
+        assert!(gateway.spawn(short).await.is_err());
     }
 
     async fn next(rx: &mut mpsc::Receiver<ToBridge>) -> ToBridge {

@@ -159,6 +159,8 @@ struct Seqs {
 struct Handle {
     events: mpsc::Sender<Event>,
     seqs: Arc<Seqs>,
+    /// The session it was spawned for, named in the hello.
+    session_id: String,
 }
 
 struct Bridge {
@@ -272,6 +274,7 @@ impl Bridge {
                     runtime_key: key.clone(),
                     last_stdin_seq: h.seqs.last_stdin.load(Ordering::Acquire),
                     last_stdout_seq: h.seqs.last_stdout.load(Ordering::Acquire),
+                    session_id: h.session_id.clone(),
                 })
                 .collect()
         };
@@ -392,6 +395,7 @@ impl Bridge {
             Handle {
                 events: events_tx,
                 seqs: seqs.clone(),
+                session_id: spawn.session_id.clone(),
             },
         );
         let _ = up

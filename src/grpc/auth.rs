@@ -178,9 +178,12 @@ fn forwarded_principal(
     let kind = match kind {
         "user" => PrincipalKind::User,
         "service" => PrincipalKind::Service,
+        // A bridge's stream relayed to the replica owning its runtimes (SPEC §16); such a
+        // principal may call Connect only, as the bridge itself.
+        "runtime" => PrincipalKind::Runtime,
         other => {
             return Err(Error::invalid(format!(
-                "x-forwarded-principal-kind {other:?} is not user or service"
+                "x-forwarded-principal-kind {other:?} is not user, service or runtime"
             )));
         }
     };

@@ -45,6 +45,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A paused owner accepts connections but never answers; after this the caller is told to retry,
 /// by which time its lease has usually expired and the session is claimed elsewhere.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a create handed to the replica holding the bridge may take: it includes starting
+/// the agent there, which a profile may allow much longer than a forwarded call's usual bound.
+const CREATE_FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest message accepted from the owner (its own responses are bounded by its limits).
 const MAX_FORWARDED_MESSAGE: usize = 64 * 1024 * 1024;
 /// Reason of the status when the owner replica cannot be reached (the lease has not expired
@@ -164,6 +167,25 @@ impl RoutedSessions {
         There: FnOnce(Client, Request<Req>) -> ThereFut,
         ThereFut: Future<Output = Reply<Resp>>,
     {
+        self.unary_within(FORWARD_TIMEOUT, request, here, there)
+            .await
+    }
+
+    /// [`Self::unary`], waiting up to `timeout` for the owner's answer.
+    async fn unary_within<Req, Resp, Here, HereFut, There, ThereFut>(
+        &self,
+        timeout: Duration,
+        request: Request<Req>,
+        here: Here,
+        there: There,
+    ) -> Reply<Resp>
+    where
+        Req: Clone,
+        Here: FnOnce(Request<Req>) -> HereFut,
+        HereFut: Future<Output = Reply<Resp>>,
+        There: FnOnce(Client, Request<Req>) -> ThereFut,
+        ThereFut: Future<Output = Reply<Resp>>,
+    {
         let caller = Caller::of(&request)?;
         let message = request.get_ref().clone();
         let reply = here(request).await;
@@ -172,9 +194,7 @@ impl RoutedSessions {
         };
         tracing::debug!(owner = %address, "forwarding a call to the session's owner");
         let client = self.client(&address)?;
-        match tokio::time::timeout(FORWARD_TIMEOUT, there(client, self.hop(&caller, message)?))
-            .await
-        {
+        match tokio::time::timeout(timeout, there(client, self.hop(&caller, message)?)).await {
             Ok(reply) => reply.map_err(|status| unreachable_owner(status, &address)),
             Err(_) => {
                 tracing::warn!(owner = %address, "the session's owner replica did not answer in time");
@@ -257,8 +277,15 @@ impl AgentSessionService for RoutedSessions {
         &self,
         request: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
-        // Created here, owned here.
-        self.inner.create_session(request).await
+        // Created here, owned here; but a remote profile's session is created on the replica
+        // holding a matching bridge's stream (SPEC §16), which also starts its runtime.
+        self.unary_within(
+            CREATE_FORWARD_TIMEOUT,
+            request,
+            |r| self.inner.create_session(r),
+            |mut c, r| async move { c.create_session(r).await },
+        )
+        .await
     }
 
     async fn get_session(

@@ -9,7 +9,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::auth;
+use super::{
+    auth,
+    relay::{RELAYED_BY_HEADER, Relay, Routes, key_of},
+};
 use crate::{
     acp::remote::{self, FromBridge, Gateway, Hello, Refused, StillRunning, ToBridge},
     domain::{Error, ErrorCode},
@@ -24,11 +27,13 @@ use crate::{
 pub(crate) struct GatewayService {
     /// `None` when this process serves no sessions: there is nothing to run on a bridge.
     gateway: Option<Arc<Gateway>>,
+    /// With several replicas: relays a redialled bridge's runtimes to the replicas owning them.
+    relay: Option<Arc<Relay>>,
 }
 
 impl GatewayService {
-    pub(crate) fn new(gateway: Option<Arc<Gateway>>) -> Self {
-        Self { gateway }
+    pub(crate) fn new(gateway: Option<Arc<Gateway>>, relay: Option<Arc<Relay>>) -> Self {
+        Self { gateway, relay }
     }
 }
 
@@ -116,7 +121,7 @@ impl RuntimeGatewayService for GatewayService {
         &self,
         request: Request<Streaming<ConnectRequest>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        auth::principal(&request)?;
+        let principal = auth::principal(&request)?;
         let credential = auth::credential(&request);
         let Some(gateway) = self.gateway.clone() else {
             return Err(Error::new(
@@ -125,11 +130,26 @@ impl RuntimeGatewayService for GatewayService {
             )
             .into());
         };
+        // A stream relayed by a peer replica (which holds the bridge's own stream).
+        let relayed_by = request
+            .metadata()
+            .get(RELAYED_BY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let mut inbound = request.into_inner();
+        let routes: Routes = Arc::default();
+        let (relayed_tx, relayed_rx) = mpsc::channel::<ConnectResponse>(remote::OUTBOUND_MESSAGES);
         let hello = match inbound.next().await {
             Some(Ok(ConnectRequest {
-                frame: Some(In::Hello(hello)),
-            })) => hello_of(hello),
+                frame: Some(In::Hello(mut hello)),
+            })) => {
+                if let Some(relay) = &self.relay {
+                    relay
+                        .take_foreign(&mut hello, &principal, &routes, &relayed_tx)
+                        .await;
+                }
+                hello_of(hello)
+            }
             Some(Err(status)) => return Err(status),
             _ => {
                 return Err(Error::invalid("the first message of Connect must be a hello").into());
@@ -137,13 +157,38 @@ impl RuntimeGatewayService for GatewayService {
         };
         let (out_tx, out_rx) = mpsc::channel(remote::OUTBOUND_MESSAGES);
         let (end_tx, end_rx) = tokio::sync::oneshot::channel::<Status>();
+        drop(relayed_tx);
         tokio::spawn(async move {
-            let inbound = inbound.map(decode);
-            if let Err(Refused(why)) = gateway.serve_bridge(hello, inbound, out_tx).await {
+            // Messages for relayed runtimes go to their owner as they are; the rest are ours.
+            let relay_routes = routes.clone();
+            let inbound = inbound.filter_map(move |message| {
+                let routes = relay_routes.clone();
+                async move {
+                    if let Ok(message) = &message
+                        && let Some(key) = key_of(message)
+                    {
+                        let to_owner = routes.lock().expect("not poisoned").get(key).cloned();
+                        if let Some(to_owner) = to_owner {
+                            let _ = to_owner.send(message.clone()).await;
+                            return None;
+                        }
+                    }
+                    Some(decode(message))
+                }
+            });
+            let inbound = Box::pin(inbound);
+            let served = gateway
+                .serve_bridge(hello, inbound, out_tx, relayed_by)
+                .await;
+            // The bridge's stream ended: so do the streams relayed for it.
+            routes.lock().expect("not poisoned").clear();
+            if let Err(Refused(why)) = served {
                 let _ = end_tx.send(Error::invalid(why).into());
             }
         });
-        let outbound = ReceiverStream::new(out_rx).map(|m| Ok(encode(m)));
+        let local = ReceiverStream::new(out_rx).map(|m| Ok(encode(m)));
+        let relayed = ReceiverStream::new(relayed_rx).map(Ok);
+        let outbound = futures::stream::select(local, relayed);
         // A refused stream ends with its reason after whatever was already queued.
         let ending =
             futures::stream::once(end_rx).filter_map(|end| async move { end.ok().map(Err) });

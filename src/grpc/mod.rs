@@ -7,6 +7,7 @@ pub(crate) mod console;
 pub(crate) mod convert;
 pub(crate) mod forward;
 pub(crate) mod gateway;
+pub(crate) mod relay;
 pub(crate) mod sessions;
 pub(crate) mod status;
 pub(crate) mod translator;

@@ -188,6 +188,8 @@ pub(crate) struct Shared {
     /// Set once the lease is lost (taken by another replica, or a write was fenced off): the
     /// actor stops its runtime at once and this handle is never used again.
     lost: tokio::sync::watch::Sender<bool>,
+    /// The bridge running the session's runtime now, if it is remote (SPEC §16).
+    pub(crate) bridge: Mutex<Option<String>>,
     /// The transcript as GetTranscript last folded it: the next call folds only the entries
     /// committed since (SPEC §9.3). Dropped with the session's handle.
     pub(crate) transcript: tokio::sync::Mutex<Option<crate::acp::fold::Fold>>,
@@ -206,6 +208,7 @@ impl Shared {
             queue_len: AtomicUsize::new(0),
             fence: None,
             lost: tokio::sync::watch::channel(false).0,
+            bridge: Mutex::new(None),
             transcript: tokio::sync::Mutex::new(None),
         }
     }
@@ -338,6 +341,11 @@ pub(crate) enum Command {
     /// The harness is stopping: fail a turn still running, stop the runtime, SUSPEND.
     Drain {
         reply: Reply<()>,
+    },
+    /// The session's bridge now serves another replica (SPEC §16): if idle, stop the runtime
+    /// (SUSPENDED) and stop the actor, so the lease can go there. Whether it did.
+    HandOff {
+        reply: Reply<bool>,
     },
 }
 

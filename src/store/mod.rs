@@ -153,6 +153,20 @@ pub struct Lease {
     pub expires_at: SystemTime,
 }
 
+/// A bridge connected to one replica, as that replica publishes it for the others (SPEC §16):
+/// a replica without a matching bridge of its own hands a remote session to the replica whose
+/// stream the bridge holds. Published again well within the TTL; a stale row expires.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BridgeAd {
+    pub bridge_id: String,
+    /// The replica holding the bridge's stream (its lease holder name, `id@address`).
+    pub replica: String,
+    pub labels: BTreeMap<String, String>,
+    pub profiles: Vec<String>,
+    /// Runtimes the bridge runs for that replica (placement prefers the least loaded).
+    pub runtimes: u64,
+}
+
 /// The outcome of [`Store::claim_lease`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseClaim {
@@ -282,6 +296,22 @@ pub trait Store: Send + Sync + 'static {
     /// released, or expired: their owner is gone), oldest first, for failover. A store serving
     /// one process has no other owners to lose (the default: none).
     async fn orphaned_sessions(&self) -> Result<Vec<Uuid>> {
+        Ok(Vec::new())
+    }
+
+    /// Replaces the bridges `replica` publishes with `bridges`, valid for `ttl` (SPEC §16). A
+    /// store serving one process has no other replicas to tell (the default: nothing).
+    async fn publish_bridges(
+        &self,
+        _replica: &str,
+        _bridges: &[BridgeAd],
+        _ttl: Duration,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// Every bridge some replica published and whose publication has not expired.
+    async fn bridge_ads(&self) -> Result<Vec<BridgeAd>> {
         Ok(Vec::new())
     }
 

@@ -38,7 +38,8 @@ use tokio_postgres::{NoTls, config::Host, types::ToSql};
 use uuid::Uuid;
 
 use super::{
-    ActionRecord, Batch, Lease, LeaseClaim, LogEntry, SessionQuery, Store, StoreError, to_micros,
+    ActionRecord, Batch, BridgeAd, Lease, LeaseClaim, LogEntry, SessionQuery, Store, StoreError,
+    to_micros,
 };
 use crate::domain::{
     ActionId, Error, ErrorCode, Result,
@@ -721,10 +722,12 @@ impl Store for PostgresStore {
 
     async fn renew_leases(&self, replica: &str, ttl: Duration) -> Result<Vec<Lease>> {
         let client = self.client().await?;
+        // A released lease (expired to 'epoch') stays released: its session is another
+        // replica's to claim, even if this replica's renewal races the claim.
         let stmt = client
             .prepare_cached(&format!(
                 "UPDATE leases SET expires_at = now() + $2::bigint * interval '1 microsecond' \
-                 WHERE owner_replica = $1 RETURNING {}",
+                 WHERE owner_replica = $1 AND expires_at <> 'epoch' RETURNING {}",
                 rows::LEASE_COLUMNS
             ))
             .await
@@ -791,6 +794,79 @@ impl Store for PostgresStore {
             .context("listing orphaned sessions")?
             .iter()
             .map(|row| row.get(0))
+            .collect())
+    }
+
+    async fn publish_bridges(
+        &self,
+        replica: &str,
+        bridges: &[BridgeAd],
+        ttl: Duration,
+    ) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .context("starting a transaction")?;
+        // Expired rows of any replica go too: a replica that died leaves none behind for long.
+        tx.execute(
+            "DELETE FROM bridges WHERE replica = $1 OR expires_at <= now()",
+            &[&replica],
+        )
+        .await
+        .context("publishing bridges")?;
+        let insert = tx
+            .prepare_cached(
+                "INSERT INTO bridges (replica, bridge_id, labels, profiles, runtimes, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 microsecond')",
+            )
+            .await
+            .context("publishing bridges")?;
+        for bridge in bridges {
+            let labels = serde_json::to_string(&bridge.labels).unwrap_or_default();
+            let profiles = serde_json::to_string(&bridge.profiles).unwrap_or_default();
+            let runtimes = i64::try_from(bridge.runtimes).unwrap_or(i64::MAX);
+            tx.execute(
+                &insert,
+                &[
+                    &replica,
+                    &bridge.bridge_id,
+                    &labels,
+                    &profiles,
+                    &runtimes,
+                    &ttl_micros(ttl),
+                ],
+            )
+            .await
+            .context("publishing bridges")?;
+        }
+        tx.commit().await.context("publishing bridges")
+    }
+
+    async fn bridge_ads(&self) -> Result<Vec<BridgeAd>> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT replica, bridge_id, labels, profiles, runtimes FROM bridges \
+                 WHERE expires_at > now() ORDER BY replica, bridge_id",
+            )
+            .await
+            .context("reading bridges")?;
+        let rows = client.query(&stmt, &[]).await.context("reading bridges")?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let labels: String = row.get(2);
+                let profiles: String = row.get(3);
+                let runtimes: i64 = row.get(4);
+                BridgeAd {
+                    replica: row.get(0),
+                    bridge_id: row.get(1),
+                    labels: serde_json::from_str(&labels).unwrap_or_default(),
+                    profiles: serde_json::from_str(&profiles).unwrap_or_default(),
+                    runtimes: u64::try_from(runtimes).unwrap_or_default(),
+                }
+            })
             .collect())
     }
 

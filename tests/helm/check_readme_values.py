@@ -19,6 +19,8 @@ LISTED_WHOLE = {
     "probes.startup",
     "probes.liveness",
     "probes.readiness",
+    "bridge.profiles",
+    "bridge.resources",
 }
 
 

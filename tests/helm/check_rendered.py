@@ -459,8 +459,79 @@ def a_translator_only_process_is_ready_on_the_translator(r, _):
     expect(service == "agent_harness.v1.ChannelTranslatorService", service)
 
 
+def the_bridge_is_rendered_only_when_enabled(r, _):
+    expect(not r.all("Deployment"), [d["metadata"]["name"] for d in r.all("Deployment")])
+
+
+def bridge_parts(r):
+    (deployment,) = r.all("Deployment")
+    (config,) = [d for d in r.all("ConfigMap") if d["metadata"]["name"].endswith("-bridge")]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return deployment, config, container
+
+
+def the_bridge_dials_the_service_with_its_runtime_token(r, _):
+    deployment, _, container = bridge_parts(r)
+    args = container["args"]
+    expect(args[0] == "bridge", args)
+    (service,) = [s for s in r.all("Service") if "clusterIP" not in s["spec"]]
+    port = service["spec"]["ports"][0]["port"]
+    want = f"http://{service['metadata']['name']}.agents.svc:{port}"
+    expect(flag(args, "connect") == want, (args, want))
+    token = flag(args, "token-file")
+    secret = r.values["bridge"]["tokenSecret"]["existingSecret"]
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    mounts = [m for m in container["volumeMounts"] if token.startswith(m["mountPath"].rstrip("/") + "/")]
+    expect(len(mounts) == 1, (token, container["volumeMounts"]))
+    (volume,) = [v for v in volumes if v["name"] == mounts[0]["name"]]
+    expect(volume.get("secret", {}).get("secretName") == secret, volume)
+    expect(deployment["spec"]["replicas"] == r.values["bridge"]["replicaCount"], deployment["spec"])
+
+
+def the_harness_service_never_selects_the_bridge_pods(r, _):
+    deployment, _, _ = bridge_parts(r)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for service in r.all("Service"):
+        selector = service["spec"]["selector"]
+        expect(not all(pod_labels.get(k) == v for k, v in selector.items()), (selector, pod_labels))
+    sts_labels = r.sts["spec"]["template"]["metadata"]["labels"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    expect(not all(sts_labels.get(k) == v for k, v in selector.items()), (selector, sts_labels))
+
+
+def the_bridge_config_holds_its_labels_profiles_and_grace(r, _):
+    deployment, config, container = bridge_parts(r)
+    text = config["data"]["bridge.toml"]
+    bridge = tomllib.loads(text)
+    values = r.values["bridge"]
+    expect(bridge["labels"] == values["labels"], bridge)
+    expect(bridge["reconnect_grace"] == values["reconnectGrace"], bridge)
+    expect(set(bridge["profiles"]) == set(values["profiles"]), bridge)
+    workspace = r.values.get("workspace", {}).get("mountPath", "/workspaces")
+    for name, profile in bridge["profiles"].items():
+        given = values["profiles"][name]
+        expect(profile["command"] == given["command"], profile)
+        expect(profile["args"] == given.get("args", []), profile)
+        expect(profile.get("env", {}) == given.get("env", {}), profile)
+        expect(profile["allowed_cwd_roots"] == given.get("allowedCwdRoots", [workspace]), profile)
+    expect(not set(bridge) - {"labels", "reconnect_grace", "profiles"}, bridge)
+    annotation = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    expect(annotation == hashlib.sha256(text.rstrip("\n").encode()).hexdigest() or
+           annotation == hashlib.sha256(text.encode()).hexdigest(), annotation)
+    config_path = flag(container["args"], "config")
+    expect(any(config_path.startswith(m["mountPath"] + "/") for m in container["volumeMounts"]), config_path)
+
+
 PER_SET = {
-    "insecure": [defaults_render_no_metrics_monitor_or_network_policy],
+    "insecure": [
+        defaults_render_no_metrics_monitor_or_network_policy,
+        the_bridge_is_rendered_only_when_enabled,
+    ],
+    "bridge": [
+        the_bridge_dials_the_service_with_its_runtime_token,
+        the_harness_service_never_selects_the_bridge_pods,
+        the_bridge_config_holds_its_labels_profiles_and_grace,
+    ],
     "tokens-tls-monitoring": [
         tls_files_come_from_the_secret_and_probes_dial_tls,
         the_service_monitor_scrapes_the_metrics_port_of_the_main_service_only,

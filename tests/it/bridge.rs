@@ -76,7 +76,7 @@ pub(crate) struct Bridge {
 }
 
 /// A bridge profile table running the mock agent (with resume, so sessions can reopen).
-fn mock_bridge_profile(name: &str) -> String {
+pub(crate) fn mock_bridge_profile(name: &str) -> String {
     format!(
         "[profiles.{name}]\ncommand = {:?}\nargs = [\"mock-agent\", \"--resume\"]\n",
         service_bin().to_string_lossy()
@@ -133,7 +133,7 @@ impl Bridge {
         Self { child, _dir: dir }
     }
 
-    async fn kill(&mut self) {
+    pub(crate) async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
 }

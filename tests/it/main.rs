@@ -8,6 +8,7 @@ use agent_harness_testkit::{harness, process, support};
 
 mod auth;
 mod bridge;
+mod bridge_replicas;
 mod browser;
 mod cannot_reopen;
 mod cli;

@@ -199,3 +199,34 @@ spec:
     requests:
       storage: {{ $p.size }}
 {{- end -}}
+
+{{/* The bridge's pods (SPEC §16): a name label of their own, so the harness's Service skips them. */}}
+{{- define "agent-harness.bridgeSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-bridge" (include "agent-harness.name" . | trunc 56 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* bridge.toml: labels, reconnect grace and the bridge's own profiles (defaulting their
+allowed cwd roots to the workspace). No bridge_id: each pod is named by its host name. */}}
+{{- define "agent-harness.bridgeToml" -}}
+{{- with .Values.bridge.reconnectGrace }}
+reconnect_grace = {{ . | toJson }}
+{{- end }}
+[labels]
+{{- range $key, $value := .Values.bridge.labels }}
+{{ $key | toJson }} = {{ $value | toJson }}
+{{- end }}
+{{- range $name, $profile := .Values.bridge.profiles }}
+
+[profiles.{{ $name | toJson }}]
+command = {{ $profile.command | toJson }}
+args = {{ default list $profile.args | toJson }}
+allowed_cwd_roots = {{ default (list $.Values.workspace.mountPath) $profile.allowedCwdRoots | toJson }}
+{{- with $profile.env }}
+[profiles.{{ $name | toJson }}.env]
+{{- range $key, $value := . }}
+{{ $key | toJson }} = {{ $value | toJson }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}

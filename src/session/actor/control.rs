@@ -72,6 +72,9 @@ impl Actor {
             Command::Drain { reply } => {
                 let _ = reply.send(self.on_drain().await);
             }
+            Command::HandOff { reply } => {
+                let _ = reply.send(Ok(self.on_hand_off().await));
+            }
         }
     }
 

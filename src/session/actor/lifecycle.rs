@@ -171,6 +171,7 @@ impl Actor {
                     self.runtime.events_tx.clone(),
                 ));
                 let started = json!({"bridge": spawned.bridge_id, "runtime_key": spawned.key});
+                *self.shared.bridge.lock().expect("not poisoned") = Some(spawned.bridge_id.clone());
                 (
                     writer,
                     (started, spawned.killer, spawned.stderr, spawned.exited),
@@ -641,6 +642,7 @@ impl Actor {
         if let Some(mut conn) = self.runtime.conn.take() {
             conn.killer.kill();
         }
+        *self.shared.bridge.lock().expect("not poisoned") = None;
         self.runtime.pending.clear();
         self.work.held.clear();
     }
@@ -824,6 +826,28 @@ impl Actor {
         self.record.status_reason = why.to_owned();
         self.touch(&mut out);
         let _ = self.flush(out).await;
+    }
+
+    /// The session's bridge serves another replica now (SPEC §16): an idle session (no turn,
+    /// nothing queued or held, not starting) stops its runtime as SUSPENDED and its actor, so
+    /// the replica holding the bridge claims it and reopens it by resume. Whether it did.
+    pub(super) async fn on_hand_off(&mut self) -> bool {
+        let idle = self.ready()
+            && self.work.turn.is_none()
+            && self.work.queue.is_empty()
+            && self.work.held.is_empty()
+            && self.runtime.pending.is_empty();
+        if !idle {
+            return false;
+        }
+        self.suspend("the session's bridge is connected to another replica")
+            .await;
+        if self.runtime.conn.is_some() {
+            return false;
+        }
+        self.finished = true;
+        self.shared.mark_lost();
+        true
     }
 
     /// The harness is stopping after its drain grace: a turn still running is closed as FAILED,

@@ -118,6 +118,9 @@ impl Sessions {
                 .idempotent(existing, &owner, &request_fingerprint)
                 .await;
         }
+        // With several replicas a remote session runs where a matching bridge is connected.
+        let home = self.home_for_new(&profile).await?;
+        self.send_to(session_id, &profile.name, home)?;
         let admission = self.admission.lock().await;
         if ctx.store.count_live_sessions(&owner).await? >= limits.sessions_per_principal as u64 {
             return Err(Error::new(

@@ -3,6 +3,7 @@
 //! Creating sessions ([`create`]), reading sessions and logs ([`reads`]) and paging transcripts
 //! ([`transcript`]) live beside it. No global lock is held across an await.
 
+mod bridges;
 mod create;
 mod fork;
 pub(crate) mod owners;
@@ -144,7 +145,12 @@ impl Sessions {
     ) -> Result<SessionHandle> {
         let id = parse_session_id(session_id)?;
         let handle = match self.held(id) {
-            Some(handle) => handle,
+            Some(handle) => {
+                if principal.may_access(&handle.shared.owner, &handle.shared.editors) {
+                    self.hand_over_idle(&handle).await?;
+                }
+                handle
+            }
             None => {
                 // Not held here: closed sessions are not kept in memory, and with several
                 // replicas the session may be another's, or nobody's since its owner died.
@@ -156,6 +162,9 @@ impl Sessions {
                     .ok_or_else(|| Error::session_not_found(session_id))?;
                 if !principal.may_access(&record.owner, &record.editors) {
                     return Err(Error::session_not_found(session_id));
+                }
+                if let Some(home) = self.home_for_open(&record.profile).await? {
+                    self.send_to(id, &record.profile, home)?;
                 }
                 let handle = match self.claim(id).await? {
                     owners::Claim::Here { fence, taken_over } => {

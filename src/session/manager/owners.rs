@@ -182,10 +182,11 @@ impl Sessions {
                     if let Err(error) = sessions.claim_orphans().await {
                         tracing::warn!(%error, "failover: could not claim orphaned sessions");
                     }
+                    sessions.move_relayed().await;
                 }
             })
         };
-        vec![renew, failover]
+        vec![renew, failover, self.spawn_bridge_publisher()]
     }
 
     /// Renews every lease held here; a session whose lease another replica took stops. Whether
@@ -251,6 +252,10 @@ impl Sessions {
             let Some(record) = store.get_session(id).await? else {
                 continue;
             };
+            // A remote session goes to the replica holding a matching bridge, which claims it.
+            if self.home_for_open(&record.profile).await?.is_some() {
+                continue;
+            }
             let turn_in_flight = matches!(
                 record.status,
                 SessionStatus::Running | SessionStatus::AwaitingInput
@@ -273,6 +278,25 @@ impl Sessions {
             self.install(handle);
         }
         Ok(())
+    }
+
+    /// Gives up one lease held here: the actor stops and never writes again, and another replica
+    /// may claim the session at once.
+    pub(super) async fn release_one(&self, handle: &SessionHandle) {
+        let Some(fence) = handle.shared.fence else {
+            return;
+        };
+        handle.shared.mark_lost();
+        self.forget_lost(handle);
+        let replica = &self.replica().id;
+        if let Err(error) = self
+            .ctx
+            .store
+            .release_lease(handle.shared.id, replica, fence)
+            .await
+        {
+            tracing::warn!(session = %handle.shared.id, %error, "could not release a lease");
+        }
     }
 
     /// Gives up every lease held here (after draining, or when the server stops), so other

@@ -12,7 +12,7 @@ use super::Context;
 use crate::{domain::Result, store::StoreError};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -116,6 +116,22 @@ CREATE INDEX leases_by_expiry ON leases (expires_at);
 /// Version 2: the action id of a session's first prompt (set at creation, never changed), so an
 /// idempotent CreateSession retry finds it however long the log. Older sessions read NULL.
 const V2: &str = "ALTER TABLE sessions ADD COLUMN first_action_id uuid;";
+
+/// Version 3: the bridges each replica holds the stream of (SPEC §16), so a replica without a
+/// matching bridge hands a remote session to one that has it. Keyed by replica and bridge: while
+/// a bridge moves it may briefly be listed by both. Labels and profiles are JSON text.
+const V3: &str = r#"
+CREATE TABLE bridges (
+    replica    text        NOT NULL,
+    bridge_id  text        NOT NULL,
+    labels     text        NOT NULL,
+    profiles   text        NOT NULL,
+    runtimes   bigint      NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (replica, bridge_id)
+);
+CREATE INDEX bridges_by_expiry ON bridges (expires_at);
+"#;
 
 /// Brings the schema of the connection's `search_path` to [`SCHEMA_VERSION`].
 pub(super) async fn migrate(client: &mut Client) -> Result<()> {

@@ -281,6 +281,24 @@ async fn renewing_extends_only_the_leases_the_replica_still_holds() {
 }
 
 #[tokio::test]
+async fn a_released_lease_is_not_renewed_by_its_former_holder() {
+    with_store(|store, _| async move {
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        store.claim_lease(record.id, "a", TTL).await.unwrap();
+        assert!(store.release_lease(record.id, "a", 1).await.unwrap());
+        assert!(store.renew_leases("a", TTL).await.unwrap().is_empty());
+        assert_eq!(store.orphaned_sessions().await.unwrap(), vec![record.id]);
+        let LeaseClaim::Granted(lease) = store.claim_lease(record.id, "b", TTL).await.unwrap()
+        else {
+            panic!("the released lease stays claimable");
+        };
+        assert_eq!((lease.owner_replica.as_str(), lease.fence), ("b", 2));
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn orphaned_sessions_are_the_open_ones_without_a_live_lease() {
     with_store(|store, _| async move {
         let never = session("user:alice", 1);
@@ -657,6 +675,35 @@ async fn concurrent_commits_of_many_sessions_each_wake_another_replica_with_thei
             }
         }
         listener.close().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_replicas_published_bridges_replace_its_earlier_ones_and_expire_with_their_ttl() {
+    with_store(|store, _schema| async move {
+        let ad = |id: &str, replica: &str| crate::store::BridgeAd {
+            bridge_id: id.into(),
+            replica: replica.into(),
+            labels: [("pool".to_owned(), "gpu".to_owned())].into(),
+            profiles: vec!["mock".into()],
+            runtimes: 2,
+        };
+        store
+            .publish_bridges("a@x:1", &[ad("b1", "a@x:1"), ad("b2", "a@x:1")], TTL)
+            .await
+            .unwrap();
+        store
+            .publish_bridges("c@x:3", &[ad("b3", "c@x:3")], Duration::ZERO)
+            .await
+            .unwrap();
+        store
+            .publish_bridges("a@x:1", &[ad("b2", "a@x:1")], TTL)
+            .await
+            .unwrap();
+        // c's publication, with no TTL, has expired already.
+        let ads = store.bridge_ads().await.unwrap();
+        assert_eq!(ads, vec![ad("b2", "a@x:1")]);
     })
     .await;
 }

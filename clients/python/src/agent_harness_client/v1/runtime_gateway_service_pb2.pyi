@@ -56,14 +56,16 @@ class BridgeHello(_message.Message):
     def __init__(self, bridge_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., profiles: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[BridgeRuntime, _Mapping]]] = ...) -> None: ...
 
 class BridgeRuntime(_message.Message):
-    __slots__ = ("runtime_key", "last_stdin_seq", "last_stdout_seq")
+    __slots__ = ("runtime_key", "last_stdin_seq", "last_stdout_seq", "session_id")
     RUNTIME_KEY_FIELD_NUMBER: _ClassVar[int]
     LAST_STDIN_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_STDOUT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     runtime_key: str
     last_stdin_seq: int
     last_stdout_seq: int
-    def __init__(self, runtime_key: _Optional[str] = ..., last_stdin_seq: _Optional[int] = ..., last_stdout_seq: _Optional[int] = ...) -> None: ...
+    session_id: str
+    def __init__(self, runtime_key: _Optional[str] = ..., last_stdin_seq: _Optional[int] = ..., last_stdout_seq: _Optional[int] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class SpawnRuntime(_message.Message):
     __slots__ = ("runtime_key", "profile", "cwd", "session_id")

@@ -204,6 +204,14 @@ export declare type BridgeRuntime = Message<"agent_harness.v1.BridgeRuntime"> & 
    * @generated from field: uint64 last_stdout_seq = 3;
    */
   lastStdoutSeq: bigint;
+
+  /**
+   * The session the runtime was spawned for (from `spawn`), so a replica the bridge redials can
+   * tell which replica owns it (SPEC §16 with several replicas). Empty from older bridges.
+   *
+   * @generated from field: string session_id = 4;
+   */
+  sessionId: string;
 };
 
 /**

@@ -1,0 +1,259 @@
+//! Remote sessions with several replicas (SPEC §16, last rule): a session whose profile runs on
+//! a bridge is owned by the replica holding that bridge's stream. Each replica publishes the
+//! bridges connected to it in the shared store (refreshed well within the lease TTL, and at
+//! once when one connects or leaves); a replica asked to create or open a remote session without
+//! a matching bridge of its own hands the call to a replica that has one, through the same
+//! forwarding as any call for a session owned elsewhere.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use super::{Sessions, owners::OWNER_ADDRESS_KEY};
+use crate::{
+    acp::remote::{labels_match, labels_text},
+    domain::session::SessionStatus,
+    domain::{Error, ErrorCode, Result},
+    session::{Command, Profile, ReplicaOptions, SessionHandle},
+    store::BridgeAd,
+};
+
+/// How often a placement waiting for a bridge looks at the other replicas' bridges again (they
+/// have no wake-up of their own; bridges connecting here do).
+const PLACEMENT_POLL: Duration = Duration::from_millis(250);
+
+/// Where a remote session should run.
+pub(super) enum Home {
+    Here,
+    /// On the replica at this advertised address, which holds a matching bridge's stream.
+    Elsewhere {
+        address: String,
+        bridge_id: String,
+    },
+}
+
+/// The call goes to the replica holding a matching bridge.
+fn bridge_elsewhere(labels: &BTreeMap<String, String>, bridge_id: &str, address: &str) -> Error {
+    Error::new(
+        ErrorCode::Internal,
+        format!(
+            "bridge {bridge_id} matching labels {} is connected to another replica ({address})",
+            labels_text(labels)
+        ),
+    )
+    .with(OWNER_ADDRESS_KEY, address)
+}
+
+impl Sessions {
+    /// Publishes this replica's bridges until the registry is dropped or drained: every third of
+    /// the lease TTL, and whenever a bridge connects or leaves.
+    pub(super) fn spawn_bridge_publisher(self: &Arc<Self>) -> JoinHandle<()> {
+        let sessions = Arc::downgrade(self);
+        let ttl = self.ctx.replica().lease_ttl;
+        let gateway = self.ctx.gateway().clone();
+        tokio::spawn(async move {
+            loop {
+                let changed = gateway.changed();
+                {
+                    let Some(sessions) = sessions.upgrade() else {
+                        return;
+                    };
+                    // A draining replica takes no new sessions: it stops offering its bridges.
+                    let draining = sessions.ctx.is_draining();
+                    let ads: Vec<BridgeAd> = match draining {
+                        true => Vec::new(),
+                        false => sessions.local_ads(),
+                    };
+                    let replica = sessions.ctx.replica();
+                    if let Err(error) = sessions
+                        .ctx
+                        .store
+                        .publish_bridges(&replica.id, &ads, ttl)
+                        .await
+                    {
+                        tracing::warn!(%error, "could not publish this replica's bridges");
+                    }
+                    if draining {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    () = changed => {}
+                    () = tokio::time::sleep(ttl / 3) => {}
+                }
+            }
+        })
+    }
+
+    fn local_ads(&self) -> Vec<BridgeAd> {
+        let replica = &self.ctx.replica().id;
+        self.ctx
+            .gateway()
+            .summaries()
+            .into_iter()
+            .map(|b| BridgeAd {
+                bridge_id: b.bridge_id,
+                replica: replica.clone(),
+                labels: b.labels,
+                profiles: b.profiles,
+                runtimes: b.runtimes,
+            })
+            .collect()
+    }
+
+    /// The least-loaded bridge matching `labels` that another live replica published.
+    async fn bridge_elsewhere(&self, labels: &BTreeMap<String, String>) -> Result<Option<Home>> {
+        let me = &self.ctx.replica().id;
+        let ads = self.ctx.store.bridge_ads().await?;
+        Ok(ads
+            .into_iter()
+            .filter(|ad| &ad.replica != me && labels_match(labels, &ad.labels))
+            .filter_map(|ad| {
+                let address = ReplicaOptions::address_of(&ad.replica)?.to_owned();
+                Some((ad.runtimes, ad.bridge_id, address))
+            })
+            .min()
+            .map(|(_, bridge_id, address)| Home::Elsewhere { address, bridge_id }))
+    }
+
+    /// Where a new session of a remote profile runs (several replicas only): here when a
+    /// matching bridge is connected here, else on a replica that holds one. Waits for a bridge
+    /// to appear anywhere within the profile's `startup_timeout`, then RUNTIME_START_FAILED
+    /// naming the labels.
+    pub(super) async fn home_for_new(&self, profile: &Profile) -> Result<Home> {
+        let Some(remote) = &profile.remote else {
+            return Ok(Home::Here);
+        };
+        if !self.ctx.replica().shared_store {
+            return Ok(Home::Here);
+        }
+        let labels = &remote.bridge_labels;
+        let deadline = tokio::time::Instant::now() + profile.startup_timeout;
+        loop {
+            let connected = self.ctx.gateway().connected();
+            if self.ctx.gateway().has_match(labels) {
+                return Ok(Home::Here);
+            }
+            if let Some(home) = self.bridge_elsewhere(labels).await? {
+                return Ok(home);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorCode::RuntimeStartFailed,
+                    format!(
+                        "could not start a remote runtime of profile {}: no connected bridge \
+                         matched labels {} on any replica within {}",
+                        profile.name,
+                        labels_text(labels),
+                        humantime::format_duration(profile.startup_timeout)
+                    ),
+                ));
+            }
+            let wait = PLACEMENT_POLL.min(deadline - tokio::time::Instant::now());
+            let _ = tokio::time::timeout(wait, connected).await;
+        }
+    }
+
+    /// For a call about a remote session that is not running here: the replica to hand it to,
+    /// when no matching bridge is connected here but another replica holds one (no waiting).
+    pub(super) async fn home_for_open(&self, profile_name: &str) -> Result<Option<Home>> {
+        if !self.ctx.replica().shared_store {
+            return Ok(None);
+        }
+        let Some(remote) = self
+            .ctx
+            .profiles
+            .get(profile_name)
+            .and_then(|p| p.remote.as_ref())
+        else {
+            return Ok(None);
+        };
+        if self.ctx.gateway().has_match(&remote.bridge_labels) {
+            return Ok(None);
+        }
+        self.bridge_elsewhere(&remote.bridge_labels).await
+    }
+
+    /// Sessions whose runtime runs on a bridge whose stream another replica holds (and relays
+    /// here): once idle, each stops its runtime (SUSPENDED) and gives its lease up, so the next
+    /// call claims it on the replica holding the bridge, which reopens it by resume. A turn in
+    /// flight finishes through the relay first.
+    pub(super) async fn move_relayed(&self) {
+        for handle in self.all() {
+            if handle.shared.is_lost() || handle.shared.status() != SessionStatus::Idle {
+                continue;
+            }
+            let bridge = handle.shared.bridge.lock().expect("not poisoned").clone();
+            let Some(bridge) = bridge else { continue };
+            let Some(to) = self.ctx.gateway().relayed_by(&bridge) else {
+                continue;
+            };
+            match handle.ask(|reply| Command::HandOff { reply }).await {
+                Ok(true) => {}
+                _ => continue,
+            }
+            let replica = self.ctx.replica();
+            tracing::info!(session = %handle.shared.id, bridge = %bridge, from = %replica.id,
+                to = %to, "lease moved: the session's bridge is connected to another replica");
+            metrics::counter!(crate::acp::remote::BRIDGE_LEASE_MOVES).increment(1);
+            self.release_one(&handle).await;
+        }
+    }
+
+    /// The advertised address of another live replica holding the session's lease, if any (a
+    /// runtime a redialled bridge lists for it is relayed there).
+    pub(crate) async fn owner_elsewhere(&self, session_id: &str) -> Option<String> {
+        let replica = self.ctx.replica();
+        if !replica.shared_store {
+            return None;
+        }
+        let id = Uuid::parse_str(session_id).ok()?;
+        let lease = self.ctx.store.get_lease(id).await.ok()??;
+        let live = lease.expires_at > std::time::SystemTime::now();
+        (live && lease.owner_replica != replica.id)
+            .then(|| ReplicaOptions::address_of(&lease.owner_replica).map(str::to_owned))
+            .flatten()
+    }
+
+    /// The error that sends a call to `home`, logged as a move.
+    pub(super) fn send_to(&self, session_id: Uuid, profile: &str, home: Home) -> Result<()> {
+        match home {
+            Home::Here => Ok(()),
+            Home::Elsewhere { address, bridge_id } => {
+                let labels = self
+                    .ctx
+                    .profiles
+                    .get(profile)
+                    .and_then(|p| p.remote.as_ref())
+                    .map(|r| r.bridge_labels.clone())
+                    .unwrap_or_default();
+                tracing::debug!(session = %session_id, bridge = %bridge_id, to = %address,
+                    "the session's bridge is connected to another replica: handing the call there");
+                Err(bridge_elsewhere(&labels, &bridge_id, &address))
+            }
+        }
+    }
+
+    /// A session held here without a runtime, whose bridge now is connected to another replica
+    /// only: this replica gives its lease up (the actor stops and never writes again), so the
+    /// replica holding the bridge claims it when the call is forwarded there.
+    pub(super) async fn hand_over_idle(&self, handle: &SessionHandle) -> Result<()> {
+        if handle.shared.status().has_runtime() {
+            return Ok(());
+        }
+        let profile = handle.shared.snapshot().0.profile;
+        let Some(home) = self.home_for_open(&profile).await? else {
+            return Ok(());
+        };
+        let Home::Elsewhere { address, bridge_id } = &home else {
+            return Ok(());
+        };
+        let replica = self.ctx.replica();
+        tracing::info!(session = %handle.shared.id, bridge = %bridge_id, from = %replica.id,
+            to = %address, "lease moved: the session's bridge is connected to another replica");
+        metrics::counter!(crate::acp::remote::BRIDGE_LEASE_MOVES).increment(1);
+        self.release_one(handle).await;
+        self.send_to(handle.shared.id, &profile, home)
+    }
+}
