@@ -343,6 +343,19 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
         claude,
     )
     expect(config["profiles"]["mock"]["allowed_cwd_roots"] == ["/workspaces"], config["profiles"])
+    sandboxed = config["profiles"]["sandboxed"]
+    expect(
+        sandboxed
+        == {
+            "kind": "remote",
+            "bridge_profile": "mock",
+            "bridge_labels": {"pool": "sandbox"},
+            "reconnect_grace": "45s",
+            "allowed_cwd_roots": ["/workspaces"],
+            "startup_timeout": "20s",
+        },
+        sandboxed,
+    )
     expect(config["limits"] == {"queued_actions": 20, "live_runtimes": 8, "prompt_bytes": 131072})
     expect(all(type(v) is int for v in config["limits"].values()), config["limits"])
     expect(config["sqlite_synchronous"] == "full" and config["log_format"] == "text", config)

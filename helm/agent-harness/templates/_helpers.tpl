@@ -155,7 +155,15 @@ services, static_files_base_url and the insecure flag are passed as flags (see t
 {{- end -}}
 {{- $profiles := dict -}}
 {{- range $name, $p := .Values.profiles -}}
-{{- $profile := dict "command" $p.command -}}
+{{- $profile := dict -}}
+{{- if eq (default "local" $p.kind) "remote" }}
+{{- $_ := set $profile "kind" "remote" -}}
+{{- $_ := set $profile "bridge_profile" $p.bridgeProfile -}}
+{{- with $p.bridgeLabels }}{{ $_ := set $profile "bridge_labels" . }}{{ end -}}
+{{- with $p.reconnectGrace }}{{ $_ := set $profile "reconnect_grace" . }}{{ end -}}
+{{- else }}
+{{- $_ := set $profile "command" $p.command -}}
+{{- end }}
 {{- with $p.args }}{{ $_ := set $profile "args" . }}{{ end -}}
 {{- with $p.env }}{{ $_ := set $profile "env" . }}{{ end -}}
 {{- with $p.permissionPolicy }}{{ $_ := set $profile "permission_policy" . }}{{ end -}}
