@@ -18,12 +18,13 @@ use serde_json::Value;
 use tonic::Code;
 
 use crate::{
+    auth::{ADA, tokens_text},
     bridge::{Bridge, mock_bridge_profile, url},
     harness::{assert_error, expect_err, within},
     postgres::{test_schema, url_in_schema},
     process::{Serve, ServeProcess},
     replica_ownership::{LEASE_TTL, drop_schema},
-    support::{Session, number_id, permission_answer, processes_with},
+    support::{Session, number_id, permission_answer, processes_with, prompt},
 };
 use tokio::{
     net::{TcpListener, TcpStream},
@@ -526,4 +527,210 @@ async fn when_the_owner_dies_mid_turn_while_its_runtime_is_relayed_the_agent_is_
     .await;
     drop((b, c));
     drop_schema(&url, &schema).await;
+}
+
+const PEER_TOKEN: &str = "peer-secret-token";
+const BRIDGE_TOKEN: &str = "bridge-secret-token";
+
+/// A user's request carrying her token.
+fn as_ada<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {ADA}").parse().unwrap());
+    request
+}
+
+/// Reads `id`'s whole log as Ada until `done` says it holds what the test waits for.
+async fn log_until(
+    client: &mut pb::agent_session_service_client::AgentSessionServiceClient<
+        tonic::transport::Channel,
+    >,
+    id: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> (Vec<pb::LogEntry>, Vec<Value>) {
+    loop {
+        let mut log = Vec::new();
+        loop {
+            let page = client
+                .read_log(as_ada(pb::ReadLogRequest {
+                    session_id: id.to_owned(),
+                    after_offset: log.last().map_or(0, |e: &pb::LogEntry| e.offset),
+                    limit: 5000,
+                }))
+                .await
+                .expect("Ada reads her session's log")
+                .into_inner();
+            let full = page.entries.is_empty();
+            log.extend(page.entries);
+            if full {
+                break;
+            }
+        }
+        let frames = frames(&log);
+        if done(&frames) {
+            return (log, frames);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// With tokens on every replica (SPEC §11, §15, §16): the replica the bridge redials relays its
+/// runtime to the owner with its replica token, acting as the bridge's `runtime` principal, and
+/// the session moves there afterwards; Ada reaches it through either replica throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and_its_session_moves()
+{
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        tokens_text(&[
+            (ADA, "ada", "user"),
+            (PEER_TOKEN, "peers", "replica"),
+            (BRIDGE_TOKEN, "sandbox-7", "runtime"),
+        ]),
+    )
+    .unwrap();
+    let replica_token = dir.path().join("replica-token");
+    std::fs::write(&replica_token, format!("{PEER_TOKEN}\n")).unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[profiles.far]\nkind = \"remote\"\nbridge_profile = \"mock\"\n\
+             bridge_labels = {{ pool = \"far\" }}\nstartup_timeout = \"20s\"\n\
+             reconnect_grace = \"1s\"\nallowed_cwd_roots = [{:?}]\n",
+            dir.path().to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let start = |name: &str| {
+        Serve::new()
+            .args(["--lease-ttl", LEASE_TTL, "--database-url", &database_url])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("data-{name}")))
+            .arg("--config")
+            .arg(&config)
+            .arg("--tokens-file")
+            .arg(&tokens)
+            .arg("--replica-token-file")
+            .arg(&replica_token)
+            .start()
+    };
+    let mut b = start("b");
+    let mut c = start("c");
+    within(TEST_BOUND, async {
+        let proxy = Proxy::start(b.addr()).await;
+        let _bridge = Bridge::start(
+            &format!("http://{}", proxy.addr),
+            "b1",
+            &[("pool", "far")],
+            &mock_bridge_profile("mock"),
+            Some(BRIDGE_TOKEN),
+        );
+        let mut via_b = b.client().await;
+        let mut via_c = c.client().await;
+        let created = via_b
+            .create_session(as_ada(create_request("far", dir.path())))
+            .await
+            .expect("Ada creates a remote session on b")
+            .into_inner();
+        let id = created.session.unwrap().id;
+        let control = |action| pb::ControlRequest {
+            session_id: id.clone(),
+            action: Some(action),
+            ..Default::default()
+        };
+        let turn = via_b
+            .control(as_ada(control(prompt(
+                "held\n@chunks 5 30\n@permission\n@chunks 50 31",
+            ))))
+            .await
+            .expect("the prompt is accepted")
+            .into_inner();
+        let (_, frames_then) = log_until(&mut via_b, &id, |frames| {
+            !events_or_method(frames, "session/request_permission").is_empty()
+        })
+        .await;
+        let request = events_or_method(&frames_then, "session/request_permission")[0];
+        let request_id = request["id"]
+            .as_i64()
+            .expect("the mock numbers its requests");
+
+        // The Service sends the bridge to c, which relays it to b as the bridge itself.
+        proxy.cut_and_point_to(c.addr());
+        c.next_logged(
+            "bridge redialled here: relaying its runtimes to the replica owning their sessions",
+        )
+        .await
+        .expect("c relays the runtime");
+        // Ada answers through c (forwarded to the owner b) and the turn ends well.
+        via_c
+            .control(as_ada(control(permission_answer(
+                number_id(request_id),
+                Some("allow-once"),
+            ))))
+            .await
+            .expect("the answer is accepted through c");
+        let (log, frames) = log_until(&mut via_c, &id, |frames| {
+            frames
+                .iter()
+                .any(|f| f["id"] == turn.action_id.as_str() && f.get("result").is_some())
+        })
+        .await;
+        let response = frames
+            .iter()
+            .find(|f| f["id"] == turn.action_id.as_str() && f.get("result").is_some())
+            .unwrap();
+        assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+        let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();
+        assert_eq!(
+            offsets,
+            (1..=offsets.len() as u64).collect::<Vec<_>>(),
+            "no gap"
+        );
+        assert!(events(&frames, "fault").is_empty(), "no fault");
+        assert_eq!(
+            events(&frames, "runtime_started").len(),
+            1,
+            "never restarted"
+        );
+
+        // Idle, the session moves to c, and Ada's next prompt runs there.
+        let moved = b
+            .next_logged("lease moved: the session's bridge is connected to another replica")
+            .await
+            .expect("b moved the lease");
+        assert_eq!(moved["to"], c.addr().to_string(), "{moved}");
+        let next = via_b
+            .control(as_ada(control(prompt("again"))))
+            .await
+            .expect("the next prompt is accepted")
+            .into_inner();
+        let (_, frames) = log_until(&mut via_c, &id, |frames| {
+            frames
+                .iter()
+                .any(|f| f["id"] == next.action_id.as_str() && f.get("result").is_some())
+        })
+        .await;
+        assert!(events(&frames, "fault").is_empty(), "no fault");
+        assert_eq!(
+            lease_holder(&url, &schema, &id).await,
+            c.addr().to_string(),
+            "the lease is c's"
+        );
+    })
+    .await;
+    drop((b, c));
+    drop_schema(&url, &schema).await;
+}
+
+/// Frames that are harness events named `name` or ACP messages with that method.
+fn events_or_method<'a>(frames: &'a [Value], name: &str) -> Vec<&'a Value> {
+    frames.iter().filter(|f| f["method"] == name).collect()
 }
