@@ -72,7 +72,8 @@ pub struct BridgeArgs {
     /// The bridge's TOML config: `bridge_id`, `labels`, `reconnect_grace`, `[profiles.<name>]`
     #[arg(long, env = "AGENT_HARNESS_BRIDGE_CONFIG")]
     pub config: PathBuf,
-    /// A PEM file of the CA that signed the harness's certificate (https URLs)
+    /// A PEM file of the CA that signed the harness's certificate (https URLs), trusted besides
+    /// the system's roots
     #[arg(long)]
     pub tls_ca_file: Option<PathBuf>,
 }
@@ -212,7 +213,16 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
             let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
             tls = tls.ca_certificate(Certificate::from_pem(pem));
         }
-        endpoint = endpoint.tls_config(tls)?;
+        // The system's roots when the host has any; a sandbox image without them still works
+        // with --tls-ca-file.
+        endpoint = match endpoint.clone().tls_config(tls.clone().with_native_roots()) {
+            Ok(endpoint) => endpoint,
+            Err(_) if args.tls_ca_file.is_some() => endpoint.tls_config(tls)?,
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context("no TLS roots: the system has none and --tls-ca-file was not given"));
+            }
+        };
     }
     tracing::info!(bridge = %id, connect = %args.connect, labels = ?config.labels,
         profiles = ?config.profiles.keys().collect::<Vec<_>>(), "bridge starting");
