@@ -577,7 +577,11 @@ async fn tls_options_with_a_plaintext_server_are_a_usage_error() {
             .await
             .expect("the CLI runs");
         assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-        assert!(stderr(&output).contains("need an https://"), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains("need an https://"),
+            "{}",
+            stderr(&output)
+        );
     })
     .await
 }
