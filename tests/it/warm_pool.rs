@@ -5,14 +5,15 @@
 
 use std::time::Duration;
 
-use agent_harness::pb::v1 as pb;
+use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
 use serde_json::Value;
 use tonic::Code;
 
 use crate::{
     harness::{Harness, assert_error, bounded, expect_err},
     operations::{sample, scrape},
-    support::{Session, create_request, mock_profile_with, processes_with},
+    process::Serve,
+    support::{Session, create_request, mock_profile_with, processes_with, stop},
 };
 
 /// A harness with a `warm` profile keeping `size` runtimes, each marked with `marker` on its
@@ -196,6 +197,60 @@ async fn stopping_the_harness_kills_its_warm_runtimes() {
         while !processes_with(&marker).is_empty() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_kills_the_warm_runtimes_while_turns_still_run() {
+    bounded(async {
+        let marker = uuid::Uuid::now_v7().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[profiles.warm]\ncommand = {:?}\nargs = [\"mock-agent\", \"--stderr-at-start\", \
+                 {marker:?}]\nwarm_pool = 2\n",
+                agent_harness_testkit::service_bin().to_string_lossy()
+            ),
+        )
+        .unwrap();
+        let mut server = Serve::new()
+            .args(["--drain-grace", "60s", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .start();
+        // The pool fills in the background; there is nothing else to wait on from outside.
+        while processes_with(&marker).len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let channel = server.channel().await;
+        let mut session = Session::create_with_client(
+            AgentSessionServiceClient::new(channel),
+            pb::CreateSessionRequest {
+                profile: "mock".into(),
+                cwd: dir.path().to_string_lossy().into_owned(),
+                ..Default::default()
+            },
+        )
+        .await;
+        let mut watch = session.watch().await;
+        let running = session.prompt("@wait-cancel").await;
+        watch.chunk("echo: @wait-cancel").await;
+
+        server.signal(libc::SIGTERM);
+        while !processes_with(&marker).is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            server.try_wait().is_none(),
+            "the warm runtimes are gone while the server still drains its running turn"
+        );
+        session.act(stop(false)).await.expect("a stop is accepted");
+        watch.response_to(&running.action_id).await;
+        assert!(server.wait().await.success());
     })
     .await
 }
