@@ -113,6 +113,7 @@ impl RunningServer {
             watcher.abort();
         }
         if let Some(sessions) = &self.sessions {
+            sessions.context().stop_warm_pools();
             sessions
                 .context()
                 .stop_streams(crate::session::subscribe::StreamStop::Draining);

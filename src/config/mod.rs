@@ -461,6 +461,15 @@ impl ServeConfig {
             }
             profiles.insert(name, Arc::new(profile));
         }
+        // Warm runtimes hold live-runtime slots for good; leave room for sessions to start.
+        let warm: usize = profiles.values().map(|p| p.warm_pool).sum();
+        if warm > 0 && warm >= file.limits.live_runtimes {
+            anyhow::bail!(
+                "the profiles' warm_pool values add up to {warm}, which leaves no room under \
+                 limits.live_runtimes = {}",
+                file.limits.live_runtimes
+            );
+        }
 
         Ok(Self {
             listen: args
@@ -634,6 +643,20 @@ mod tests {
     fn an_unknown_top_level_key_is_an_error_naming_it() {
         let err = resolve(ServeArgs::default(), "lissten = \"x\"").unwrap_err();
         assert!(format!("{err:#}").contains("lissten"), "{err:#}");
+    }
+
+    #[test]
+    fn warm_pools_must_leave_room_under_the_live_runtime_cap() {
+        let file = "[limits]\nlive_runtimes = 4\n[profiles.a]\ncommand = \"x\"\nwarm_pool = 2\n\
+                    [profiles.b]\ncommand = \"x\"\nwarm_pool = 2";
+        let err = resolve(ServeArgs::default(), file).unwrap_err();
+        assert!(err.to_string().contains("live_runtimes"), "{err}");
+        let config = resolve(
+            ServeArgs::default(),
+            "[limits]\nlive_runtimes = 4\n[profiles.a]\ncommand = \"x\"\nwarm_pool = 3",
+        )
+        .unwrap();
+        assert_eq!(config.profiles["a"].warm_pool, 3);
     }
 
     #[test]

@@ -50,7 +50,14 @@ pub struct ProfileFile {
     pub bridge_profile: Option<String>,
     /// Remote: how long a runtime waits for its bridge to redial (default "30s").
     pub reconnect_grace: Option<String>,
+    /// Local: runtimes kept started and initialized for new sessions (SPEC §18).
+    #[serde(default)]
+    pub warm_pool: usize,
 }
+
+/// The most runtimes one profile may keep warm (each is a live process that counts against
+/// `limits.live_runtimes`).
+pub const MAX_WARM_POOL: usize = 64;
 
 /// One `[[profiles.<name>.permission_rules]]` entry as written; the decision is checked in
 /// [`ProfileFile::resolve`] so that an unknown one is reported with the rule's place.
@@ -120,6 +127,19 @@ impl ProfileFile {
                 })
             }
         };
+        if file.warm_pool > 0 && remote.is_some() {
+            anyhow::bail!(
+                "{} is only for local profiles: a remote runtime starts on a bridge when asked",
+                field("warm_pool")
+            );
+        }
+        if file.warm_pool > MAX_WARM_POOL {
+            anyhow::bail!(
+                "{} = {} is over the maximum of {MAX_WARM_POOL}",
+                field("warm_pool"),
+                file.warm_pool
+            );
+        }
         if let Some(roots) = &file.allowed_cwd_roots {
             for root in roots {
                 if !root.is_absolute() {
@@ -178,6 +198,7 @@ impl ProfileFile {
             permission_rules,
             permission_timeout: duration("permission_timeout", &file.permission_timeout)?,
             remote,
+            warm_pool: file.warm_pool,
         })
     }
 }
@@ -271,6 +292,23 @@ mod tests {
         );
         assert!(profile.permission_rules[1].matches("execute", "rm -rf /"));
         assert!(!profile.permission_rules[0].matches("execute", "cat"));
+    }
+
+    #[test]
+    fn a_warm_pool_is_read_for_local_profiles_and_refused_for_remote_ones_or_when_too_big() {
+        let profile = file("command = \"x\"\nwarm_pool = 2").resolve("p").unwrap();
+        assert_eq!(profile.warm_pool, 2);
+        assert_eq!(file("command = \"x\"").resolve("p").unwrap().warm_pool, 0);
+        let err = file("kind = \"remote\"\nbridge_profile = \"b\"\nwarm_pool = 1")
+            .resolve("far")
+            .unwrap_err();
+        assert!(err.to_string().contains("profiles.far.warm_pool"), "{err}");
+        let err = file("command = \"x\"\nwarm_pool = 65")
+            .resolve("p")
+            .unwrap_err();
+        assert!(err.to_string().contains("profiles.p.warm_pool"), "{err}");
+        let err = toml::from_str::<ProfileFile>("command = \"x\"\nwarm_pool = -1").unwrap_err();
+        assert!(err.to_string().contains("warm_pool"), "{err}");
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub(crate) struct Gauges {
     pub queued: u64,
     /// Open Subscribe streams.
     pub subscribers: u64,
-    /// Runtime processes alive now.
+    /// Runtime processes alive now (warm ones included).
     pub live_runtimes: u64,
+    /// Per warm pool (SPEC §18): profile, the size it is kept at, runtimes ready now.
+    pub warm_pools: Vec<(String, u64, u64)>,
 }

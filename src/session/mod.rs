@@ -9,6 +9,7 @@ pub(crate) mod manager;
 pub(crate) mod metrics;
 pub(crate) mod profile;
 pub(crate) mod subscribe;
+pub(crate) mod warm;
 
 use std::{
     collections::BTreeMap,
@@ -121,6 +122,8 @@ pub(crate) struct EngineContext {
     /// Streams of sessions whose actor runs elsewhere, per session (held to the subscriber cap).
     remote_streams: subscribe::RemoteStreams,
     replica: ReplicaOptions,
+    /// The warm pools of profiles with `warm_pool > 0` (SPEC §18), by profile name.
+    warm_pools: BTreeMap<String, Arc<warm::WarmPool>>,
 }
 
 impl EngineContext {
@@ -129,7 +132,14 @@ impl EngineContext {
         registry: RuntimeRegistry,
         options: EngineOptions,
     ) -> Self {
+        let warm_pools = options
+            .profiles
+            .iter()
+            .filter(|(_, p)| p.warm_pool > 0 && p.remote.is_none())
+            .map(|(name, p)| (name.clone(), warm::WarmPool::new(p.clone())))
+            .collect();
         Self {
+            warm_pools,
             store,
             runtime_slots: Arc::new(Semaphore::new(options.limits.live_runtimes)),
             limits: Arc::new(options.limits),
@@ -165,9 +175,43 @@ impl EngineContext {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Starts filling the warm pools (after leftovers of an earlier harness were reaped).
+    pub(crate) fn start_warm_pools(self: &Arc<Self>) {
+        for pool in self.warm_pools.values() {
+            pool.start(self);
+        }
+    }
+
+    /// Kills every warm runtime and stops refilling (draining, shutdown).
+    pub(crate) fn stop_warm_pools(&self) {
+        for pool in self.warm_pools.values() {
+            pool.stop();
+        }
+    }
+
+    /// A ready warm runtime of this profile, if it has a pool and one is ready.
+    pub(crate) fn take_warm(&self, profile: &str) -> Option<warm::WarmRuntime> {
+        self.warm_pools.get(profile)?.take()
+    }
+
+    /// Each warm pool's name, size and ready runtimes, for the metrics.
+    pub(crate) fn warm_pool_gauges(&self) -> Vec<(String, u64, u64)> {
+        self.warm_pools
+            .iter()
+            .map(|(name, pool)| (name.clone(), pool.size() as u64, pool.ready() as u64))
+            .collect()
+    }
+
     /// Ends every open stream, telling its caller why.
     pub(crate) fn stop_streams(&self, why: subscribe::StreamStop) {
         let _ = self.streams.send(why);
+    }
+}
+
+impl Drop for EngineContext {
+    fn drop(&mut self) {
+        // The fillers hold their pools; stopping them lets the pools and their runtimes go.
+        self.stop_warm_pools();
     }
 }
 

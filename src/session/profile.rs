@@ -96,6 +96,10 @@ pub struct Profile {
     /// `Some` for a profile of `kind = "remote"` (SPEC §16): its runtimes run on a bridge, and
     /// `command`, `args` and `env` are unused (the bridge's own profile says what to run).
     pub remote: Option<RemoteTarget>,
+    /// Runtimes kept started and initialized for new sessions (SPEC §18); 0 for none. Local
+    /// profiles only. Not part of the fingerprint: it changes when a runtime starts, not what
+    /// it is.
+    pub warm_pool: usize,
 }
 
 /// Where a remote profile's runtimes run: a bridge whose labels include `bridge_labels`, from
@@ -137,6 +141,7 @@ impl Profile {
             permission_rules: Vec::new(),
             permission_timeout: None,
             remote: None,
+            warm_pool: 0,
         }
     }
 

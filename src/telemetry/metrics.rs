@@ -22,6 +22,8 @@ pub(crate) const SESSIONS: &str = "agent_harness_sessions";
 pub(crate) const QUEUE_DEPTH: &str = "agent_harness_queue_depth";
 pub(crate) const SUBSCRIBERS: &str = "agent_harness_subscribers";
 pub(crate) const RUNTIMES: &str = "agent_harness_live_runtimes";
+pub(crate) const WARM_POOL_SIZE: &str = "agent_harness_warm_pool_size";
+pub(crate) const WARM_POOL_READY: &str = "agent_harness_warm_pool_ready";
 
 /// The process-wide recorder (the `metrics` facade has one global recorder).
 fn handle() -> &'static PrometheusHandle {
@@ -67,6 +69,10 @@ fn set_gauges(gauges: &Gauges) {
     metrics::gauge!(QUEUE_DEPTH).set(gauges.queued as f64);
     metrics::gauge!(SUBSCRIBERS).set(gauges.subscribers as f64);
     metrics::gauge!(RUNTIMES).set(gauges.live_runtimes as f64);
+    for (profile, size, ready) in &gauges.warm_pools {
+        metrics::gauge!(WARM_POOL_SIZE, "profile" => profile.clone()).set(*size as f64);
+        metrics::gauge!(WARM_POOL_READY, "profile" => profile.clone()).set(*ready as f64);
+    }
 }
 
 /// Serves `GET /metrics` on its own port until `shutdown` resolves.

@@ -55,6 +55,7 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             permission_rules: Vec::new(),
             permission_timeout: None,
             remote: None,
+            warm_pool: 0,
         }),
     );
 }

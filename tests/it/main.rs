@@ -45,3 +45,4 @@ mod tls;
 mod transcript;
 mod translator;
 mod turn_ended;
+mod warm_pool;

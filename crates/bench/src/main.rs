@@ -18,6 +18,9 @@
 //! | `rss` | harness RSS per idle session | the target |
 //! | `turns-pg` | sustained turns/s on PostgreSQL ([`replicas`]) | SQLite, same phase |
 //! | `replica-lag` | cross-replica Subscribe lag | same-replica delivery, same turns |
+//! | `bridge-rtt-p50` | turn round trip through a bridge ([`bridge`]) | a local runtime, same run |
+//! | `peers-log`, `peers-messages` | the same agent through sandbox-agent and acpx ([`peers`]) | direct stdio and the peers, same run |
+//! | `warm-create` | CreateSession to first turn ended, warm pool ([`warm`]) | a cold profile, same run |
 //!
 //! `docs/benchmarks.md` has the command, the machine, the figures and what bounds each one.
 
@@ -27,6 +30,7 @@ mod direct;
 mod echo;
 mod fanout;
 mod machine;
+mod peers;
 mod replay;
 mod replicas;
 mod report;
@@ -36,6 +40,7 @@ mod server;
 mod stats;
 mod translate;
 mod turns;
+mod warm;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -55,10 +60,12 @@ pub enum Figure {
     Rss,
     Replicas,
     Bridge,
+    Warm,
+    Peers,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 8] = [
+    pub const ALL: [Figure; 10] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
@@ -67,6 +74,8 @@ impl Figure {
         Figure::Rss,
         Figure::Replicas,
         Figure::Bridge,
+        Figure::Warm,
+        Figure::Peers,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -98,6 +107,15 @@ impl Figure {
                 bridge::FIGURE,
                 "overhead <= 1.000 ms (ours)",
             )],
+            Figure::Warm => &[("warm-create", warm::FIGURE, warm::TARGET)],
+            Figure::Peers => &[
+                ("peers-log", peers::LOG_FIGURE, peers::LOG_TARGET),
+                (
+                    "peers-messages",
+                    peers::MESSAGES_FIGURE,
+                    peers::MESSAGES_TARGET,
+                ),
+            ],
         }
     }
 }
@@ -152,6 +170,16 @@ pub struct BenchArgs {
     /// Rounds of translate and echo, alternating [full: 4]
     #[arg(long)]
     pub translate_rounds: Option<usize>,
+    /// Sessions created on each profile for the warm-pool figure [full: 30]
+    #[arg(long)]
+    pub warm_samples: Option<usize>,
+    /// Timed turns of acpx in the peer comparison (about 1 s each) [full: 40]
+    #[arg(long)]
+    pub peers_slow_turns: Option<usize>,
+    /// Where `scripts/test bench-peers` installed the peers and the Python echo agent
+    /// [default: .tools of the source tree]
+    #[arg(long, value_name = "DIR")]
+    pub tools: Option<PathBuf>,
     /// HTTP/2 connections per client pool (more for fan-out: 128 streams each at most) [full: 4]
     #[arg(long)]
     pub connections: Option<usize>,
@@ -189,6 +217,10 @@ pub struct Plan {
     pub translate_concurrency: usize,
     pub translate_rounds: usize,
     pub connections: usize,
+    /// Sessions created per profile for the warm-pool figure.
+    pub warm_samples: usize,
+    /// Timed turns of acpx in the peer comparison (each takes about 1 s).
+    pub peers_slow_turns: usize,
 }
 
 impl Plan {
@@ -207,6 +239,8 @@ impl Plan {
         translate_concurrency: 32,
         translate_rounds: 4,
         connections: 4,
+        warm_samples: 30,
+        peers_slow_turns: 40,
     };
 
     pub const SMOKE: Plan = Plan {
@@ -224,6 +258,8 @@ impl Plan {
         translate_concurrency: 4,
         translate_rounds: 1,
         connections: 2,
+        warm_samples: 3,
+        peers_slow_turns: 2,
     };
 
     pub fn from_args(args: &BenchArgs) -> Self {
@@ -249,6 +285,11 @@ impl Plan {
                 .unwrap_or(base.translate_rounds)
                 .max(1),
             connections: args.connections.unwrap_or(base.connections).max(1),
+            warm_samples: args.warm_samples.unwrap_or(base.warm_samples).max(1),
+            peers_slow_turns: args
+                .peers_slow_turns
+                .unwrap_or(base.peers_slow_turns)
+                .max(1),
         }
     }
 }
@@ -259,6 +300,8 @@ pub struct Ctx {
     pub plan: Plan,
     /// The database of the scale-out figures (`None`: they are skipped).
     pub database_url: Option<String>,
+    /// The tools folder holding the peers (`scripts/test bench-peers`).
+    pub tools: PathBuf,
 }
 
 impl Ctx {
@@ -315,6 +358,7 @@ fn main() -> anyhow::Result<()> {
         bin,
         plan: Plan::from_args(&args),
         database_url: args.database_url.clone().filter(|url| !url.is_empty()),
+        tools: args.tools.clone().unwrap_or_else(peers::default_tools),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -385,6 +429,8 @@ async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usiz
             Figure::Rss => rss::run(ctx).await,
             Figure::Replicas => replicas::run(ctx).await,
             Figure::Bridge => bridge::run(ctx).await,
+            Figure::Warm => warm::run(ctx, smoke).await,
+            Figure::Peers => peers::run(ctx, smoke).await,
         };
         match outcome {
             Ok(PhaseReport {
@@ -477,6 +523,7 @@ mod tests {
             bin: PathBuf::from("/bin/true"),
             plan: Plan::SMOKE,
             database_url: None,
+            tools: PathBuf::from("/nonexistent"),
         };
         let text = ctx.config_with_base_url("https://static.example", &[("live_runtimes", 300)]);
         let file: agent_harness::config::FileConfig = toml::from_str(&text).unwrap();

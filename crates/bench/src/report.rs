@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 /// Every row key, in print order (the smoke stage of `scripts/test` checks each is printed; the
 /// bench's tests hold the figures and the script to this list).
 #[cfg(test)]
-pub const ROW_KEYS: [&str; 12] = [
+pub const ROW_KEYS: [&str; 15] = [
     "rtt-p50",
     "rtt-p99",
     "rtt-messages-p50",
@@ -19,6 +19,9 @@ pub const ROW_KEYS: [&str; 12] = [
     "turns-pg",
     "replica-lag",
     "bridge-rtt-p50",
+    "warm-create",
+    "peers-log",
+    "peers-messages",
 ];
 
 /// Whether a target is met.

@@ -52,7 +52,7 @@ impl Drop for ScratchDir {
 }
 
 /// A loopback port that was free a moment ago (the child binds it; a clash is retried).
-fn free_port() -> anyhow::Result<u16> {
+pub fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(listener.local_addr()?.port())
 }

@@ -42,6 +42,7 @@ pub fn mock_profile_with(
         permission_rules: Vec::new(),
         permission_timeout: None,
         remote: None,
+        warm_pool: 0,
     };
     edit(&mut profile);
     config.profiles.insert(name.to_owned(), Arc::new(profile));

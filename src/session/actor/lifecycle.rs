@@ -4,6 +4,7 @@
 use std::{io, process::ExitStatus, time::Instant};
 
 use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
 
 use super::{
     Actor, CANNOT_REOPEN, CLOSE_GRACE, Conn, EXIT_DRAIN, HARNESS_ACTOR, Out, Pending, PendingKind,
@@ -21,7 +22,10 @@ use crate::{
         queue::{QueuedEntry, QueuedWork},
         session::SessionStatus,
     },
-    session::interactions::{self, HeldPermission},
+    session::{
+        interactions::{self, HeldPermission},
+        warm,
+    },
     store::ActionState,
 };
 
@@ -125,6 +129,14 @@ impl Actor {
     }
 
     pub(super) async fn start_runtime(&mut self, purpose: StartPurpose) {
+        // A new session's first runtime may come from the profile's warm pool (SPEC §18).
+        if matches!(purpose, StartPurpose::Create { .. })
+            && self.runtime.epoch + 1 == warm::FIRST_EPOCH
+            && std::path::Path::new(&self.record.cwd).is_dir()
+            && let Some(runtime) = self.ctx.take_warm(&self.profile.name)
+        {
+            return self.adopt_warm(purpose, runtime).await;
+        }
         let permit = match self.ctx.runtime_slots.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
@@ -203,6 +215,58 @@ impl Actor {
         let frame = acp_frames::initialize_request(id.clone());
         self.expect(&id, PendingKind::Initialize, "initialize");
         self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+        self.refresh_status(&mut out);
+        if let Err(error) = self.flush(out).await {
+            self.fault("storage", error.message).await;
+        }
+    }
+
+    /// Takes a warm runtime as this session's first: its `initialize` request is logged as
+    /// this epoch's first harness request (it was sent with that id), and its response, still
+    /// unread, reaches the actor like any frame, so the handshake goes on with `session/new`.
+    async fn adopt_warm(&mut self, purpose: StartPurpose, runtime: warm::WarmRuntime) {
+        self.runtime.epoch += 1;
+        let epoch = self.runtime.epoch;
+        let spawned = runtime.spawned;
+        let writer = LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
+        let output = std::io::Cursor::new(runtime.unread).chain(spawned.stdout);
+        tokio::spawn(connection::read_lines(
+            output,
+            epoch,
+            self.ctx.limits.runtime_line_bytes,
+            self.runtime.events_tx.clone(),
+        ));
+        self.runtime.conn = Some(Conn {
+            epoch,
+            writer,
+            killer: spawned.killer,
+            stderr: spawned.stderr,
+            exited: Some(spawned.exited),
+            exit_status: None,
+            output_closed: false,
+            exit_deadline: None,
+            next_id: 0,
+            _permit: runtime.permit,
+        });
+        self.runtime.starting = Some(purpose);
+        let mut out = Out::default();
+        self.log_event(
+            &mut out,
+            json!({"event": "runtime_started", "epoch": epoch, "profile": self.profile.name,
+                   "profile_fingerprint": self.record.profile_fingerprint,
+                   "pid": spawned.pid, "warm": true}),
+            None,
+        );
+        let id = self.harness_request_id();
+        debug_assert_eq!(id, acp_frames::harness_request_id(warm::FIRST_EPOCH, 0));
+        self.expect(&id, PendingKind::Initialize, "initialize");
+        self.log(
+            &mut out,
+            crate::store::Direction::ToRuntime,
+            runtime.initialize,
+            HARNESS_ACTOR,
+            None,
+        );
         self.refresh_status(&mut out);
         if let Err(error) = self.flush(out).await {
             self.fault("storage", error.message).await;

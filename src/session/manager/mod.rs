@@ -82,6 +82,7 @@ impl Sessions {
                 .expect("not poisoned")
                 .insert(id, handle);
         }
+        ctx.start_warm_pools();
         Ok(sessions)
     }
 
@@ -270,6 +271,8 @@ impl Sessions {
     /// Draining (SPEC §12): waits until no turn runs or `grace` has passed, ends every stream
     /// with DRAINING, then stops every runtime. New sessions and turns are already refused.
     pub(crate) async fn drain(&self, grace: std::time::Duration) {
+        // No session can start now: warm runtimes would only wait to be killed.
+        self.ctx.stop_warm_pools();
         let deadline = tokio::time::Instant::now() + grace;
         loop {
             let activity = self.ctx.activity.notified();
@@ -337,6 +340,7 @@ impl Sessions {
             queued,
             subscribers,
             live_runtimes: live_runtimes as u64,
+            warm_pools: self.ctx.warm_pool_gauges(),
         }
     }
 
