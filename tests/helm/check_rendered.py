@@ -339,6 +339,7 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
             "startup_timeout": "1m",
             "cancel_grace": "15s",
             "idle_timeout": "30m",
+            "warm_pool": 2,
         },
         claude,
     )

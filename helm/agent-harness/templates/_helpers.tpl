@@ -171,6 +171,7 @@ services, static_files_base_url and the insecure flag are passed as flags (see t
 {{- with $p.startupTimeout }}{{ $_ := set $profile "startup_timeout" . }}{{ end -}}
 {{- with $p.cancelGrace }}{{ $_ := set $profile "cancel_grace" . }}{{ end -}}
 {{- with $p.idleTimeout }}{{ $_ := set $profile "idle_timeout" . }}{{ end -}}
+{{- with $p.warmPool }}{{ $_ := set $profile "warm_pool" (int64 .) }}{{ end -}}
 {{- $_ := set $profiles $name $profile -}}
 {{- end -}}
 {{- if $profiles }}{{ $_ := set $config "profiles" $profiles }}{{ end -}}
