@@ -130,12 +130,7 @@ impl RuntimeGatewayService for GatewayService {
             )
             .into());
         };
-        // A stream relayed by a peer replica (which holds the bridge's own stream).
-        let relayed_by = request
-            .metadata()
-            .get(RELAYED_BY_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let relayed_by = relayed_by(request.metadata(), &principal);
         let mut inbound = request.into_inner();
         let routes: Routes = Arc::default();
         let (relayed_tx, relayed_rx) = mpsc::channel::<ConnectResponse>(remote::OUTBOUND_MESSAGES);
@@ -194,5 +189,65 @@ impl RuntimeGatewayService for GatewayService {
             futures::stream::once(end_rx).filter_map(|end| async move { end.ok().map(Err) });
         let stream: Self::ConnectStream = Box::pin(outbound.chain(ending));
         Ok(Response::new(auth::end_when_revoked(stream, credential)))
+    }
+}
+
+/// The replica relaying this stream (it holds the bridge's own stream), if it is one. With tokens
+/// the header counts only on a call a replica forwarded — the auth layer accepted
+/// `x-forwarded-principal` from a `replica` principal alone — so a bridge cannot mark its own
+/// stream as relayed and keep it out of placement.
+fn relayed_by(
+    metadata: &tonic::metadata::MetadataMap,
+    principal: &crate::domain::Principal,
+) -> Option<String> {
+    let forwarded = metadata.contains_key(auth::FORWARDED_PRINCIPAL_HEADER);
+    if principal.kind != crate::domain::PrincipalKind::Local && !forwarded {
+        return None;
+    }
+    metadata
+        .get(RELAYED_BY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::metadata::MetadataMap;
+
+    use super::*;
+    use crate::domain::{Principal, PrincipalKind};
+
+    fn principal(kind: PrincipalKind) -> Principal {
+        Principal {
+            id: "sandbox-7".into(),
+            kind,
+            acting_user: None,
+        }
+    }
+
+    #[test]
+    fn only_a_forwarded_stream_or_one_without_tokens_counts_as_relayed() {
+        let mut marked = MetadataMap::new();
+        marked.insert(RELAYED_BY_HEADER, "10.0.0.2:50051".parse().unwrap());
+        let bridge = principal(PrincipalKind::Runtime);
+        assert_eq!(
+            relayed_by(&marked, &bridge),
+            None,
+            "a bridge's own header is ignored"
+        );
+        assert_eq!(
+            relayed_by(&marked, &Principal::local()).as_deref(),
+            Some("10.0.0.2:50051"),
+            "without tokens every caller is trusted alike"
+        );
+        marked.insert(
+            auth::FORWARDED_PRINCIPAL_HEADER,
+            "sandbox-7".parse().unwrap(),
+        );
+        assert_eq!(
+            relayed_by(&marked, &bridge).as_deref(),
+            Some("10.0.0.2:50051"),
+            "forwarded by a replica"
+        );
     }
 }
