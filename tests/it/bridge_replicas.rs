@@ -13,18 +13,18 @@ use std::{
     time::Duration,
 };
 
-use agent_harness::pb::v1 as pb;
+use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
 use serde_json::Value;
-use tonic::Code;
+use tonic::{Code, service::interceptor::InterceptedService};
 
 use crate::{
-    auth::{ADA, tokens_text},
+    auth::{ADA, Bearer, tokens_text},
     bridge::{Bridge, mock_bridge_profile, url},
     harness::{assert_error, expect_err, within},
     postgres::{test_schema, url_in_schema},
     process::{Serve, ServeProcess},
     replica_ownership::{LEASE_TTL, drop_schema},
-    support::{Session, number_id, permission_answer, processes_with, prompt},
+    support::{Session, Watch, number_id, permission_answer, processes_with, prompt},
 };
 use tokio::{
     net::{TcpListener, TcpStream},
@@ -532,47 +532,14 @@ async fn when_the_owner_dies_mid_turn_while_its_runtime_is_relayed_the_agent_is_
 const PEER_TOKEN: &str = "peer-secret-token";
 const BRIDGE_TOKEN: &str = "bridge-secret-token";
 
-/// A user's request carrying her token.
-fn as_ada<T>(message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {ADA}").parse().unwrap());
-    request
-}
-
-/// Reads `id`'s whole log as Ada until `done` says it holds what the test waits for.
-async fn log_until(
-    client: &mut pb::agent_session_service_client::AgentSessionServiceClient<
-        tonic::transport::Channel,
-    >,
-    id: &str,
-    done: impl Fn(&[Value]) -> bool,
-) -> (Vec<pb::LogEntry>, Vec<Value>) {
-    loop {
-        let mut log = Vec::new();
-        loop {
-            let page = client
-                .read_log(as_ada(pb::ReadLogRequest {
-                    session_id: id.to_owned(),
-                    after_offset: log.last().map_or(0, |e: &pb::LogEntry| e.offset),
-                    limit: 5000,
-                }))
-                .await
-                .expect("Ada reads her session's log")
-                .into_inner();
-            let full = page.entries.is_empty();
-            log.extend(page.entries);
-            if full {
-                break;
-            }
-        }
-        let frames = frames(&log);
-        if done(&frames) {
-            return (log, frames);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Ada's client of a replica: her token on every call.
+async fn ada_on(
+    replica: &ServeProcess,
+) -> AgentSessionServiceClient<InterceptedService<tonic::transport::Channel, Bearer>> {
+    AgentSessionServiceClient::with_interceptor(
+        replica.channel().await,
+        Bearer::new(Some(ADA), None),
+    )
 }
 
 /// With tokens on every replica (SPEC §11, §15, §16): the replica the bridge redials relays its
@@ -633,10 +600,10 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
             &mock_bridge_profile("mock"),
             Some(BRIDGE_TOKEN),
         );
-        let mut via_b = b.client().await;
-        let mut via_c = c.client().await;
+        let mut via_b = ada_on(&b).await;
+        let mut via_c = ada_on(&c).await;
         let created = via_b
-            .create_session(as_ada(create_request("far", dir.path())))
+            .create_session(create_request("far", dir.path()))
             .await
             .expect("Ada creates a remote session on b")
             .into_inner();
@@ -646,18 +613,28 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
             action: Some(action),
             ..Default::default()
         };
+        // Ada follows the session on c, which stays up throughout.
+        let mut watch = Watch {
+            stream: via_c
+                .subscribe(pb::SubscribeRequest {
+                    session_id: id.clone(),
+                    after_offset: 0,
+                    view: pb::SubscribeView::Log as i32,
+                })
+                .await
+                .expect("Ada subscribes through c")
+                .into_inner(),
+            entries: Vec::new(),
+            statuses: Vec::new(),
+        };
         let turn = via_b
-            .control(as_ada(control(prompt(
+            .control(control(prompt(
                 "held\n@chunks 5 30\n@permission\n@chunks 50 31",
-            ))))
+            )))
             .await
             .expect("the prompt is accepted")
             .into_inner();
-        let (_, frames_then) = log_until(&mut via_b, &id, |frames| {
-            !events_or_method(frames, "session/request_permission").is_empty()
-        })
-        .await;
-        let request = events_or_method(&frames_then, "session/request_permission")[0];
+        let request = watch.agent_request("session/request_permission").await;
         let request_id = request["id"]
             .as_i64()
             .expect("the mock numbers its requests");
@@ -671,32 +648,24 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
         .expect("c relays the runtime");
         // Ada answers through c (forwarded to the owner b) and the turn ends well.
         via_c
-            .control(as_ada(control(permission_answer(
+            .control(control(permission_answer(
                 number_id(request_id),
                 Some("allow-once"),
-            ))))
+            )))
             .await
             .expect("the answer is accepted through c");
-        let (log, frames) = log_until(&mut via_c, &id, |frames| {
-            frames
-                .iter()
-                .any(|f| f["id"] == turn.action_id.as_str() && f.get("result").is_some())
-        })
-        .await;
-        let response = frames
-            .iter()
-            .find(|f| f["id"] == turn.action_id.as_str() && f.get("result").is_some())
-            .unwrap();
+        let response = watch.response_to(&turn.action_id).await;
         assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
-        let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();
+        let offsets: Vec<u64> = watch.entries.iter().map(|e| e.offset).collect();
         assert_eq!(
             offsets,
             (1..=offsets.len() as u64).collect::<Vec<_>>(),
             "no gap"
         );
-        assert!(events(&frames, "fault").is_empty(), "no fault");
+        let frames_then = frames(&watch.entries);
+        assert!(events(&frames_then, "fault").is_empty(), "no fault");
         assert_eq!(
-            events(&frames, "runtime_started").len(),
+            events(&frames_then, "runtime_started").len(),
             1,
             "never restarted"
         );
@@ -708,16 +677,12 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
             .expect("b moved the lease");
         assert_eq!(moved["to"], c.addr().to_string(), "{moved}");
         let next = via_b
-            .control(as_ada(control(prompt("again"))))
+            .control(control(prompt("again")))
             .await
             .expect("the next prompt is accepted")
             .into_inner();
-        let (_, frames) = log_until(&mut via_c, &id, |frames| {
-            frames
-                .iter()
-                .any(|f| f["id"] == next.action_id.as_str() && f.get("result").is_some())
-        })
-        .await;
+        watch.response_to(&next.action_id).await;
+        let frames = frames(&watch.entries);
         assert!(events(&frames, "fault").is_empty(), "no fault");
         assert_eq!(
             lease_holder(&url, &schema, &id).await,
@@ -728,9 +693,4 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
     .await;
     drop((b, c));
     drop_schema(&url, &schema).await;
-}
-
-/// Frames that are harness events named `name` or ACP messages with that method.
-fn events_or_method<'a>(frames: &'a [Value], name: &str) -> Vec<&'a Value> {
-    frames.iter().filter(|f| f["method"] == name).collect()
 }
