@@ -36,5 +36,22 @@ fn main() -> io::Result<()> {
         // No `Client::connect(dst)` constructors: the gateway RPC is itself named `Connect`, so
         // clients are built with `Client::new(channel)`.
         .build_transport(false)
+        .compile_fds(descriptors.clone())?;
+
+    // The servers once more, into `OUT_DIR/framed`, with one type swapped: Subscribe streams
+    // `SubscribeFrame`, which writes a log entry's encoding shared by every subscriber (SPEC §14:
+    // encode each event once for all of them). Every other type is the one generated above.
+    let framed = out_dir.join("framed");
+    fs::create_dir_all(&framed)?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .build_transport(false)
+        .out_dir(&framed)
+        .extern_path(".agent_harness.v1", "crate::pb::v1")
+        .extern_path(
+            ".agent_harness.v1.SubscribeResponse",
+            "crate::grpc::frame::SubscribeFrame",
+        )
         .compile_fds(descriptors)
 }

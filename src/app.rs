@@ -19,13 +19,13 @@ use crate::{
     config::ServeConfig,
     domain::{Error, ErrorCode},
     grpc::{
-        auth::Authenticator, browser, forward::RoutedSessions, gateway::GatewayService,
+        auth::Authenticator, browser, forward::RoutedSessions,
+        framed::agent_session_service_server::AgentSessionServiceServer, gateway::GatewayService,
         sessions::SessionsService, status, translator::TranslatorService,
     },
     pb::{
         self,
         v1::{
-            agent_session_service_server::AgentSessionServiceServer,
             channel_translator_service_server::ChannelTranslatorServiceServer,
             runtime_gateway_service_server::RuntimeGatewayServiceServer,
         },

@@ -376,6 +376,11 @@ impl Fold {
         self.index.get(id).map(|&i| &self.messages[i])
     }
 
+    /// Where the message `id` is in transcript order.
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
     }

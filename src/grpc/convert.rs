@@ -600,7 +600,7 @@ pub(crate) fn stream_event_to_pb(
     use crate::session::subscribe::StreamEvent as E;
     use pb::subscribe_response::Event;
     let event = match event {
-        E::Entry(entry) => Event::Entry(pb::LogEntry::from(&**entry)),
+        E::Entry(entry) => Event::Entry(pb::LogEntry::from(&***entry)),
         E::Message(message) => Event::Message(pb::TranscriptMessage::from(&**message)),
         E::Queue(queue) => Event::Queue(pb::QueueSnapshot {
             entries: queue.iter().map(Into::into).collect(),

@@ -24,15 +24,14 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use super::{
     auth::{self, ACTING_USER_HEADER, FORWARDED_KIND_HEADER, FORWARDED_PRINCIPAL_HEADER},
+    frame::SubscribeFrame,
+    framed::agent_session_service_server::AgentSessionService,
     sessions::SessionsService,
     status::ERROR_DOMAIN,
 };
 use crate::{
     domain::{Principal, PrincipalKind},
-    pb::v1::{
-        self as pb, agent_session_service_client::AgentSessionServiceClient,
-        agent_session_service_server::AgentSessionService,
-    },
+    pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient},
     session::manager::owners::OWNER_ADDRESS_KEY,
 };
 
@@ -270,8 +269,7 @@ fn unreachable_owner(status: Status, address: &str) -> Status {
 
 #[tonic::async_trait]
 impl AgentSessionService for RoutedSessions {
-    type SubscribeStream =
-        Pin<Box<dyn Stream<Item = Result<pb::SubscribeResponse, Status>> + Send>>;
+    type SubscribeStream = Pin<Box<dyn Stream<Item = Result<SubscribeFrame, Status>> + Send>>;
 
     async fn create_session(
         &self,
@@ -404,7 +402,8 @@ impl AgentSessionService for RoutedSessions {
             |r| self.inner.subscribe(r),
             |mut c, r| async move {
                 let stream = c.subscribe(r).await?.into_inner();
-                let stream: Self::SubscribeStream = Box::pin(stream.map(|item| item));
+                let stream: Self::SubscribeStream =
+                    Box::pin(stream.map(|item| item.map(SubscribeFrame::from)));
                 // The caller's token still ends the relayed stream when it is revoked here.
                 Ok(Response::new(auth::end_when_revoked(stream, credential)))
             },

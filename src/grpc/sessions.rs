@@ -7,9 +7,11 @@ use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::{auth, convert};
+use super::{
+    auth, convert, frame::SubscribeFrame, framed::agent_session_service_server::AgentSessionService,
+};
 use crate::{
-    pb::v1::{self as pb, agent_session_service_server::AgentSessionService},
+    pb::v1 as pb,
     session::{
         ControlInput, ControlStatus, Sessions,
         manager::{CreateInput, ListInput},
@@ -30,8 +32,7 @@ type Reply<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl AgentSessionService for SessionsService {
-    type SubscribeStream =
-        Pin<Box<dyn Stream<Item = Result<pb::SubscribeResponse, Status>> + Send>>;
+    type SubscribeStream = Pin<Box<dyn Stream<Item = Result<SubscribeFrame, Status>> + Send>>;
 
     async fn create_session(
         &self,
@@ -244,7 +245,7 @@ impl AgentSessionService for SessionsService {
             .subscribe(&principal, &request.session_id, request.after_offset, view)
             .await?;
         let stream = ReceiverStream::new(events).map(|item| match item {
-            Ok((offset, event)) => Ok(convert::stream_event_to_pb(offset, &event)),
+            Ok((offset, event)) => Ok(SubscribeFrame::of(offset, &event)),
             Err(error) => Err(Status::from(error)),
         });
         Ok(Response::new(auth::end_when_revoked(

@@ -42,7 +42,7 @@ pub(crate) use profile::{PermissionPolicy, Profile};
 /// log; queue and status events are full snapshots, so a subscriber that missed some can resync.
 #[derive(Debug, Clone)]
 pub(crate) enum SessionEvent {
-    Entry(Arc<LogEntry>),
+    Entry(Arc<SharedEntry>),
     Queue(Arc<Vec<QueuedEntry>>),
     Status {
         status: SessionStatus,
@@ -50,6 +50,31 @@ pub(crate) enum SessionEvent {
     },
     /// The session was deleted: streams end NOT_FOUND.
     Deleted,
+}
+
+/// A log entry as the live feed hands it to every subscriber, with a slot where the gRPC layer
+/// keeps its wire encoding: an entry going to a thousand streams is encoded once, not a thousand
+/// times (SPEC §14, fan-out). The session layer never reads or writes the slot.
+#[derive(Debug)]
+pub(crate) struct SharedEntry {
+    entry: LogEntry,
+    pub wire: std::sync::OnceLock<bytes::Bytes>,
+}
+
+impl From<LogEntry> for SharedEntry {
+    fn from(entry: LogEntry) -> Self {
+        Self {
+            entry,
+            wire: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for SharedEntry {
+    type Target = LogEntry;
+    fn deref(&self) -> &LogEntry {
+        &self.entry
+    }
 }
 
 /// Capacity of a session's live event feed; a subscriber further behind reads the log instead.

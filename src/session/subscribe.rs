@@ -32,12 +32,11 @@ use tokio::{
 
 use uuid::Uuid;
 
-use super::{SessionEvent, SessionHandle};
+use super::{SessionEvent, SessionHandle, SharedEntry};
 use crate::{
     acp::fold::{Fold, Message, TurnEnd},
     domain::{
         Error, ErrorCode, Result,
-        log::LogEntry,
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
@@ -64,7 +63,7 @@ impl View {
 /// One event of a stream, with the log offset it reflects.
 #[derive(Debug, Clone)]
 pub(crate) enum StreamEvent {
-    Entry(Arc<LogEntry>),
+    Entry(Arc<SharedEntry>),
     Message(Box<Message>),
     Queue(Arc<Vec<QueuedEntry>>),
     TurnEnded(TurnEnd),
@@ -534,7 +533,7 @@ impl Subscription {
                 .map_err(|e| self.fail_now(e))?;
             let full = page.len() == REPLAY_PAGE;
             for entry in page {
-                self.deliver(Arc::new(entry)).await?;
+                self.deliver(Arc::new(SharedEntry::from(entry))).await?;
             }
             if !full {
                 return Ok(());
@@ -542,7 +541,7 @@ impl Subscription {
         }
     }
 
-    async fn deliver(&mut self, entry: Arc<LogEntry>) -> std::result::Result<(), Gone> {
+    async fn deliver(&mut self, entry: Arc<SharedEntry>) -> std::result::Result<(), Gone> {
         debug_assert_eq!(entry.offset, self.last + 1);
         self.last = entry.offset;
         // The turn's end is a logged harness event, so every view tells it the same way.
@@ -577,12 +576,14 @@ impl Subscription {
             return Ok(());
         }
         // In transcript order, so a client upserting them sees turns grow in sequence.
+        // Looked up by id, not by scanning the transcript: a flush costs what changed, however
+        // long the session's history.
         let dirty = std::mem::take(&mut self.dirty);
-        let snapshots: Vec<Message> = fold
-            .messages()
-            .iter()
-            .filter(|m| dirty.contains(&m.id))
-            .cloned()
+        let mut positions: Vec<usize> = dirty.iter().filter_map(|id| fold.position(id)).collect();
+        positions.sort_unstable();
+        let snapshots: Vec<Message> = positions
+            .into_iter()
+            .map(|i| fold.messages()[i].clone())
             .collect();
         // Only the last snapshot moves the cursor: a client that leaves in between gets them all
         // again (idempotent upserts), never too few.

@@ -169,6 +169,79 @@ async fn a_warm_runtime_that_dies_is_replaced_and_never_handed_out() {
 }
 
 #[tokio::test]
+async fn a_warm_runtime_that_dies_during_the_handshake_is_replaced_by_a_cold_start_and_creation_succeeds()
+ {
+    bounded(async {
+        let marker = uuid::Uuid::now_v7().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let crash = dir.path().join("crash-once");
+        let crash_arg = crash.to_string_lossy().into_owned();
+        let h = Harness::start_with(|config| {
+            config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+            mock_profile_with(
+                config,
+                "warm",
+                &[
+                    "--stderr-at-start",
+                    &marker,
+                    "--crash-on-new-session-once",
+                    &crash_arg,
+                ],
+                |p| p.warm_pool = 1,
+            );
+        })
+        .await;
+        let warm = pool_ready(&h, &marker, 1, 1).await[0];
+        // The runtime waiting in the pool will crash when the session's session/new reaches it.
+        std::fs::write(&crash, b"").unwrap();
+
+        let mut session = Session::create(&h, "warm").await;
+        assert!(
+            !crash.exists(),
+            "the warm runtime was asked for session/new"
+        );
+        let events: Vec<Value> = session
+            .log()
+            .await
+            .iter()
+            .filter(|e| e.direction == pb::LogDirection::Event as i32)
+            .map(|e| serde_json::from_str::<Value>(&e.json).unwrap())
+            .collect();
+        let starts: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["event"] == "runtime_started")
+            .collect();
+        assert_eq!(starts.len(), 2, "{events:?}");
+        assert_eq!(starts[0]["warm"], true, "{events:?}");
+        assert_eq!(starts[0]["pid"], warm, "{events:?}");
+        assert_eq!(
+            starts[1]["warm"],
+            Value::Null,
+            "the second start is cold: {events:?}"
+        );
+        assert_eq!(starts[1]["epoch"], 2, "{events:?}");
+        let failed = events
+            .iter()
+            .find(|e| e["event"] == "warm_runtime_failed")
+            .unwrap_or_else(|| panic!("the failed warm runtime is logged: {events:?}"));
+        assert_eq!(failed["epoch"], 1, "{failed}");
+        assert!(
+            failed["stderr_tail"]
+                .as_str()
+                .is_some_and(|t| t.contains("crashing on session/new")),
+            "{failed}"
+        );
+
+        // The session runs on the cold runtime.
+        let reply = session.prompt("hello").await;
+        let mut watch = session.watch().await;
+        let response = watch.response_to(&reply.action_id).await;
+        assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+    })
+    .await
+}
+
+#[tokio::test]
 async fn warm_runtimes_count_against_the_live_runtime_cap() {
     bounded(async {
         let marker = uuid::Uuid::now_v7().to_string();

@@ -84,6 +84,7 @@ impl Figure {
             Figure::Rtt => &[
                 ("rtt-p50", rtt::FIGURE, "overhead <= 0.500 ms"),
                 ("rtt-p99", rtt::FIGURE, "overhead <= 2.000 ms"),
+                ("rtt-stretch", rtt::FIGURE, "overhead <= 0.250 ms (stretch)"),
                 (
                     "rtt-messages-p50",
                     rtt::MESSAGES_FIGURE,

@@ -6,9 +6,10 @@ use std::{fmt::Write as _, time::Duration};
 /// Every row key, in print order (the smoke stage of `scripts/test` checks each is printed; the
 /// bench's tests hold the figures and the script to this list).
 #[cfg(test)]
-pub const ROW_KEYS: [&str; 15] = [
+pub const ROW_KEYS: [&str; 16] = [
     "rtt-p50",
     "rtt-p99",
+    "rtt-stretch",
     "rtt-messages-p50",
     "turns",
     "fanout-rate",

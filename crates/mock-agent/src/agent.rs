@@ -291,6 +291,12 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 }
             }
             "session/new" => {
+                if let Some(file) = &self.args.crash_on_new_session_once
+                    && std::fs::remove_file(file).is_ok()
+                {
+                    eprintln!("mock agent: crashing on session/new (--crash-on-new-session-once)");
+                    std::process::exit(1);
+                }
                 if self.args.auth_required {
                     wire::error(
                         self.buf(),

@@ -91,6 +91,10 @@ pub struct MockAgentArgs {
     /// Never honour `session/cancel`
     #[arg(long)]
     pub ignore_cancel: bool,
+    /// When asked for `session/new` while FILE exists: remove it and exit with code 1 instead
+    /// of answering (one crash among several starts of the same command line)
+    #[arg(long, value_name = "FILE")]
+    pub crash_on_new_session_once: Option<std::path::PathBuf>,
 }
 
 impl Default for MockAgentArgs {
@@ -112,6 +116,7 @@ impl Default for MockAgentArgs {
             fail_new_session: false,
             auth_required: false,
             ignore_cancel: false,
+            crash_on_new_session_once: None,
         }
     }
 }

@@ -227,6 +227,7 @@ impl Actor {
     async fn adopt_warm(&mut self, purpose: StartPurpose, runtime: warm::WarmRuntime) {
         self.runtime.epoch += 1;
         let epoch = self.runtime.epoch;
+        self.runtime.warm_epoch = Some(epoch);
         let spawned = runtime.spawned;
         let writer = LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
         let output = std::io::Cursor::new(runtime.unread).chain(spawned.stdout);
@@ -684,6 +685,39 @@ impl Actor {
         }
     }
 
+    /// A runtime from the warm pool that dies, goes silent or garbles before a new session's
+    /// handshake ends failed in the pool (or between being taken and adopted), not because of
+    /// the session: it is logged (`warm_runtime_failed`) and a cold runtime is started in its
+    /// place, once. Returns whether it did so. (An agent's error answer to the handshake is not
+    /// retried: a cold runtime would answer the same.)
+    async fn replace_failed_warm(&mut self, kind: &str, detail: &str) -> bool {
+        let epoch = self.runtime.epoch;
+        if self.runtime.warm_epoch.take() != Some(epoch)
+            || !matches!(self.runtime.starting, Some(StartPurpose::Create { .. }))
+        {
+            return false;
+        }
+        let Some(purpose) = self.runtime.starting.take() else {
+            return false;
+        };
+        let tail = self.stderr_tail().await;
+        tracing::warn!(session = %self.record.id, kind, detail, "a warm runtime failed before its handshake ended; starting a cold one");
+        self.kill_runtime();
+        let mut out = Out::default();
+        let mut event = json!({"event": "warm_runtime_failed", "kind": kind, "detail": detail,
+                               "epoch": epoch});
+        if !tail.is_empty() {
+            event["stderr_tail"] = tail.into();
+        }
+        self.log_event(&mut out, event, None);
+        if let Err(error) = self.flush(out).await {
+            tracing::error!(session = %self.record.id, %error, "could not log a failed warm runtime");
+        }
+        // The next epoch is past the pool's (`warm::FIRST_EPOCH`), so this start is cold.
+        Box::pin(self.start_runtime(purpose)).await;
+        true
+    }
+
     /// A new session's runtime failed to come up: kill it and fail CreateSession (the manager
     /// then removes the session).
     pub(super) fn fail_create(&mut self, error: Error) {
@@ -715,6 +749,9 @@ impl Actor {
     /// kill the process, and leave the session DISCONNECTED with a reason. No automatic respawn.
     pub(super) async fn fault(&mut self, kind: &str, detail: String) {
         if self.runtime.conn.is_none() {
+            return;
+        }
+        if self.replace_failed_warm(kind, &detail).await {
             return;
         }
         let tail = self.stderr_tail().await;

@@ -192,6 +192,9 @@ struct RuntimeLink {
     starting: Option<StartPurpose>,
     pending: HashMap<String, Pending>,
     config_options: Vec<Value>,
+    /// The epoch of a runtime taken from the warm pool, until its handshake ends: if it fails
+    /// before that, a cold runtime replaces it (SPEC §18) instead of failing CreateSession.
+    warm_epoch: Option<u32>,
 }
 
 /// What the session is doing for its callers: the running turn, the queue behind it, the
@@ -255,6 +258,7 @@ impl Actor {
                 starting: None,
                 pending: HashMap::new(),
                 config_options: Vec::new(),
+                warm_epoch: None,
             },
             work: Work {
                 turn: None,
@@ -594,7 +598,8 @@ impl Actor {
                 .unwrap_or_default(),
         };
         for entry in entries {
-            self.shared.publish(SessionEvent::Entry(Arc::new(entry)));
+            self.shared
+                .publish(SessionEvent::Entry(Arc::new(entry.into())));
         }
     }
 

@@ -397,23 +397,84 @@ fn replace_record(
         ))
         .into());
     }
-    with_record_params(&pk, record, |params| {
-        conn.prepare_cached(
-            "UPDATE sessions SET name = ?2, owner = ?3, profile = ?4, cwd = ?5, model = ?6, \
-             acp_session_id = ?7, status = ?8, status_reason = ?9, created_at = ?10, \
-             updated_at = ?11, profile_fingerprint = ?12, request_fingerprint = ?13, \
-             can_resume = ?14, can_load = ?15 WHERE pk = ?1",
-        )?
-        .execute(params)
+    // A status change is most of what a turn writes to the record. SQLite rewrites an index's
+    // entry whenever an UPDATE assigns one of its columns, even to the same value, so the
+    // indexed columns (owner, status, created_at) are assigned only when they changed, and the
+    // labels and editors are rewritten only when they changed: a turn's commit then dirties the
+    // pages it must, not every index of `sessions` and both side tables.
+    let status = record.status.as_str();
+    let updated_at = to_micros(record.updated_at);
+    conn.prepare_cached(
+        "UPDATE sessions SET name = ?2, profile = ?3, cwd = ?4, model = ?5, acp_session_id = ?6, \
+         status_reason = ?7, updated_at = ?8, profile_fingerprint = ?9, \
+         request_fingerprint = ?10, can_resume = ?11, can_load = ?12 WHERE pk = ?1",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(rusqlite::params![
+            pk,
+            record.name,
+            record.profile,
+            record.cwd,
+            record.model,
+            record.acp_session_id,
+            record.status_reason,
+            updated_at,
+            record.profile_fingerprint,
+            record.request_fingerprint,
+            record.can_resume,
+            record.can_load,
+        ])
     })
     .context("replacing a session record")?;
-    conn.prepare_cached("DELETE FROM session_labels WHERE session_pk = ?1")
-        .and_then(|mut stmt| stmt.execute([pk]))
-        .context("replacing session labels")?;
-    conn.prepare_cached("DELETE FROM session_editors WHERE session_pk = ?1")
-        .and_then(|mut stmt| stmt.execute([pk]))
-        .context("replacing session editors")?;
-    write_side_rows(conn, pk, record)
+    conn.prepare_cached("UPDATE sessions SET status = ?2 WHERE pk = ?1 AND status IS NOT ?2")
+        .and_then(|mut stmt| stmt.execute((pk, status)))
+        .context("replacing a session record")?;
+    conn.prepare_cached(
+        "UPDATE sessions SET owner = ?2, created_at = ?3 \
+         WHERE pk = ?1 AND (owner IS NOT ?2 OR created_at IS NOT ?3)",
+    )
+    .and_then(|mut stmt| stmt.execute((pk, &record.owner, to_micros(record.created_at))))
+    .context("replacing a session record")?;
+    if side_rows_differ(conn, pk, record)? {
+        conn.prepare_cached("DELETE FROM session_labels WHERE session_pk = ?1")
+            .and_then(|mut stmt| stmt.execute([pk]))
+            .context("replacing session labels")?;
+        conn.prepare_cached("DELETE FROM session_editors WHERE session_pk = ?1")
+            .and_then(|mut stmt| stmt.execute([pk]))
+            .context("replacing session editors")?;
+        write_side_rows(conn, pk, record)?;
+    }
+    Ok(())
+}
+
+/// Whether the stored labels or editors differ from the record's (reads only: no page is
+/// dirtied when they are the same).
+fn side_rows_differ(conn: &Connection, pk: i64, record: &SessionRecord) -> Result<bool> {
+    let mut labels = conn
+        .prepare_cached("SELECT key, value FROM session_labels WHERE session_pk = ?1 ORDER BY key")
+        .context("reading session labels")?;
+    let stored: Vec<(String, String)> = labels
+        .query_map([pk], |row| Ok((row.get(0)?, row.get(1)?)))
+        .and_then(Iterator::collect)
+        .context("reading session labels")?;
+    // SQLite orders TEXT by its bytes, as `BTreeMap<String, _>` does.
+    if !stored
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .eq(record.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    {
+        return Ok(true);
+    }
+    let mut editors = conn
+        .prepare_cached(
+            "SELECT principal FROM session_editors WHERE session_pk = ?1 ORDER BY position",
+        )
+        .context("reading session editors")?;
+    let stored: Vec<String> = editors
+        .query_map([pk], |row| row.get(0))
+        .and_then(Iterator::collect)
+        .context("reading session editors")?;
+    Ok(stored != record.editors)
 }
 
 fn delete(conn: &Connection, session_id: Uuid) -> Result<bool> {
