@@ -205,9 +205,21 @@ impl Writer {
             return;
         }
         let mut aborted: Option<Error> = None;
+        // A change alone in its group needs no savepoint: if it fails, rolling the transaction
+        // back undoes exactly it. That is the common case (one session writing at a time) and
+        // saves two statements per commit.
+        let alone = group.len() == 1;
         for (change, reply) in group.drain(..) {
             if let Some(error) = &aborted {
                 outcomes.push((reply, Err(error.clone())));
+                continue;
+            }
+            if alone {
+                let outcome = self.apply(change);
+                if let Err(error) = &outcome {
+                    aborted = Some(error.clone());
+                }
+                outcomes.push((reply, outcome));
                 continue;
             }
             let (outcome, intact) = self.apply_alone(change);
@@ -257,19 +269,24 @@ impl Writer {
         self.outcomes = outcomes;
     }
 
+    /// Applies one change within the open transaction.
+    fn apply(&self, change: Change) -> Result<bool> {
+        match change {
+            Change::Create(record) => create(&self.conn, &record).map(|()| true),
+            Change::Commit(session_id, batch) => {
+                commit(&self.conn, session_id, batch).map(|()| true)
+            }
+            Change::Delete(session_id) => delete(&self.conn, session_id),
+        }
+    }
+
     /// Applies one change inside its own savepoint: all of it, or none of it. The flag says
     /// whether the surrounding transaction is still fit to commit.
     fn apply_alone(&self, change: Change) -> (Result<bool>, bool) {
         if let Err(e) = self.exec("SAVEPOINT change") {
             return (Err(internal("opening a savepoint", e)), false);
         }
-        let outcome = match change {
-            Change::Create(record) => create(&self.conn, &record).map(|()| true),
-            Change::Commit(session_id, batch) => {
-                commit(&self.conn, session_id, batch).map(|()| true)
-            }
-            Change::Delete(session_id) => delete(&self.conn, session_id),
-        };
+        let outcome = self.apply(change);
         if self.conn.is_autocommit() {
             return (outcome, false);
         }
