@@ -692,7 +692,9 @@ impl Actor {
     /// retried: a cold runtime would answer the same.)
     async fn replace_failed_warm(&mut self, kind: &str, detail: &str) -> bool {
         let epoch = self.runtime.epoch;
+        // A storage failure is the harness's, not the runtime's: a cold start would not help.
         if self.runtime.warm_epoch.take() != Some(epoch)
+            || kind == "storage"
             || !matches!(self.runtime.starting, Some(StartPurpose::Create { .. }))
         {
             return false;
