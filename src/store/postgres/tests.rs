@@ -11,10 +11,13 @@ use std::{sync::Arc, time::Duration};
 use uuid::Uuid;
 
 use super::{PostgresOptions, PostgresStore, schema::SCHEMA_VERSION};
-use crate::store::{
-    Batch, LeaseClaim, Store,
-    conformance::fixtures::{entries, frames, session},
-    is_fenced,
+use crate::{
+    domain::ActionId,
+    store::{
+        ActionState, Batch, LeaseClaim, Store,
+        conformance::fixtures::{action, entries, frames, session},
+        is_fenced,
+    },
 };
 
 /// The environment variable naming the test database.
@@ -443,6 +446,170 @@ async fn concurrent_commits_of_one_session_never_leave_a_gap_or_a_duplicate() {
             store.read_log(record.id, 0, usize::MAX).await.unwrap(),
             frames(1, 3)
         );
+    })
+    .await;
+}
+
+/// A batch queued for [`super::group::commit_group`] and where its answer arrives.
+fn queued(
+    session_id: Uuid,
+    batch: Batch,
+) -> (
+    super::group::Job,
+    tokio::sync::oneshot::Receiver<crate::domain::Result<()>>,
+) {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = super::group::Job {
+        session_id,
+        batch,
+        reply,
+    };
+    (job, answer)
+}
+
+#[tokio::test]
+async fn one_group_commits_every_batch_it_can_and_answers_each_refused_one_with_its_own_error() {
+    with_store(|store, _| async move {
+        let mut records = Vec::new();
+        for i in 0..10 {
+            let record = session("user:alice", i);
+            store.create_session(&record).await.unwrap();
+            store.claim_lease(record.id, "a", TTL).await.unwrap();
+            records.push(record);
+        }
+        // Replica b takes the first session over: a's fence 1 is stale there.
+        let taken = records[0].id;
+        assert!(store.release_lease(taken, "a", 1).await.unwrap());
+        store.claim_lease(taken, "b", TTL).await.unwrap();
+        // The second session has already recorded the action id its batch brings again.
+        let replayed = records[1].id;
+        let recorded = action(ActionId::mint(), ActionState::Sent);
+        store
+            .commit(
+                replayed,
+                Batch {
+                    new_actions: vec![recorded.clone()],
+                    fence: Some(1),
+                    ..entries(frames(1, 1))
+                },
+            )
+            .await
+            .unwrap();
+        // The third session's first batch leaves a gap; its second continues from the head.
+        let gapped = records[2].id;
+
+        // Queued in an order the group sorts by session, each session's batches in order.
+        let mut batches = Vec::new();
+        for record in records[3..].iter().rev() {
+            batches.push((record.id, entries(frames(1, 2))));
+            batches.push((record.id, entries(frames(3, 3))));
+        }
+        batches.push((gapped, entries(frames(5, 5))));
+        batches.push((gapped, entries(frames(1, 3))));
+        batches.push((
+            replayed,
+            Batch {
+                new_actions: vec![action(recorded.action_id, ActionState::Queued)],
+                ..entries(frames(2, 2))
+            },
+        ));
+        batches.push((taken, entries(frames(1, 2))));
+        let (jobs, answers): (Vec<_>, Vec<_>) = batches
+            .into_iter()
+            .map(|(id, batch)| {
+                queued(
+                    id,
+                    Batch {
+                        fence: Some(1),
+                        ..batch
+                    },
+                )
+            })
+            .unzip();
+        super::group::commit_group(&store.pool, store.target(), jobs).await;
+
+        let mut answers = futures::future::join_all(answers).await.into_iter();
+        let mut answer = || answers.next().unwrap().expect("every batch is answered");
+        for _ in &records[3..] {
+            answer().unwrap();
+            answer().unwrap();
+        }
+        let gap = answer().unwrap_err();
+        assert!(gap.message.contains("continue densely"), "{gap}");
+        answer().unwrap();
+        let conflict = answer().unwrap_err();
+        assert_eq!(conflict.code, crate::domain::ErrorCode::ActionIdConflict);
+        let fenced = answer().unwrap_err();
+        assert!(is_fenced(&fenced), "{fenced}");
+
+        for record in &records[3..] {
+            assert_eq!(
+                store.read_log(record.id, 0, usize::MAX).await.unwrap(),
+                frames(1, 3)
+            );
+        }
+        assert_eq!(
+            store.read_log(gapped, 0, usize::MAX).await.unwrap(),
+            frames(1, 3)
+        );
+        assert_eq!(store.head_offset(replayed).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .find_action(replayed, recorded.action_id)
+                .await
+                .unwrap(),
+            Some(recorded)
+        );
+        assert_eq!(store.head_offset(taken).await.unwrap(), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_commits_of_many_sessions_all_apply_but_the_fenced_ones_which_report_fenced() {
+    with_store(|store, _| async move {
+        let mut records = Vec::new();
+        for i in 0..60 {
+            let record = session("user:alice", i);
+            store.create_session(&record).await.unwrap();
+            store.claim_lease(record.id, "a", TTL).await.unwrap();
+            records.push(record);
+        }
+        // Replica b takes every tenth session over.
+        let taken = |i: usize| i % 10 == 0;
+        for (i, record) in records.iter().enumerate().filter(|(i, _)| taken(*i)) {
+            assert!(store.release_lease(record.id, "a", 1).await.unwrap(), "{i}");
+            store.claim_lease(record.id, "b", TTL).await.unwrap();
+        }
+        // Two turns' worth each, all at once, so commits of many sessions share transactions.
+        let commits = records.iter().map(|record| {
+            let store = store.clone();
+            let id = record.id;
+            async move {
+                for (from, to) in [(1, 2), (3, 5)] {
+                    let batch = Batch {
+                        fence: Some(1),
+                        ..entries(frames(from, to))
+                    };
+                    store.commit(id, batch).await?;
+                }
+                crate::domain::Result::Ok(())
+            }
+        });
+        let outcomes = futures::future::join_all(commits).await;
+        for (i, (record, outcome)) in records.iter().zip(outcomes).enumerate() {
+            if taken(i) {
+                let error = outcome.unwrap_err();
+                assert!(is_fenced(&error), "{error}");
+                assert_eq!(store.head_offset(record.id).await.unwrap(), 0);
+            } else {
+                outcome.unwrap();
+                assert_eq!(
+                    store.read_log(record.id, 0, usize::MAX).await.unwrap(),
+                    frames(1, 5)
+                );
+            }
+        }
     })
     .await;
 }
