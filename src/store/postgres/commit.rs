@@ -1,23 +1,30 @@
-//! The statements that apply a [`Batch`], sent so that a whole group of batches costs few round
-//! trips (see `postgres/group.rs` for how batches are gathered into one transaction).
+//! The statements that commit a group of [`Batch`]es in one transaction (see `postgres/group.rs`
+//! for how a group is gathered): a fixed handful however many batches the group holds.
 //!
-//! Every statement of every batch of a group is sent at once (tokio-postgres pipelines requests
-//! sent before their answers are awaited) and run by the server in the order sent. Checks that can
-//! refuse a batch — the fence, dense offsets, a new action id already recorded — are statements
-//! whose row counts are inspected once all answers are in ([`Check`]); a refused batch's
-//! statements have run by then, so the group's transaction is rolled back and tried again
-//! without it.
+//! Why so few: once commits were grouped, the PostgreSQL backends' CPU bounded the turn rate on
+//! two shared cores, most of it the fixed cost of each statement executed (the protocol, the
+//! executor's start-up, the socket). With a statement per table per batch the bench's turns/s on
+//! PostgreSQL were 0.2–0.3 of SQLite's; with one per table per group, about 0.6.
+//!
+//! 1. [`read`]: the group's session rows locked `FOR UPDATE`, then their log heads, their leases
+//!    locked `FOR SHARE` and which of the new action ids are recorded already — up to four
+//!    statements, pipelined. While the rows are locked nobody else writes these sessions or
+//!    hands their leases on, so what was read stays true until `COMMIT`.
+//! 2. [`judge`]: every check (the fence, dense offsets, new action ids) decided in order, as if
+//!    the batches were committed one after another; a refused batch writes nothing.
+//! 3. [`Writes`]: the accepted batches' rows, one statement per table (queue operations, whose
+//!    positions depend on the operations before them, one each), pipelined.
 
 use std::{
+    collections::{HashMap, HashSet},
     future::Future,
     pin::Pin,
     task::{Context as TaskContext, Poll},
 };
 
-use tokio_postgres::{Statement, types::ToSql};
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::Context;
 use crate::{
     domain::{ActionId, Error, ErrorCode, Result},
     store::{Batch, QueueOp, StoreError, context_to_json, fenced, to_micros, work_to_json},
@@ -25,16 +32,12 @@ use crate::{
 
 pub(super) type Tx<'a> = deadpool_postgres::Transaction<'a>;
 /// A statement sent (on its first poll) whose answer is awaited.
-pub(super) type Pending<'a, T> =
-    Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'a>>;
+type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'a>>;
 
 /// Polls every future until done and returns their outcomes in order. The first poll sends every
-/// request, in order, before any answer is awaited; after that the answers come back in the
-/// order sent, so waiting on the oldest unanswered one is enough (polling them all on every
-/// wake-up would cost time quadratic in the size of a group).
-pub(super) async fn in_order<T>(
-    mut pending: Vec<Pending<'_, T>>,
-) -> Vec<Result<T, tokio_postgres::Error>> {
+/// request, in order, before any answer is awaited (tokio-postgres pipelines them); after that the
+/// answers come back in the order sent, so waiting on the oldest unanswered one is enough.
+async fn in_order<T>(mut pending: Vec<Pending<'_, T>>) -> Vec<Result<T, tokio_postgres::Error>> {
     let mut results: Vec<Option<Result<T, tokio_postgres::Error>>> =
         pending.iter().map(|_| None).collect();
     let mut first_poll = true;
@@ -64,96 +67,6 @@ pub(super) async fn in_order<T>(
         .into_iter()
         .map(|r| r.expect("polled to the end"))
         .collect()
-}
-
-/// What a statement's row count must be for its batch to stand.
-pub(super) enum Check {
-    Any,
-    /// The lease still carries the writer's fence.
-    Fence(u64),
-    /// Every entry was appended: the batch continued from the head.
-    Log {
-        entries: u64,
-        first: u64,
-    },
-    /// The action id was new.
-    NewAction(ActionId),
-}
-
-impl Check {
-    /// Why a row count refuses the batch, if it does.
-    pub(super) fn refusal(&self, count: u64) -> Option<Refusal> {
-        match *self {
-            Self::Fence(wanted) if count != 1 => Some(Refusal::Fenced(wanted)),
-            Self::Log { entries, first } if count != entries => Some(Refusal::Gap { first }),
-            Self::NewAction(action_id) if count == 0 => Some(Refusal::Duplicate(action_id)),
-            _ => None,
-        }
-    }
-}
-
-/// Why a batch was refused, as found inside the group's transaction. It becomes the caller's
-/// error once the transaction is rolled back ([`Refusal::into_error`]), so the hints the message
-/// carries (the current fence, the head) are read outside it.
-pub(super) enum Refusal {
-    /// No session row to lock.
-    NotFound,
-    /// The lease no longer carries this fence.
-    Fenced(u64),
-    /// The first offset was not head + 1.
-    Gap {
-        first: u64,
-    },
-    Duplicate(ActionId),
-    /// A statement failed (the database refused it).
-    Failed(Error),
-}
-
-impl Refusal {
-    pub(super) async fn into_error(
-        self,
-        client: &tokio_postgres::Client,
-        session_id: Uuid,
-    ) -> Error {
-        match self {
-            Self::NotFound => Error::session_not_found(&session_id.to_string()),
-            Self::Fenced(wanted) => {
-                // Best effort: the message's "current" is only a hint.
-                let current = client
-                    .query_opt(
-                        "SELECT fence FROM leases WHERE session_id = $1",
-                        &[&session_id],
-                    )
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|row| u64::try_from(row.get::<_, i64>(0)).ok());
-                fenced(session_id, wanted, current)
-            }
-            Self::Gap { first } => {
-                let head = client
-                    .query_one(
-                        "SELECT coalesce(max(\"offset\"), 0) FROM log \
-                         WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1)",
-                        &[&session_id],
-                    )
-                    .await
-                    .map_or_else(
-                        |_| "the head".to_owned(),
-                        |row| row.get::<_, i64>(0).to_string(),
-                    );
-                StoreError::refused(format!(
-                    "log offsets must continue densely from {head}: got {first}"
-                ))
-                .into()
-            }
-            Self::Duplicate(action_id) => Error::new(
-                ErrorCode::ActionIdConflict,
-                format!("action id {action_id} is already recorded"),
-            ),
-            Self::Failed(error) => error,
-        }
-    }
 }
 
 /// What can be refused without asking the database: offsets not dense inside the batch, offsets
@@ -187,15 +100,159 @@ pub(super) fn precheck(session_id: Uuid, batch: &Batch) -> Result<()> {
     Ok(())
 }
 
-const FENCE_SQL: &str = "SELECT 1 FROM leases WHERE session_id = $1 AND fence = $2 FOR SHARE";
-// The head check is part of the insert: a new statement sees every commit that finished before
-// it, and the session row lock keeps other writers out until ours ends.
+// Locked in session order, as every holder of several sessions' rows takes them (see
+// `postgres/group.rs`).
+const LOCK_SQL: &str = "SELECT id, pk FROM sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+const FENCES_SQL: &str = "SELECT session_id, fence FROM leases WHERE session_id = ANY($1) \
+     ORDER BY session_id FOR SHARE";
+// After the lock: a new statement sees every commit that finished before it.
+const HEADS_SQL: &str = "SELECT s.id, (SELECT coalesce(max(l.\"offset\"), 0) FROM log l \
+     WHERE l.session_pk = s.pk) FROM sessions s WHERE s.id = ANY($1)";
+const RECORDED_SQL: &str = "SELECT w.session_id, w.action_id \
+     FROM unnest($1::uuid[], $2::uuid[]) AS w(session_id, action_id) \
+     JOIN sessions s ON s.id = w.session_id \
+     JOIN actions a ON a.session_pk = s.pk AND a.action_id = w.action_id";
+
+/// One session of a group as the database holds it, once its row is locked.
+#[derive(Default)]
+pub(super) struct Stored {
+    pk: i64,
+    /// The lease's fence (`None`: never leased). Read only when a batch carries a fence.
+    fence: Option<u64>,
+    head: u64,
+    /// The batches' new action ids that are recorded already.
+    recorded: HashSet<Uuid>,
+}
+
+/// Locks the group's sessions and reads what the checks need: the sessions found.
+pub(super) async fn read(
+    tx: &Tx<'_>,
+    batches: &[(Uuid, &Batch)],
+) -> Result<HashMap<Uuid, Stored>, tokio_postgres::Error> {
+    let mut sessions: Vec<Uuid> = batches.iter().map(|(id, _)| *id).collect();
+    sessions.dedup();
+    let mut fenced: Vec<Uuid> = batches
+        .iter()
+        .filter(|(_, batch)| batch.fence.is_some())
+        .map(|(id, _)| *id)
+        .collect();
+    fenced.dedup();
+    let (action_sessions, action_ids): (Vec<Uuid>, Vec<Uuid>) = batches
+        .iter()
+        .flat_map(|(id, batch)| {
+            batch
+                .new_actions
+                .iter()
+                .map(|a| (*id, a.action_id.as_uuid()))
+        })
+        .unzip();
+
+    let lock = tx.prepare_cached(LOCK_SQL).await?;
+    let heads = tx.prepare_cached(HEADS_SQL).await?;
+    let fences = tx.prepare_cached(FENCES_SQL).await?;
+    let recorded = tx.prepare_cached(RECORDED_SQL).await?;
+    // The lock first: the reads after it see what the sessions' last writers committed.
+    let mut pending = vec![
+        query(tx, &lock, vec![&sessions]),
+        query(tx, &heads, vec![&sessions]),
+    ];
+    if !fenced.is_empty() {
+        pending.push(query(tx, &fences, vec![&fenced]));
+    }
+    if !action_ids.is_empty() {
+        pending.push(query(tx, &recorded, vec![&action_sessions, &action_ids]));
+    }
+    let mut answers = in_order(pending).await.into_iter();
+    let mut found: HashMap<Uuid, Stored> = HashMap::new();
+    for row in answers.next().expect("the lock")? {
+        let pk = row.try_get(1)?;
+        found.insert(
+            row.try_get(0)?,
+            Stored {
+                pk,
+                ..Stored::default()
+            },
+        );
+    }
+    for row in answers.next().expect("the heads")? {
+        if let Some(stored) = found.get_mut(&row.try_get::<_, Uuid>(0)?) {
+            stored.head = u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or_default();
+        }
+    }
+    if !fenced.is_empty() {
+        for row in answers.next().expect("the fences")? {
+            if let Some(stored) = found.get_mut(&row.try_get::<_, Uuid>(0)?) {
+                stored.fence = u64::try_from(row.try_get::<_, i64>(1)?).ok();
+            }
+        }
+    }
+    if !action_ids.is_empty() {
+        for row in answers.next().expect("the recorded action ids")? {
+            if let Some(stored) = found.get_mut(&row.try_get::<_, Uuid>(0)?) {
+                stored.recorded.insert(row.try_get(1)?);
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn query<'a>(
+    tx: &'a Tx<'_>,
+    statement: &'a tokio_postgres::Statement,
+    params: Vec<&'a (dyn ToSql + Sync)>,
+) -> Pending<'a, Vec<tokio_postgres::Row>> {
+    Box::pin(async move { tx.query(statement, &params).await })
+}
+
+/// Each batch's verdict (`None`: accepted), in order, as if committed one after another: an
+/// accepted batch moves its session's head and records its action ids for the batches after it.
+pub(super) fn judge(
+    batches: &[(Uuid, &Batch)],
+    found: &mut HashMap<Uuid, Stored>,
+) -> Vec<Option<Error>> {
+    batches
+        .iter()
+        .map(|&(session_id, batch)| {
+            let Some(stored) = found.get_mut(&session_id) else {
+                return Some(Error::session_not_found(&session_id.to_string()));
+            };
+            if let Some(fence) = batch.fence
+                && stored.fence != Some(fence)
+            {
+                return Some(fenced(session_id, fence, stored.fence));
+            }
+            if let Some(first) = batch.entries.first().map(|e| e.offset)
+                && first != stored.head + 1
+            {
+                return Some(
+                    StoreError::refused(format!(
+                        "log offsets must continue densely from {}: got {first}",
+                        stored.head
+                    ))
+                    .into(),
+                );
+            }
+            let mut new = HashSet::new();
+            for action in &batch.new_actions {
+                let id = action.action_id.as_uuid();
+                if stored.recorded.contains(&id) || !new.insert(id) {
+                    return Some(Error::new(
+                        ErrorCode::ActionIdConflict,
+                        format!("action id {} is already recorded", action.action_id),
+                    ));
+                }
+            }
+            stored.head += batch.entries.len() as u64;
+            stored.recorded.extend(new);
+            None
+        })
+        .collect()
+}
+
 const LOG_SQL: &str = "INSERT INTO log (session_pk, \"offset\", direction, actor, action_id, \
      epoch, created_at, json) \
-     SELECT $1, o, d, a, i, e, c, j \
-     FROM unnest($2::bigint[], $3::smallint[], $4::text[], $5::uuid[], $6::bigint[], \
-                 $7::bigint[], $8::text[]) AS t(o, d, a, i, e, c, j) \
-     WHERE (SELECT coalesce(max(\"offset\"), 0) FROM log WHERE session_pk = $1) = $9";
+     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::smallint[], $4::text[], $5::uuid[], \
+                          $6::bigint[], $7::bigint[], $8::text[])";
 const PUSH_BACK_SQL: &str = "INSERT INTO queue (session_pk, action_id, position, actor, \
      created_at, traceparent, context, work) VALUES ($1, $2, \
      (SELECT coalesce(max(position), 0) + 1 FROM queue WHERE session_pk = $1), \
@@ -208,280 +265,346 @@ const UPDATE_QUEUED_SQL: &str = "UPDATE queue SET actor = $3, created_at = $4, \
      traceparent = $5, context = $6, work = $7 WHERE session_pk = $1 AND action_id = $2";
 const REMOVE_QUEUED_SQL: &str = "DELETE FROM queue WHERE session_pk = $1 AND action_id = $2";
 const CLEAR_QUEUE_SQL: &str = "DELETE FROM queue WHERE session_pk = $1";
-const NEW_ACTION_SQL: &str = "INSERT INTO actions (session_pk, action_id, state, created_at, \
-     fingerprint) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (session_pk, action_id) DO NOTHING";
-const ACTION_STATE_SQL: &str =
-    "UPDATE actions SET state = $3 WHERE session_pk = $1 AND action_id = $2";
-const RECORD_SQL: &str = "UPDATE sessions SET name = $2, owner = $3, profile = $4, cwd = $5, \
-     model = $6, acp_session_id = $7, status = $8, status_reason = $9, created_at = $10, \
-     updated_at = $11, profile_fingerprint = $12, request_fingerprint = $13, can_resume = $14, \
-     can_load = $15 WHERE pk = $1";
-const CLEAR_LABELS_SQL: &str = "DELETE FROM session_labels WHERE session_pk = $1";
-const CLEAR_EDITORS_SQL: &str = "DELETE FROM session_editors WHERE session_pk = $1";
+const NEW_ACTIONS_SQL: &str = "INSERT INTO actions (session_pk, action_id, state, created_at, \
+     fingerprint) SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], \
+     $5::text[])";
+const ACTION_STATES_SQL: &str = "UPDATE actions a SET state = v.state \
+     FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS v(session_pk, action_id, state) \
+     WHERE a.session_pk = v.session_pk AND a.action_id = v.action_id";
+const RECORDS_SQL: &str = "UPDATE sessions s SET name = v.name, owner = v.owner, \
+     profile = v.profile, cwd = v.cwd, model = v.model, acp_session_id = v.acp_session_id, \
+     status = v.status, status_reason = v.status_reason, created_at = v.created_at, \
+     updated_at = v.updated_at, profile_fingerprint = v.profile_fingerprint, \
+     request_fingerprint = v.request_fingerprint, can_resume = v.can_resume, \
+     can_load = v.can_load \
+     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+                 $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::text[], \
+                 $13::text[], $14::boolean[], $15::boolean[]) \
+          AS v(pk, name, owner, profile, cwd, model, acp_session_id, status, status_reason, \
+               created_at, updated_at, profile_fingerprint, request_fingerprint, can_resume, \
+               can_load) \
+     WHERE s.pk = v.pk";
+const CLEAR_LABELS_SQL: &str = "DELETE FROM session_labels WHERE session_pk = ANY($1)";
+const CLEAR_EDITORS_SQL: &str = "DELETE FROM session_editors WHERE session_pk = ANY($1)";
 const LABELS_SQL: &str = "INSERT INTO session_labels (session_pk, key, value) \
-     SELECT $1, k, v FROM unnest($2::text[], $3::text[]) AS t(k, v)";
+     SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])";
 const EDITORS_SQL: &str = "INSERT INTO session_editors (session_pk, position, principal) \
-     SELECT $1, p, e FROM unnest($2::bigint[], $3::text[]) AS t(p, e)";
+     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[])";
 
-/// Every statement a batch may need, prepared (and cached per connection) before anything is
-/// sent, so the pipeline holds no preparation round trips.
-pub(super) struct Statements {
-    fence: Statement,
-    log: Statement,
-    push_back: Statement,
-    push_front: Statement,
-    update_queued: Statement,
-    remove_queued: Statement,
-    clear_queue: Statement,
-    new_action: Statement,
-    action_state: Statement,
-    /// The record, its labels and editors: [`RECORD_SQL`] to [`EDITORS_SQL`].
-    record: [Statement; 5],
-}
-
-impl Statements {
-    pub(super) async fn prepare(tx: &Tx<'_>) -> Result<Self> {
-        let prepare = |sql: &'static str| async move {
-            tx.prepare_cached(sql)
-                .await
-                .context("preparing a statement")
-        };
-        Ok(Self {
-            fence: prepare(FENCE_SQL).await?,
-            log: prepare(LOG_SQL).await?,
-            push_back: prepare(PUSH_BACK_SQL).await?,
-            push_front: prepare(PUSH_FRONT_SQL).await?,
-            update_queued: prepare(UPDATE_QUEUED_SQL).await?,
-            remove_queued: prepare(REMOVE_QUEUED_SQL).await?,
-            clear_queue: prepare(CLEAR_QUEUE_SQL).await?,
-            new_action: prepare(NEW_ACTION_SQL).await?,
-            action_state: prepare(ACTION_STATE_SQL).await?,
-            record: [
-                prepare(RECORD_SQL).await?,
-                prepare(CLEAR_LABELS_SQL).await?,
-                prepare(CLEAR_EDITORS_SQL).await?,
-                prepare(LABELS_SQL).await?,
-                prepare(EDITORS_SQL).await?,
-            ],
-        })
-    }
-}
-
-/// The owned parameters of one queue operation.
+/// One queue operation's parameters, in the order of its statement's placeholders after `$1`.
 struct QueueRow<'b> {
-    op: &'b QueueOp,
-    action_id: Uuid,
-    actor: Option<&'b str>,
-    created_at: i64,
-    traceparent: Option<&'b str>,
-    context: Option<String>,
-    work: Option<String>,
-}
-
-/// One batch's statement parameters, owned here so the pending statements can borrow them.
-pub(super) struct Planned<'b> {
-    /// The session row's key, read by the lock that opened the batch's part of the transaction.
+    sql: &'static str,
     pk: i64,
-    session_id: Uuid,
-    batch: &'b Batch,
-    fence: Option<i64>,
-    offsets: Vec<i64>,
-    directions: Vec<i16>,
-    actors: Vec<&'b str>,
-    action_ids: Vec<Option<Uuid>>,
-    epochs: Vec<i64>,
-    times: Vec<i64>,
-    jsons: Vec<&'b str>,
-    expected_head: i64,
+    action_id: Uuid,
+    entry: Option<QueuedColumns<'b>>,
+}
+
+/// The log entries of a group, column by column (each column is one array parameter).
+#[derive(Default)]
+struct LogRows<'b> {
+    session_pk: Vec<i64>,
+    offset: Vec<i64>,
+    direction: Vec<i16>,
+    actor: Vec<&'b str>,
+    action_id: Vec<Option<Uuid>>,
+    epoch: Vec<i64>,
+    created_at: Vec<i64>,
+    json: Vec<&'b str>,
+}
+
+/// The new action ids of a group, column by column.
+#[derive(Default)]
+struct ActionRows<'b> {
+    session_pk: Vec<i64>,
+    action_id: Vec<Uuid>,
+    state: Vec<&'static str>,
+    created_at: Vec<i64>,
+    fingerprint: Vec<&'b str>,
+}
+
+/// The rows the accepted batches of a group write, borrowed from the batches.
+#[derive(Default)]
+pub(super) struct Writes<'b> {
+    log: LogRows<'b>,
+    /// In the batches' order: a push's position depends on the operations before it.
     queue: Vec<QueueRow<'b>>,
-    new_actions: Vec<(Uuid, &'static str, i64, &'b str)>,
-    action_states: Vec<(Uuid, &'static str)>,
-    record: Option<RecordParams<'b>>,
+    new_actions: ActionRows<'b>,
+    /// The last state each action id was given in the group.
+    action_states: HashMap<(i64, Uuid), &'static str>,
+    /// The last record of each session in the group.
+    records: HashMap<i64, &'b crate::domain::session::SessionRecord>,
 }
 
-struct RecordParams<'b> {
-    status: &'static str,
-    created: i64,
-    updated: i64,
-    label_keys: Vec<&'b str>,
-    label_values: Vec<&'b str>,
-    positions: Vec<i64>,
-}
-
-impl<'b> Planned<'b> {
-    /// The parameters of `batch` (already through [`precheck`]) for the session row `pk`.
-    pub(super) fn new(pk: i64, session_id: Uuid, batch: &'b Batch) -> Self {
-        let entries = &batch.entries;
-        let first_offset = entries.first().map_or(0, |e| e.offset as i64);
-        Self {
-            pk,
-            session_id,
-            batch,
-            fence: batch.fence.map(|f| i64::try_from(f).unwrap_or(-1)),
-            offsets: (0..entries.len() as i64)
-                .map(|i| first_offset + i)
-                .collect(),
-            directions: entries
-                .iter()
-                .map(|e| e.direction.as_i64() as i16)
-                .collect(),
-            actors: entries.iter().map(|e| e.actor.as_str()).collect(),
-            action_ids: entries
-                .iter()
-                .map(|e| e.action_id.as_ref().map(ActionId::as_uuid))
-                .collect(),
-            epochs: entries.iter().map(|e| i64::from(e.epoch)).collect(),
-            times: entries.iter().map(|e| to_micros(e.created_at)).collect(),
-            jsons: entries.iter().map(|e| e.json.as_str()).collect(),
-            expected_head: first_offset - 1,
-            queue: batch.queue.iter().map(queue_row).collect(),
-            new_actions: batch
-                .new_actions
-                .iter()
-                .map(|a| {
-                    (
-                        a.action_id.as_uuid(),
-                        a.state.as_str(),
-                        to_micros(a.created_at),
-                        a.fingerprint.as_str(),
-                    )
-                })
-                .collect(),
-            action_states: batch
-                .action_states
-                .iter()
-                .map(|(id, state)| (id.as_uuid(), state.as_str()))
-                .collect(),
-            record: batch.session.as_ref().map(|r| RecordParams {
-                status: r.status.as_str(),
-                created: to_micros(r.created_at),
-                updated: to_micros(r.updated_at),
-                label_keys: r.labels.keys().map(String::as_str).collect(),
-                label_values: r.labels.values().map(String::as_str).collect(),
-                positions: (0..r.editors.len() as i64).collect(),
-            }),
+impl<'b> Writes<'b> {
+    /// The rows of the batches whose verdict is `None`, in order.
+    pub(super) fn of(
+        batches: &[(Uuid, &'b Batch)],
+        verdicts: &[Option<Error>],
+        found: &HashMap<Uuid, Stored>,
+    ) -> Self {
+        let mut writes = Self::default();
+        for (&(session_id, batch), verdict) in batches.iter().zip(verdicts) {
+            let (None, Some(stored)) = (verdict, found.get(&session_id)) else {
+                continue;
+            };
+            let pk = stored.pk;
+            let log = &mut writes.log;
+            for entry in &batch.entries {
+                log.session_pk.push(pk);
+                log.offset.push(entry.offset as i64);
+                log.direction.push(entry.direction.as_i64() as i16);
+                log.actor.push(&entry.actor);
+                log.action_id
+                    .push(entry.action_id.as_ref().map(ActionId::as_uuid));
+                log.epoch.push(i64::from(entry.epoch));
+                log.created_at.push(to_micros(entry.created_at));
+                log.json.push(&entry.json);
+            }
+            writes
+                .queue
+                .extend(batch.queue.iter().map(|op| queue_row(pk, op)));
+            for action in &batch.new_actions {
+                let id = action.action_id.as_uuid();
+                // The inserts run before the updates here; one batch after another, a state given
+                // before the id was recorded changed nothing.
+                writes.action_states.remove(&(pk, id));
+                let new = &mut writes.new_actions;
+                new.session_pk.push(pk);
+                new.action_id.push(id);
+                new.state.push(action.state.as_str());
+                new.created_at.push(to_micros(action.created_at));
+                new.fingerprint.push(&action.fingerprint);
+            }
+            for (id, state) in &batch.action_states {
+                writes
+                    .action_states
+                    .insert((pk, id.as_uuid()), state.as_str());
+            }
+            if let Some(record) = &batch.session {
+                writes.records.insert(pk, record);
+            }
         }
+        writes
     }
 
-    /// The batch's statements, in order, each with what its row count must be; each is sent
-    /// when first polled.
-    pub(super) fn send<'a>(
-        &'a self,
-        tx: &'a Tx<'_>,
-        statements: &'a Statements,
-        out: &mut Vec<(Pending<'a, u64>, Check)>,
-    ) {
-        let pk = &self.pk;
-        if let (Some(fence), Some(wanted)) = (&self.fence, self.batch.fence) {
-            out.push((
-                Box::pin(tx.execute_raw(&statements.fence, [p(&self.session_id), p(fence)])),
-                Check::Fence(wanted),
-            ));
+    /// Whether the accepted batches write nothing at all.
+    pub(super) fn is_empty(&self) -> bool {
+        self.log.session_pk.is_empty()
+            && self.queue.is_empty()
+            && self.new_actions.session_pk.is_empty()
+            && self.action_states.is_empty()
+            && self.records.is_empty()
+    }
+
+    /// Runs the statements, pipelined; the first error, if one failed.
+    pub(super) async fn apply(&self, tx: &Tx<'_>) -> Result<(), tokio_postgres::Error> {
+        let (states_pk, states_id, states): (Vec<i64>, Vec<Uuid>, Vec<&str>) = self
+            .action_states
+            .iter()
+            .map(|(&(pk, id), &state)| (pk, id, state))
+            .collect();
+        let records = Records::of(&self.records);
+
+        let mut prepared = HashMap::new();
+        for sql in [
+            LOG_SQL,
+            PUSH_BACK_SQL,
+            PUSH_FRONT_SQL,
+            UPDATE_QUEUED_SQL,
+            REMOVE_QUEUED_SQL,
+            CLEAR_QUEUE_SQL,
+            NEW_ACTIONS_SQL,
+            ACTION_STATES_SQL,
+            RECORDS_SQL,
+            CLEAR_LABELS_SQL,
+            CLEAR_EDITORS_SQL,
+            LABELS_SQL,
+            EDITORS_SQL,
+        ] {
+            prepared.insert(sql, tx.prepare_cached(sql).await?);
         }
-        if let Some(first) = self.batch.entries.first().map(|e| e.offset) {
-            out.push((
-                Box::pin(tx.execute_raw(
-                    &statements.log,
-                    [
-                        p(pk),
-                        p(&self.offsets),
-                        p(&self.directions),
-                        p(&self.actors),
-                        p(&self.action_ids),
-                        p(&self.epochs),
-                        p(&self.times),
-                        p(&self.jsons),
-                        p(&self.expected_head),
-                    ],
-                )),
-                Check::Log {
-                    entries: self.batch.entries.len() as u64,
-                    first,
-                },
-            ));
+        let statement = |sql: &str| &prepared[sql];
+
+        let mut pending: Vec<Pending<'_, u64>> = Vec::new();
+        let log = &self.log;
+        if !log.session_pk.is_empty() {
+            pending.push(Box::pin(tx.execute_raw(
+                statement(LOG_SQL),
+                [
+                    p(&log.session_pk),
+                    p(&log.offset),
+                    p(&log.direction),
+                    p(&log.actor),
+                    p(&log.action_id),
+                    p(&log.epoch),
+                    p(&log.created_at),
+                    p(&log.json),
+                ],
+            )));
         }
         for row in &self.queue {
-            let future: Pending<'a, u64> = match row.op {
-                QueueOp::PushBack(_) | QueueOp::PushFront(_) | QueueOp::Update(_) => {
-                    let statement = match row.op {
-                        QueueOp::PushBack(_) => &statements.push_back,
-                        QueueOp::PushFront(_) => &statements.push_front,
-                        _ => &statements.update_queued,
-                    };
-                    Box::pin(tx.execute_raw(
-                        statement,
-                        [
-                            p(pk),
-                            p(&row.action_id),
-                            p(&row.actor),
-                            p(&row.created_at),
-                            p(&row.traceparent),
-                            p(&row.context),
-                            p(&row.work),
-                        ],
-                    ))
-                }
-                QueueOp::Remove(_) => {
-                    Box::pin(tx.execute_raw(&statements.remove_queued, [p(pk), p(&row.action_id)]))
-                }
-                QueueOp::Clear => Box::pin(tx.execute_raw(&statements.clear_queue, [p(pk)])),
-            };
-            out.push((future, Check::Any));
-        }
-        for ((id, state, created, fingerprint), action) in
-            self.new_actions.iter().zip(&self.batch.new_actions)
-        {
-            out.push((
-                Box::pin(tx.execute_raw(
-                    &statements.new_action,
-                    [p(pk), p(id), p(state), p(created), p(fingerprint)],
+            pending.push(match &row.entry {
+                Some((actor, created_at, traceparent, context, work)) => Box::pin(tx.execute_raw(
+                    statement(row.sql),
+                    [
+                        p(&row.pk),
+                        p(&row.action_id),
+                        p(actor),
+                        p(created_at),
+                        p(traceparent),
+                        p(context),
+                        p(work),
+                    ],
                 )),
-                Check::NewAction(action.action_id),
-            ));
+                None if row.sql == CLEAR_QUEUE_SQL => {
+                    Box::pin(tx.execute_raw(statement(row.sql), [p(&row.pk)]))
+                }
+                None => {
+                    Box::pin(tx.execute_raw(statement(row.sql), [p(&row.pk), p(&row.action_id)]))
+                }
+            });
         }
-        for (id, state) in &self.action_states {
-            out.push((
-                Box::pin(tx.execute_raw(&statements.action_state, [p(pk), p(id), p(state)])),
-                Check::Any,
-            ));
-        }
-        if let (Some(params), Some(r)) = (&self.record, &self.batch.session) {
-            let [record, clear_labels, clear_editors, labels, editors] = &statements.record;
-            let record: Pending<'a, u64> = Box::pin(tx.execute_raw(
-                record,
+        let new = &self.new_actions;
+        if !new.session_pk.is_empty() {
+            pending.push(Box::pin(tx.execute_raw(
+                statement(NEW_ACTIONS_SQL),
                 [
-                    p(pk),
+                    p(&new.session_pk),
+                    p(&new.action_id),
+                    p(&new.state),
+                    p(&new.created_at),
+                    p(&new.fingerprint),
+                ],
+            )));
+        }
+        if !states.is_empty() {
+            pending.push(Box::pin(tx.execute_raw(
+                statement(ACTION_STATES_SQL),
+                [p(&states_pk), p(&states_id), p(&states)],
+            )));
+        }
+        if let Some(r) = &records {
+            pending.push(Box::pin(tx.execute_raw(
+                statement(RECORDS_SQL),
+                [
+                    p(&r.pk),
                     p(&r.name),
                     p(&r.owner),
                     p(&r.profile),
                     p(&r.cwd),
                     p(&r.model),
                     p(&r.acp_session_id),
-                    p(&params.status),
+                    p(&r.status),
                     p(&r.status_reason),
-                    p(&params.created),
-                    p(&params.updated),
+                    p(&r.created_at),
+                    p(&r.updated_at),
                     p(&r.profile_fingerprint),
                     p(&r.request_fingerprint),
                     p(&r.can_resume),
                     p(&r.can_load),
                 ],
+            )));
+            pending.push(Box::pin(
+                tx.execute_raw(statement(CLEAR_LABELS_SQL), [p(&r.pk)]),
             ));
-            out.push((record, Check::Any));
-            out.push((Box::pin(tx.execute_raw(clear_labels, [p(pk)])), Check::Any));
-            out.push((Box::pin(tx.execute_raw(clear_editors, [p(pk)])), Check::Any));
-            out.push((
-                Box::pin(tx.execute_raw(
-                    labels,
-                    [p(pk), p(&params.label_keys), p(&params.label_values)],
-                )),
-                Check::Any,
+            pending.push(Box::pin(
+                tx.execute_raw(statement(CLEAR_EDITORS_SQL), [p(&r.pk)]),
             ));
-            out.push((
-                Box::pin(tx.execute_raw(editors, [p(pk), p(&params.positions), p(&r.editors)])),
-                Check::Any,
-            ));
+            if !r.labels.0.is_empty() {
+                pending.push(Box::pin(tx.execute_raw(
+                    statement(LABELS_SQL),
+                    [p(&r.labels.0), p(&r.labels.1), p(&r.labels.2)],
+                )));
+            }
+            if !r.editors.0.is_empty() {
+                pending.push(Box::pin(tx.execute_raw(
+                    statement(EDITORS_SQL),
+                    [p(&r.editors.0), p(&r.editors.1), p(&r.editors.2)],
+                )));
+            }
         }
+        // The first error explains the failure; later statements of an aborted transaction
+        // only fail because of it.
+        in_order(pending)
+            .await
+            .into_iter()
+            .try_for_each(|r| r.map(drop))
+    }
+}
+
+/// The records of a group, column by column, with their labels and editors.
+struct Records<'b> {
+    pk: Vec<i64>,
+    name: Vec<&'b str>,
+    owner: Vec<&'b str>,
+    profile: Vec<&'b str>,
+    cwd: Vec<&'b str>,
+    model: Vec<&'b str>,
+    acp_session_id: Vec<&'b str>,
+    status: Vec<&'static str>,
+    status_reason: Vec<&'b str>,
+    created_at: Vec<i64>,
+    updated_at: Vec<i64>,
+    profile_fingerprint: Vec<&'b str>,
+    request_fingerprint: Vec<&'b str>,
+    can_resume: Vec<bool>,
+    can_load: Vec<bool>,
+    labels: (Vec<i64>, Vec<&'b str>, Vec<&'b str>),
+    editors: (Vec<i64>, Vec<i64>, Vec<&'b str>),
+}
+
+impl<'b> Records<'b> {
+    fn of(records: &HashMap<i64, &'b crate::domain::session::SessionRecord>) -> Option<Self> {
+        if records.is_empty() {
+            return None;
+        }
+        let mut all = Self {
+            pk: Vec::new(),
+            name: Vec::new(),
+            owner: Vec::new(),
+            profile: Vec::new(),
+            cwd: Vec::new(),
+            model: Vec::new(),
+            acp_session_id: Vec::new(),
+            status: Vec::new(),
+            status_reason: Vec::new(),
+            created_at: Vec::new(),
+            updated_at: Vec::new(),
+            profile_fingerprint: Vec::new(),
+            request_fingerprint: Vec::new(),
+            can_resume: Vec::new(),
+            can_load: Vec::new(),
+            labels: Default::default(),
+            editors: Default::default(),
+        };
+        for (&pk, r) in records {
+            all.pk.push(pk);
+            all.name.push(&r.name);
+            all.owner.push(&r.owner);
+            all.profile.push(&r.profile);
+            all.cwd.push(&r.cwd);
+            all.model.push(&r.model);
+            all.acp_session_id.push(&r.acp_session_id);
+            all.status.push(r.status.as_str());
+            all.status_reason.push(&r.status_reason);
+            all.created_at.push(to_micros(r.created_at));
+            all.updated_at.push(to_micros(r.updated_at));
+            all.profile_fingerprint.push(&r.profile_fingerprint);
+            all.request_fingerprint.push(&r.request_fingerprint);
+            all.can_resume.push(r.can_resume);
+            all.can_load.push(r.can_load);
+            for (key, value) in &r.labels {
+                all.labels.0.push(pk);
+                all.labels.1.push(key);
+                all.labels.2.push(value);
+            }
+            for (position, editor) in r.editors.iter().enumerate() {
+                all.editors.0.push(pk);
+                all.editors.1.push(position as i64);
+                all.editors.2.push(editor);
+            }
+        }
+        Some(all)
     }
 }
 
@@ -490,34 +613,51 @@ fn p(value: &(dyn ToSql + Sync)) -> &(dyn ToSql + Sync) {
     value
 }
 
-fn queue_row(op: &QueueOp) -> QueueRow<'_> {
+/// A queued entry's columns after its action id.
+type QueuedColumns<'b> = (&'b str, i64, Option<&'b str>, Option<String>, String);
+
+fn queued_columns(entry: &crate::domain::queue::QueuedEntry) -> QueuedColumns<'_> {
+    (
+        entry.actor.as_str(),
+        to_micros(entry.created_at),
+        entry.traceparent.as_deref(),
+        context_to_json(&entry.context),
+        work_to_json(entry),
+    )
+}
+
+fn queue_row(pk: i64, op: &QueueOp) -> QueueRow<'_> {
+    let entry = queued_columns;
     match op {
-        QueueOp::PushBack(entry) | QueueOp::PushFront(entry) | QueueOp::Update(entry) => QueueRow {
-            op,
-            action_id: entry.action_id.as_uuid(),
-            actor: Some(entry.actor.as_str()),
-            created_at: to_micros(entry.created_at),
-            traceparent: entry.traceparent.as_deref(),
-            context: context_to_json(&entry.context),
-            work: Some(work_to_json(entry)),
+        QueueOp::PushBack(e) => QueueRow {
+            sql: PUSH_BACK_SQL,
+            pk,
+            action_id: e.action_id.as_uuid(),
+            entry: Some(entry(e)),
+        },
+        QueueOp::PushFront(e) => QueueRow {
+            sql: PUSH_FRONT_SQL,
+            pk,
+            action_id: e.action_id.as_uuid(),
+            entry: Some(entry(e)),
+        },
+        QueueOp::Update(e) => QueueRow {
+            sql: UPDATE_QUEUED_SQL,
+            pk,
+            action_id: e.action_id.as_uuid(),
+            entry: Some(entry(e)),
         },
         QueueOp::Remove(action_id) => QueueRow {
-            op,
+            sql: REMOVE_QUEUED_SQL,
+            pk,
             action_id: action_id.as_uuid(),
-            actor: None,
-            created_at: 0,
-            traceparent: None,
-            context: None,
-            work: None,
+            entry: None,
         },
         QueueOp::Clear => QueueRow {
-            op,
+            sql: CLEAR_QUEUE_SQL,
+            pk,
             action_id: Uuid::nil(),
-            actor: None,
-            created_at: 0,
-            traceparent: None,
-            context: None,
-            work: None,
+            entry: None,
         },
     }
 }
