@@ -5,13 +5,14 @@
 //!   the local server: equal or better (about 2,200–3,100 batches/s with 16 writers against
 //!   2,100–2,900 for sqlx, the same within noise for one writer), with far fewer dependencies,
 //!   and its request pipelining is what `postgres/commit.rs` builds on.
-//! - **Commits**: one transaction per [`Batch`]. It first locks the session's row, so commits of
-//!   one session are serialised even from two replicas and the head read inside it stays the
+//! - **Commits**: the batches committed at one moment share one transaction (group commit, see
+//!   `postgres/group.rs`), so one WAL flush serves many. It locks each session's row, so commits
+//!   of one session are serialised even from two replicas and the head read inside stays the
 //!   head; with a fence it also share-locks the lease row, so a claim by another replica waits
-//!   for it or fences it off — never both. The batch's statements are then pipelined (see
-//!   `postgres/commit.rs`). Durable on return (`COMMIT` waits for the WAL flush). Other
-//!   replicas learn of it from a notification sent after the commit, coalesced with others (see
-//!   `postgres/notify.rs`).
+//!   for it or fences it off — never both. The batches' statements are pipelined (see
+//!   `postgres/commit.rs`); a refused batch gets its own error and the others still commit.
+//!   Durable on return (`COMMIT` waits for the WAL flush). Other replicas learn of it from a
+//!   notification sent after the commit, coalesced with others (see `postgres/notify.rs`).
 //! - **Schema**: embedded, versioned, applied at start under an advisory lock (see
 //!   `postgres/schema.rs`). The tables live in the connection's `search_path`, so a URL or
 //!   [`PostgresOptions::schema`] can place them in a schema of their own (tests use one each).
@@ -22,6 +23,7 @@
 //!   [`StoreError::Postgres`].
 
 mod commit;
+mod group;
 mod notify;
 mod rows;
 mod schema;
@@ -87,6 +89,8 @@ pub struct PostgresStore {
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     /// Tells the other replicas what this one committed.
     notifier: notify::Notifier,
+    /// Gathers concurrent commits into shared transactions.
+    committer: group::Committer,
 }
 
 /// Turns a database error into a store error saying what the store was doing.
@@ -266,6 +270,7 @@ impl PostgresStore {
             })?;
         let store = Self {
             notifier: notify::Notifier::start(pool.clone()),
+            committer: group::Committer::start(pool.clone(), target.clone()),
             pool,
             target,
             config: listen_config,
@@ -469,25 +474,9 @@ impl Store for PostgresStore {
     }
 
     async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()> {
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
-            .await
-            .context("starting a transaction")?;
-        let lock = tx
-            .prepare_cached("SELECT pk FROM sessions WHERE id = $1 FOR UPDATE")
-            .await
-            .context("locking the session")?;
-        let pk: i64 = tx
-            .query_opt(&lock, &[&session_id])
-            .await
-            .context("locking the session")?
-            .ok_or_else(|| Error::session_not_found(&session_id.to_string()))?
-            .get(0);
-        commit::apply(&tx, pk, session_id, &batch).await?;
-        tx.commit().await.context("committing a batch")?;
-        self.notifier
-            .committed(session_id, batch.entries.last().map_or(0, |e| e.offset));
+        let head = batch.entries.last().map_or(0, |e| e.offset);
+        self.committer.commit(session_id, batch).await?;
+        self.notifier.committed(session_id, head);
         Ok(())
     }
 
@@ -724,10 +713,17 @@ impl Store for PostgresStore {
         let client = self.client().await?;
         // A released lease (expired to 'epoch') stays released: its session is another
         // replica's to claim, even if this replica's renewal races the claim.
+        // The rows are locked in session order, as commit groups take them (see
+        // `postgres/group.rs`): in any other order a renewal and a group could each hold a lease
+        // the other waits for.
         let stmt = client
             .prepare_cached(&format!(
                 "UPDATE leases SET expires_at = now() + $2::bigint * interval '1 microsecond' \
-                 WHERE owner_replica = $1 AND expires_at <> 'epoch' RETURNING {}",
+                 WHERE owner_replica = $1 AND expires_at <> 'epoch' AND session_id IN \
+                     (SELECT session_id FROM leases \
+                      WHERE owner_replica = $1 AND expires_at <> 'epoch' \
+                      ORDER BY session_id FOR UPDATE) \
+                 RETURNING {}",
                 rows::LEASE_COLUMNS
             ))
             .await

@@ -11,10 +11,13 @@ use std::{sync::Arc, time::Duration};
 use uuid::Uuid;
 
 use super::{PostgresOptions, PostgresStore, schema::SCHEMA_VERSION};
-use crate::store::{
-    Batch, LeaseClaim, Store,
-    conformance::fixtures::{entries, frames, session},
-    is_fenced,
+use crate::{
+    domain::{ActionId, ErrorCode},
+    store::{
+        ActionState, Batch, LeaseClaim, QueueOp, Store,
+        conformance::fixtures::{action, entries, frames, prompt, queue, session},
+        is_fenced,
+    },
 };
 
 /// The environment variable naming the test database.
@@ -443,6 +446,284 @@ async fn concurrent_commits_of_one_session_never_leave_a_gap_or_a_duplicate() {
             store.read_log(record.id, 0, usize::MAX).await.unwrap(),
             frames(1, 3)
         );
+    })
+    .await;
+}
+
+/// A batch queued for [`super::group::commit_group`] and where its answer arrives.
+fn queued(
+    session_id: Uuid,
+    batch: Batch,
+) -> (
+    super::group::Job,
+    tokio::sync::oneshot::Receiver<crate::domain::Result<()>>,
+) {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = super::group::Job {
+        session_id,
+        batch,
+        reply,
+    };
+    (job, answer)
+}
+
+#[tokio::test]
+async fn one_group_commits_every_batch_it_can_and_answers_each_refused_one_with_its_own_error() {
+    with_store(|store, _| async move {
+        let mut records = Vec::new();
+        for i in 0..10 {
+            let record = session("user:alice", i);
+            store.create_session(&record).await.unwrap();
+            store.claim_lease(record.id, "a", TTL).await.unwrap();
+            records.push(record);
+        }
+        // Replica b takes the first session over: a's fence 1 is stale there.
+        let taken = records[0].id;
+        assert!(store.release_lease(taken, "a", 1).await.unwrap());
+        store.claim_lease(taken, "b", TTL).await.unwrap();
+        // The second session has already recorded the action id its batch brings again.
+        let replayed = records[1].id;
+        let recorded = action(ActionId::mint(), ActionState::Sent);
+        store
+            .commit(
+                replayed,
+                Batch {
+                    new_actions: vec![recorded.clone()],
+                    fence: Some(1),
+                    ..entries(frames(1, 1))
+                },
+            )
+            .await
+            .unwrap();
+        // The third session's first batch leaves a gap; its second continues from the head.
+        let gapped = records[2].id;
+        // The fourth records an action id in one batch of the group and again in the next.
+        let twice = records[3].id;
+        let once = action(ActionId::mint(), ActionState::Queued);
+        // No such session.
+        let unknown = Uuid::now_v7();
+
+        // Queued in an order the group sorts by session, each session's batches in order. The
+        // others take a prompt into the queue and dispatch it, as a turn does.
+        let mut batches = Vec::new();
+        let mut prompts = Vec::new();
+        for record in records[4..].iter().rev() {
+            let ping = prompt("ping");
+            prompts.push((record.id, ping.action_id));
+            let mut first = record.clone();
+            first.name = "queued".to_owned();
+            let mut second = record.clone();
+            second.name = "dispatched".to_owned();
+            batches.push((
+                record.id,
+                Batch {
+                    queue: vec![QueueOp::PushBack(ping.clone())],
+                    new_actions: vec![action(ping.action_id, ActionState::Queued)],
+                    session: Some(first),
+                    ..entries(frames(1, 2))
+                },
+            ));
+            batches.push((
+                record.id,
+                Batch {
+                    queue: vec![QueueOp::Remove(ping.action_id)],
+                    action_states: vec![(ping.action_id, ActionState::Sent)],
+                    session: Some(second),
+                    ..entries(frames(3, 3))
+                },
+            ));
+        }
+        batches.push((unknown, entries(frames(1, 1))));
+        batches.push((gapped, entries(frames(5, 5))));
+        batches.push((gapped, entries(frames(1, 3))));
+        for offset in [1, 2] {
+            batches.push((
+                twice,
+                Batch {
+                    new_actions: vec![once.clone()],
+                    ..entries(frames(offset, offset))
+                },
+            ));
+        }
+        batches.push((
+            replayed,
+            Batch {
+                new_actions: vec![action(recorded.action_id, ActionState::Queued)],
+                ..entries(frames(2, 2))
+            },
+        ));
+        batches.push((taken, entries(frames(1, 2))));
+        let (jobs, answers): (Vec<_>, Vec<_>) = batches
+            .into_iter()
+            .map(|(id, batch)| {
+                let fence = (id != unknown).then_some(1);
+                queued(id, Batch { fence, ..batch })
+            })
+            .unzip();
+        super::group::commit_group(&store.pool, store.target(), jobs).await;
+
+        let mut answers = futures::future::join_all(answers).await.into_iter();
+        let mut answer = || answers.next().unwrap().expect("every batch is answered");
+        for _ in &records[4..] {
+            answer().unwrap();
+            answer().unwrap();
+        }
+        let missing = answer().unwrap_err();
+        assert_eq!(missing.code, ErrorCode::SessionNotFound);
+        let gap = answer().unwrap_err();
+        assert!(gap.message.contains("continue densely from 0"), "{gap}");
+        answer().unwrap();
+        answer().unwrap();
+        let again = answer().unwrap_err();
+        assert_eq!(again.code, ErrorCode::ActionIdConflict);
+        let conflict = answer().unwrap_err();
+        assert_eq!(conflict.code, ErrorCode::ActionIdConflict);
+        let fenced = answer().unwrap_err();
+        assert!(is_fenced(&fenced), "{fenced}");
+
+        for record in &records[4..] {
+            let id = record.id;
+            assert_eq!(
+                store.read_log(id, 0, usize::MAX).await.unwrap(),
+                frames(1, 3)
+            );
+            assert!(store.load_queue(id).await.unwrap().is_empty());
+            let stored = store.get_session(id).await.unwrap().unwrap();
+            assert_eq!(stored.name, "dispatched");
+            assert_eq!(stored.labels, record.labels);
+        }
+        for (id, action_id) in prompts {
+            let dispatched = store.find_action(id, action_id).await.unwrap().unwrap();
+            assert_eq!(dispatched.state, ActionState::Sent);
+        }
+        assert_eq!(
+            store.read_log(gapped, 0, usize::MAX).await.unwrap(),
+            frames(1, 3)
+        );
+        assert_eq!(
+            store.read_log(twice, 0, usize::MAX).await.unwrap(),
+            frames(1, 1)
+        );
+        assert_eq!(
+            store.find_action(twice, once.action_id).await.unwrap(),
+            Some(once)
+        );
+        assert_eq!(store.head_offset(replayed).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .find_action(replayed, recorded.action_id)
+                .await
+                .unwrap(),
+            Some(recorded)
+        );
+        assert_eq!(store.head_offset(taken).await.unwrap(), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_statement_the_database_rejects_fails_only_the_batch_that_sent_it() {
+    with_store(|store, _| async move {
+        let mut records = Vec::new();
+        for i in 0..4 {
+            let record = session("user:alice", i);
+            store.create_session(&record).await.unwrap();
+            records.push(record);
+        }
+        // The first session's queue holds an entry its batch pushes again: the database refuses
+        // the duplicate key, which no check of the store looks for.
+        let doubled = records[0].id;
+        let ping = prompt("ping");
+        store
+            .commit(doubled, queue(vec![QueueOp::PushBack(ping.clone())]))
+            .await
+            .unwrap();
+        let (jobs, answers): (Vec<_>, Vec<_>) = records
+            .iter()
+            .map(|record| {
+                let ops = if record.id == doubled {
+                    vec![QueueOp::PushBack(ping.clone())]
+                } else {
+                    Vec::new()
+                };
+                queued(
+                    record.id,
+                    Batch {
+                        queue: ops,
+                        ..entries(frames(1, 2))
+                    },
+                )
+            })
+            .unzip();
+        super::group::commit_group(&store.pool, store.target(), jobs).await;
+
+        for (record, answer) in records.iter().zip(futures::future::join_all(answers).await) {
+            let answer = answer.expect("every batch is answered");
+            if record.id == doubled {
+                let error = answer.unwrap_err();
+                assert!(error.message.contains("23505"), "{error}");
+                assert_eq!(store.head_offset(record.id).await.unwrap(), 0);
+                assert_eq!(
+                    store.load_queue(record.id).await.unwrap(),
+                    vec![ping.clone()]
+                );
+            } else {
+                answer.unwrap();
+                assert_eq!(
+                    store.read_log(record.id, 0, usize::MAX).await.unwrap(),
+                    frames(1, 2)
+                );
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_commits_of_many_sessions_all_apply_but_the_fenced_ones_which_report_fenced() {
+    with_store(|store, _| async move {
+        let mut records = Vec::new();
+        for i in 0..60 {
+            let record = session("user:alice", i);
+            store.create_session(&record).await.unwrap();
+            store.claim_lease(record.id, "a", TTL).await.unwrap();
+            records.push(record);
+        }
+        // Replica b takes every tenth session over.
+        let taken = |i: usize| i.is_multiple_of(10);
+        for (i, record) in records.iter().enumerate().filter(|(i, _)| taken(*i)) {
+            assert!(store.release_lease(record.id, "a", 1).await.unwrap(), "{i}");
+            store.claim_lease(record.id, "b", TTL).await.unwrap();
+        }
+        // Two turns' worth each, all at once, so commits of many sessions share transactions.
+        let commits = records.iter().map(|record| {
+            let store = store.clone();
+            let id = record.id;
+            async move {
+                for (from, to) in [(1, 2), (3, 5)] {
+                    let batch = Batch {
+                        fence: Some(1),
+                        ..entries(frames(from, to))
+                    };
+                    store.commit(id, batch).await?;
+                }
+                crate::domain::Result::Ok(())
+            }
+        });
+        let outcomes = futures::future::join_all(commits).await;
+        for (i, (record, outcome)) in records.iter().zip(outcomes).enumerate() {
+            if taken(i) {
+                let error = outcome.unwrap_err();
+                assert!(is_fenced(&error), "{error}");
+                assert_eq!(store.head_offset(record.id).await.unwrap(), 0);
+            } else {
+                outcome.unwrap();
+                assert_eq!(
+                    store.read_log(record.id, 0, usize::MAX).await.unwrap(),
+                    frames(1, 5)
+                );
+            }
+        }
     })
     .await;
 }

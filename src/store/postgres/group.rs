@@ -1,0 +1,187 @@
+//! Group commit: the `commit` calls waiting at one moment share one transaction, so one WAL flush
+//! makes many batches durable.
+//!
+//! Why: `COMMIT` returns once the WAL is flushed to disk (durability, SPEC §9.2). With one
+//! transaction per batch, every batch paid a flush, four round trips and its own statements on a
+//! pool connection of its own, and 100 busy sessions queued for the pool's connections and for
+//! the flushes (turns/s a fifth of SQLite's, whose single writer groups its commits the same way,
+//! see `sqlite/writer.rs`).
+//!
+//! How: a caller queues its batch with a reply channel. A dispatcher takes whatever is waiting (up
+//! to [`MAX_GROUP`]) as soon as one of [`GROUPS`] slots is free, so a lone batch goes at once and
+//! batches gather while the slots are busy. A group is one transaction — `BEGIN`, the reads that
+//! lock its sessions and decide every check, the writes of the batches that passed, `COMMIT` —
+//! whose statements serve all its batches (see `postgres/commit.rs`). A batch refused by a check
+//! (fenced, a gap in offsets, an action id already recorded, its session gone) writes nothing and
+//! gets its own error; the others commit. Should the database reject a statement, the group's
+//! batches are committed again one by one, so the error reaches the batch that caused it.
+//!
+//! Order: batches are sorted by session id, stably, so one session's batches keep the order they
+//! were queued in and are judged one after another. Rows of several sessions are held at once — by
+//! groups of this replica and of others, and by lease renewal — so every such holder locks them in
+//! session-id order (the session rows, then the leases; renewal its leases) and none waits on
+//! another in a cycle.
+
+use std::sync::Arc;
+
+use deadpool_postgres::{Client, Pool};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use uuid::Uuid;
+
+use super::{commit, from_pool, from_postgres, is_unreachable};
+use crate::{
+    domain::{Error, Result},
+    store::{Batch, StoreError},
+};
+
+/// Groups committing at once. More than one, so a group's statements run while another waits for
+/// its flush; few, so batches gather instead of spreading thin over many flushes.
+const GROUPS: usize = 2;
+/// At most this many batches share one transaction.
+const MAX_GROUP: usize = 128;
+
+/// One caller's batch and where its outcome goes.
+pub(super) struct Job {
+    pub(super) session_id: Uuid,
+    pub(super) batch: Batch,
+    pub(super) reply: oneshot::Sender<Result<()>>,
+}
+
+/// The queue of batches waiting to be committed; see the module documentation.
+pub(super) struct Committer {
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+impl Committer {
+    /// Starts the dispatcher; it ends once the committer is dropped. `target` names the database
+    /// in messages.
+    pub(super) fn start(pool: Pool, target: String) -> Self {
+        let (jobs, waiting) = mpsc::unbounded_channel();
+        tokio::spawn(dispatch(pool, Arc::from(target), waiting));
+        Self { jobs }
+    }
+
+    /// Commits `batch` with whatever else is waiting; returns once it is durable, or with its own
+    /// error.
+    pub(super) async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()> {
+        commit::precheck(session_id, &batch)?;
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job {
+                session_id,
+                batch,
+                reply,
+            })
+            .map_err(|_| StoreError::closed("postgres store: the committer has stopped"))?;
+        answer
+            .await
+            .map_err(|_| StoreError::task("postgres store: a commit was dropped unanswered"))?
+    }
+}
+
+async fn dispatch(pool: Pool, target: Arc<str>, mut waiting: mpsc::UnboundedReceiver<Job>) {
+    let slots = Arc::new(Semaphore::new(GROUPS));
+    while let Some(first) = waiting.recv().await {
+        // A free slot first, then the group: while every slot is busy, batches gather.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP
+            && let Ok(job) = waiting.try_recv()
+        {
+            group.push(job);
+        }
+        let (pool, target) = (pool.clone(), target.clone());
+        tokio::spawn(async move {
+            commit_group(&pool, &target, group).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Commits `jobs` in one transaction and answers each.
+pub(super) async fn commit_group(pool: &Pool, target: &str, mut jobs: Vec<Job>) {
+    jobs.sort_by_key(|job| job.session_id);
+    let mut client = match pool.get().await {
+        Ok(client) => client,
+        Err(e) => {
+            let error = from_pool(&format!("postgres store: no connection to {target}"), e).into();
+            return answer_all(jobs, &error);
+        }
+    };
+    let mut groups = vec![jobs];
+    while let Some(group) = groups.pop() {
+        match attempt(&mut client, &group).await {
+            Ok(verdicts) => {
+                for (job, verdict) in group.into_iter().zip(verdicts) {
+                    // A caller that stopped waiting no longer cares; the batch stands either way.
+                    let _ = job.reply.send(verdict.map_or(Ok(()), Err));
+                }
+            }
+            // A statement of a group of several failed: the statements serve many batches, so
+            // which one it was is found by committing each alone.
+            Err(Failure::Rejected(_)) if group.len() > 1 => {
+                groups.extend(group.into_iter().rev().map(|job| vec![job]));
+            }
+            Err(Failure::Rejected(error) | Failure::Unreachable(error)) => {
+                answer_all(group, &error)
+            }
+        }
+    }
+}
+
+fn answer_all(jobs: Vec<Job>, error: &Error) {
+    for job in jobs {
+        let _ = job.reply.send(Err(error.clone()));
+    }
+}
+
+/// Why a group failed as a whole.
+enum Failure {
+    /// The database refused a statement (or the commit): the transaction is rolled back.
+    Rejected(Error),
+    /// The database could not be reached, or the outcome of the commit is unknown.
+    Unreachable(Error),
+}
+
+impl Failure {
+    fn of(doing: &str) -> impl FnOnce(tokio_postgres::Error) -> Self {
+        move |e| {
+            let unreachable = is_unreachable(&e);
+            let error = from_postgres(&format!("postgres store: {doing}"), e).into();
+            if unreachable {
+                Self::Unreachable(error)
+            } else {
+                Self::Rejected(error)
+            }
+        }
+    }
+}
+
+/// One transaction for `jobs`: each batch's verdict (`None`: committed) once it is durable.
+async fn attempt(client: &mut Client, jobs: &[Job]) -> Result<Vec<Option<Error>>, Failure> {
+    let batches: Vec<(Uuid, &Batch)> = jobs
+        .iter()
+        .map(|job| (job.session_id, &job.batch))
+        .collect();
+    let tx = client
+        .transaction()
+        .await
+        .map_err(Failure::of("starting a transaction"))?;
+    let mut found = commit::read(&tx, &batches)
+        .await
+        .map_err(Failure::of("locking the sessions"))?;
+    let verdicts = commit::judge(&batches, &mut found);
+    let writes = commit::Writes::of(&batches, &verdicts, &found);
+    if !writes.is_empty() {
+        writes
+            .apply(&tx)
+            .await
+            .map_err(Failure::of("applying a batch"))?;
+    }
+    tx.commit()
+        .await
+        .map_err(Failure::of("committing a batch"))?;
+    Ok(verdicts)
+}
