@@ -88,11 +88,9 @@ fn entry_field(entry: &SharedEntry) -> Bytes {
         .wire
         .get_or_init(|| {
             let message = pb::LogEntry::from(&**entry);
-            let mut field = BytesMut::with_capacity(
-                key_len(ENTRY_TAG)
-                    + encoded_len_varint(message.encoded_len() as u64)
-                    + message.encoded_len(),
-            );
+            let len = message.encoded_len();
+            let mut field =
+                BytesMut::with_capacity(key_len(ENTRY_TAG) + encoded_len_varint(len as u64) + len);
             prost::encoding::message::encode(ENTRY_TAG, &message, &mut field);
             field.freeze()
         })

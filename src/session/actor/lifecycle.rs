@@ -699,9 +699,11 @@ impl Actor {
         {
             return false;
         }
-        let Some(purpose) = self.runtime.starting.take() else {
-            return false;
-        };
+        let purpose = self
+            .runtime
+            .starting
+            .take()
+            .expect("checked above: a Create");
         let tail = self.stderr_tail().await;
         tracing::warn!(session = %self.record.id, kind, detail, "a warm runtime failed before its handshake ended; starting a cold one");
         self.kill_runtime();

@@ -185,29 +185,38 @@ pub(super) fn session_side_rows(
     pk: i64,
     record: &mut SessionRecord,
 ) -> Result<()> {
-    let id = record.id;
+    (record.labels, record.editors) = side_rows(conn, pk, record.id)?;
+    Ok(())
+}
+
+/// The labels and editors stored for the session `pk` (whose id is `id`).
+pub(super) fn side_rows(
+    conn: &Connection,
+    pk: i64,
+    id: Uuid,
+) -> Result<(BTreeMap<String, String>, Vec<String>)> {
     let place = || format!("session {id}");
-    let mut labels = conn
+    let mut labels = BTreeMap::new();
+    let mut stmt = conn
         .prepare_cached("SELECT key, value FROM session_labels WHERE session_pk = ?1")
         .context("reading session labels")?;
-    let mut rows = labels.query([pk]).context("reading session labels")?;
+    let mut rows = stmt.query([pk]).context("reading session labels")?;
     while let Some(row) = rows.next().context("reading session labels")? {
         let at = At { row, place: &place };
-        record
-            .labels
-            .insert(at.text(0, "label key")?, at.text(1, "label value")?);
+        labels.insert(at.text(0, "label key")?, at.text(1, "label value")?);
     }
-    let mut editors = conn
+    let mut editors = Vec::new();
+    let mut stmt = conn
         .prepare_cached(
             "SELECT principal FROM session_editors WHERE session_pk = ?1 ORDER BY position",
         )
         .context("reading session editors")?;
-    let mut rows = editors.query([pk]).context("reading session editors")?;
+    let mut rows = stmt.query([pk]).context("reading session editors")?;
     while let Some(row) = rows.next().context("reading session editors")? {
         let at = At { row, place: &place };
-        record.editors.push(at.text(0, "editor")?);
+        editors.push(at.text(0, "editor")?);
     }
-    Ok(())
+    Ok((labels, editors))
 }
 
 /// The columns [`log_entry`] decodes, in order.

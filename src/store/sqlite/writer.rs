@@ -467,31 +467,8 @@ fn replace_record(
 /// Whether the stored labels or editors differ from the record's (reads only: no page is
 /// dirtied when they are the same).
 fn side_rows_differ(conn: &Connection, pk: i64, record: &SessionRecord) -> Result<bool> {
-    let mut labels = conn
-        .prepare_cached("SELECT key, value FROM session_labels WHERE session_pk = ?1 ORDER BY key")
-        .context("reading session labels")?;
-    let stored: Vec<(String, String)> = labels
-        .query_map([pk], |row| Ok((row.get(0)?, row.get(1)?)))
-        .and_then(Iterator::collect)
-        .context("reading session labels")?;
-    // SQLite orders TEXT by its bytes, as `BTreeMap<String, _>` does.
-    if !stored
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .eq(record.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-    {
-        return Ok(true);
-    }
-    let mut editors = conn
-        .prepare_cached(
-            "SELECT principal FROM session_editors WHERE session_pk = ?1 ORDER BY position",
-        )
-        .context("reading session editors")?;
-    let stored: Vec<String> = editors
-        .query_map([pk], |row| row.get(0))
-        .and_then(Iterator::collect)
-        .context("reading session editors")?;
-    Ok(stored != record.editors)
+    let (labels, editors) = super::rows::side_rows(conn, pk, record.id)?;
+    Ok(labels != record.labels || editors != record.editors)
 }
 
 fn delete(conn: &Connection, session_id: Uuid) -> Result<bool> {
