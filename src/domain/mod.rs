@@ -12,6 +12,7 @@ pub mod origin;
 pub mod principal;
 pub mod queue;
 pub mod session;
+pub mod text;
 
 pub use action::{
     Action, ActionKind, ElicitationAnswer, ElicitationValue, JsonRpcId, PermissionAnswer,
