@@ -17,6 +17,7 @@ mod create_crash;
 mod faults;
 mod features;
 mod first_action;
+mod foreign_text;
 mod health;
 mod held_answers;
 mod hostile;

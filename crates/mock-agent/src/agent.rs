@@ -312,8 +312,12 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                         "mock agent: session/new failed (--fail-new-session)",
                     );
                 } else {
-                    let session_id = format!("mock-session-{}", self.next_session);
+                    let mut session_id = format!("mock-session-{}", self.next_session);
                     self.next_session += 1;
+                    if let Some(bytes) = self.args.session_id_bytes {
+                        let pad = bytes.saturating_sub(session_id.len());
+                        session_id.push_str(&"x".repeat(pad));
+                    }
                     let result = self.session_result(&session_id, true);
                     wire::response(self.buf(), id, &result);
                 }

@@ -91,6 +91,9 @@ pub struct MockAgentArgs {
     /// Never honour `session/cancel`
     #[arg(long)]
     pub ignore_cancel: bool,
+    /// Answer `session/new` with a session id padded to BYTES bytes (a hostile agent)
+    #[arg(long, value_name = "BYTES")]
+    pub session_id_bytes: Option<usize>,
     /// When asked for `session/new` while FILE exists: remove it and exit with code 1 instead
     /// of answering (one crash among several starts of the same command line)
     #[arg(long, value_name = "FILE")]
@@ -116,6 +119,7 @@ impl Default for MockAgentArgs {
             fail_new_session: false,
             auth_required: false,
             ignore_cancel: false,
+            session_id_bytes: None,
             crash_on_new_session_once: None,
         }
     }

@@ -81,8 +81,14 @@ impl Actor {
     pub(super) fn adopt_config_options(&mut self, result: &Value) {
         if let Some(options) = result.get("configOptions").and_then(Value::as_array) {
             self.runtime.config_options = options.clone();
-            if let Some(model) = self.current_model() {
-                self.record.model = model;
+            match self.current_model() {
+                // A model id is stored and shown: one past the cap is not taken as the model.
+                Some(model) if model.len() > crate::domain::text::MAX_FOREIGN_TEXT_BYTES => {
+                    tracing::warn!(session = %self.record.id, bytes = model.len(),
+                        "the runtime reported a current model id over the cap; kept the previous one");
+                }
+                Some(model) => self.record.model = model,
+                None => {}
             }
         }
     }

@@ -21,6 +21,7 @@ use crate::{
         Action, ActionId, Error, ErrorCode, Result,
         queue::{QueuedEntry, QueuedWork},
         session::SessionStatus,
+        text::{MAX_FOREIGN_TEXT_BYTES, cap_foreign},
     },
     session::{
         interactions::{self, HeldPermission},
@@ -359,7 +360,7 @@ impl Actor {
                 self.log_event(
                     &mut out,
                     json!({"event": "reopen_failed", "code": error.code.reason(),
-                           "reason": error.message}),
+                           "reason": cap_foreign(&error.message)}),
                     None,
                 );
                 self.record.status = SessionStatus::Disconnected;
@@ -478,6 +479,17 @@ impl Actor {
                         )
                         .await;
                 };
+                if session_id.len() > MAX_FOREIGN_TEXT_BYTES {
+                    return self
+                        .startup_fault(
+                            ErrorCode::RuntimeStartFailed,
+                            format!(
+                                "session/new answered a sessionId of {} bytes (at most {MAX_FOREIGN_TEXT_BYTES})",
+                                session_id.len()
+                            ),
+                        )
+                        .await;
+                }
                 self.record.acp_session_id = session_id.to_owned();
                 self.adopt_config_options(&result);
                 self.touch(&mut out);
@@ -672,6 +684,7 @@ impl Actor {
     /// A failure during the handshake: a new session's creation fails; a reopen leaves the
     /// session DISCONNECTED.
     pub(super) async fn startup_fault(&mut self, code: ErrorCode, reason: String) {
+        let reason = cap_foreign(&reason);
         let tail = self.stderr_tail().await;
         let message = if tail.is_empty() {
             reason.clone()
@@ -755,6 +768,8 @@ impl Actor {
         if self.runtime.conn.is_none() {
             return;
         }
+        // The detail may quote what the runtime or its bridge said.
+        let detail = cap_foreign(&detail);
         if self.replace_failed_warm(kind, &detail).await {
             return;
         }

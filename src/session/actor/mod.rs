@@ -426,6 +426,8 @@ impl Actor {
 
     /// Marks the record changed in this step.
     fn touch(&mut self, out: &mut Out) {
+        // Every status reason is stored through here; a runtime or bridge may have written it.
+        crate::domain::text::cap_foreign_in_place(&mut self.record.status_reason);
         self.record.updated_at = crate::domain::now();
         out.batch.session = Some(self.record.clone());
     }
