@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::frames as acp_frames;
+use crate::domain::text::cap_foreign;
 use crate::domain::{
     Action, ActionId, JsonRpcId, PromptAttachment,
     action::{ElicitationAnswer, PermissionAnswer},
@@ -802,13 +803,13 @@ impl Fold {
         }
         // Only `initialize` answers with these (SPEC §18: what the agent says about itself).
         if let Some(capabilities) = frame.pointer("/result/agentCapabilities") {
-            self.metadata.agent_capabilities_json = capabilities.to_string();
+            self.metadata.agent_capabilities_json = bounded_json(capabilities);
         }
         if let Some(info) = frame.pointer("/result/agentInfo").filter(|i| i.is_object()) {
             self.metadata.agent_info = Some(AgentInfo {
-                name: str_field(info, "name"),
-                version: str_field(info, "version"),
-                title: info.get("title").and_then(Value::as_str).map(str::to_owned),
+                name: cap_foreign(&str_field(info, "name")),
+                version: cap_foreign(&str_field(info, "version")),
+                title: info.get("title").and_then(Value::as_str).map(cap_foreign),
             });
         }
         let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
@@ -818,10 +819,12 @@ impl Fold {
             return;
         };
         let error = frame.get("error").map(|e| {
-            e.get("message")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .unwrap_or_else(|| e.to_string())
+            cap_foreign(
+                &e.get("message")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| e.to_string()),
+            )
         });
         // A control's reply: accepted or rejected. A compact's also ends its turn.
         if let Some((i, control)) = self.control_part_mut(&action_id) {
@@ -971,7 +974,7 @@ impl Fold {
                     })
                     .unwrap_or_default();
                 if let Some(entries) = update.get("entries") {
-                    self.metadata.plan_json = entries.to_string();
+                    self.metadata.plan_json = bounded_json(entries);
                 }
                 let i = self.agent_message(entry);
                 let parts = &mut self.messages[i].parts;
@@ -983,7 +986,7 @@ impl Fold {
             }
             Some("available_commands_update") => {
                 if let Some(commands) = update.get("availableCommands") {
-                    self.metadata.available_commands_json = commands.to_string();
+                    self.metadata.available_commands_json = bounded_json(commands);
                 }
             }
             Some("config_option_update") => {
@@ -995,7 +998,10 @@ impl Fold {
                 let number = |name: &str| update.get(name).and_then(Value::as_u64);
                 if let (Some(used), Some(size)) = (number("used"), number("size")) {
                     let cost = update.get("cost").and_then(|cost| {
-                        Some((cost.get("amount")?.as_f64()?, str_field(cost, "currency")))
+                        Some((
+                            cost.get("amount")?.as_f64()?,
+                            cap_foreign(&str_field(cost, "currency")),
+                        ))
                     });
                     self.metadata.usage = Some(Usage { used, size, cost });
                 }
@@ -1005,7 +1011,7 @@ impl Fold {
     }
 
     fn adopt_config_options(&mut self, options: Vec<Value>) {
-        self.metadata.config_options_json = Value::Array(options.clone()).to_string();
+        self.metadata.config_options_json = bounded_json(&Value::Array(options.clone()));
         self.config_options = options;
         match acp_frames::model_option(&self.config_options) {
             Some(option) => {
@@ -1119,6 +1125,33 @@ impl Changed {
             self.ids.push(id.to_owned());
         }
     }
+}
+
+/// Bytes kept of one JSON document an agent reports about itself (capabilities, commands, plan,
+/// config options), shown on GetSession: enough for any real agent, far below the message limit.
+pub const MAX_REPORTED_JSON_BYTES: usize = 64 * 1024;
+
+/// `value` as JSON if it fits [`MAX_REPORTED_JSON_BYTES`]; an array that does not keeps the
+/// leading elements that fit (still valid JSON); anything else that does not fit is `null`.
+fn bounded_json(value: &Value) -> String {
+    let text = value.to_string();
+    if text.len() <= MAX_REPORTED_JSON_BYTES {
+        return text;
+    }
+    let Some(items) = value.as_array() else {
+        return "null".to_owned();
+    };
+    let mut kept = Vec::new();
+    let mut bytes = 2;
+    for item in items {
+        let len = item.to_string().len() + 1;
+        if bytes + len > MAX_REPORTED_JSON_BYTES {
+            break;
+        }
+        bytes += len;
+        kept.push(item.clone());
+    }
+    Value::Array(kept).to_string()
 }
 
 fn str_field(value: &Value, key: &str) -> String {
@@ -1249,6 +1282,38 @@ mod tests {
     fn model_options(current: &str) -> Value {
         json!([{"id": "model", "name": "Model", "category": "model", "type": "select", "currentValue": current,
                 "options": [{"value": "fast", "name": "Fast"}, {"value": "smart", "name": "Smart", "description": "d"}]}])
+    }
+
+    #[test]
+    fn what_an_agent_reports_about_itself_is_kept_bounded_and_still_valid_json() {
+        let huge = "h".repeat(100_000);
+        let commands: Vec<Value> = (0..2000)
+            .map(|i| json!({"name": format!("cmd{i}"), "description": "x".repeat(100)}))
+            .collect();
+        let mut log = Log::default();
+        log.inc(json!({"jsonrpc": "2.0", "id": 0, "result": {
+            "protocolVersion": 1,
+            "agentCapabilities": {"_meta": {"junk": huge}},
+            "agentInfo": {"name": huge, "version": "1", "title": huge}}}));
+        log.update(
+            json!({"sessionUpdate": "available_commands_update", "availableCommands": commands}),
+        );
+        let fold = log.fold();
+        let metadata = fold.metadata();
+        let info = metadata.agent_info.as_ref().unwrap();
+        assert!(info.name.len() <= crate::domain::text::MAX_FOREIGN_TEXT_BYTES);
+        assert!(info.name.ends_with(crate::domain::text::CUT_MARK));
+        assert!(info.title.as_ref().unwrap().len() <= crate::domain::text::MAX_FOREIGN_TEXT_BYTES);
+        assert_eq!(info.version, "1", "a short field is kept whole");
+        assert_eq!(metadata.agent_capabilities_json, "null");
+        assert!(metadata.available_commands_json.len() <= MAX_REPORTED_JSON_BYTES);
+        let kept: Vec<Value> = serde_json::from_str(&metadata.available_commands_json).unwrap();
+        assert!(!kept.is_empty() && kept.len() < commands.len());
+        assert_eq!(
+            kept[..],
+            commands[..kept.len()],
+            "the leading commands, as sent"
+        );
     }
 
     #[test]
