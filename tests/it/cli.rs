@@ -645,10 +645,13 @@ async fn output_to_a_reader_that_has_gone_ends_quietly() {
         // line is written.
         let (reader, writer) = std::io::pipe().expect("a pipe");
         drop(reader);
+        // Not `output()`, which would replace stdout with a pipe of its own.
         let output = cli(&h, None, &["sessions", "list"])
             .stdout(writer)
             .stderr(Stdio::piped())
-            .output()
+            .spawn()
+            .expect("the CLI starts")
+            .wait_with_output()
             .await
             .expect("the CLI runs");
         assert_eq!(output.status.code(), Some(0), "{output:?}");
