@@ -92,7 +92,13 @@ impl ServerArgs {
         };
         let server = redacted_url(&self.server);
         let _ = SERVER.set(server.clone());
-        let endpoint = Endpoint::from_shared(self.server.clone())
+        if userinfo(&self.server).is_some() {
+            eprintln!(
+                "warning: the user and password in --server are neither used nor sent (the \
+                 token comes from AGENT_HARNESS_TOKEN)"
+            );
+        }
+        let endpoint = Endpoint::from_shared(without_userinfo(&self.server))
             .map_err(|e| Failure::new(exit::USAGE, format!("bad --server {server:?}: {e}")))?
             .connect_timeout(Duration::from_secs(5));
         if token.is_some()
@@ -196,20 +202,39 @@ pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// `url` with the password of its userinfo, if any, replaced by `***`: for every message that
-/// names the server (`http://ada:***@harness.example`). Works on text that is not a valid URL
-/// too, since that is when it is echoed back.
-pub(crate) fn redacted_url(url: &str) -> String {
+/// Where `url`'s userinfo is (`user:password@`, through the `@`), if it has one. Works on text
+/// that is not a valid URL too, since that is when it is echoed back.
+fn userinfo(url: &str) -> Option<std::ops::Range<usize>> {
     let start = url.find("://").map_or(0, |i| i + 3);
     let rest = &url[start..];
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let Some(at) = authority.rfind('@') else {
+    let at = authority.rfind('@')?;
+    Some(start..start + at + 1)
+}
+
+/// `url` with the password of its userinfo, if any, replaced by `***`: for every message that
+/// names the server (`http://ada:***@harness.example`).
+pub(crate) fn redacted_url(url: &str) -> String {
+    let Some(info) = userinfo(url) else {
         return url.to_owned();
     };
-    let Some(colon) = authority[..at].find(':') else {
-        return url.to_owned();
-    };
-    format!("{}***{}", &url[..start + colon + 1], &url[start + at..])
+    match url[info.clone()].find(':') {
+        Some(colon) => format!(
+            "{}***{}",
+            &url[..info.start + colon + 1],
+            &url[info.end - 1..]
+        ),
+        None => url.to_owned(),
+    }
+}
+
+/// `url` without its userinfo: the CLI authenticates with AGENT_HARNESS_TOKEN only, and a
+/// password left in the URL would travel in every request's `:authority`.
+fn without_userinfo(url: &str) -> String {
+    match userinfo(url) {
+        Some(info) => format!("{}{}", &url[..info.start], &url[info.end..]),
+        None => url.to_owned(),
+    }
 }
 
 /// What to warn before a token goes over plain `http://` to a host that is not this machine
@@ -252,6 +277,21 @@ mod tests {
             ("not a url", "not a url"),
         ] {
             assert_eq!(redacted_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn the_userinfo_is_never_sent() {
+        for (url, sent) in [
+            (
+                "http://ada:s3cret@harness.example:50051/",
+                "http://harness.example:50051/",
+            ),
+            ("https://ada@h", "https://h"),
+            ("http://h/a@b", "http://h/a@b"),
+            ("http://127.0.0.1:50051", "http://127.0.0.1:50051"),
+        ] {
+            assert_eq!(without_userinfo(url), sent, "{url}");
         }
     }
 
