@@ -21,7 +21,8 @@ use crate::{
     grpc::{
         auth::Authenticator, browser, forward::RoutedSessions,
         framed::agent_session_service_server::AgentSessionServiceServer, gateway::GatewayService,
-        sessions::SessionsService, status, translator::TranslatorService,
+        loopback_only::LoopbackOnlyLayer, sessions::SessionsService, status,
+        translator::TranslatorService,
     },
     pb::{
         self,
@@ -418,6 +419,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         // Browsers (SPEC §17): HTTP/1.1, the console and gRPC-Web only when configured.
         .accept_http1(config.browser.grpc_web_enabled())
+        // No DNS rebinding: with no tokens, browsers are served only from loopback pages.
+        .layer(tower::util::option_layer(
+            config
+                .tokens_file
+                .is_none()
+                .then(|| LoopbackOnlyLayer::new(&config.browser.cors_allow_origins)),
+        ))
         .layer(browser::FrontLayer::new(&config.browser))
         .layer(tower::util::option_layer(grpc_web))
         .layer(RpcMetricsLayer)

@@ -202,8 +202,14 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let shown_url = crate::cli::redacted_url(&args.connect);
+    if token.is_some()
+        && let Some(warning) = crate::cli::cleartext_token_warning(&args.connect)
+    {
+        tracing::warn!(connect = %shown_url, "{warning}");
+    }
     let mut endpoint = Endpoint::from_shared(args.connect.clone())
-        .with_context(|| format!("--connect {:?} is not a URL", args.connect))?
+        .with_context(|| format!("--connect {shown_url:?} is not a URL"))?
         .connect_timeout(Duration::from_secs(10))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20));
@@ -224,7 +230,7 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
             }
         };
     }
-    tracing::info!(bridge = %id, connect = %args.connect, labels = ?config.labels,
+    tracing::info!(bridge = %id, connect = %shown_url, labels = ?config.labels,
         profiles = ?config.profiles.keys().collect::<Vec<_>>(), "bridge starting");
     let bridge = Arc::new(Bridge {
         id,

@@ -54,6 +54,13 @@ pub struct ServerArgs {
     key: Option<PathBuf>,
 }
 
+/// The server this process talks to, as messages show it (password redacted).
+static SERVER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+pub(crate) fn server_shown() -> &'static str {
+    SERVER.get().map_or("the server", String::as_str)
+}
+
 /// Adds `authorization: Bearer <token>` when a token is set.
 #[derive(Clone)]
 pub(crate) struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
@@ -83,9 +90,22 @@ impl ServerArgs {
             ),
             _ => None,
         };
-        let endpoint = Endpoint::from_shared(self.server.clone())
-            .map_err(|e| Failure::new(exit::USAGE, format!("bad --server {:?}: {e}", self.server)))?
+        let server = redacted_url(&self.server);
+        let _ = SERVER.set(server.clone());
+        if userinfo(&self.server).is_some() {
+            eprintln!(
+                "warning: the user and password in --server are neither used nor sent (the \
+                 token comes from AGENT_HARNESS_TOKEN)"
+            );
+        }
+        let endpoint = Endpoint::from_shared(without_userinfo(&self.server))
+            .map_err(|e| Failure::new(exit::USAGE, format!("bad --server {server:?}: {e}")))?
             .connect_timeout(Duration::from_secs(5));
+        if token.is_some()
+            && let Some(warning) = cleartext_token_warning(&self.server)
+        {
+            eprintln!("warning: {warning}");
+        }
         let endpoint = self.with_tls(endpoint)?;
         // Connect once now so an unreachable or untrusted server is reported as such, with its
         // address.
@@ -93,12 +113,10 @@ impl ServerArgs {
             .connect()
             .await
             .map_err(|e| match tls_failure(&e) {
-                Some(tls) => {
-                    Failure::new(exit::TLS, format!("TLS with {} failed: {tls}", self.server))
-                }
+                Some(tls) => Failure::new(exit::TLS, format!("TLS with {server} failed: {tls}")),
                 None => Failure::new(
                     exit::UNAVAILABLE,
-                    format!("cannot reach {}: {}", self.server, chain(&e)),
+                    format!("cannot reach {server}: {}", chain(&e)),
                 ),
             })?;
         Ok(AgentSessionServiceClient::with_interceptor(
@@ -173,7 +191,7 @@ fn tls_failure<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a r
 }
 
 /// An error and its causes on one line; tonic's own `Display` says only "transport error".
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(cause) = next {
@@ -182,4 +200,121 @@ fn chain(error: &(dyn std::error::Error + 'static)) -> String {
         next = cause.source();
     }
     text
+}
+
+/// Where `url`'s userinfo is (`user:password@`, through the `@`), if it has one. Works on text
+/// that is not a valid URL too, since that is when it is echoed back.
+fn userinfo(url: &str) -> Option<std::ops::Range<usize>> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[start..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let at = authority.rfind('@')?;
+    Some(start..start + at + 1)
+}
+
+/// `url` with the password of its userinfo, if any, replaced by `***`: for every message that
+/// names the server (`http://ada:***@harness.example`).
+pub(crate) fn redacted_url(url: &str) -> String {
+    let Some(info) = userinfo(url) else {
+        return url.to_owned();
+    };
+    match url[info.clone()].find(':') {
+        Some(colon) => format!(
+            "{}***{}",
+            &url[..info.start + colon + 1],
+            &url[info.end - 1..]
+        ),
+        None => url.to_owned(),
+    }
+}
+
+/// `url` without its userinfo: the CLI authenticates with AGENT_HARNESS_TOKEN only, and a
+/// password left in the URL would travel in every request's `:authority`.
+fn without_userinfo(url: &str) -> String {
+    match userinfo(url) {
+        Some(info) => format!("{}{}", &url[..info.start], &url[info.end..]),
+        None => url.to_owned(),
+    }
+}
+
+/// What to warn before a token goes over plain `http://` to a host that is not this machine
+/// (anyone on the path can read it and act as its principal); `None` when it need not be said.
+pub(crate) fn cleartext_token_warning(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    if !uri.scheme_str()?.eq_ignore_ascii_case("http") {
+        return None;
+    }
+    let host = uri.host()?;
+    if crate::grpc::loopback_only::is_loopback_host(host) {
+        return None;
+    }
+    Some(format!(
+        "the token goes over plain http:// to {host}, which is not this machine: anyone on the \
+         network path can read it and use it. Use https://"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_in_the_server_url_is_redacted_and_nothing_else_changes() {
+        for (url, shown) in [
+            (
+                "http://ada:s3cret@harness.example:50051",
+                "http://ada:***@harness.example:50051",
+            ),
+            ("https://ada:p@ss@h:1/x?y#z", "https://ada:***@h:1/x?y#z"),
+            (
+                "ada:s3cret@harness.example:50051",
+                "ada:***@harness.example:50051",
+            ),
+            ("http://:s3cret@h", "http://:***@h"),
+            ("http://ada@harness.example", "http://ada@harness.example"),
+            ("http://127.0.0.1:50051", "http://127.0.0.1:50051"),
+            ("http://h/path@x:y", "http://h/path@x:y"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redacted_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn the_userinfo_is_never_sent() {
+        for (url, sent) in [
+            (
+                "http://ada:s3cret@harness.example:50051/",
+                "http://harness.example:50051/",
+            ),
+            ("https://ada@h", "https://h"),
+            ("http://h/a@b", "http://h/a@b"),
+            ("http://127.0.0.1:50051", "http://127.0.0.1:50051"),
+        ] {
+            assert_eq!(without_userinfo(url), sent, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_token_over_plain_http_warns_only_for_hosts_beyond_loopback() {
+        for url in [
+            "http://harness.example:50051",
+            "http://10.0.0.5:50051",
+            "HTTP://ada:pw@harness.example",
+            "http://[2001:db8::1]:50051",
+        ] {
+            let warning = cleartext_token_warning(url).expect(url);
+            assert!(!warning.contains("pw"), "{warning}");
+        }
+        for url in [
+            "https://harness.example:50051",
+            "http://127.0.0.1:50051",
+            "http://localhost:50051",
+            "http://[::1]:50051",
+            "http://app.localhost",
+            "not a url",
+        ] {
+            assert_eq!(cleartext_token_warning(url), None, "{url}");
+        }
+    }
 }

@@ -2,10 +2,7 @@
 //! last event's offset when the connection drops (SPEC §9.4's resume rule), with interactive
 //! answers on a terminal.
 
-use std::{
-    io::{BufRead, Write},
-    time::Duration,
-};
+use std::{io::BufRead, time::Duration};
 
 use serde_json::Value;
 use tonic::{Code, Status};
@@ -85,7 +82,7 @@ pub(crate) async fn run(
             // Every event's offset is a resume cursor (SPEC §9.4).
             cursor = event.offset;
             if options.json {
-                println!("{}", json::event(&event));
+                outln!("{}", json::event(&event));
             }
             match &event.event {
                 Some(Event::Message(message)) => {
@@ -268,9 +265,7 @@ fn elicitation_value(text: &str) -> pb::ElicitationValue {
 /// Reads one line from the terminal without blocking the runtime; `None` at end of input.
 async fn read_line(question: String) -> Option<String> {
     tokio::task::spawn_blocking(move || {
-        let mut out = std::io::stdout();
-        let _ = write!(out, "{question}");
-        let _ = out.flush();
+        super::output::write(question.as_bytes());
         let mut line = String::new();
         match std::io::stdin().lock().read_line(&mut line) {
             Ok(0) | Err(_) => None,
@@ -292,9 +287,9 @@ pub(crate) async fn ask_and_answer(
     let action = match request {
         Pending::Permission(p) => {
             for (n, option) in p.options.iter().enumerate() {
-                println!("  {}) {} [{}]", n + 1, option.name, option.option_id);
+                outln!("  {}) {} [{}]", n + 1, option.name, option.option_id);
             }
-            println!("  c) cancel the request");
+            outln!("  c) cancel the request");
             loop {
                 let Some(choice) = read_line(format!("choose for permission {id}: ")).await else {
                     return Ok(0);
@@ -322,7 +317,7 @@ pub(crate) async fn ask_and_answer(
                         outcome: Some(outcome),
                     });
                 }
-                println!("  (type a number from 1 to {}, or c)", p.options.len());
+                outln!("  (type a number from 1 to {}, or c)", p.options.len());
             }
         }
         Pending::Elicitation(e) => {
@@ -378,7 +373,7 @@ pub(crate) async fn ask_and_answer(
         Ok(_) => Ok(0),
         // Someone else answered first: the transcript will show their answer.
         Err(status) if status.code() == Code::FailedPrecondition => {
-            println!("  (already answered: {})", status.message());
+            outln!("  (already answered: {})", status.message());
             Ok(0)
         }
         Err(status) => Err(status.into()),

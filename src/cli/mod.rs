@@ -2,6 +2,8 @@
 //! and `log`. They are a gRPC *client* of the service: they speak only the generated `pb` types
 //! over a tonic channel, exactly as any other caller would, and never reach into the engine.
 
+#[macro_use]
+mod output;
 mod connect;
 mod follow;
 mod json;
@@ -16,6 +18,7 @@ use tonic_types::StatusExt;
 use crate::pb::v1 as pb;
 
 pub use connect::ServerArgs;
+pub(crate) use connect::{cleartext_token_warning, redacted_url};
 
 /// Exit codes, documented in `--help` so scripts can branch on them.
 pub(crate) mod exit {
@@ -297,6 +300,20 @@ impl Failure {
 
 impl From<Status> for Failure {
     fn from(status: Status) -> Self {
+        // A status made here from a broken connection, not one the server sent: whatever
+        // answered is no gRPC server (a web server, a proxy's redirect, plain HTTP/1).
+        if matches!(status.code(), Code::Internal | Code::Unknown)
+            && let Some(cause) = std::error::Error::source(&status)
+        {
+            return Self::new(
+                exit::UNAVAILABLE,
+                format!(
+                    "{} does not answer as a gRPC server (over HTTP/2): {}; check --server",
+                    connect::server_shown(),
+                    connect::chain(cause)
+                ),
+            );
+        }
         let code = match status.code() {
             Code::InvalidArgument | Code::OutOfRange => exit::USAGE,
             Code::Unavailable => exit::UNAVAILABLE,
@@ -320,12 +337,8 @@ pub(crate) type Outcome = Result<u8, Failure>;
 
 /// Runs one subcommand to its exit code, printing a failure to stderr.
 pub fn main(command: Command) -> u8 {
-    // Like other Unix tools, end quietly when the reader of stdout goes away (`… | head`)
-    // instead of panicking on a failed print.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    // SIGPIPE stays ignored: restoring its default would let a server that closes the
+    // connection kill us mid-write with no word; `output` ends quietly when stdout's reader goes.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -406,7 +419,7 @@ async fn sessions(args: SessionsArgs) -> Outcome {
             }
             if json {
                 for session in &rows {
-                    println!("{}", json::session(session));
+                    outln!("{}", json::session(session));
                 }
             } else {
                 render::sessions_table(&rows);
@@ -438,10 +451,10 @@ async fn sessions(args: SessionsArgs) -> Outcome {
                 .into_inner();
             let session = created.session.unwrap_or_default();
             if json {
-                println!("{}", json::session(&session));
+                outln!("{}", json::session(&session));
             } else {
                 // Just the id, so `id=$(agent-harness sessions create)` works.
-                println!("{}", session.id);
+                outln!("{}", session.id);
             }
         }
         SessionsAction::Show { session, json } => {
@@ -454,7 +467,7 @@ async fn sessions(args: SessionsArgs) -> Outcome {
                 .session
                 .unwrap_or_default();
             if json {
-                println!("{}", json::session(&session));
+                outln!("{}", json::session(&session));
             } else {
                 render::session_details(&session);
             }
@@ -469,9 +482,9 @@ async fn sessions(args: SessionsArgs) -> Outcome {
                 .session
                 .unwrap_or_default();
             if json {
-                println!("{}", json::session(&session));
+                outln!("{}", json::session(&session));
             } else {
-                println!("closed {}", session.id);
+                outln!("closed {}", session.id);
             }
         }
         SessionsAction::Delete { session } => {
@@ -480,7 +493,7 @@ async fn sessions(args: SessionsArgs) -> Outcome {
                     session_id: session.clone(),
                 })
                 .await?;
-            println!("deleted {session}");
+            outln!("deleted {session}");
         }
     }
     Ok(0)
@@ -530,7 +543,7 @@ async fn prompt(args: PromptArgs) -> Outcome {
         .await?
         .into_inner();
     if args.json {
-        println!("{}", json::control(&response));
+        outln!("{}", json::control(&response));
     } else if !args.follow || response.status() == pb::ControlStatus::Queued {
         render::control(&response);
     }
@@ -599,7 +612,7 @@ async fn answer(args: AnswerArgs) -> Outcome {
             ..Default::default()
         })
         .await?;
-    println!(
+    outln!(
         "answered {}",
         render::request_id_text(interaction.request_id())
     );
@@ -620,7 +633,7 @@ async fn log(args: LogArgs) -> Outcome {
             .into_inner();
         for entry in &page.entries {
             if args.json {
-                println!("{}", json::log_entry(entry));
+                outln!("{}", json::log_entry(entry));
             } else {
                 render::log_entry(entry);
             }

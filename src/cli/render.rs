@@ -76,10 +76,10 @@ pub(crate) fn request_id_text(id: Option<&pb::JsonRpcId>) -> String {
 pub(crate) fn sessions_table(sessions: &[pb::AgentSession]) {
     let style = Style::detect();
     if sessions.is_empty() {
-        println!("{}", style.dim("no sessions"));
+        outln!("{}", style.dim("no sessions"));
         return;
     }
-    println!(
+    outln!(
         "{}",
         style.bold(&format!(
             "{:<36}  {:<14}  {:<10}  {:<20}  NAME",
@@ -92,7 +92,7 @@ pub(crate) fn sessions_table(sessions: &[pb::AgentSession]) {
             .as_ref()
             .map(|t| t.to_string().chars().take(19).collect::<String>())
             .unwrap_or_default();
-        println!(
+        outln!(
             "{:<36}  {:<14}  {:<10}  {:<20}  {}",
             s.id,
             status_name(s.status()),
@@ -138,21 +138,22 @@ pub(crate) fn session_details(s: &pb::AgentSession) {
     ];
     for (key, value) in rows {
         if !value.is_empty() {
-            println!("{:<12} {value}", style.dim(&format!("{key}:")));
+            outln!("{:<12} {value}", style.dim(&format!("{key}:")));
         }
     }
     for (key, value) in &s.labels {
-        println!("{:<12} {key}={value}", style.dim("label:"));
+        outln!("{:<12} {key}={value}", style.dim("label:"));
     }
 }
 
 pub(crate) fn control(response: &pb::ControlResponse) {
     match response.status() {
-        pb::ControlStatus::Queued => println!(
+        pb::ControlStatus::Queued => outln!(
             "queued {} (position {})",
-            response.action_id, response.queue_position
+            response.action_id,
+            response.queue_position
         ),
-        _ => println!("sent {}", response.action_id),
+        _ => outln!("sent {}", response.action_id),
     }
 }
 
@@ -164,7 +165,7 @@ pub(crate) fn log_entry(entry: &pb::LogEntry) {
         pb::LogDirection::Event => "•",
         pb::LogDirection::Unspecified => "?",
     };
-    println!(
+    outln!(
         "{} {direction} {} {}",
         style.dim(&format!("{:>6}", entry.offset)),
         style.dim(&format!("[{}]", entry.actor)),
@@ -268,9 +269,7 @@ impl Transcript {
             return;
         }
         self.erase_spinner();
-        let mut out = std::io::stdout();
-        let _ = out.write_all(text.as_bytes());
-        let _ = out.flush();
+        super::output::write(text.as_bytes());
         self.at_line_start = text.ends_with('\n');
     }
 

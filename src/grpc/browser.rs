@@ -100,7 +100,7 @@ pub(crate) struct Front<S> {
     layer: FrontLayer,
 }
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+pub(crate) type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 impl<S, B> Service<Request<B>> for Front<S>
 where
@@ -141,7 +141,7 @@ fn is_grpc_web<B>(request: &Request<B>) -> bool {
         .is_some_and(|v| v.starts_with("application/grpc-web"))
 }
 
-fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+pub(crate) fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
     let mut response = Response::new(Body::new(http_body_util::Full::new(bytes_of(
         text.as_bytes(),
     ))));

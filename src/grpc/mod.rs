@@ -8,6 +8,7 @@ pub(crate) mod convert;
 pub(crate) mod forward;
 pub(crate) mod frame;
 pub(crate) mod gateway;
+pub(crate) mod loopback_only;
 pub(crate) mod relay;
 pub(crate) mod sessions;
 pub(crate) mod status;

@@ -42,7 +42,7 @@ fn grpc_web_client(
 }
 
 /// One HTTP/1.1 request on a fresh connection: the status, headers and body, or the error.
-async fn http1(
+pub(crate) async fn http1(
     h: &Harness,
     request: Request<Full<Bytes>>,
 ) -> Result<(StatusCode, http::HeaderMap, Bytes), String> {

@@ -558,3 +558,239 @@ async fn tls_options_with_a_plaintext_server_are_a_usage_error() {
     })
     .await
 }
+
+/// Something on `127.0.0.1` that is no gRPC server: it reads what the client sends first, answers
+/// `answer`, and then closes the connection or (`hold`) keeps it open until the client leaves.
+async fn not_grpc(answer: &'static [u8], hold: bool) -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let port = listener.local_addr().expect("bound").port();
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut first = [0u8; 1024];
+                let _ = socket.read(&mut first).await;
+                let _ = socket.write_all(answer).await;
+                if hold {
+                    let mut rest = [0u8; 1024];
+                    while matches!(socket.read(&mut rest).await, Ok(n) if n > 0) {}
+                }
+            });
+        }
+    });
+    (port, task)
+}
+
+const MOVED: &[u8] = b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://harness.example/\r\n\
+    Content-Length: 0\r\nConnection: close\r\n\r\n";
+const PLAIN_HTTP: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 13\r\n\r\n\
+    <html></html>";
+
+/// `agent-harness ARGS…` with no server or token from the environment.
+fn bare_cli(args: &[&str]) -> Command {
+    let mut command = Command::new(service_bin());
+    command
+        .args(args)
+        .env_remove("AGENT_HARNESS_SERVER")
+        .env_remove("AGENT_HARNESS_TOKEN")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+#[tokio::test]
+async fn a_server_that_answers_http_1_is_reported_and_never_kills_the_cli() {
+    bounded(async {
+        for (answer, hold) in [
+            (MOVED, false),
+            (MOVED, true),
+            (PLAIN_HTTP, false),
+            (PLAIN_HTTP, true),
+        ] {
+            let (port, listener) = not_grpc(answer, hold).await;
+            let server = format!("http://ada:s3cret@127.0.0.1:{port}");
+            let output = bare_cli(&["sessions", "list", "--server", &server])
+                .output()
+                .await
+                .expect("the CLI runs");
+            let said = stderr(&output);
+            let case = String::from_utf8_lossy(&answer[..12]);
+            assert_eq!(
+                output.status.code(),
+                Some(3),
+                "{case} hold={hold}: not killed by a signal ({:?}), a clear error: {said}",
+                output.status
+            );
+            assert!(
+                said.contains("error: ") && said.contains(&format!("127.0.0.1:{port}")),
+                "{case} hold={hold}: {said}"
+            );
+            assert!(!said.contains("s3cret"), "{said}");
+            listener.abort();
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn output_to_a_reader_that_has_gone_ends_quietly() {
+    bounded(async {
+        let h = Harness::start().await;
+        create_session(&h).await;
+        // `agent-harness sessions list | head -0`: the reading end is closed before the first
+        // line is written.
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        // Not `output()`, which would replace stdout with a pipe of its own.
+        let output = cli(&h, None, &["sessions", "list"])
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the CLI starts")
+            .wait_with_output()
+            .await
+            .expect("the CLI runs");
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        assert_eq!(stderr(&output), "", "quietly");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_password_in_the_server_url_is_never_printed() {
+    bounded(async {
+        // Nothing listens on port 1; the second URL does not parse.
+        for (server, code) in [
+            ("http://ada:s3cret@127.0.0.1:1", 3),
+            ("http://ada:s3cret@bad host:1", 2),
+        ] {
+            let output = bare_cli(&["sessions", "list", "--server", server])
+                .output()
+                .await
+                .expect("the CLI runs");
+            let said = stderr(&output);
+            assert_eq!(output.status.code(), Some(code), "{said}");
+            assert!(said.contains("ada:***@"), "names the server: {said}");
+            assert!(!said.contains("s3cret"), "{said}");
+        }
+    })
+    .await
+}
+
+/// An address of no host on this network (TEST-NET-1): the call fails, after the warning.
+const FAR_AWAY: &str = "http://192.0.2.1:9";
+const CLEARTEXT_WARNING: &str = "plain http://";
+
+#[tokio::test]
+async fn a_token_bound_for_another_host_over_plain_http_is_warned_about_first() {
+    bounded(async {
+        let h = Harness::start().await;
+        let with_token = async {
+            bare_cli(&["sessions", "list", "--server", FAR_AWAY])
+                .env("AGENT_HARNESS_TOKEN", "t0ken")
+                .output()
+                .await
+                .expect("the CLI runs")
+        };
+        let without_token = async {
+            bare_cli(&["sessions", "list", "--server", FAR_AWAY])
+                .output()
+                .await
+                .expect("the CLI runs")
+        };
+        let (with_token, without_token) = tokio::join!(with_token, without_token);
+        let said = stderr(&with_token);
+        assert!(said.starts_with("warning: "), "{said}");
+        assert!(
+            said.contains(CLEARTEXT_WARNING) && said.contains("192.0.2.1"),
+            "{said}"
+        );
+        assert!(!said.contains("t0ken"), "{said}");
+        assert!(
+            !stderr(&without_token).contains(CLEARTEXT_WARNING),
+            "no token, nothing to warn about: {}",
+            stderr(&without_token)
+        );
+
+        // To this machine there is nothing to warn about.
+        let output = cli(&h, Some("t0ken"), &["sessions", "list"])
+            .output()
+            .await
+            .expect("the CLI runs");
+        assert!(
+            !stderr(&output).contains(CLEARTEXT_WARNING),
+            "{}",
+            stderr(&output)
+        );
+    })
+    .await
+}
+
+/// The bridge's stderr up to the line containing `until` (or its end).
+async fn bridge_stderr_until(connect: &str, until: &str) -> String {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let dir = tempfile::tempdir().expect("a temporary dir");
+    let config = dir.path().join("bridge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "bridge_id = \"warned\"\ndata_dir = {:?}\n",
+            dir.path().join("data").to_string_lossy()
+        ),
+    )
+    .expect("the config is written");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken").expect("the token is written");
+    let mut child = Command::new(service_bin())
+        .arg("bridge")
+        .arg("--connect")
+        .arg(connect)
+        .arg("--config")
+        .arg(&config)
+        .arg("--token-file")
+        .arg(&token)
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the bridge starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut seen = String::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains(until) {
+            break;
+        }
+    }
+    let _ = child.kill().await;
+    seen
+}
+
+#[tokio::test]
+async fn the_bridge_warns_before_sending_its_token_over_plain_http_to_another_host() {
+    bounded(async {
+        let far = bridge_stderr_until("http://ada:s3cret@192.0.2.1:9", "bridge starting").await;
+        let warning = far
+            .lines()
+            .find(|line| line.contains(CLEARTEXT_WARNING))
+            .unwrap_or_else(|| panic!("a warning: {far}"));
+        assert!(
+            warning.contains("WARN") && warning.contains("192.0.2.1"),
+            "{warning}"
+        );
+        assert!(!far.contains("s3cret") && !far.contains("t0ken"), "{far}");
+
+        let near = bridge_stderr_until("http://127.0.0.1:9", "bridge starting").await;
+        assert!(near.contains("bridge starting"), "{near}");
+        assert!(!near.contains(CLEARTEXT_WARNING), "{near}");
+    })
+    .await
+}

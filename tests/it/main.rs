@@ -31,6 +31,7 @@ mod postgres;
 mod postgres_outage;
 mod process_tree;
 mod queue;
+mod rebinding;
 mod reflection;
 mod replica_ownership;
 mod replica_tls;
