@@ -159,6 +159,8 @@ pub struct Lease {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BridgeAd {
     pub bridge_id: String,
+    /// The principal of the bridge's token: it owns the bridge id (empty from older replicas).
+    pub principal: String,
     /// The replica holding the bridge's stream (its lease holder name, `id@address`).
     pub replica: String,
     pub labels: BTreeMap<String, String>,

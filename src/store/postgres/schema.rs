@@ -12,7 +12,7 @@ use super::Context;
 use crate::{domain::Result, store::StoreError};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -132,6 +132,10 @@ CREATE TABLE bridges (
 );
 CREATE INDEX bridges_by_expiry ON bridges (expires_at);
 "#;
+
+/// Version 4: the principal of each published bridge's token, so no replica admits another
+/// principal's bridge under the same id (an older replica's rows read '': unknown).
+const V4: &str = "ALTER TABLE bridges ADD COLUMN principal text NOT NULL DEFAULT '';";
 
 /// Brings the schema of the connection's `search_path` to [`SCHEMA_VERSION`].
 pub(super) async fn migrate(client: &mut Client) -> Result<()> {
