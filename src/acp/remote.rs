@@ -230,6 +230,8 @@ pub struct Gateway {
 pub struct BridgeSummary {
     pub bridge_id: String,
     pub principal: String,
+    /// Its stream is up here (not relayed): runtimes may be placed on it.
+    pub connected: bool,
     pub labels: BTreeMap<String, String>,
     pub profiles: Vec<String>,
     pub runtimes: u64,
@@ -249,56 +251,66 @@ pub fn principal_allowed(allowed: Option<&[String]>, principal: &str) -> bool {
 /// Checks a hello against the bounds above (LIMIT_EXCEEDED naming the field, never quoting it)
 /// and that it names itself.
 pub fn check_hello(hello: &Hello) -> Result<(), Error> {
-    let limit = |what: String| Error::new(ErrorCode::LimitExceeded, what);
-    if hello.bridge_id.trim().is_empty() {
-        return Err(Error::invalid("the hello needs a bridge_id"));
+    fn count(limit: &str, max: usize, n: usize, what: &str) -> Result<(), Error> {
+        match n > max {
+            true => Err(Error::limit(limit, max, format!("the hello's {n} {what}"))),
+            false => Ok(()),
+        }
     }
-    if hello.bridge_id.len() > MAX_HELLO_TEXT || hello.bridge_id.chars().any(char::is_control) {
-        return Err(limit(format!(
-            "the hello's bridge_id must be 1 to {MAX_HELLO_TEXT} bytes without control characters"
-        )));
+    fn bytes<'a>(
+        limit: &str,
+        texts: impl IntoIterator<Item = &'a str>,
+        what: &str,
+    ) -> Result<(), Error> {
+        match texts.into_iter().any(|t| t.len() > MAX_HELLO_TEXT) {
+            true => Err(Error::limit(
+                limit,
+                MAX_HELLO_TEXT,
+                format!("a {what} of the hello (bytes)"),
+            )),
+            false => Ok(()),
+        }
     }
-    if hello.version.len() > MAX_HELLO_TEXT {
-        return Err(limit(format!(
-            "the hello's version is over {MAX_HELLO_TEXT} bytes"
-        )));
-    }
-    if hello.labels.len() > MAX_HELLO_LABELS {
-        return Err(limit(format!(
-            "the hello holds {} labels, over the maximum of {MAX_HELLO_LABELS}",
-            hello.labels.len()
-        )));
-    }
-    if hello
+    bytes("hello.bridge_id", [hello.bridge_id.as_str()], "bridge_id")?;
+    bytes("hello.version", [hello.version.as_str()], "version")?;
+    count(
+        "hello.labels",
+        MAX_HELLO_LABELS,
+        hello.labels.len(),
+        "labels",
+    )?;
+    let label_texts = hello
         .labels
         .iter()
-        .any(|(k, v)| k.len() > MAX_HELLO_TEXT || v.len() > MAX_HELLO_TEXT)
-    {
-        return Err(limit(format!(
-            "a label key or value of the hello is over {MAX_HELLO_TEXT} bytes"
-        )));
-    }
-    if hello.profiles.len() > MAX_HELLO_PROFILES {
-        return Err(limit(format!(
-            "the hello names {} profiles, over the maximum of {MAX_HELLO_PROFILES}",
-            hello.profiles.len()
-        )));
-    }
-    if hello.profiles.iter().any(|p| p.len() > MAX_HELLO_TEXT) {
-        return Err(limit(format!(
-            "a profile name of the hello is over {MAX_HELLO_TEXT} bytes"
-        )));
-    }
-    if hello.running.len() > MAX_HELLO_RUNNING {
-        return Err(limit(format!(
-            "the hello lists {} running runtimes, over the maximum of {MAX_HELLO_RUNNING}",
-            hello.running.len()
-        )));
-    }
-    if hello.running.iter().any(|r| r.key.len() > MAX_HELLO_TEXT) {
-        return Err(limit(format!(
-            "a runtime key of the hello is over {MAX_HELLO_TEXT} bytes"
-        )));
+        .flat_map(|(k, v)| [k.as_str(), v.as_str()]);
+    bytes("hello.label", label_texts, "label key or value")?;
+    count(
+        "hello.profiles",
+        MAX_HELLO_PROFILES,
+        hello.profiles.len(),
+        "profiles",
+    )?;
+    bytes(
+        "hello.profile",
+        hello.profiles.iter().map(String::as_str),
+        "profile name",
+    )?;
+    count(
+        "hello.running",
+        MAX_HELLO_RUNNING,
+        hello.running.len(),
+        "running runtimes",
+    )?;
+    bytes(
+        "hello.runtime_key",
+        hello.running.iter().map(|r| r.key.as_str()),
+        "runtime key",
+    )?;
+    // Compared exactly, logged, and shown in metrics: printable and not blank.
+    if hello.bridge_id.trim().is_empty() || hello.bridge_id.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "the hello needs a bridge_id that is not blank and holds no control characters",
+        ));
     }
     Ok(())
 }
@@ -356,16 +368,19 @@ impl Gateway {
         state.bridges.values().filter(|b| b.out.is_some()).count()
     }
 
-    /// The bridges whose stream is up here, for the other replicas.
+    /// The bridges held here, for the other replicas: those whose stream is up here (placement
+    /// may use them), and those whose runtimes wait for them or that another replica relays
+    /// (they only say whose the bridge id is).
     pub fn summaries(&self) -> Vec<BridgeSummary> {
         let state = self.state.lock().expect("not poisoned");
         let mut found: Vec<BridgeSummary> = state
             .bridges
             .iter()
-            .filter(|(_, b)| b.out.is_some() && b.relayed_by.is_none())
+            .filter(|(_, b)| b.held())
             .map(|(id, b)| BridgeSummary {
                 bridge_id: id.clone(),
                 principal: b.principal.clone(),
+                connected: b.out.is_some() && b.relayed_by.is_none(),
                 labels: b.labels.clone(),
                 profiles: b.profiles.clone(),
                 runtimes: b.runtimes.len() as u64,
@@ -1107,7 +1122,7 @@ mod tests {
         });
         connected.await;
         assert_eq!(gateway.relayed_by("b1").as_deref(), Some("10.0.0.3:50051"));
-        assert!(gateway.summaries().is_empty());
+        assert!(gateway.summaries().iter().all(|s| !s.connected));
         assert!(!gateway.has_match(&BTreeMap::new(), None));
         let any = BTreeMap::new();
         let mut short = spec(&any);
@@ -1182,6 +1197,9 @@ mod tests {
             .admit(&impostor, "mallory", impostor_out, None)
             .unwrap_err();
         assert_eq!(refused.code, ErrorCode::Forbidden);
+        let summaries = gateway.summaries();
+        assert_eq!(summaries.len(), 1, "still published, as the victim's");
+        assert!(!summaries[0].connected && summaries[0].principal == "victim");
         assert!(
             impostor_rx.try_recv().is_err(),
             "nothing reached the impostor"

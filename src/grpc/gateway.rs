@@ -177,6 +177,18 @@ impl RuntimeGatewayService for GatewayService {
         };
         let hello = hello_of(&hello_pb);
         remote::check_hello(&hello)?;
+        if hello_pb
+            .running
+            .iter()
+            .any(|r| r.session_id.len() > remote::MAX_HELLO_TEXT)
+        {
+            return Err(Error::limit(
+                "hello.session_id",
+                remote::MAX_HELLO_TEXT,
+                "a session id of the hello (bytes)",
+            )
+            .into());
+        }
         check_labels(&hello, &principal, credential.as_ref())?;
         gateway.check_owner(&hello.bridge_id, &principal.id)?;
         if let Some(relay) = &self.relay {

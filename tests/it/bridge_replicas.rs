@@ -180,19 +180,38 @@ async fn lease_holder(url: &str, schema: &str, session_id: &str) -> String {
 
 /// Waits until some replica published the bridge (the replicas' own wake-up is internal).
 async fn published(url: &str, schema: &str, bridge_id: &str) {
-    published_as(url, schema, bridge_id, true).await;
+    published_where(url, schema, bridge_id, "true").await;
 }
 
-/// Waits until the bridge is published (`true`) or no replica publishes it (`false`).
-async fn published_as(url: &str, schema: &str, bridge_id: &str, wanted: bool) {
+/// Waits until some replica published the bridge as held but not connected there.
+async fn published_held(url: &str, schema: &str, bridge_id: &str) {
+    published_where(url, schema, bridge_id, "NOT connected").await;
+}
+
+/// Takes the bridge's publications away (as if they were late).
+async fn unpublish(url: &str, schema: &str, bridge_id: &str) {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .expect("the test database is reachable");
     tokio::spawn(connection);
-    let sql = format!("SELECT count(*) FROM {schema}.bridges WHERE bridge_id = $1");
+    client
+        .execute(
+            &format!("DELETE FROM {schema}.bridges WHERE bridge_id = $1"),
+            &[&bridge_id],
+        )
+        .await
+        .unwrap();
+}
+
+async fn published_where(url: &str, schema: &str, bridge_id: &str, condition: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("the test database is reachable");
+    tokio::spawn(connection);
+    let sql = format!("SELECT count(*) FROM {schema}.bridges WHERE bridge_id = $1 AND {condition}");
     loop {
         let row = client.query_one(&sql, &[&bridge_id]).await.unwrap();
-        if (row.get::<_, i64>(0) > 0) == wanted {
+        if row.get::<_, i64>(0) > 0 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -753,7 +772,7 @@ async fn an_impostors_hello_through_another_replica_is_refused_and_the_victims_t
             .start()
     };
     let b = start("b");
-    let mut c = start("c");
+    let c = start("c");
     within(TEST_BOUND, async {
         let proxy = Proxy::start(b.addr()).await;
         let _bridge = Bridge::start(
@@ -822,19 +841,34 @@ async fn an_impostors_hello_through_another_replica_is_refused_and_the_victims_t
         assert_error(&status, Code::PermissionDenied, "FORBIDDEN");
 
         // Ada's bridge loses its stream (its redials go nowhere for now): b waits for it and
-        // publishes it no more. c relays Mallory's hello to b, which refuses it.
+        // publishes it as held, not connected. Mallory cannot take the id on c meanwhile.
         let nowhere = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let nowhere_addr = nowhere.local_addr().unwrap();
         drop(nowhere);
         proxy.cut_and_point_to(nowhere_addr);
-        published_as(&url, &schema, "b1", false).await;
+        published_held(&url, &schema, "b1").await;
+        let squat = pb::BridgeHello {
+            running: Vec::new(),
+            ..hello.clone()
+        };
         let status = expect_err(
-            crate::bridge::hello_with(c.channel().await, Some(MALLORY_TOKEN), hello).await,
+            crate::bridge::hello_with(c.channel().await, Some(MALLORY_TOKEN), squat).await,
         );
         assert_error(&status, Code::PermissionDenied, "FORBIDDEN");
-        c.next_logged("the replica owning a bridge's runtimes refused its stream")
-            .await
-            .expect("c relayed the hello to b, which refused it");
+        // Were b's publication missing (late, or lost), c relays Mallory's hello to b, the
+        // owner of the runtime she lists, and b's refusal is her answer. (b publishes again
+        // within a third of the lease TTL: the row is taken away right before each try.)
+        let mut tries = 0;
+        while !c.logged("the replica owning a bridge's runtimes refused its stream") {
+            tries += 1;
+            assert!(tries <= 20, "c never relayed the hello to b");
+            unpublish(&url, &schema, "b1").await;
+            let status = expect_err(
+                crate::bridge::hello_with(c.channel().await, Some(MALLORY_TOKEN), hello.clone())
+                    .await,
+            );
+            assert_error(&status, Code::PermissionDenied, "FORBIDDEN");
+        }
 
         // Ada's bridge comes back to b; her turn completes there, as if nothing happened.
         proxy.cut_and_point_to(b.addr());

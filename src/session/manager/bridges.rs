@@ -4,6 +4,10 @@
 //! once when one connects or leaves); a replica asked to create or open a remote session without
 //! a matching bridge of its own hands the call to a replica that has one, through the same
 //! forwarding as any call for a session owned elsewhere.
+//!
+//! Each publication names the principal whose token the bridge connected with, and bridges
+//! whose runtimes wait for a redial are published too (not connected, so placed on by no one):
+//! a bridge id is its principal's on every replica, and no other principal's hello takes it.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -95,6 +99,7 @@ impl Sessions {
             .map(|b| BridgeAd {
                 bridge_id: b.bridge_id,
                 principal: b.principal,
+                connected: b.connected,
                 replica: replica.clone(),
                 labels: b.labels,
                 profiles: b.profiles,
@@ -138,7 +143,7 @@ impl Sessions {
         let ads = self.ctx.store.bridge_ads().await?;
         Ok(ads
             .into_iter()
-            .filter(|ad| &ad.replica != me && labels_match(labels, &ad.labels))
+            .filter(|ad| ad.connected && &ad.replica != me && labels_match(labels, &ad.labels))
             .filter(|ad| principal_allowed(principals, &ad.principal))
             .filter_map(|ad| {
                 let address = ReplicaOptions::address_of(&ad.replica)?.to_owned();

@@ -134,8 +134,12 @@ CREATE INDEX bridges_by_expiry ON bridges (expires_at);
 "#;
 
 /// Version 4: the principal of each published bridge's token, so no replica admits another
-/// principal's bridge under the same id (an older replica's rows read '': unknown).
-const V4: &str = "ALTER TABLE bridges ADD COLUMN principal text NOT NULL DEFAULT '';";
+/// principal's bridge under the same id (an older replica's rows read '': unknown), and
+/// whether its stream is up there (bridges waiting for a redial are published too, as held).
+const V4: &str = r#"
+ALTER TABLE bridges ADD COLUMN principal text NOT NULL DEFAULT '';
+ALTER TABLE bridges ADD COLUMN connected boolean NOT NULL DEFAULT true;
+"#;
 
 /// Brings the schema of the connection's `search_path` to [`SCHEMA_VERSION`].
 pub(super) async fn migrate(client: &mut Client) -> Result<()> {
