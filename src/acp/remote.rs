@@ -50,8 +50,9 @@ pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(30);
 /// logged, and published to the other replicas, so a bigger one is refused whole.
 pub const MAX_HELLO_LABELS: usize = 64;
 pub const MAX_HELLO_PROFILES: usize = 256;
-/// Runtimes a hello may list as still running.
-pub const MAX_HELLO_RUNNING: usize = 4096;
+/// Runtimes a hello may list as still running (four replicas' worth at the default
+/// `limits.live_runtimes`); each listed session may cost a store read to find its owner.
+pub const MAX_HELLO_RUNNING: usize = 1024;
 /// Bytes of each hello text: bridge id, version, label key or value, profile name, runtime key.
 pub const MAX_HELLO_TEXT: usize = 256;
 
