@@ -31,6 +31,7 @@ use tokio::{
 };
 
 use super::process::{RuntimeKiller, StderrTail};
+use crate::domain::{Error, ErrorCode, text::cap_foreign};
 
 /// Lines the harness keeps for one runtime until the bridge acknowledges them.
 pub const MAX_UNACKED_LINES: usize = 1024;
@@ -44,6 +45,16 @@ const PIPE_BYTES: usize = 256 * 1024;
 const SEND_STALL: Duration = Duration::from_secs(10);
 /// The default of `reconnect_grace` (SPEC §16).
 pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(30);
+
+/// Bounds of a bridge's hello: it is kept in memory for as long as the bridge is connected,
+/// logged, and published to the other replicas, so a bigger one is refused whole.
+pub const MAX_HELLO_LABELS: usize = 64;
+pub const MAX_HELLO_PROFILES: usize = 256;
+/// Runtimes a hello may list as still running (four replicas' worth at the default
+/// `limits.live_runtimes`); each listed session may cost a store read to find its owner.
+pub const MAX_HELLO_RUNNING: usize = 1024;
+/// Bytes of each hello text: bridge id, version, label key or value, profile name, runtime key.
+pub const MAX_HELLO_TEXT: usize = 256;
 
 /// What a bridge sends, decoded from the wire by the transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,6 +141,8 @@ pub struct StillRunning {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteSpec<'a> {
     pub labels: &'a BTreeMap<String, String>,
+    /// The principals whose bridges may run it (`None`: any).
+    pub principals: Option<&'a [String]>,
     pub bridge_profile: &'a str,
     pub cwd: &'a str,
     pub session_id: &'a str,
@@ -163,6 +176,9 @@ enum RuntimeEvent {
 }
 
 struct BridgeEntry {
+    /// The principal of the token the bridge connected with: it owns the bridge id while the
+    /// bridge is held here (connected, or runtimes waiting for it to redial).
+    principal: String,
     labels: BTreeMap<String, String>,
     profiles: Vec<String>,
     /// The replica relaying this stream (the bridge's own stream is there): no new runtimes
@@ -173,6 +189,20 @@ struct BridgeEntry {
     /// Counts the bridge's streams; a stream that ends acts only if it is still the current one.
     generation: u64,
     runtimes: BTreeSet<String>,
+}
+
+impl BridgeEntry {
+    /// Whether the bridge id is taken: its stream is up, or runtimes wait for it to redial.
+    fn held(&self) -> bool {
+        self.out.is_some() || !self.runtimes.is_empty()
+    }
+
+    /// Whether placement may hand this bridge a runtime wanting `labels` and `principals`.
+    fn serves(&self, labels: &BTreeMap<String, String>, principals: Option<&[String]>) -> bool {
+        self.relayed_by.is_none()
+            && labels_match(labels, &self.labels)
+            && principal_allowed(principals, &self.principal)
+    }
 }
 
 struct RuntimeEntry {
@@ -200,6 +230,9 @@ pub struct Gateway {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeSummary {
     pub bridge_id: String,
+    pub principal: String,
+    /// Its stream is up here (not relayed): runtimes may be placed on it.
+    pub connected: bool,
     pub labels: BTreeMap<String, String>,
     pub profiles: Vec<String>,
     pub runtimes: u64,
@@ -208,6 +241,105 @@ pub struct BridgeSummary {
 /// Whether a bridge with `have` labels serves a profile asking for `want`.
 pub fn labels_match(want: &BTreeMap<String, String>, have: &BTreeMap<String, String>) -> bool {
     want.iter().all(|(k, v)| have.get(k) == Some(v))
+}
+
+/// Whether a bridge connected as `principal` may serve a profile allowing `allowed` principals
+/// (`None`: any).
+pub fn principal_allowed(allowed: Option<&[String]>, principal: &str) -> bool {
+    allowed.is_none_or(|allowed| allowed.iter().any(|p| p == principal))
+}
+
+/// Checks a hello against the bounds above (LIMIT_EXCEEDED naming the field, never quoting it)
+/// and that it names itself.
+pub fn check_hello(hello: &Hello) -> Result<(), Error> {
+    fn count(limit: &str, max: usize, n: usize, what: &str) -> Result<(), Error> {
+        match n > max {
+            true => Err(Error::limit(limit, max, format!("the hello's {n} {what}"))),
+            false => Ok(()),
+        }
+    }
+    fn bytes<'a>(
+        limit: &str,
+        texts: impl IntoIterator<Item = &'a str>,
+        what: &str,
+    ) -> Result<(), Error> {
+        match texts.into_iter().any(|t| t.len() > MAX_HELLO_TEXT) {
+            true => Err(Error::limit(
+                limit,
+                MAX_HELLO_TEXT,
+                format!("a {what} of the hello (bytes)"),
+            )),
+            false => Ok(()),
+        }
+    }
+    bytes("hello.bridge_id", [hello.bridge_id.as_str()], "bridge_id")?;
+    bytes("hello.version", [hello.version.as_str()], "version")?;
+    count(
+        "hello.labels",
+        MAX_HELLO_LABELS,
+        hello.labels.len(),
+        "labels",
+    )?;
+    let label_texts = hello
+        .labels
+        .iter()
+        .flat_map(|(k, v)| [k.as_str(), v.as_str()]);
+    bytes("hello.label", label_texts, "label key or value")?;
+    count(
+        "hello.profiles",
+        MAX_HELLO_PROFILES,
+        hello.profiles.len(),
+        "profiles",
+    )?;
+    bytes(
+        "hello.profile",
+        hello.profiles.iter().map(String::as_str),
+        "profile name",
+    )?;
+    count(
+        "hello.running",
+        MAX_HELLO_RUNNING,
+        hello.running.len(),
+        "running runtimes",
+    )?;
+    bytes(
+        "hello.runtime_key",
+        hello.running.iter().map(|r| r.key.as_str()),
+        "runtime key",
+    )?;
+    // Compared exactly, logged, and shown in metrics: printable and not blank.
+    if hello.bridge_id.trim().is_empty() || hello.bridge_id.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "the hello needs a bridge_id that is not blank and holds no control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// The refusal of a hello naming a bridge id another principal holds.
+pub fn held_by_another(bridge_id: &str) -> Error {
+    Error::new(
+        ErrorCode::Forbidden,
+        format!("bridge id {bridge_id:?} is held by another principal's bridge"),
+    )
+}
+
+/// A bridge admitted by [`Gateway::admit`], to be served by [`Gateway::serve`].
+pub struct Admitted {
+    bridge_id: String,
+    generation: u64,
+    out: mpsc::Sender<ToBridge>,
+    reattach: Vec<(mpsc::Sender<RuntimeEvent>, u64)>,
+    gone: Vec<mpsc::Sender<RuntimeEvent>>,
+    orphans: Vec<String>,
+}
+
+impl std::fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitted")
+            .field("bridge_id", &self.bridge_id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Gateway {
@@ -237,15 +369,19 @@ impl Gateway {
         state.bridges.values().filter(|b| b.out.is_some()).count()
     }
 
-    /// The bridges whose stream is up here, for the other replicas.
+    /// The bridges held here, for the other replicas: those whose stream is up here (placement
+    /// may use them), and those whose runtimes wait for them or that another replica relays
+    /// (they only say whose the bridge id is).
     pub fn summaries(&self) -> Vec<BridgeSummary> {
         let state = self.state.lock().expect("not poisoned");
         let mut found: Vec<BridgeSummary> = state
             .bridges
             .iter()
-            .filter(|(_, b)| b.out.is_some() && b.relayed_by.is_none())
+            .filter(|(_, b)| b.held())
             .map(|(id, b)| BridgeSummary {
                 bridge_id: id.clone(),
+                principal: b.principal.clone(),
+                connected: b.out.is_some() && b.relayed_by.is_none(),
                 labels: b.labels.clone(),
                 profiles: b.profiles.clone(),
                 runtimes: b.runtimes.len() as u64,
@@ -265,9 +401,32 @@ impl Gateway {
             .and_then(|b| b.relayed_by.clone())
     }
 
-    /// Whether a bridge matching `labels` is connected here now.
-    pub fn has_match(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.place(labels).is_some()
+    /// Whether a bridge matching `labels` (of one of `principals`, if given) is connected here.
+    pub fn has_match(
+        &self,
+        labels: &BTreeMap<String, String>,
+        principals: Option<&[String]>,
+    ) -> bool {
+        self.place(labels, principals).is_some()
+    }
+
+    /// The principal holding `bridge_id` here (connected, or its runtimes waiting for a redial).
+    pub fn holder(&self, bridge_id: &str) -> Option<String> {
+        let state = self.state.lock().expect("not poisoned");
+        state
+            .bridges
+            .get(bridge_id)
+            .filter(|b| b.held())
+            .map(|b| b.principal.clone())
+    }
+
+    /// Refuses (FORBIDDEN) a hello of `principal` naming a bridge id another principal holds
+    /// here; changes nothing.
+    pub fn check_owner(&self, bridge_id: &str, principal: &str) -> Result<(), Error> {
+        match self.holder(bridge_id) {
+            Some(holder) if holder != principal => Err(held_by_another(bridge_id)),
+            _ => Ok(()),
+        }
     }
 
     /// Resolves once a bridge connects here or a bridge's stream here ends (after this call).
@@ -280,13 +439,17 @@ impl Gateway {
         self.connected.notified()
     }
 
-    /// The least-loaded connected bridge whose labels include `labels`.
-    fn place(&self, labels: &BTreeMap<String, String>) -> Option<(String, mpsc::Sender<ToBridge>)> {
+    /// The least-loaded connected bridge whose labels include `labels`, of one of `principals`.
+    fn place(
+        &self,
+        labels: &BTreeMap<String, String>,
+        principals: Option<&[String]>,
+    ) -> Option<(String, mpsc::Sender<ToBridge>)> {
         let state = self.state.lock().expect("not poisoned");
         state
             .bridges
             .iter()
-            .filter(|(_, b)| labels_match(labels, &b.labels) && b.relayed_by.is_none())
+            .filter(|(_, b)| b.serves(labels, principals))
             .filter_map(|(id, b)| b.out.clone().map(|out| (b.runtimes.len(), id, out)))
             .min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)))
             .map(|(_, id, out)| (id.clone(), out))
@@ -298,7 +461,7 @@ impl Gateway {
         let deadline = Instant::now() + spec.startup_timeout;
         let (bridge_id, out) = loop {
             let notified = self.connected.notified();
-            if let Some(found) = self.place(spec.labels) {
+            if let Some(found) = self.place(spec.labels, spec.principals) {
                 break found;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -325,7 +488,6 @@ impl Gateway {
                 },
             );
         }
-        self.runtimes_gauge(&bridge_id);
         let (actor_side, task_side) = tokio::io::duplex(PIPE_BYTES);
         let (stdout, stdin) = tokio::io::split(actor_side);
         let stderr = Arc::new(StderrTail::default());
@@ -383,57 +545,92 @@ impl Gateway {
         }
     }
 
-    fn runtimes_gauge(&self, bridge_id: &str) {
-        let count = {
-            let state = self.state.lock().expect("not poisoned");
-            state.bridges.get(bridge_id).map_or(0, |b| b.runtimes.len())
-        };
-        metrics::gauge!(BRIDGE_RUNTIMES, "bridge" => bridge_id.to_owned()).set(count as f64);
+    /// The per-bridge series in the Prometheus text format, rendered at scrape time from the
+    /// bridges held now: the `metrics` facade cannot remove a labelled series, so a bridge's
+    /// series would outlive it there (one series per bridge id ever seen).
+    pub fn exposition(&self) -> String {
+        use std::fmt::Write;
+        let state = self.state.lock().expect("not poisoned");
+        let mut held: Vec<(&String, usize)> = state
+            .bridges
+            .iter()
+            .filter(|(_, b)| b.held())
+            .map(|(id, b)| (id, b.runtimes.len()))
+            .collect();
+        if held.is_empty() {
+            return String::new();
+        }
+        held.sort();
+        let mut text = format!(
+            "# HELP {BRIDGE_RUNTIMES} Remote runtimes each bridge runs for this replica.\n\
+             # TYPE {BRIDGE_RUNTIMES} gauge\n"
+        );
+        for (id, runtimes) in held {
+            let _ = writeln!(
+                text,
+                "{BRIDGE_RUNTIMES}{{bridge=\"{}\"}} {runtimes}",
+                escape_label(id)
+            );
+        }
+        text
     }
 
     fn forget(&self, key: &str) {
-        let bridge_id = {
-            let mut state = self.state.lock().expect("not poisoned");
-            let Some(entry) = state.runtimes.remove(key) else {
-                return;
-            };
-            if let Some(bridge) = state.bridges.get_mut(&entry.bridge_id) {
-                bridge.runtimes.remove(key);
-            }
-            entry.bridge_id
+        let mut state = self.state.lock().expect("not poisoned");
+        let Some(entry) = state.runtimes.remove(key) else {
+            return;
         };
-        self.runtimes_gauge(&bridge_id);
+        if let Some(bridge) = state.bridges.get_mut(&entry.bridge_id) {
+            bridge.runtimes.remove(key);
+            // A bridge that left and whose last runtime is gone leaves no trace (its id is free).
+            if !bridge.held() {
+                state.bridges.remove(&entry.bridge_id);
+                drop(state);
+                self.changed.notify_waiters();
+            }
+        }
     }
 
-    /// Serves one bridge stream: registers the bridge (taking over from an earlier stream of
-    /// the same bridge), takes up the runtimes its hello lists, faults the ones it no longer
-    /// runs, then hands each message to its runtime until the stream ends. A message the
-    /// harness cannot place (an unknown runtime key) is dropped and counted; it never reaches
-    /// another runtime.
+    /// Serves one bridge stream of `principal` ([`Gateway::admit`], then [`Gateway::serve`]).
     pub async fn serve_bridge<S>(
         self: &Arc<Self>,
         hello: Hello,
-        mut inbound: S,
+        principal: &str,
+        inbound: S,
         out: mpsc::Sender<ToBridge>,
         relayed_by: Option<String>,
     ) -> Result<(), Refused>
     where
         S: futures::Stream<Item = Result<FromBridge, Refused>> + Unpin,
     {
-        use futures::StreamExt;
-        if hello.bridge_id.trim().is_empty() || hello.bridge_id.len() > 256 {
-            return Err(Refused(
-                "the hello needs a bridge_id of 1 to 256 bytes".into(),
-            ));
-        }
+        let admitted = self
+            .admit(&hello, principal, out, relayed_by)
+            .map_err(|e| Refused(e.message))?;
+        self.serve(admitted, inbound).await
+    }
+
+    /// Registers a bridge stream of `principal`: checks the hello's bounds, refuses (FORBIDDEN)
+    /// a bridge id another principal holds here, then takes over from an earlier stream of the
+    /// same bridge and sorts the runtimes its hello lists. A refused hello changes nothing.
+    pub fn admit(
+        &self,
+        hello: &Hello,
+        principal: &str,
+        out: mpsc::Sender<ToBridge>,
+        relayed_by: Option<String>,
+    ) -> Result<Admitted, Error> {
+        check_hello(hello)?;
         let bridge_id = hello.bridge_id.clone();
-        let listed: HashMap<String, StillRunning> = hello
-            .running
-            .iter()
-            .map(|r| (r.key.clone(), r.clone()))
-            .collect();
-        let (generation, reattach, gone, orphans) = {
+        let listed: HashMap<&str, &StillRunning> =
+            hello.running.iter().map(|r| (r.key.as_str(), r)).collect();
+        let admitted = {
             let mut state = self.state.lock().expect("not poisoned");
+            if let Some(previous) = state.bridges.get(&bridge_id)
+                && previous.held()
+                && previous.principal != principal
+            {
+                return Err(held_by_another(&bridge_id));
+            }
             let previous = state.bridges.remove(&bridge_id);
             let reconnect = previous.is_some();
             let generation = previous.as_ref().map_or(0, |p| p.generation + 1);
@@ -445,7 +642,7 @@ impl Gateway {
                 let Some(entry) = state.runtimes.get(&key) else {
                     continue;
                 };
-                match listed.get(&key) {
+                match listed.get(key.as_str()) {
                     Some(running) => {
                         reattach.push((entry.events.clone(), running.last_stdin_seq));
                         kept.insert(key);
@@ -455,15 +652,16 @@ impl Gateway {
             }
             let orphans: Vec<String> = listed
                 .keys()
-                .filter(|k| !kept.contains(*k))
-                .cloned()
+                .filter(|k| !kept.contains(**k))
+                .map(|k| (*k).to_owned())
                 .collect();
             state.bridges.insert(
                 bridge_id.clone(),
                 BridgeEntry {
+                    principal: principal.to_owned(),
                     labels: hello.labels.clone(),
                     profiles: hello.profiles.clone(),
-                    relayed_by: relayed_by.clone(),
+                    relayed_by,
                     out: Some(out.clone()),
                     generation,
                     runtimes: kept,
@@ -472,14 +670,46 @@ impl Gateway {
             if reconnect {
                 metrics::counter!(BRIDGE_RECONNECTS).increment(1);
             }
-            (generation, reattach, gone, orphans)
+            Admitted {
+                bridge_id: bridge_id.clone(),
+                generation,
+                out,
+                reattach,
+                gone,
+                orphans,
+            }
         };
         metrics::gauge!(BRIDGES_CONNECTED).set(self.connected_bridges() as f64);
-        self.runtimes_gauge(&bridge_id);
-        tracing::info!(bridge = %bridge_id, labels = %labels_text(&hello.labels), profiles = ?hello.profiles,
-            version = %hello.version, running = hello.running.len(), "bridge connected");
+        // Bounded by check_hello, and capped again: a log line is no place for a whole hello.
+        tracing::info!(bridge = %bridge_id, %principal, labels = %cap_foreign(&labels_text(&hello.labels)),
+            profiles = %cap_foreign(&format!("{:?}", hello.profiles)), version = %hello.version,
+            running = hello.running.len(), "bridge connected");
         self.connected.notify_waiters();
         self.changed.notify_waiters();
+        Ok(admitted)
+    }
+
+    /// Serves an admitted bridge stream: takes up the runtimes its hello lists, faults the ones
+    /// it no longer runs, then hands each message to its runtime until the stream ends. A
+    /// message the harness cannot place (an unknown runtime key) is dropped and counted; it
+    /// never reaches another runtime.
+    pub async fn serve<S>(
+        self: &Arc<Self>,
+        admitted: Admitted,
+        mut inbound: S,
+    ) -> Result<(), Refused>
+    where
+        S: futures::Stream<Item = Result<FromBridge, Refused>> + Unpin,
+    {
+        use futures::StreamExt;
+        let Admitted {
+            bridge_id,
+            generation,
+            out,
+            reattach,
+            gone,
+            orphans,
+        } = admitted;
         for (events, last_stdin_seq) in reattach {
             let _ = events
                 .send(RuntimeEvent::Attached {
@@ -554,6 +784,14 @@ impl Gateway {
         }
         result
     }
+}
+
+/// A Prometheus label value, escaped as the text format wants.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 pub(crate) const BRIDGES_CONNECTED: &str = "agent_harness_bridges_connected";
@@ -718,11 +956,17 @@ impl RuntimeTask {
                 FromBridge::SpawnFailed {
                     error, stderr_tail, ..
                 } => {
-                    let mut why = format!("bridge {} could not start it: {error}", self.bridge_id);
+                    // Both texts are the bridge's to choose: capped, and so is what they make.
+                    let mut why = format!(
+                        "bridge {} could not start it: {}",
+                        self.bridge_id,
+                        cap_foreign(&error)
+                    );
                     if !stderr_tail.trim().is_empty() {
                         why.push_str("; stderr: ");
-                        why.push_str(stderr_tail.trim());
+                        why.push_str(&cap_foreign(stderr_tail.trim()));
                     }
+                    let why = cap_foreign(&why);
                     if let Some(ready) = self.ready.take() {
                         let _ = ready.send(Err(why.clone()));
                     }
@@ -792,7 +1036,7 @@ impl RuntimeTask {
                     stderr_tail,
                     ..
                 } => {
-                    self.stderr.push(stderr_tail.as_bytes());
+                    self.stderr.push(cap_foreign(&stderr_tail).as_bytes());
                     let status = match (code, signal) {
                         (Some(code), _) => ExitStatus::from_raw((code & 0xff) << 8),
                         (None, Some(signal)) => ExitStatus::from_raw(signal & 0x7f),
@@ -832,6 +1076,7 @@ mod tests {
     fn spec<'a>(labels: &'a BTreeMap<String, String>) -> RemoteSpec<'a> {
         RemoteSpec {
             labels,
+            principals: None,
             bridge_profile: "mock",
             cwd: "/",
             session_id: "s",
@@ -853,7 +1098,9 @@ mod tests {
         let gateway = gateway.clone();
         tokio::spawn(async move {
             let inbound = tokio_stream::wrappers::ReceiverStream::new(in_rx);
-            let _ = gateway.serve_bridge(hello, inbound, out_tx, None).await;
+            let _ = gateway
+                .serve_bridge(hello, "local", inbound, out_tx, None)
+                .await;
         });
         (out_rx, in_tx)
     }
@@ -870,18 +1117,277 @@ mod tests {
                 let inbound = tokio_stream::wrappers::ReceiverStream::new(in_rx);
                 let relayed_by = Some("10.0.0.3:50051".to_owned());
                 let _ = gateway
-                    .serve_bridge(hello("b1", &[]), inbound, out_tx, relayed_by)
+                    .serve_bridge(hello("b1", &[]), "local", inbound, out_tx, relayed_by)
                     .await;
             }
         });
         connected.await;
         assert_eq!(gateway.relayed_by("b1").as_deref(), Some("10.0.0.3:50051"));
-        assert!(gateway.summaries().is_empty());
-        assert!(!gateway.has_match(&BTreeMap::new()));
+        assert!(gateway.summaries().iter().all(|s| !s.connected));
+        assert!(!gateway.has_match(&BTreeMap::new(), None));
         let any = BTreeMap::new();
         let mut short = spec(&any);
         short.startup_timeout = Duration::from_millis(100);
         assert!(gateway.spawn(short).await.is_err());
+    }
+
+    /// A bridge of `principal` served in the background.
+    fn connect_as(
+        gateway: &Arc<Gateway>,
+        hello: Hello,
+        principal: &str,
+    ) -> (
+        mpsc::Receiver<ToBridge>,
+        mpsc::Sender<Result<FromBridge, Refused>>,
+    ) {
+        let (out_tx, out_rx) = mpsc::channel(OUTBOUND_MESSAGES);
+        let (in_tx, in_rx) = mpsc::channel(16);
+        let admitted = gateway
+            .admit(&hello, principal, out_tx, None)
+            .expect("admitted");
+        let gateway = gateway.clone();
+        tokio::spawn(async move {
+            let inbound = tokio_stream::wrappers::ReceiverStream::new(in_rx);
+            let _ = gateway.serve(admitted, inbound).await;
+        });
+        (out_rx, in_tx)
+    }
+
+    #[tokio::test]
+    async fn a_hello_naming_a_bridge_id_another_principal_holds_is_refused_and_changes_nothing() {
+        let gateway = Gateway::new();
+        let (mut out, inbound) = connect_as(&gateway, hello("b1", &[]), "victim");
+        let spawning = tokio::spawn({
+            let gateway = gateway.clone();
+            async move { gateway.spawn(spec(&BTreeMap::new())).await }
+        });
+        let ToBridge::Spawn { key, .. } = next(&mut out).await else {
+            panic!("spawn first")
+        };
+        inbound
+            .send(Ok(FromBridge::Spawned { key: key.clone() }))
+            .await
+            .unwrap();
+        let mut runtime = spawning.await.unwrap().expect("spawned");
+        let mut impostor = hello("b1", &[]);
+        impostor.running = vec![StillRunning {
+            key: key.clone(),
+            last_stdin_seq: 0,
+            last_stdout_seq: 0,
+        }];
+        let (impostor_out, mut impostor_rx) = mpsc::channel(OUTBOUND_MESSAGES);
+        let refused = gateway
+            .admit(&impostor, "mallory", impostor_out.clone(), None)
+            .unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Forbidden);
+        assert_eq!(gateway.holder("b1").as_deref(), Some("victim"));
+        assert_eq!(gateway.summaries()[0].principal, "victim");
+        assert!(gateway.check_owner("b1", "mallory").is_err());
+        gateway.check_owner("b1", "victim").unwrap();
+        // Within the reconnect grace the id stays the victim's.
+        drop(inbound);
+        runtime.stdin.write_all(b"{\"a\":1}\n").await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while gateway.connected_bridges() > 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the stream ended");
+        let refused = gateway
+            .admit(&impostor, "mallory", impostor_out, None)
+            .unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Forbidden);
+        let summaries = gateway.summaries();
+        assert_eq!(summaries.len(), 1, "still published, as the victim's");
+        assert!(!summaries[0].connected && summaries[0].principal == "victim");
+        assert!(
+            impostor_rx.try_recv().is_err(),
+            "nothing reached the impostor"
+        );
+        // The victim's bridge redials and gets the line the impostor never saw.
+        let mut again = hello("b1", &[]);
+        again.running = vec![StillRunning {
+            key: key.clone(),
+            last_stdin_seq: 0,
+            last_stdout_seq: 0,
+        }];
+        let (mut out, _inbound) = connect_as(&gateway, again, "victim");
+        assert_eq!(
+            next(&mut out).await,
+            ToBridge::Ack {
+                key: key.clone(),
+                seq: 0
+            }
+        );
+        assert_eq!(
+            next(&mut out).await,
+            ToBridge::Stdin {
+                key,
+                seq: 1,
+                line: b"{\"a\":1}".to_vec()
+            }
+        );
+        drop(runtime);
+    }
+
+    #[tokio::test]
+    async fn without_tokens_every_bridge_is_local_and_a_redial_takes_its_id_over_as_before() {
+        let gateway = Gateway::new();
+        let (_out, _inbound) = connect_as(&gateway, hello("b1", &[]), "local");
+        let (out_tx, _out_rx) = mpsc::channel(OUTBOUND_MESSAGES);
+        gateway
+            .admit(&hello("b1", &[]), "local", out_tx, None)
+            .expect("the same principal takes its id over");
+    }
+
+    #[test]
+    fn a_hello_over_its_bounds_is_refused_limit_exceeded_without_quoting_it() {
+        let many: Vec<(String, String)> = (0..=MAX_HELLO_LABELS)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect();
+        let mut big = hello("b1", &[]);
+        big.labels = many.into_iter().collect();
+        let long = "x".repeat(MAX_HELLO_TEXT + 1);
+        let cases = [
+            big,
+            Hello {
+                labels: [(long.clone(), "v".into())].into(),
+                ..hello("b1", &[])
+            },
+            Hello {
+                labels: [("k".into(), long.clone())].into(),
+                ..hello("b1", &[])
+            },
+            Hello {
+                profiles: vec!["p".into(); MAX_HELLO_PROFILES + 1],
+                ..hello("b1", &[])
+            },
+            Hello {
+                profiles: vec![long.clone()],
+                ..hello("b1", &[])
+            },
+            Hello {
+                version: long.clone(),
+                ..hello("b1", &[])
+            },
+            hello(&long, &[]),
+            Hello {
+                running: vec![StillRunning::default(); MAX_HELLO_RUNNING + 1],
+                ..hello("b1", &[])
+            },
+        ];
+        for case in cases {
+            let error = check_hello(&case).unwrap_err();
+            assert_eq!(error.code, ErrorCode::LimitExceeded, "{error:?}");
+            assert!(!error.message.contains("xxxx"), "{}", error.message);
+        }
+        let mut at_bounds = hello("b1", &[]);
+        at_bounds.labels = (0..MAX_HELLO_LABELS)
+            .map(|i| (format!("{i:0>256}"), "v".repeat(MAX_HELLO_TEXT)))
+            .collect();
+        check_hello(&at_bounds).unwrap();
+        assert_eq!(
+            check_hello(&hello(" ", &[])).unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bridges_series_leave_the_exposition_when_the_bridge_leaves() {
+        let gateway = Gateway::new();
+        let (mut out, inbound) = connect_as(&gateway, hello("b\"1", &[]), "local");
+        assert!(
+            gateway
+                .exposition()
+                .contains("agent_harness_bridge_runtimes{bridge=\"b\\\"1\"} 0"),
+            "{}",
+            gateway.exposition()
+        );
+        let spawning = tokio::spawn({
+            let gateway = gateway.clone();
+            async move {
+                let labels = BTreeMap::new();
+                let mut short = spec(&labels);
+                short.reconnect_grace = Duration::from_millis(100);
+                gateway.spawn(short).await
+            }
+        });
+        let ToBridge::Spawn { key, .. } = next(&mut out).await else {
+            panic!("spawn first")
+        };
+        inbound.send(Ok(FromBridge::Spawned { key })).await.unwrap();
+        let runtime = spawning.await.unwrap().expect("spawned");
+        assert!(
+            gateway.exposition().contains("} 1"),
+            "{}",
+            gateway.exposition()
+        );
+        // The stream breaks; the runtime outlives it for the grace, then the bridge is gone.
+        drop(inbound);
+        let _ = tokio::time::timeout(Duration::from_secs(5), runtime.exited)
+            .await
+            .expect("faulted after the grace");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !gateway.exposition().is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the series went with the bridge");
+        assert_eq!(gateway.holder("b\"1"), None, "the id is free again");
+    }
+
+    #[tokio::test]
+    async fn a_spawn_failure_of_megabytes_is_capped_and_marked_as_cut() {
+        let gateway = Gateway::new();
+        let (mut out, inbound) = connect(&gateway, hello("b1", &[]));
+        let spawning = tokio::spawn({
+            let gateway = gateway.clone();
+            async move { gateway.spawn(spec(&BTreeMap::new())).await.err() }
+        });
+        let ToBridge::Spawn { key, .. } = next(&mut out).await else {
+            panic!("spawn first")
+        };
+        inbound
+            .send(Ok(FromBridge::SpawnFailed {
+                key,
+                error: "e".repeat(4 << 20),
+                stderr_tail: "s".repeat(4 << 20),
+            }))
+            .await
+            .unwrap();
+        let why = spawning.await.unwrap().expect("failed");
+        assert!(
+            why.len() <= crate::domain::text::MAX_FOREIGN_TEXT_BYTES,
+            "{}",
+            why.len()
+        );
+        assert!(why.ends_with(crate::domain::text::CUT_MARK));
+    }
+
+    #[tokio::test]
+    async fn placement_hands_a_runtime_only_to_a_bridge_of_an_allowed_principal() {
+        let gateway = Gateway::new();
+        let (_out, _inbound) = connect_as(&gateway, hello("a-theirs", &[]), "mallory");
+        let any = BTreeMap::new();
+        let allowed = vec!["sandbox-7".to_owned()];
+        assert!(!gateway.has_match(&any, Some(&allowed)));
+        assert!(gateway.has_match(&any, None));
+        let (mut out, _inbound) = connect_as(&gateway, hello("ours", &[]), "sandbox-7");
+        assert!(gateway.has_match(&any, Some(&allowed)));
+        let spawning = tokio::spawn({
+            let gateway = gateway.clone();
+            let allowed = allowed.clone();
+            async move {
+                let any = BTreeMap::new();
+                let mut wanted = spec(&any);
+                wanted.principals = Some(&allowed);
+                gateway.spawn(wanted).await.err()
+            }
+        });
+        assert!(matches!(next(&mut out).await, ToBridge::Spawn { .. }));
+        spawning.abort();
     }
 
     async fn next(rx: &mut mpsc::Receiver<ToBridge>) -> ToBridge {

@@ -5,7 +5,18 @@
 //! sha256 = "<64 lower-case hex digits: SHA-256 of the token>"
 //! principal = "ada"
 //! kind = "user"      # or "service", "replica", "runtime" (a bridge: it may only Connect)
+//!
+//! [[tokens]]
+//! sha256 = "..."
+//! principal = "sandbox-7"
+//! kind = "runtime"
+//! labels = { pool = "sandbox", zone = "*" }   # optional, runtime rows only
 //! ```
+//!
+//! `labels` on a runtime row bounds what its bridges may claim in their hello: every label a
+//! hello carries must be listed, with the same value or with `"*"` (any value for that key).
+//! Without `labels` a bridge may claim any. A profile's `bridge_labels` select bridges, so a
+//! token allowed every label could attract sessions meant for other bridges.
 //!
 //! The file never holds a token, only its digest. A request's bearer token is hashed and compared
 //! with **every** digest of the table in constant time (no early exit, no lookup keyed by the
@@ -13,7 +24,7 @@
 //! matched. Errors about the file never quote its values: a misplaced raw token must not end up
 //! in a log.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use anyhow::Context;
 use serde::Deserialize;
@@ -52,7 +63,12 @@ struct RowFormat {
     sha256: String,
     principal: String,
     kind: KindField,
+    /// Runtime rows only: the labels its bridges may claim (module doc).
+    labels: Option<BTreeMap<String, String>>,
 }
+
+/// A label value in a runtime row's `labels` that allows any value for its key.
+pub(crate) const ANY_LABEL_VALUE: &str = "*";
 
 /// What a valid token grants: who the caller is. Also the identity of an open stream's
 /// credential, so a reload can tell whether it still holds.
@@ -61,6 +77,26 @@ pub(crate) struct Grant {
     pub digest: Digest32,
     pub principal: String,
     pub kind: PrincipalKind,
+    /// A runtime token's allowed bridge labels (`None`: any).
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+impl Grant {
+    /// The first of `claimed` labels this grant does not allow, if any.
+    pub(crate) fn disallowed_label<'a>(
+        &self,
+        claimed: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> Option<&'a str> {
+        let allowed = self.labels.as_ref()?;
+        claimed
+            .into_iter()
+            .find(|(key, value)| {
+                allowed
+                    .get(*key)
+                    .is_none_or(|a| a != ANY_LABEL_VALUE && a != *value)
+            })
+            .map(|(key, _)| key.as_str())
+    }
 }
 
 /// The loaded tokens.
@@ -111,6 +147,9 @@ impl TokenTable {
                 KindField::Replica => PrincipalKind::Replica,
                 KindField::Runtime => PrincipalKind::Runtime,
             };
+            if row.labels.is_some() && kind != PrincipalKind::Runtime {
+                anyhow::bail!("{at}.labels is only for kind = \"runtime\" (a bridge's token)");
+            }
             if grants.iter().any(|g| g.digest == digest) {
                 anyhow::bail!("{at}.sha256 appears twice in the file");
             }
@@ -129,6 +168,7 @@ impl TokenTable {
                 digest,
                 principal: row.principal,
                 kind,
+                labels: row.labels,
             });
         }
         Ok(Self { grants })
@@ -282,6 +322,33 @@ mod tests {
             &hex::encode(digest("x")).to_uppercase(),
         );
         assert!(TokenTable::parse(&upper).is_err(), "digests are lower-case");
+    }
+
+    #[test]
+    fn a_runtime_rows_labels_bound_what_its_bridges_may_claim_and_other_rows_may_not_have_them() {
+        let text = row("t-b", "sandbox-7", "runtime")
+            + "labels = { pool = \"sandbox\", zone = \"*\" }\n"
+            + &row("t-c", "free", "runtime");
+        let table = TokenTable::parse(&text).unwrap();
+        let bounded = table.authenticate("t-b").unwrap();
+        let claim = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let ok = claim(&[("pool", "sandbox"), ("zone", "eu-1")]);
+        assert_eq!(bounded.disallowed_label(&ok), None);
+        assert_eq!(bounded.disallowed_label(&claim(&[])), None);
+        let other_value = claim(&[("pool", "gpu")]);
+        assert_eq!(bounded.disallowed_label(&other_value), Some("pool"));
+        let other_key = claim(&[("pool", "sandbox"), ("tier", "gold")]);
+        assert_eq!(bounded.disallowed_label(&other_key), Some("tier"));
+        let free = table.authenticate("t-c").unwrap();
+        assert_eq!(free.disallowed_label(&other_key), None, "no labels: any");
+        let user = row("t-u", "ada", "user") + "labels = { pool = \"x\" }\n";
+        let err = format!("{:#}", TokenTable::parse(&user).unwrap_err());
+        assert!(err.contains("tokens[0].labels"), "{err}");
     }
 
     #[test]

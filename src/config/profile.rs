@@ -3,6 +3,7 @@
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
+use anyhow::Context;
 use serde::Deserialize;
 
 pub use crate::session::profile::{
@@ -50,6 +51,9 @@ pub struct ProfileFile {
     pub bridge_profile: Option<String>,
     /// Remote: how long a runtime waits for its bridge to redial (default "30s").
     pub reconnect_grace: Option<String>,
+    /// Remote: the principals (of their runtime tokens) whose bridges may run this profile's
+    /// runtimes; unset, any bridge with the labels may.
+    pub bridge_principals: Option<Vec<String>>,
     /// Local: runtimes kept started and initialized for new sessions (SPEC §18).
     #[serde(default)]
     pub warm_pool: usize,
@@ -91,9 +95,10 @@ impl ProfileFile {
                 if file.command.trim().is_empty() {
                     anyhow::bail!("{} is empty", field("command"));
                 }
-                for key in ["bridge_profile", "reconnect_grace"] {
+                for key in ["bridge_profile", "reconnect_grace", "bridge_principals"] {
                     let set = match key {
                         "bridge_profile" => file.bridge_profile.is_some(),
+                        "bridge_principals" => file.bridge_principals.is_some(),
                         _ => file.reconnect_grace.is_some(),
                     };
                     if set {
@@ -119,8 +124,22 @@ impl ProfileFile {
                         field("bridge_profile")
                     );
                 };
+                if let Some(principals) = &file.bridge_principals {
+                    if principals.is_empty() {
+                        anyhow::bail!(
+                            "{} is empty: no bridge could run this profile (leave it out to allow \
+                             any)",
+                            field("bridge_principals")
+                        );
+                    }
+                    for (i, principal) in principals.iter().enumerate() {
+                        crate::auth::tokens::check_principal(principal)
+                            .with_context(|| format!("{}[{i}]", field("bridge_principals")))?;
+                    }
+                }
                 Some(RemoteTarget {
                     bridge_labels: file.bridge_labels.clone(),
+                    bridge_principals: file.bridge_principals.clone(),
                     bridge_profile,
                     reconnect_grace: duration("reconnect_grace", &file.reconnect_grace)?
                         .unwrap_or(crate::acp::remote::DEFAULT_RECONNECT_GRACE),
@@ -228,6 +247,43 @@ mod tests {
         assert_eq!(profile.cancel_grace, DEFAULT_CANCEL_GRACE);
         assert_eq!(profile.idle_timeout, Some(Duration::from_secs(600)));
         assert_eq!(profile.permission_policy, PermissionPolicy::AutoAccept);
+    }
+
+    #[test]
+    fn a_remote_profile_may_name_the_principals_whose_bridges_run_it_and_a_local_one_may_not() {
+        let profile = file(
+            r#"kind = "remote"
+               bridge_profile = "claude"
+               bridge_principals = ["sandbox-7", "ci-bridges"]"#,
+        )
+        .resolve("far")
+        .unwrap();
+        let remote = profile.remote.expect("remote");
+        assert_eq!(
+            remote.bridge_principals.as_deref(),
+            Some(&["sandbox-7".to_owned(), "ci-bridges".to_owned()][..])
+        );
+        let unset = file("kind = \"remote\"\nbridge_profile = \"x\"")
+            .resolve("far")
+            .unwrap();
+        assert_eq!(unset.remote.unwrap().bridge_principals, None);
+        for (text, needle) in [
+            (
+                "kind = \"remote\"\nbridge_profile = \"x\"\nbridge_principals = []",
+                "bridge_principals is empty",
+            ),
+            (
+                "kind = \"remote\"\nbridge_profile = \"x\"\nbridge_principals = [\"\"]",
+                "bridge_principals[0]",
+            ),
+            (
+                "command = \"sh\"\nbridge_principals = [\"a\"]",
+                "only for kind = \"remote\"",
+            ),
+        ] {
+            let err = format!("{:#}", file(text).resolve("far").unwrap_err());
+            assert!(err.contains(needle), "{text:?} → {err}");
+        }
     }
 
     #[test]

@@ -50,6 +50,11 @@ impl Credential {
     pub(crate) fn revoked(&self) -> impl Future<Output = ()> + Send + 'static {
         self.store.revocation(self.grant.clone())
     }
+
+    /// What the token grants (a bridge's hello is checked against its labels).
+    pub(crate) fn grant(&self) -> &Grant {
+        &self.grant
+    }
 }
 
 fn unauthenticated() -> Error {

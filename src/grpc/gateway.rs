@@ -1,6 +1,12 @@
 //! `RuntimeGatewayService`: bridges dialling in with the runtimes they run (SPEC §16). Thin: the
 //! first message must be a hello; the rest is decoded into the engine's bridge messages and
-//! served by [`Gateway::serve_bridge`]; what the engine sends back is encoded on the way out.
+//! served by [`Gateway::serve`]; what the engine sends back is encoded on the way out.
+//!
+//! A bridge is its token: the hello is admitted only if it is within bounds, claims no label
+//! its runtime token does not allow, and names a bridge id no other principal holds — here, on
+//! another replica (its published bridges), or on the replica owning the runtimes it lists
+//! (that replica refuses the relayed stream, and the refusal is the answer). A refused hello
+//! is the call's status and changes nothing.
 
 use std::{pin::Pin, sync::Arc};
 
@@ -15,7 +21,7 @@ use super::{
 };
 use crate::{
     acp::remote::{self, FromBridge, Gateway, Hello, Refused, StillRunning, ToBridge},
-    domain::{Error, ErrorCode},
+    domain::{Error, ErrorCode, Principal, PrincipalKind},
     pb::v1::{
         BridgeHello, ConnectRequest, ConnectResponse, KillRuntime, LineAck, RuntimeStdin,
         SpawnRuntime, connect_request::Frame as In, connect_response::Frame as Out,
@@ -37,21 +43,47 @@ impl GatewayService {
     }
 }
 
-fn hello_of(hello: BridgeHello) -> Hello {
+fn hello_of(hello: &BridgeHello) -> Hello {
     Hello {
-        bridge_id: hello.bridge_id,
-        labels: hello.labels.into_iter().collect(),
-        profiles: hello.profiles,
-        version: hello.version,
+        bridge_id: hello.bridge_id.clone(),
+        labels: hello
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        profiles: hello.profiles.clone(),
+        version: hello.version.clone(),
         running: hello
             .running
-            .into_iter()
+            .iter()
             .map(|r| StillRunning {
-                key: r.runtime_key,
+                key: r.runtime_key.clone(),
                 last_stdin_seq: r.last_stdin_seq,
                 last_stdout_seq: r.last_stdout_seq,
             })
             .collect(),
+    }
+}
+
+/// Refuses a hello claiming a label the bridge's own runtime token does not allow. A stream a
+/// replica relays was checked by that replica (it authenticated the bridge's token).
+fn check_labels(
+    hello: &Hello,
+    principal: &Principal,
+    credential: Option<&auth::Credential>,
+) -> Result<(), Error> {
+    let Some(grant) = credential.map(auth::Credential::grant) else {
+        return Ok(());
+    };
+    if grant.kind != PrincipalKind::Runtime || grant.principal != principal.id {
+        return Ok(());
+    }
+    match grant.disallowed_label(&hello.labels) {
+        None => Ok(()),
+        Some(key) => Err(Error::new(
+            ErrorCode::Forbidden,
+            format!("this runtime token may not claim the bridge label {key:?}"),
+        )),
     }
 }
 
@@ -134,23 +166,63 @@ impl RuntimeGatewayService for GatewayService {
         let mut inbound = request.into_inner();
         let routes: Routes = Arc::default();
         let (relayed_tx, relayed_rx) = mpsc::channel::<ConnectResponse>(remote::OUTBOUND_MESSAGES);
-        let hello = match inbound.next().await {
+        let mut hello_pb = match inbound.next().await {
             Some(Ok(ConnectRequest {
-                frame: Some(In::Hello(mut hello)),
-            })) => {
-                if let Some(relay) = &self.relay {
-                    relay
-                        .take_foreign(&mut hello, &principal, &routes, &relayed_tx)
-                        .await;
-                }
-                hello_of(hello)
-            }
+                frame: Some(In::Hello(hello)),
+            })) => hello,
             Some(Err(status)) => return Err(status),
             _ => {
                 return Err(Error::invalid("the first message of Connect must be a hello").into());
             }
         };
+        let hello = hello_of(&hello_pb);
+        remote::check_hello(&hello)?;
+        if hello_pb
+            .running
+            .iter()
+            .any(|r| r.session_id.len() > remote::MAX_HELLO_TEXT)
+        {
+            return Err(Error::limit(
+                "hello.session_id",
+                remote::MAX_HELLO_TEXT,
+                "a session id of the hello (bytes)",
+            )
+            .into());
+        }
+        check_labels(&hello, &principal, credential.as_ref())?;
+        gateway.check_owner(&hello.bridge_id, &principal.id)?;
+        if let Some(relay) = &self.relay {
+            if let Some(holder) = relay
+                .sessions
+                .bridge_held_elsewhere(&hello.bridge_id, &principal.id)
+                .await?
+            {
+                tracing::warn!(bridge = %hello.bridge_id, principal = %principal.id, %holder,
+                    "refused a hello naming a bridge another principal holds on another replica");
+                return Err(remote::held_by_another(&hello.bridge_id).into());
+            }
+            // The replica owning a listed runtime refuses a stream that is not its bridge's;
+            // its refusal is this call's answer (the relayed streams opened so far close with
+            // `routes`).
+            relay
+                .take_foreign(&mut hello_pb, &principal, &routes, &relayed_tx)
+                .await?;
+        }
+        drop(hello_pb);
         let (out_tx, out_rx) = mpsc::channel(remote::OUTBOUND_MESSAGES);
+        // The runtimes relayed to their owner are no longer this replica's to take up.
+        let mut hello = hello;
+        {
+            let relayed = routes.lock().expect("not poisoned");
+            hello.running.retain(|r| !relayed.contains_key(&r.key));
+        }
+        let admitted = match gateway.admit(&hello, &principal.id, out_tx, relayed_by) {
+            Ok(admitted) => admitted,
+            Err(error) => {
+                routes.lock().expect("not poisoned").clear();
+                return Err(error.into());
+            }
+        };
         let (end_tx, end_rx) = tokio::sync::oneshot::channel::<Status>();
         drop(relayed_tx);
         tokio::spawn(async move {
@@ -172,9 +244,7 @@ impl RuntimeGatewayService for GatewayService {
                 }
             });
             let inbound = Box::pin(inbound);
-            let served = gateway
-                .serve_bridge(hello, inbound, out_tx, relayed_by)
-                .await;
+            let served = gateway.serve(admitted, inbound).await;
             // The bridge's stream ended: so do the streams relayed for it.
             routes.lock().expect("not poisoned").clear();
             if let Err(Refused(why)) = served {

@@ -72,14 +72,16 @@ pub(crate) fn key_of(message: &ConnectRequest) -> Option<&str> {
 impl Relay {
     /// Splits a hello's runtimes: those of sessions another live replica owns are relayed
     /// there (their keys routed to it from now on, what it sends merged into `down`); the hello
-    /// keeps the rest. A peer that cannot be reached leaves its runtimes in the hello.
+    /// keeps the rest. A peer that cannot be reached leaves its runtimes in the hello. A peer
+    /// that refuses the stream as not this principal's bridge (PERMISSION_DENIED) refuses the
+    /// whole hello: its status is the answer.
     pub(crate) async fn take_foreign(
         &self,
         hello: &mut BridgeHello,
         principal: &Principal,
         routes: &Routes,
         down: &mpsc::Sender<ConnectResponse>,
-    ) {
+    ) -> Result<(), tonic::Status> {
         let mut by_owner: HashMap<String, Vec<BridgeRuntime>> = HashMap::new();
         let mut kept = Vec::new();
         for runtime in std::mem::take(&mut hello.running) {
@@ -105,6 +107,13 @@ impl Relay {
                         "bridge redialled here: relaying its runtimes to the replica owning their sessions");
                 }
                 Err(error) => {
+                    if let Some(status) = error.downcast_ref::<tonic::Status>()
+                        && status.code() == tonic::Code::PermissionDenied
+                    {
+                        tracing::warn!(bridge = %hello.bridge_id, principal = %principal.id,
+                            owner = %address, "the replica owning a bridge's runtimes refused its stream");
+                        return Err(status.clone());
+                    }
                     tracing::warn!(bridge = %hello.bridge_id, owner = %address, %error,
                         "could not relay a bridge's runtimes to their owner replica");
                     kept.extend(running);
@@ -112,6 +121,7 @@ impl Relay {
             }
         }
         hello.running = kept;
+        Ok(())
     }
 
     /// Opens the relayed stream to `address` and starts passing the owner's messages down.

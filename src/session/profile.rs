@@ -110,6 +110,8 @@ pub struct RemoteTarget {
     pub bridge_profile: String,
     /// How long a runtime outlives a broken bridge stream before it is faulted.
     pub reconnect_grace: Duration,
+    /// The principals whose bridges may run it (`None`: any bridge's).
+    pub bridge_principals: Option<Vec<String>>,
 }
 
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);

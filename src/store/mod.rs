@@ -159,6 +159,11 @@ pub struct Lease {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BridgeAd {
     pub bridge_id: String,
+    /// The principal of the bridge's token: it owns the bridge id (empty from older replicas).
+    pub principal: String,
+    /// Its stream is up on that replica; `false`: only its runtimes wait there for it to redial
+    /// (or another replica relays it), so the ad says whose the id is and takes no sessions.
+    pub connected: bool,
     /// The replica holding the bridge's stream (its lease holder name, `id@address`).
     pub replica: String,
     pub labels: BTreeMap<String, String>,

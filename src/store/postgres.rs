@@ -813,8 +813,10 @@ impl Store for PostgresStore {
         .context("publishing bridges")?;
         let insert = tx
             .prepare_cached(
-                "INSERT INTO bridges (replica, bridge_id, labels, profiles, runtimes, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 microsecond')",
+                "INSERT INTO bridges (replica, bridge_id, labels, profiles, runtimes, expires_at, \
+                 principal, connected) \
+                 VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 microsecond', $7, \
+                 $8)",
             )
             .await
             .context("publishing bridges")?;
@@ -831,6 +833,8 @@ impl Store for PostgresStore {
                     &profiles,
                     &runtimes,
                     &ttl_micros(ttl),
+                    &bridge.principal,
+                    &bridge.connected,
                 ],
             )
             .await
@@ -843,7 +847,8 @@ impl Store for PostgresStore {
         let client = self.client().await?;
         let stmt = client
             .prepare_cached(
-                "SELECT replica, bridge_id, labels, profiles, runtimes FROM bridges \
+                "SELECT replica, bridge_id, labels, profiles, runtimes, principal, connected \
+                 FROM bridges \
                  WHERE expires_at > now() ORDER BY replica, bridge_id",
             )
             .await
@@ -858,6 +863,8 @@ impl Store for PostgresStore {
                 BridgeAd {
                     replica: row.get(0),
                     bridge_id: row.get(1),
+                    principal: row.get(5),
+                    connected: row.get(6),
                     labels: serde_json::from_str(&labels).unwrap_or_default(),
                     profiles: serde_json::from_str(&profiles).unwrap_or_default(),
                     runtimes: u64::try_from(runtimes).unwrap_or_default(),

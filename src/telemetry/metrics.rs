@@ -59,7 +59,12 @@ pub(crate) fn render(sessions: Option<&Sessions>) -> String {
     }
     let handle = handle();
     handle.run_upkeep();
-    handle.render()
+    let mut text = handle.render();
+    // Per-bridge series are rendered from the bridges held now, so they go with their bridge.
+    if let Some(sessions) = sessions {
+        text.push_str(&sessions.context().gateway().exposition());
+    }
+    text
 }
 
 fn set_gauges(gauges: &Gauges) {

@@ -352,6 +352,7 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
             "bridge_profile": "mock",
             "bridge_labels": {"pool": "sandbox"},
             "reconnect_grace": "45s",
+            "bridge_principals": ["sandbox-bridges"],
             "allowed_cwd_roots": ["/workspaces"],
             "startup_timeout": "20s",
         },

@@ -51,6 +51,27 @@ pub(crate) fn remote_profile(
     startup_timeout: Duration,
     reconnect_grace: Duration,
 ) {
+    remote_profile_of(
+        config,
+        name,
+        labels,
+        None,
+        bridge_profile,
+        startup_timeout,
+        reconnect_grace,
+    );
+}
+
+/// [`remote_profile`] run only by bridges of the given principals (`bridge_principals`).
+pub(crate) fn remote_profile_of(
+    config: &mut ServeConfig,
+    name: &str,
+    labels: &[(&str, &str)],
+    principals: Option<&[&str]>,
+    bridge_profile: &str,
+    startup_timeout: Duration,
+    reconnect_grace: Duration,
+) {
     let root = config.data_dir.clone();
     let fenced = config.tokens_file.is_some();
     mock_profile_with(config, name, &[], |profile| {
@@ -65,6 +86,7 @@ pub(crate) fn remote_profile(
                 .collect(),
             bridge_profile: bridge_profile.to_owned(),
             reconnect_grace,
+            bridge_principals: principals.map(|p| p.iter().map(|s| s.to_string()).collect()),
         });
     });
 }
@@ -875,4 +897,548 @@ fn a_hostile_bridge_is_refused_or_its_runtime_faulted_and_the_harness_serves_oth
         }
         h.shutdown().await;
     }));
+}
+
+// ---- a bridge is its token ------------------------------------------------------------------
+
+const VICTIM_TOKEN: &str = "victim-bridge-token";
+const MALLORY_TOKEN: &str = "mallory-bridge-token";
+
+type Client = pb::agent_session_service_client::AgentSessionServiceClient<
+    tonic::service::interceptor::InterceptedService<Channel, Bearer>,
+>;
+
+/// Ada's session client.
+fn ada(h: &Harness) -> Client {
+    pb::agent_session_service_client::AgentSessionServiceClient::with_interceptor(
+        h.channel(),
+        Bearer::new(Some(ADA_TOKEN), None),
+    )
+}
+
+/// A harness with tokens for Ada (a user), the victim's bridge (`sandbox-7`) and Mallory's
+/// bridge (`mallory`), both runtime tokens; `extra` is appended to the tokens file.
+async fn harness_with_bridge_tokens(
+    extra: &str,
+    edit: impl FnOnce(&mut ServeConfig),
+) -> (Harness, TokensFile) {
+    let file = TokensFile::new(&[
+        (ADA_TOKEN, "ada", "user"),
+        (MALLORY_TOKEN, "mallory", "runtime"),
+        (VICTIM_TOKEN, "sandbox-7", "runtime"),
+    ]);
+    if !extra.is_empty() {
+        let text = std::fs::read_to_string(&file.path).unwrap() + extra;
+        file.replace(&text);
+    }
+    let h = Harness::start_with(|config| {
+        with_tokens(config, &file.path, None);
+        edit(config);
+    })
+    .await;
+    (h, file)
+}
+
+/// Ada creates a session of `profile` in the data dir; its id.
+async fn create(client: &mut Client, h: &Harness, profile: &str) -> Result<String, tonic::Status> {
+    let mut request = create_request(h, profile);
+    request.cwd = h.data_dir().to_string_lossy().into_owned();
+    let created = client.create_session(request).await?.into_inner();
+    Ok(created.session.unwrap().id)
+}
+
+async fn watch(client: &mut Client, id: &str) -> crate::support::Watch {
+    crate::support::Watch {
+        stream: client
+            .subscribe(pb::SubscribeRequest {
+                session_id: id.to_owned(),
+                after_offset: 0,
+                view: pb::SubscribeView::Log as i32,
+            })
+            .await
+            .expect("Ada subscribes")
+            .into_inner(),
+        entries: Vec::new(),
+        statuses: Vec::new(),
+    }
+}
+
+fn control(id: &str, action: pb::control_request::Action) -> pb::ControlRequest {
+    pb::ControlRequest {
+        session_id: id.to_owned(),
+        action: Some(action),
+        ..Default::default()
+    }
+}
+
+async fn log_of(client: &mut Client, id: &str) -> Vec<Value> {
+    let log = client
+        .read_log(pb::ReadLogRequest {
+            session_id: id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    frames(&log.entries)
+}
+
+/// A raw hello with `token`: the harness's answer to the call.
+pub(crate) async fn hello_with(
+    channel: Channel,
+    token: Option<&str>,
+    hello: BridgeHello,
+) -> Result<
+    (
+        mpsc::Sender<ConnectRequest>,
+        tonic::Streaming<ConnectResponse>,
+    ),
+    tonic::Status,
+> {
+    let (up, rx) = mpsc::channel(64);
+    up.send(ConnectRequest {
+        frame: Some(Up::Hello(hello)),
+    })
+    .await
+    .unwrap();
+    let mut client =
+        RuntimeGatewayServiceClient::with_interceptor(channel, Bearer::new(token, None))
+            .max_encoding_message_size(16 << 20);
+    let down = client
+        .connect(Request::new(ReceiverStream::new(rx)))
+        .await?
+        .into_inner();
+    Ok((up, down))
+}
+
+#[tokio::test]
+async fn an_impostors_hello_naming_anothers_bridge_id_is_refused_and_the_victims_session_and_runtime_are_untouched()
+ {
+    within(BRIDGE_TIMEOUT, async {
+        let (h, _file) = harness_with_bridge_tokens("", |config| {
+            remote_profile(
+                config,
+                "far",
+                &[],
+                "mock",
+                Duration::from_secs(20),
+                Duration::from_secs(30),
+            )
+        })
+        .await;
+        let _victim = Bridge::start(
+            &url(h.addr()),
+            "b1",
+            &[],
+            &mock_bridge_profile("mock"),
+            Some(VICTIM_TOKEN),
+        );
+        let mut client = ada(&h);
+        let id = create(&mut client, &h, "far").await.expect("created on b1");
+        let mut watch = watch(&mut client, &id).await;
+        let turn = client
+            .control(control(
+                &id,
+                crate::support::prompt("mine\n@permission\n@chunks 3 20"),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let request = watch.agent_request("session/request_permission").await;
+        let started = log_of(&mut client, &id).await;
+        let started = events(&started, "runtime_started");
+        let key = started[0]["runtime_key"]
+            .as_str()
+            .expect("a runtime key")
+            .to_owned();
+
+        // Mallory names b1 and lists Ada's runtime, with her own runtime token.
+        let hello = BridgeHello {
+            bridge_id: "b1".into(),
+            profiles: vec!["mock".into()],
+            running: vec![pb::BridgeRuntime {
+                runtime_key: key.clone(),
+                last_stdin_seq: 0,
+                last_stdout_seq: 0,
+                session_id: id.clone(),
+            }],
+            ..Default::default()
+        };
+        let status = expect_err(hello_with(h.channel(), Some(MALLORY_TOKEN), hello).await);
+        assert_error(&status, Code::PermissionDenied, "FORBIDDEN");
+
+        // Ada's turn goes on on her bridge: no fault, no DISCONNECTED, same runtime.
+        let id_number = request["id"]
+            .as_i64()
+            .expect("the mock numbers its requests");
+        client
+            .control(control(
+                &id,
+                permission_answer(number_id(id_number), Some("allow-once")),
+            ))
+            .await
+            .expect("the answer is accepted");
+        assert_eq!(
+            watch.response_to(&turn.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        assert!(
+            !watch
+                .statuses
+                .contains(&(pb::SessionStatus::Disconnected as i32)),
+            "{:?}",
+            watch.statuses
+        );
+        let frames = log_of(&mut client, &id).await;
+        assert!(events(&frames, "fault").is_empty(), "no fault");
+        assert_eq!(
+            events(&frames, "runtime_started").len(),
+            1,
+            "never restarted"
+        );
+        // Her next session is placed on her bridge.
+        let next = create(&mut client, &h, "far").await.expect("created");
+        let frames = log_of(&mut client, &next).await;
+        assert_eq!(events(&frames, "runtime_started")[0]["bridge"], "b1");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_hello_claiming_labels_its_runtime_token_does_not_allow_is_refused() {
+    within(BRIDGE_TIMEOUT, async {
+        // The victim's token may claim pool=sandbox and any zone, nothing else.
+        let (h, _file) = harness_with_bridge_tokens(
+            "labels = { pool = \"sandbox\", zone = \"*\" }\n",
+            |config| {
+                remote_profile(
+                    config,
+                    "gpu",
+                    &[("pool", "gpu")],
+                    "mock",
+                    Duration::from_millis(1500),
+                    Duration::from_secs(30),
+                )
+            },
+        )
+        .await;
+        let hello = |labels: &[(&str, &str)]| BridgeHello {
+            bridge_id: "b1".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            profiles: vec!["mock".into()],
+            ..Default::default()
+        };
+        for refused in [
+            &[("pool", "gpu")][..],
+            &[("pool", "sandbox"), ("tier", "gold")][..],
+        ] {
+            let status =
+                expect_err(hello_with(h.channel(), Some(VICTIM_TOKEN), hello(refused)).await);
+            assert_error(&status, Code::PermissionDenied, "FORBIDDEN");
+        }
+        // Nothing was admitted: a gpu session finds no bridge.
+        let status = expect_err(create(&mut ada(&h), &h, "gpu").await);
+        assert_error(&status, Code::Unavailable, "RUNTIME_START_FAILED");
+        let allowed = hello(&[("pool", "sandbox"), ("zone", "eu-1")]);
+        hello_with(h.channel(), Some(VICTIM_TOKEN), allowed)
+            .await
+            .expect("labels within the token's are accepted");
+        // Another runtime token without labels may claim any.
+        hello_with(h.channel(), Some(MALLORY_TOKEN), {
+            let mut other = hello(&[("pool", "gpu")]);
+            other.bridge_id = "m1".into();
+            other
+        })
+        .await
+        .expect("a token without labels claims any");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_remote_profile_with_bridge_principals_is_never_placed_on_another_principals_bridge() {
+    within(BRIDGE_TIMEOUT, async {
+        let (h, _file) = harness_with_bridge_tokens("", |config| {
+            remote_profile_of(
+                config,
+                "far",
+                &[],
+                Some(&["sandbox-7"]),
+                "mock",
+                Duration::from_millis(1500),
+                Duration::from_secs(30),
+            )
+        })
+        .await;
+        let hello = BridgeHello {
+            bridge_id: "a-mallory".into(),
+            profiles: vec!["mock".into()],
+            ..Default::default()
+        };
+        let (up, mut mallory) = hello_with(h.channel(), Some(MALLORY_TOKEN), hello)
+            .await
+            .expect("Mallory's bridge connects");
+        let mut client = ada(&h);
+        let status = expect_err(create(&mut client, &h, "far").await);
+        assert_error(&status, Code::Unavailable, "RUNTIME_START_FAILED");
+        let _victim = Bridge::start(
+            &url(h.addr()),
+            "b1",
+            &[],
+            &mock_bridge_profile("mock"),
+            Some(VICTIM_TOKEN),
+        );
+        let id = loop {
+            // The real bridge may still be dialling.
+            match create(&mut client, &h, "far").await {
+                Ok(id) => break id,
+                Err(status) => assert_error(&status, Code::Unavailable, "RUNTIME_START_FAILED"),
+            }
+        };
+        let frames = log_of(&mut client, &id).await;
+        assert_eq!(events(&frames, "runtime_started")[0]["bridge"], "b1");
+        // Mallory's bridge was never asked for anything: she hangs up and her stream holds
+        // nothing.
+        drop(up);
+        while let Ok(Some(message)) = mallory.message().await {
+            assert!(message.frame.is_none(), "Mallory got {message:?}");
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_hello_of_two_megabytes_with_sixty_thousand_labels_is_refused_limit_exceeded() {
+    within(BRIDGE_TIMEOUT, async {
+        let h = Harness::start_with(|config| {
+            remote_profile(
+                config,
+                "far",
+                &[],
+                "mock",
+                Duration::from_millis(1500),
+                Duration::from_secs(30),
+            )
+        })
+        .await;
+        let labels: std::collections::HashMap<String, String> = (0..60_000)
+            .map(|i| (format!("label-{i:08}"), "v".repeat(16)))
+            .collect();
+        let hello = BridgeHello {
+            bridge_id: "big".into(),
+            labels,
+            profiles: vec!["mock".into()],
+            ..Default::default()
+        };
+        assert!(prost::Message::encoded_len(&hello) > 2_000_000);
+        let status = expect_err(hello_with(h.channel(), None, hello).await);
+        assert_error(&status, Code::InvalidArgument, "LIMIT_EXCEEDED");
+        assert!(status.message().len() < 256, "{}", status.message());
+        // Nothing was admitted.
+        let status = expect_err(h.sessions().create_session(create_request(&h, "far")).await);
+        assert_error(&status, Code::Unavailable, "RUNTIME_START_FAILED");
+        // Each bound alone refuses too: a label value of 257 bytes, 257 profiles.
+        let long_value = BridgeHello {
+            bridge_id: "long".into(),
+            labels: [("k".to_owned(), "v".repeat(257))].into(),
+            ..Default::default()
+        };
+        let status = expect_err(hello_with(h.channel(), None, long_value).await);
+        assert_error(&status, Code::InvalidArgument, "LIMIT_EXCEEDED");
+        let many_profiles = BridgeHello {
+            bridge_id: "many".into(),
+            profiles: (0..257).map(|i| format!("p{i}")).collect(),
+            ..Default::default()
+        };
+        let status = expect_err(hello_with(h.channel(), None, many_profiles).await);
+        assert_error(&status, Code::InvalidArgument, "LIMIT_EXCEEDED");
+    })
+    .await
+}
+
+/// Answers a spawn and the agent's handshake (initialize advertising `load`, session/new) as
+/// an agent behind `bridge` would.
+async fn serve_handshake(bridge: &mut RawBridge) -> String {
+    let spawn = loop {
+        match bridge.next().await {
+            Some(Down::Spawn(spawn)) => break spawn,
+            Some(_) => continue,
+            None => panic!("the stream ended before a spawn"),
+        }
+    };
+    let key = spawn.runtime_key;
+    bridge
+        .send(Some(Up::Spawned(RuntimeSpawned {
+            runtime_key: key.clone(),
+        })))
+        .await;
+    let mut seq = 0u64;
+    while seq < 2 {
+        let Some(Down::Stdin(line)) = bridge.next().await else {
+            continue;
+        };
+        let frame: Value = serde_json::from_slice(&line.line).unwrap();
+        bridge
+            .send(Some(Up::Ack(LineAck {
+                runtime_key: key.clone(),
+                seq: line.seq,
+            })))
+            .await;
+        let result = match frame["method"].as_str() {
+            Some("initialize") => serde_json::json!({
+                "protocolVersion": 1, "agentCapabilities": {"loadSession": true}
+            }),
+            Some("session/new") => serde_json::json!({"sessionId": "loud"}),
+            _ => continue,
+        };
+        seq += 1;
+        let reply = serde_json::json!({"jsonrpc": "2.0", "id": frame["id"], "result": result});
+        bridge
+            .send(stdout(&key, seq, reply.to_string().as_bytes()))
+            .await;
+    }
+    key
+}
+
+#[tokio::test]
+async fn a_bridges_four_megabyte_texts_are_stored_capped_and_list_sessions_keeps_working() {
+    use agent_harness::domain::text::{CUT_MARK, MAX_FOREIGN_TEXT_BYTES};
+    within(BRIDGE_TIMEOUT, async {
+        let h = Harness::start_with(|config| {
+            remote_profile(
+                config,
+                "far",
+                &[],
+                "mock",
+                Duration::from_secs(10),
+                Duration::from_secs(30),
+            )
+        })
+        .await;
+        let mut bridge = RawBridge::connect(h.channel(), "loud", &[]).await;
+        let capped = |reason: &str| {
+            assert!(reason.len() <= MAX_FOREIGN_TEXT_BYTES, "{}", reason.len());
+            assert!(reason.ends_with(CUT_MARK), "{}", &reason[..200]);
+        };
+        for _ in 0..3 {
+            let mut sessions = h.sessions();
+            let request = create_request(&h, "far");
+            let create = tokio::spawn(async move { sessions.create_session(request).await });
+            let key = serve_handshake(&mut bridge).await;
+            let id = create
+                .await
+                .unwrap()
+                .expect("created")
+                .into_inner()
+                .session
+                .unwrap()
+                .id;
+            let mut session = Session::attach(h.sessions(), &id);
+            let mut watch = session.watch().await;
+            // The agent dies with 4 MB of stderr.
+            bridge
+                .send(Some(Up::Exited(pb::RuntimeExited {
+                    runtime_key: key,
+                    code: Some(1),
+                    signal: None,
+                    stderr_tail: "s".repeat(4_000_000),
+                })))
+                .await;
+            watch.status(pb::SessionStatus::Disconnected).await;
+            let reason = session.get().await.status_reason;
+            assert!(reason.len() <= MAX_FOREIGN_TEXT_BYTES, "{}", reason.len());
+            // The next prompt reopens it on the bridge, which fails with a 4 MB error.
+            // (The call waits for the reopen, which waits for the bridge: in the background.)
+            let turn = tokio::spawn({
+                let mut again = Session::attach(h.sessions(), &id);
+                async move { again.act(crate::support::prompt("again")).await }
+            });
+            let spawn = loop {
+                match bridge.next().await {
+                    Some(Down::Spawn(spawn)) => break spawn,
+                    Some(_) => continue,
+                    None => panic!("the stream ended before a spawn to reopen"),
+                }
+            };
+            bridge
+                .send(Some(Up::SpawnFailed(pb::RuntimeSpawnFailed {
+                    runtime_key: spawn.runtime_key,
+                    error: "e".repeat(4_000_000),
+                    stderr_tail: "t".repeat(100_000),
+                })))
+                .await;
+            if let Err(status) = turn.await.unwrap() {
+                assert!(status.message().len() <= MAX_FOREIGN_TEXT_BYTES);
+            }
+            loop {
+                let reason = session.get().await.status_reason;
+                if reason.contains("eeee") {
+                    capped(&reason);
+                    break;
+                }
+                watch
+                    .next()
+                    .await
+                    .expect("the session goes on")
+                    .expect("no error");
+            }
+        }
+        let listed = h
+            .sessions()
+            .list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .expect("ListSessions answers")
+            .into_inner();
+        assert_eq!(listed.sessions.len(), 3);
+        for session in &listed.sessions {
+            capped(&session.status_reason);
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_bridges_metric_series_vanish_once_it_has_left() {
+    within(BRIDGE_TIMEOUT, async {
+        let h = Harness::start_with(|config| {
+            config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+            remote_profile(
+                config,
+                "far",
+                &[],
+                "mock",
+                Duration::from_secs(20),
+                Duration::from_secs(1),
+            )
+        })
+        .await;
+        let metrics = h.metrics_addr().expect("a metrics endpoint");
+        let series = "agent_harness_bridge_runtimes{bridge=\"leaving-1\"}";
+        let mut bridge = Bridge::start(
+            &url(h.addr()),
+            "leaving-1",
+            &[],
+            &mock_bridge_profile("mock"),
+            None,
+        );
+        let mut session = Session::create(&h, "far").await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("hello").await;
+        watch.response_to(&turn.action_id).await;
+        let text = crate::operations::scrape(metrics).await;
+        assert!(text.contains(&format!("{series} 1")), "{text}");
+        bridge.kill().await;
+        watch.status(pb::SessionStatus::Disconnected).await;
+        loop {
+            let text = crate::operations::scrape(metrics).await;
+            if !text.contains(series) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
 }

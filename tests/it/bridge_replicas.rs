@@ -180,11 +180,35 @@ async fn lease_holder(url: &str, schema: &str, session_id: &str) -> String {
 
 /// Waits until some replica published the bridge (the replicas' own wake-up is internal).
 async fn published(url: &str, schema: &str, bridge_id: &str) {
+    published_where(url, schema, bridge_id, "true").await;
+}
+
+/// Waits until some replica published the bridge as held but not connected there.
+async fn published_held(url: &str, schema: &str, bridge_id: &str) {
+    published_where(url, schema, bridge_id, "NOT connected").await;
+}
+
+/// Takes the bridge's publications away (as if they were late).
+async fn unpublish(url: &str, schema: &str, bridge_id: &str) {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .expect("the test database is reachable");
     tokio::spawn(connection);
-    let sql = format!("SELECT count(*) FROM {schema}.bridges WHERE bridge_id = $1");
+    client
+        .execute(
+            &format!("DELETE FROM {schema}.bridges WHERE bridge_id = $1"),
+            &[&bridge_id],
+        )
+        .await
+        .unwrap();
+}
+
+async fn published_where(url: &str, schema: &str, bridge_id: &str, condition: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("the test database is reachable");
+    tokio::spawn(connection);
+    let sql = format!("SELECT count(*) FROM {schema}.bridges WHERE bridge_id = $1 AND {condition}");
     loop {
         let row = client.query_one(&sql, &[&bridge_id]).await.unwrap();
         if row.get::<_, i64>(0) > 0 {
@@ -688,6 +712,191 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
             lease_holder(&url, &schema, &id).await,
             c.addr().to_string(),
             "the lease is c's"
+        );
+    })
+    .await;
+    drop((b, c));
+    drop_schema(&url, &schema).await;
+}
+
+const MALLORY_TOKEN: &str = "mallory-bridge-token";
+
+/// A bridge is its token, across replicas: Mallory's runtime token names Ada's bridge id on
+/// the replica that does not hold it. While Ada's bridge is connected, that replica refuses from
+/// the published bridges; while her bridge's stream is broken (within its reconnect grace, so
+/// not published), it relays Mallory's hello to the owner of the runtime she lists, as Mallory,
+/// and the owner's refusal is Mallory's answer. Ada's bridge comes back and her turn completes
+/// with no fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impostors_hello_through_another_replica_is_refused_and_the_victims_turn_completes() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        tokens_text(&[
+            (ADA, "ada", "user"),
+            (PEER_TOKEN, "peers", "replica"),
+            (BRIDGE_TOKEN, "sandbox-7", "runtime"),
+            (MALLORY_TOKEN, "mallory", "runtime"),
+        ]),
+    )
+    .unwrap();
+    let replica_token = dir.path().join("replica-token");
+    std::fs::write(&replica_token, format!("{PEER_TOKEN}\n")).unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[profiles.far]\nkind = \"remote\"\nbridge_profile = \"mock\"\n\
+             bridge_labels = {{ pool = \"far\" }}\nstartup_timeout = \"20s\"\n\
+             reconnect_grace = \"60s\"\nallowed_cwd_roots = [{:?}]\n",
+            dir.path().to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let start = |name: &str| {
+        Serve::new()
+            .args(["--lease-ttl", LEASE_TTL, "--database-url", &database_url])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("data-{name}")))
+            .arg("--config")
+            .arg(&config)
+            .arg("--tokens-file")
+            .arg(&tokens)
+            .arg("--replica-token-file")
+            .arg(&replica_token)
+            .start()
+    };
+    let b = start("b");
+    let c = start("c");
+    within(TEST_BOUND, async {
+        let proxy = Proxy::start(b.addr()).await;
+        let _bridge = Bridge::start(
+            &format!("http://{}", proxy.addr),
+            "b1",
+            &[("pool", "far")],
+            &mock_bridge_profile("mock"),
+            Some(BRIDGE_TOKEN),
+        );
+        let mut via_b = ada_on(&b).await;
+        let id = via_b
+            .create_session(create_request("far", dir.path()))
+            .await
+            .expect("Ada creates a remote session on b")
+            .into_inner()
+            .session
+            .unwrap()
+            .id;
+        let control = |action| pb::ControlRequest {
+            session_id: id.clone(),
+            action: Some(action),
+            ..Default::default()
+        };
+        let mut watch = Watch {
+            stream: via_b
+                .subscribe(pb::SubscribeRequest {
+                    session_id: id.clone(),
+                    after_offset: 0,
+                    view: pb::SubscribeView::Log as i32,
+                })
+                .await
+                .expect("Ada subscribes")
+                .into_inner(),
+            entries: Vec::new(),
+            statuses: Vec::new(),
+        };
+        let turn = via_b
+            .control(control(prompt("mine\n@permission\n@chunks 5 30")))
+            .await
+            .expect("the prompt is accepted")
+            .into_inner();
+        let request = watch.agent_request("session/request_permission").await;
+        let started = frames(&watch.entries);
+        let key = events(&started, "runtime_started")[0]["runtime_key"]
+            .as_str()
+            .expect("a runtime key")
+            .to_owned();
+        let hello = pb::BridgeHello {
+            bridge_id: "b1".into(),
+            labels: [("pool".to_owned(), "far".to_owned())].into(),
+            profiles: vec!["mock".into()],
+            running: vec![pb::BridgeRuntime {
+                runtime_key: key,
+                last_stdin_seq: 0,
+                last_stdout_seq: 0,
+                session_id: id.clone(),
+            }],
+            ..Default::default()
+        };
+
+        // Ada's bridge is connected to b and published: c refuses Mallory itself.
+        published(&url, &schema, "b1").await;
+        let status = expect_err(
+            crate::bridge::hello_with(c.channel().await, Some(MALLORY_TOKEN), hello.clone()).await,
+        );
+        assert_error(&status, Code::PermissionDenied, "FORBIDDEN");
+
+        // Ada's bridge loses its stream (its redials go nowhere for now): b waits for it and
+        // publishes it as held, not connected. Mallory cannot take the id on c meanwhile.
+        let nowhere = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let nowhere_addr = nowhere.local_addr().unwrap();
+        drop(nowhere);
+        proxy.cut_and_point_to(nowhere_addr);
+        published_held(&url, &schema, "b1").await;
+        let squat = pb::BridgeHello {
+            running: Vec::new(),
+            ..hello.clone()
+        };
+        let status = expect_err(
+            crate::bridge::hello_with(c.channel().await, Some(MALLORY_TOKEN), squat).await,
+        );
+        assert_error(&status, Code::PermissionDenied, "FORBIDDEN");
+        // Were b's publication missing (late, or lost), c relays Mallory's hello to b, the
+        // owner of the runtime she lists, and b's refusal is her answer. (b publishes again
+        // within a third of the lease TTL: the row is taken away right before each try.)
+        let mut tries = 0;
+        while !c.logged("the replica owning a bridge's runtimes refused its stream") {
+            tries += 1;
+            assert!(tries <= 20, "c never relayed the hello to b");
+            unpublish(&url, &schema, "b1").await;
+            let status = expect_err(
+                crate::bridge::hello_with(c.channel().await, Some(MALLORY_TOKEN), hello.clone())
+                    .await,
+            );
+            assert_error(&status, Code::PermissionDenied, "FORBIDDEN");
+        }
+
+        // Ada's bridge comes back to b; her turn completes there, as if nothing happened.
+        proxy.cut_and_point_to(b.addr());
+        let id_number = request["id"]
+            .as_i64()
+            .expect("the mock numbers its requests");
+        via_b
+            .control(control(permission_answer(
+                number_id(id_number),
+                Some("allow-once"),
+            )))
+            .await
+            .expect("the answer is accepted");
+        let response = watch.response_to(&turn.action_id).await;
+        assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+        let frames = frames(&watch.entries);
+        assert!(events(&frames, "fault").is_empty(), "no fault");
+        assert_eq!(
+            events(&frames, "runtime_started").len(),
+            1,
+            "never restarted"
+        );
+        assert!(
+            !watch
+                .statuses
+                .contains(&(pb::SessionStatus::Disconnected as i32)),
+            "{:?}",
+            watch.statuses
         );
     })
     .await;

@@ -161,6 +161,7 @@ services, static_files_base_url and the insecure flag are passed as flags (see t
 {{- $_ := set $profile "bridge_profile" $p.bridgeProfile -}}
 {{- with $p.bridgeLabels }}{{ $_ := set $profile "bridge_labels" . }}{{ end -}}
 {{- with $p.reconnectGrace }}{{ $_ := set $profile "reconnect_grace" . }}{{ end -}}
+{{- with $p.bridgePrincipals }}{{ $_ := set $profile "bridge_principals" . }}{{ end -}}
 {{- else }}
 {{- $_ := set $profile "command" $p.command -}}
 {{- end }}

@@ -305,6 +305,7 @@ impl Actor {
         let session_id = self.record.id.to_string();
         let spec = RemoteSpec {
             labels: &remote.bridge_labels,
+            principals: remote.bridge_principals.as_deref(),
             bridge_profile: &remote.bridge_profile,
             cwd: &self.record.cwd,
             session_id: &session_id,
@@ -319,12 +320,13 @@ impl Actor {
             .await
             .map(Link::Remote)
             .map_err(|why| {
+                // `why` may hold the bridge's own text: capped as a whole, as stored.
                 Error::new(
                     ErrorCode::RuntimeStartFailed,
-                    format!(
+                    crate::domain::text::cap_foreign(&format!(
                         "could not start a remote runtime of profile {}: {why}",
                         self.profile.name
-                    ),
+                    )),
                 )
             })
     }
@@ -365,7 +367,12 @@ impl Actor {
                 );
                 self.record.status = SessionStatus::Disconnected;
                 // Led by the reason code, as a client tells the fault apart by it.
-                self.record.status_reason = format!("{}: {}", error.code.reason(), error.message);
+                // The message may hold a bridge's or runtime's text: stored capped.
+                self.record.status_reason = crate::domain::text::cap_foreign(&format!(
+                    "{}: {}",
+                    error.code.reason(),
+                    error.message
+                ));
                 self.touch(&mut out);
                 let _ = self.flush(out).await;
             }
@@ -809,6 +816,8 @@ impl Actor {
         }
         self.log_event(&mut out, event, failed_turn);
         self.record.status = SessionStatus::Disconnected;
+        // The detail and the tail are the runtime's (or its bridge's) text: stored capped.
+        crate::domain::text::cap_foreign_in_place(&mut reason);
         self.record.status_reason = reason;
         self.touch(&mut out);
         tracing::warn!(session = %self.record.id, kind, %detail, "runtime fault");

@@ -4,6 +4,10 @@
 //! once when one connects or leaves); a replica asked to create or open a remote session without
 //! a matching bridge of its own hands the call to a replica that has one, through the same
 //! forwarding as any call for a session owned elsewhere.
+//!
+//! Each publication names the principal whose token the bridge connected with, and bridges
+//! whose runtimes wait for a redial are published too (not connected, so placed on by no one):
+//! a bridge id is its principal's on every replica, and no other principal's hello takes it.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -12,7 +16,7 @@ use uuid::Uuid;
 
 use super::{Sessions, owners::OWNER_ADDRESS_KEY};
 use crate::{
-    acp::remote::{labels_match, labels_text},
+    acp::remote::{labels_match, labels_text, principal_allowed},
     domain::session::SessionStatus,
     domain::{Error, ErrorCode, Result},
     session::{Command, Profile, ReplicaOptions, SessionHandle},
@@ -94,6 +98,8 @@ impl Sessions {
             .into_iter()
             .map(|b| BridgeAd {
                 bridge_id: b.bridge_id,
+                principal: b.principal,
+                connected: b.connected,
                 replica: replica.clone(),
                 labels: b.labels,
                 profiles: b.profiles,
@@ -102,13 +108,43 @@ impl Sessions {
             .collect()
     }
 
-    /// The least-loaded bridge matching `labels` that another live replica published.
-    async fn bridge_elsewhere(&self, labels: &BTreeMap<String, String>) -> Result<Option<Home>> {
+    /// The principal holding `bridge_id` on another live replica, if it is not `principal`: a
+    /// hello naming it is not that bridge's (a bridge is its token). An ad of an older replica
+    /// (no principal) proves nothing either way.
+    pub(crate) async fn bridge_held_elsewhere(
+        &self,
+        bridge_id: &str,
+        principal: &str,
+    ) -> Result<Option<String>> {
+        if !self.ctx.replica().shared_store {
+            return Ok(None);
+        }
         let me = &self.ctx.replica().id;
         let ads = self.ctx.store.bridge_ads().await?;
         Ok(ads
             .into_iter()
-            .filter(|ad| &ad.replica != me && labels_match(labels, &ad.labels))
+            .find(|ad| {
+                &ad.replica != me
+                    && ad.bridge_id == bridge_id
+                    && !ad.principal.is_empty()
+                    && ad.principal != principal
+            })
+            .map(|ad| ad.principal))
+    }
+
+    /// The least-loaded bridge matching `labels` (of one of `principals`, if given) that another
+    /// live replica published.
+    async fn bridge_elsewhere(
+        &self,
+        labels: &BTreeMap<String, String>,
+        principals: Option<&[String]>,
+    ) -> Result<Option<Home>> {
+        let me = &self.ctx.replica().id;
+        let ads = self.ctx.store.bridge_ads().await?;
+        Ok(ads
+            .into_iter()
+            .filter(|ad| ad.connected && &ad.replica != me && labels_match(labels, &ad.labels))
+            .filter(|ad| principal_allowed(principals, &ad.principal))
             .filter_map(|ad| {
                 let address = ReplicaOptions::address_of(&ad.replica)?.to_owned();
                 Some((ad.runtimes, ad.bridge_id, address))
@@ -129,13 +165,14 @@ impl Sessions {
             return Ok(Home::Here);
         }
         let labels = &remote.bridge_labels;
+        let principals = remote.bridge_principals.as_deref();
         let deadline = tokio::time::Instant::now() + profile.startup_timeout;
         loop {
             let connected = self.ctx.gateway().connected();
-            if self.ctx.gateway().has_match(labels) {
+            if self.ctx.gateway().has_match(labels, principals) {
                 return Ok(Home::Here);
             }
-            if let Some(home) = self.bridge_elsewhere(labels).await? {
+            if let Some(home) = self.bridge_elsewhere(labels, principals).await? {
                 return Ok(home);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -169,10 +206,16 @@ impl Sessions {
         else {
             return Ok(None);
         };
-        if self.ctx.gateway().has_match(&remote.bridge_labels) {
+        let principals = remote.bridge_principals.as_deref();
+        if self
+            .ctx
+            .gateway()
+            .has_match(&remote.bridge_labels, principals)
+        {
             return Ok(None);
         }
-        self.bridge_elsewhere(&remote.bridge_labels).await
+        self.bridge_elsewhere(&remote.bridge_labels, principals)
+            .await
     }
 
     /// Sessions whose runtime runs on a bridge whose stream another replica holds (and relays

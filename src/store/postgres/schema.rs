@@ -12,7 +12,7 @@ use super::Context;
 use crate::{domain::Result, store::StoreError};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -131,6 +131,14 @@ CREATE TABLE bridges (
     PRIMARY KEY (replica, bridge_id)
 );
 CREATE INDEX bridges_by_expiry ON bridges (expires_at);
+"#;
+
+/// Version 4: the principal of each published bridge's token, so no replica admits another
+/// principal's bridge under the same id (an older replica's rows read '': unknown), and
+/// whether its stream is up there (bridges waiting for a redial are published too, as held).
+const V4: &str = r#"
+ALTER TABLE bridges ADD COLUMN principal text NOT NULL DEFAULT '';
+ALTER TABLE bridges ADD COLUMN connected boolean NOT NULL DEFAULT true;
 "#;
 
 /// Brings the schema of the connection's `search_path` to [`SCHEMA_VERSION`].

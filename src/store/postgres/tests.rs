@@ -965,6 +965,8 @@ async fn a_replicas_published_bridges_replace_its_earlier_ones_and_expire_with_t
     with_store(|store, _schema| async move {
         let ad = |id: &str, replica: &str| crate::store::BridgeAd {
             bridge_id: id.into(),
+            principal: format!("owner-of-{id}"),
+            connected: id != "b2",
             replica: replica.into(),
             labels: [("pool".to_owned(), "gpu".to_owned())].into(),
             profiles: vec!["mock".into()],
