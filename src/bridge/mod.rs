@@ -248,15 +248,37 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
             Ok(()) => {
                 tracing::warn!(bridge = %bridge.id, "the harness ended the stream; redialling")
             }
-            Err(error) => {
-                tracing::warn!(bridge = %bridge.id, error = %format!("{error:#}"), "stream broken; redialling")
-            }
+            Err(error) => match refusal(&error) {
+                // Refused, not broken: the operator must act (token, labels, bridge id). The
+                // bridge keeps redialling, as an id held by another principal may be freed.
+                Some(status) => tracing::error!(bridge = %bridge.id, code = ?status.code(),
+                    reason = %status.message(),
+                    "the harness refused this bridge (check its token, labels and bridge id); redialling"),
+                None => {
+                    tracing::warn!(bridge = %bridge.id, error = %format!("{error:#}"), "stream broken; redialling")
+                }
+            },
         }
         bridge.broadcast(|| Event::Detached).await;
         let delay = backoff(attempt);
         attempt = attempt.saturating_add(1);
         tokio::time::sleep(delay).await;
     }
+}
+
+/// The harness's refusal of this bridge (its token, its hello), as opposed to a broken stream.
+fn refusal(error: &anyhow::Error) -> Option<&tonic::Status> {
+    error
+        .chain()
+        .filter_map(|cause| cause.downcast_ref::<tonic::Status>())
+        .find(|status| {
+            matches!(
+                status.code(),
+                tonic::Code::PermissionDenied
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::InvalidArgument
+            )
+        })
 }
 
 /// The delay before redial number `attempt` (0 first): doubling from [`BACKOFF_FIRST`] up to
