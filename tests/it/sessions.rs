@@ -538,3 +538,79 @@ async fn a_principal_owning_its_maximum_of_live_sessions_gets_too_many_sessions(
     })
     .await
 }
+
+/// ListSessions label filters `k0=v … k{n-1}=v`.
+pub(crate) fn label_filters(n: usize) -> std::collections::HashMap<String, String> {
+    (0..n).map(|i| (format!("k{i}"), "v".to_owned())).collect()
+}
+
+/// The filter limits as any client meets them: 64 labels and 16 statuses list, one more of
+/// either is LIMIT_EXCEEDED, and no refusal quotes SQL (checked on each store).
+pub(crate) async fn list_filters_are_bounded(
+    client: &mut pb::agent_session_service_client::AgentSessionServiceClient<
+        tonic::transport::Channel,
+    >,
+) {
+    let statuses = |n: usize| vec![pb::SessionStatus::Idle as i32; n];
+    client
+        .list_sessions(pb::ListSessionsRequest {
+            labels: label_filters(64),
+            statuses: statuses(16),
+            ..Default::default()
+        })
+        .await
+        .expect("64 label and 16 status filters are allowed");
+    for (request, limit) in [
+        (
+            pb::ListSessionsRequest {
+                labels: label_filters(65),
+                ..Default::default()
+            },
+            "list_label_filters",
+        ),
+        (
+            pb::ListSessionsRequest {
+                statuses: statuses(17),
+                ..Default::default()
+            },
+            "list_status_filters",
+        ),
+        (
+            pb::ListSessionsRequest {
+                labels: label_filters(30_000),
+                ..Default::default()
+            },
+            "list_label_filters",
+        ),
+        (
+            pb::ListSessionsRequest {
+                labels: [("k".to_owned(), "v".repeat(100_000))].into(),
+                ..Default::default()
+            },
+            "label_bytes",
+        ),
+    ] {
+        let status = expect_err(client.list_sessions(request).await);
+        assert_error(&status, Code::InvalidArgument, "LIMIT_EXCEEDED");
+        assert_eq!(
+            crate::harness::error_info(&status).metadata["limit"],
+            limit,
+            "{status:?}"
+        );
+        let message = status.message().to_lowercase();
+        assert!(
+            !message.contains("select") && !message.contains("session_labels"),
+            "{status:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn list_filters_beyond_64_labels_or_16_statuses_are_limit_exceeded_and_never_quote_sql() {
+    bounded(async {
+        let h = Harness::start().await;
+        list_filters_are_bounded(&mut h.sessions()).await;
+        h.shutdown().await;
+    })
+    .await
+}

@@ -28,11 +28,22 @@ impl<T> Context<T> for rusqlite::Result<T> {
     fn context(self, doing: &str) -> Result<T> {
         self.map_err(|e| {
             StoreError::Sqlite {
-                message: format!("sqlite store: {doing}: {e}"),
+                message: format!("sqlite store: {doing}: {}", describe(&e)),
                 source: e,
             }
             .into()
         })
+    }
+}
+
+/// A SQLite error for a message a caller may read: what SQLite said, never the statement
+/// (rusqlite's own text of an error at a place in a statement quotes all of it).
+pub(super) fn describe(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqlInputError { msg, offset, .. } => {
+            format!("{msg} (at byte {offset} of the statement)")
+        }
+        other => other.to_string(),
     }
 }
 

@@ -853,3 +853,32 @@ async fn acknowledged_commits_survive_kill_9() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_statement_sqlite_refuses_is_reported_without_quoting_the_sql() {
+    within(async {
+        let dir = TempDir::new().unwrap();
+        let store = open(&db_path(&dir));
+        // More parameters than SQLite takes in one statement (the service bounds filters long
+        // before this; the store must still never echo its SQL).
+        let query = SessionQuery {
+            labels: (0..30_000).map(|i| (format!("k{i}"), "v".into())).collect(),
+            ..all()
+        };
+        let error = store.list_sessions(&query).await.unwrap_err();
+        assert_eq!(error.code, crate::domain::ErrorCode::Internal);
+        assert!(
+            !error.message.contains("SELECT") && !error.message.contains("session_labels"),
+            "{}",
+            &error.message[..error.message.len().min(500)]
+        );
+        assert!(
+            error
+                .message
+                .starts_with("sqlite store: listing sessions: "),
+            "{}",
+            error.message
+        );
+    })
+    .await
+}
