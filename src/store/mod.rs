@@ -13,6 +13,7 @@
 #[cfg(test)]
 pub(crate) mod conformance;
 mod error;
+mod gate;
 #[cfg(test)]
 mod memory;
 pub mod postgres;
