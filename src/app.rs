@@ -233,7 +233,8 @@ async fn open_sessions(
             let path = config.data_dir.join(DB_FILE_NAME);
             Arc::new(
                 SqliteStore::open(&path, config.sqlite_synchronous)
-                    .with_context(|| format!("opening the store {}", path.display()))?,
+                    .with_context(|| format!("opening the store {}", path.display()))?
+                    .with_statement_timeout(config.statement_timeout),
             )
         }
     };

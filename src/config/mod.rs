@@ -137,7 +137,8 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub database_url: Option<DatabaseUrl>,
-    /// How long one PostgreSQL statement may run before the database cancels it [default: 10s]
+    /// How long one store statement (PostgreSQL; a SQLite read) may run before it is cancelled
+    /// [default: 10s]
     #[arg(long, env = "AGENT_HARNESS_STATEMENT_TIMEOUT", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub statement_timeout: Option<Duration>,
     /// How long running turns may take to end after SIGTERM [default: 30s]
@@ -327,7 +328,7 @@ pub struct ServeConfig {
     pub sqlite_synchronous: SqliteSynchronous,
     /// PostgreSQL instead of SQLite (SPEC §15). May hold a password: it never prints.
     pub database_url: Option<DatabaseUrl>,
-    /// How long one PostgreSQL statement may run before the database cancels it.
+    /// How long one store statement (PostgreSQL; a SQLite read) may run before it is cancelled.
     pub statement_timeout: Duration,
     pub drain_grace: Duration,
     /// HOST:PORT other replicas dial (`None`: the bound listen address).
@@ -414,7 +415,7 @@ impl ServeConfig {
         let statement_timeout = match (args.statement_timeout, file.statement_timeout) {
             (Some(timeout), _) => timeout,
             (None, Some(text)) => profile::parse_duration("statement_timeout", &text)?,
-            (None, None) => crate::store::postgres::DEFAULT_STATEMENT_TIMEOUT,
+            (None, None) => crate::store::DEFAULT_STATEMENT_TIMEOUT,
         };
         if statement_timeout < Duration::from_millis(1) {
             anyhow::bail!("statement_timeout must be at least 1ms (got {statement_timeout:?})");

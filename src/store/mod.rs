@@ -36,6 +36,10 @@ use crate::domain::{
 };
 pub use error::{BoxError, StoreError};
 
+/// How long one statement may run before the store cancels it (SPEC §20, §21), unless configured
+/// otherwise: a PostgreSQL statement (`statement_timeout`), a SQLite read.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -55,9 +55,7 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a caller waits for a free connection before failing.
 const POOL_WAIT: Duration = Duration::from_secs(30);
-/// How long one statement may run before the server cancels it, unless the options say
-/// otherwise.
-pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+pub use super::DEFAULT_STATEMENT_TIMEOUT;
 /// SQLSTATE of a statement cancelled by the server: its statement timeout, or a cancel request.
 const QUERY_CANCELED: &str = "57014";
 

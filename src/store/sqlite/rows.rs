@@ -27,6 +27,15 @@ pub(super) trait Context<T> {
 impl<T> Context<T> for rusqlite::Result<T> {
     fn context(self, doing: &str) -> Result<T> {
         self.map_err(|e| {
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted) {
+                // Not the caller's fault, nothing stored: the read ran past the statement
+                // timeout (or its caller went away).
+                return StoreError::unavailable(
+                    format!("sqlite store: {doing}: the read did not finish in time (interrupted)"),
+                    e,
+                )
+                .into();
+            }
             StoreError::Sqlite {
                 message: format!("sqlite store: {doing}: {}", describe(&e)),
                 source: e,
