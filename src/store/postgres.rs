@@ -116,7 +116,7 @@ impl<T> Context<T> for Result<T, tokio_postgres::Error> {
 
 /// A database error as a store error: unavailable when the database could not be reached.
 fn from_postgres(doing: &str, e: tokio_postgres::Error) -> StoreError {
-    if e.code().is_some_and(|code| code.code() == QUERY_CANCELED) {
+    if is_cancelled(&e) {
         // Not the caller's fault and nothing was stored: the statement ran past the statement
         // timeout (a slow or locked database) or was cancelled.
         return StoreError::unavailable(
@@ -135,6 +135,11 @@ fn from_postgres(doing: &str, e: tokio_postgres::Error) -> StoreError {
             source: e,
         }
     }
+}
+
+/// Whether the server cancelled the statement: the statement timeout, or a cancel request.
+pub(super) fn is_cancelled(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|code| code.code() == QUERY_CANCELED)
 }
 
 /// Whether an error means the database could not be reached (the connection was refused, lost
