@@ -832,6 +832,9 @@ fn every_limit_of_section_11_has_the_specified_default() {
     assert_eq!(l.subscribers_per_session, 256);
     assert_eq!(l.grpc_message_bytes, 4 * 1024 * 1024);
     assert_eq!(l.runtime_line_bytes, 8 * 1024 * 1024);
+    // And the ListSessions filters of docs/security.md's bounded queries.
+    assert_eq!(l.list_label_filters, 64);
+    assert_eq!(l.list_status_filters, 16);
     // Each is a knob of the config file's [limits] table.
     let file: agent_harness::config::FileConfig = toml::from_str(
         "[limits]\nprompt_bytes = 1\nattachments = 2\nuri_bytes = 3\nattachment_name_bytes = 4\n\
