@@ -222,8 +222,11 @@ async fn open_sessions(
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let store: Arc<dyn Store> = match &config.database_url {
         Some(url) => {
-            let postgres =
-                PostgresStore::connect(PostgresOptions::new(url.expose().to_owned())).await?;
+            let options = PostgresOptions {
+                statement_timeout: config.statement_timeout,
+                ..PostgresOptions::new(url.expose().to_owned())
+            };
+            let postgres = PostgresStore::connect(options).await?;
             tracing::info!(database = postgres.target(), "store: PostgreSQL");
             Arc::new(postgres)
         }
@@ -231,7 +234,8 @@ async fn open_sessions(
             let path = config.data_dir.join(DB_FILE_NAME);
             Arc::new(
                 SqliteStore::open(&path, config.sqlite_synchronous)
-                    .with_context(|| format!("opening the store {}", path.display()))?,
+                    .with_context(|| format!("opening the store {}", path.display()))?
+                    .with_statement_timeout(config.statement_timeout),
             )
         }
     };

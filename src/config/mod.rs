@@ -137,6 +137,10 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub database_url: Option<DatabaseUrl>,
+    /// How long one store statement (PostgreSQL; a SQLite read) may run before it is cancelled
+    /// [default: 10s]
+    #[arg(long, env = "AGENT_HARNESS_STATEMENT_TIMEOUT", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub statement_timeout: Option<Duration>,
     /// How long running turns may take to end after SIGTERM [default: 30s]
     #[arg(long, env = "AGENT_HARNESS_DRAIN_GRACE", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub drain_grace: Option<Duration>,
@@ -206,6 +210,7 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     pub sqlite_synchronous: Option<SqliteSynchronous>,
     pub database_url: Option<DatabaseUrl>,
+    pub statement_timeout: Option<String>,
     pub drain_grace: Option<String>,
     pub advertise_address: Option<String>,
     pub lease_ttl: Option<String>,
@@ -323,6 +328,8 @@ pub struct ServeConfig {
     pub sqlite_synchronous: SqliteSynchronous,
     /// PostgreSQL instead of SQLite (SPEC §15). May hold a password: it never prints.
     pub database_url: Option<DatabaseUrl>,
+    /// How long one store statement (PostgreSQL; a SQLite read) may run before it is cancelled.
+    pub statement_timeout: Duration,
     pub drain_grace: Duration,
     /// HOST:PORT other replicas dial (`None`: the bound listen address).
     pub advertise_address: Option<String>,
@@ -404,6 +411,14 @@ impl ServeConfig {
         };
         if lease_ttl < Duration::from_millis(500) {
             anyhow::bail!("lease_ttl must be at least 500ms (got {lease_ttl:?})");
+        }
+        let statement_timeout = match (args.statement_timeout, file.statement_timeout) {
+            (Some(timeout), _) => timeout,
+            (None, Some(text)) => profile::parse_duration("statement_timeout", &text)?,
+            (None, None) => crate::store::DEFAULT_STATEMENT_TIMEOUT,
+        };
+        if statement_timeout < Duration::from_millis(1) {
+            anyhow::bail!("statement_timeout must be at least 1ms (got {statement_timeout:?})");
         }
         let advertise_address = args
             .advertise_address
@@ -499,6 +514,7 @@ impl ServeConfig {
                 .database_url
                 .or(file.database_url)
                 .filter(|url| !url.expose().is_empty()),
+            statement_timeout,
             drain_grace,
             advertise_address,
             lease_ttl,
@@ -545,7 +561,15 @@ mod tests {
             replica.id
         );
 
+        let config = resolve(ServeArgs::default(), "statement_timeout = \"3s\"").unwrap();
+        assert_eq!(config.statement_timeout, Duration::from_secs(3));
+        assert_eq!(
+            resolve(ServeArgs::default(), "").unwrap().statement_timeout,
+            Duration::from_secs(10)
+        );
+
         for bad in [
+            "statement_timeout = \"0s\"",
             "advertise_address = \"no-port\"",
             "advertise_address = \":50051\"",
             "lease_ttl = \"10ms\"",

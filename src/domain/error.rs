@@ -44,11 +44,14 @@ pub enum ErrorCode {
     /// The store's database cannot be reached right now (SPEC §15); nothing was stored, and the
     /// same request may be retried.
     StoreUnavailable,
+    /// A request that does not decode: bad protobuf, a string that is not UTF-8, messages
+    /// nested too deep. Refused before any handler runs.
+    MalformedRequest,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 33] = [
+    pub const ALL: [ErrorCode; 34] = [
         Self::InvalidArgument,
         Self::LimitExceeded,
         Self::SessionNotFound,
@@ -82,6 +85,7 @@ impl ErrorCode {
         Self::SessionBusy,
         Self::NotSupported,
         Self::StoreUnavailable,
+        Self::MalformedRequest,
     ];
 
     /// The `ErrorInfo.reason` string.
@@ -120,6 +124,7 @@ impl ErrorCode {
             Self::SessionBusy => "SESSION_BUSY",
             Self::NotSupported => "NOT_SUPPORTED",
             Self::StoreUnavailable => "STORE_UNAVAILABLE",
+            Self::MalformedRequest => "MALFORMED_REQUEST",
         }
     }
 }

@@ -44,6 +44,11 @@ pub struct Limits {
     pub context_bytes: usize,
     /// Bytes of a model, config id, config value, option id or principal id.
     pub identifier_bytes: usize,
+    /// Label filters in one ListSessions request: each is a condition the store evaluates, so
+    /// the cost of one list must stay bounded.
+    pub list_label_filters: usize,
+    /// Status filters in one ListSessions request.
+    pub list_status_filters: usize,
 }
 
 impl Default for Limits {
@@ -65,6 +70,8 @@ impl Default for Limits {
             editors: 64,
             context_bytes: 64 * 1024,
             identifier_bytes: 1024,
+            list_label_filters: 64,
+            list_status_filters: 16,
         }
     }
 }
@@ -147,6 +154,40 @@ impl Limits {
         }
         if value.is_empty() {
             return Err(Error::invalid(format!("{field} is empty")));
+        }
+        Ok(())
+    }
+
+    /// Validates the filters of a ListSessions request, before the store sees any of them.
+    pub fn check_list_filters(
+        &self,
+        statuses: usize,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<()> {
+        if labels.len() > self.list_label_filters {
+            return Err(Error::limit(
+                "list_label_filters",
+                self.list_label_filters,
+                format_args!("{} label filters", labels.len()),
+            ));
+        }
+        if statuses > self.list_status_filters {
+            return Err(Error::limit(
+                "list_status_filters",
+                self.list_status_filters,
+                format_args!("{statuses} status filters"),
+            ));
+        }
+        // A label longer than any stored one cannot match; refusing it keeps megabytes of
+        // filter text away from the database.
+        for (key, value) in labels {
+            if key.len() > self.label_bytes || value.len() > self.label_bytes {
+                return Err(Error::limit(
+                    "label_bytes",
+                    self.label_bytes,
+                    format_args!("a label filter of {} bytes", key.len().max(value.len())),
+                ));
+            }
         }
         Ok(())
     }
@@ -337,6 +378,24 @@ mod tests {
             ErrorCode::LimitExceeded
         );
         limits().check_session_name("my session").unwrap();
+    }
+
+    #[test]
+    fn list_filters_are_bounded_in_number_and_size() {
+        let labels = |n: usize| {
+            (0..n)
+                .map(|i| (format!("k{i}"), "v".to_owned()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        limits().check_list_filters(16, &labels(64)).unwrap();
+        let err = limits().check_list_filters(0, &labels(65)).unwrap_err();
+        assert_eq!(err.code, ErrorCode::LimitExceeded);
+        assert_eq!(err.metadata["limit"], "list_label_filters");
+        let err = limits().check_list_filters(17, &labels(0)).unwrap_err();
+        assert_eq!(err.metadata["limit"], "list_status_filters");
+        let long = [("k".to_owned(), "v".repeat(257))].into_iter().collect();
+        let err = limits().check_list_filters(0, &long).unwrap_err();
+        assert_eq!(err.metadata["limit"], "label_bytes");
     }
 
     #[test]

@@ -27,7 +27,8 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         | ModelNotAdvertised
         | ConfigOptionUnknown
         | PermissionOptionUnknown
-        | EmptyPrompt => Code::InvalidArgument,
+        | EmptyPrompt
+        | MalformedRequest => Code::InvalidArgument,
         SessionNotFound | QueuedActionNotFound | ProfileNotFound => Code::NotFound,
         SessionExists | ActionIdConflict => Code::AlreadyExists,
         RuntimeDisconnected
@@ -99,30 +100,66 @@ impl From<Error> for Status {
 
 /// The start of the message tonic gives a request message over the size limit.
 const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
+/// The start of the message of a request that prost could not decode, as tonic answers it.
+const PROST_UNDECODABLE: &str = "failed to decode Protobuf message: ";
 
-/// A response mapper for the whole server: tonic itself refuses a request message over the gRPC
-/// message limit (OUT_OF_RANGE, no details) before any handler runs. This turns that refusal
-/// into the table's LIMIT_EXCEEDED with its `ErrorInfo` (limit `grpc_message_bytes`), like every
-/// other limit. Everything else passes through untouched.
+/// A response mapper for the whole server, for the refusals tonic makes itself before any
+/// handler runs, which carry no `ErrorInfo`:
+/// - a request message over the gRPC message limit (OUT_OF_RANGE) becomes the table's
+///   LIMIT_EXCEEDED (limit `grpc_message_bytes`), like every other limit;
+/// - a request that does not decode (INTERNAL: bad protobuf, a string that is not UTF-8,
+///   messages nested deeper than prost's recursion limit) becomes INVALID_ARGUMENT
+///   MALFORMED_REQUEST: the caller's fault, not the server's.
+///
+/// Everything else passes through untouched.
 pub(crate) fn message_limit_mapper(
     max: usize,
 ) -> impl Fn(http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> + Clone {
-    move |response| {
-        let ours = response.extensions().get::<Status>().is_some_and(|status| {
-            status.code() == Code::OutOfRange
-                && status.details().is_empty()
-                && status.message().starts_with(TONIC_TOO_LARGE)
-        });
-        if !ours {
-            return response;
-        }
-        let error = Error::limit(
+    move |response| match response
+        .extensions()
+        .get::<Status>()
+        .and_then(tonic_refusal)
+    {
+        Some(Refusal::TooLarge) => to_status(&Error::limit(
             "grpc_message_bytes",
             max,
             "a request message of more bytes than allowed",
-        );
-        to_status(&error).into_http()
+        ))
+        .into_http(),
+        Some(Refusal::Undecodable(why)) => to_status(&malformed(&why)).into_http(),
+        None => response,
     }
+}
+
+/// A refusal tonic made on its own.
+enum Refusal {
+    TooLarge,
+    /// prost's description of what did not decode (a field path and the problem).
+    Undecodable(String),
+}
+
+fn tonic_refusal(status: &Status) -> Option<Refusal> {
+    if !status.details().is_empty() {
+        return None;
+    }
+    match status.code() {
+        Code::OutOfRange if status.message().starts_with(TONIC_TOO_LARGE) => {
+            Some(Refusal::TooLarge)
+        }
+        Code::Internal => status
+            .message()
+            .strip_prefix(PROST_UNDECODABLE)
+            .map(|why| Refusal::Undecodable(why.to_owned())),
+        _ => None,
+    }
+}
+
+/// The table's answer to a request that does not decode.
+pub(crate) fn malformed(why: &str) -> Error {
+    Error::new(
+        ErrorCode::MalformedRequest,
+        format!("the request does not decode: {why}"),
+    )
 }
 
 #[cfg(test)]
@@ -289,6 +326,11 @@ mod tests {
             Code::Unavailable,
             "STORE_UNAVAILABLE",
         ),
+        (
+            ErrorCode::MalformedRequest,
+            Code::InvalidArgument,
+            "MALFORMED_REQUEST",
+        ),
     ];
 
     #[test]
@@ -303,6 +345,36 @@ mod tests {
             assert_eq!(info.domain, "agent-harness");
             assert_eq!(info.metadata.get("k").map(String::as_str), Some("v"));
         }
+    }
+
+    #[test]
+    fn tonics_own_decode_failure_becomes_malformed_request_and_other_statuses_pass() {
+        let mapper = message_limit_mapper(4);
+        let undecodable = Status::internal(
+            "failed to decode Protobuf message: GetSessionRequest.session_id: invalid string \
+             value: data is not UTF-8 encoded",
+        );
+        let mapped = mapper(undecodable.into_http());
+        let status = mapped.extensions().get::<Status>().expect("a status");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let info = status.get_details_error_info().expect("ErrorInfo detail");
+        assert_eq!(info.reason, "MALFORMED_REQUEST");
+        assert!(
+            status.message().contains("not UTF-8"),
+            "{}",
+            status.message()
+        );
+
+        // An internal error of the harness itself keeps its table status.
+        let ours = to_status(&Error::internal("failed to decode Protobuf message: x"));
+        let mapped = mapper(ours.into_http());
+        let status = mapped.extensions().get::<Status>().expect("a status");
+        assert_eq!(status.code(), Code::Internal);
+        let other = mapper(Status::internal("boom").into_http());
+        assert_eq!(
+            other.extensions().get::<Status>().unwrap().code(),
+            Code::Internal
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@
 #[cfg(test)]
 pub(crate) mod conformance;
 mod error;
+mod gate;
 #[cfg(test)]
 mod memory;
 pub mod postgres;
@@ -34,6 +35,10 @@ use crate::domain::{
     session::{SessionRecord, SessionStatus},
 };
 pub use error::{BoxError, StoreError};
+
+/// How long one statement may run before the store cancels it (SPEC §20, §21), unless configured
+/// otherwise: a PostgreSQL statement (`statement_timeout`), a SQLite read.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]

@@ -55,6 +55,9 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a caller waits for a free connection before failing.
 const POOL_WAIT: Duration = Duration::from_secs(30);
+pub use super::DEFAULT_STATEMENT_TIMEOUT;
+/// SQLSTATE of a statement cancelled by the server: its statement timeout, or a cancel request.
+const QUERY_CANCELED: &str = "57014";
 
 /// How to reach the database.
 #[derive(Debug, Clone)]
@@ -64,6 +67,10 @@ pub struct PostgresOptions {
     /// A schema to keep the tables in (it must exist), instead of the URL's `search_path`.
     pub schema: Option<String>,
     pub pool_size: usize,
+    /// The server cancels any statement running longer (`statement_timeout` on every
+    /// connection), so no query outlives its purpose by much. A URL that sets
+    /// `statement_timeout` itself keeps its own.
+    pub statement_timeout: Duration,
 }
 
 impl PostgresOptions {
@@ -72,6 +79,7 @@ impl PostgresOptions {
             url: url.into(),
             schema: None,
             pool_size: DEFAULT_POOL_SIZE,
+            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
         }
     }
 }
@@ -91,6 +99,8 @@ pub struct PostgresStore {
     notifier: notify::Notifier,
     /// Gathers concurrent commits into shared transactions.
     committer: group::Committer,
+    /// Fair shares of the connections for list scans.
+    lists: super::gate::ListGate,
 }
 
 /// Turns a database error into a store error saying what the store was doing.
@@ -106,6 +116,14 @@ impl<T> Context<T> for Result<T, tokio_postgres::Error> {
 
 /// A database error as a store error: unavailable when the database could not be reached.
 fn from_postgres(doing: &str, e: tokio_postgres::Error) -> StoreError {
+    if is_cancelled(&e) {
+        // Not the caller's fault and nothing was stored: the statement ran past the statement
+        // timeout (a slow or locked database) or was cancelled.
+        return StoreError::unavailable(
+            format!("{doing}: the database did not answer in time (statement cancelled)"),
+            e,
+        );
+    }
     if is_unreachable(&e) {
         StoreError::unavailable(
             format!("{doing}: the database is unreachable: {}", describe(&e)),
@@ -117,6 +135,11 @@ fn from_postgres(doing: &str, e: tokio_postgres::Error) -> StoreError {
             source: e,
         }
     }
+}
+
+/// Whether the server cancelled the statement: the statement timeout, or a cancel request.
+pub(super) fn is_cancelled(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|code| code.code() == QUERY_CANCELED)
 }
 
 /// Whether an error means the database could not be reached (the connection was refused, lost
@@ -244,6 +267,19 @@ impl PostgresStore {
                     .trim_start(),
             );
         }
+        // Every statement has a deadline on the server itself (SPEC §20, §21), whatever the
+        // client does: a query that runs too long is cancelled there, and its connection is
+        // free again.
+        let connection_options = config.get_options().unwrap_or_default().to_owned();
+        if !connection_options.contains("statement_timeout") {
+            let millis = options
+                .statement_timeout
+                .as_millis()
+                .clamp(1, i32::MAX as u128);
+            config.options(
+                format!("{connection_options} -c statement_timeout={millis}").trim_start(),
+            );
+        }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -269,6 +305,7 @@ impl PostgresStore {
                 source: Some(e.into()),
             })?;
         let store = Self {
+            lists: super::gate::ListGate::new(options.pool_size.max(2) / 2, POOL_WAIT),
             notifier: notify::Notifier::start(pool.clone()),
             committer: group::Committer::start(pool.clone(), target.clone()),
             pool,
@@ -303,6 +340,76 @@ impl PostgresStore {
             )
             .into()
         })
+    }
+
+    /// A connection for one read that is cancelled on the server if the caller gives up.
+    async fn reader(&self) -> Result<Reader> {
+        Ok(Reader {
+            client: Some(self.client().await?),
+            tls: self.tls.clone(),
+        })
+    }
+}
+
+/// A pooled connection running a read for a caller. Dropped before [`Reader::done`] — the
+/// caller's deadline passed or the caller went away, and its future was dropped mid-query — the
+/// statement is cancelled on the server (a dropped future alone would leave it running, holding
+/// the connection and whatever it locks). The connection rejoins the pool only once the
+/// cancelled statement has ended, so the cancel can never hit the next user's statement.
+struct Reader {
+    client: Option<Client>,
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+}
+
+/// How long a cancelled connection may take to become idle before it is closed instead.
+const CANCEL_SETTLE: Duration = Duration::from_secs(5);
+
+impl std::ops::Deref for Reader {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        self.client
+            .as_ref()
+            .expect("a reader keeps its client until done")
+    }
+}
+
+impl Reader {
+    /// Runs the read; once it has finished, the connection goes back to the pool as it is.
+    async fn read<T>(mut self, read: impl AsyncFnOnce(&Client) -> Result<T>) -> Result<T> {
+        let result = read(&self).await;
+        self.client.take();
+        result
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let token = client.cancel_token();
+        let tls = self.tls.clone();
+        runtime.spawn(async move {
+            let cancelled = match tls {
+                Some(tls) => token.cancel_query(tls).await,
+                None => token.cancel_query(NoTls).await,
+            };
+            // A query sent after the cancelled one answers only once that one has ended.
+            let settled = cancelled.is_ok()
+                && tokio::time::timeout(CANCEL_SETTLE, client.simple_query(""))
+                    .await
+                    .is_ok();
+            if !settled {
+                tracing::debug!(
+                    "postgres store: a cancelled read did not settle; closing its connection"
+                );
+                drop(deadpool_postgres::Object::take(client));
+            }
+        });
     }
 }
 
@@ -395,13 +502,21 @@ fn list_sql(query: &SessionQuery) -> (String, Vec<Box<dyn ToSql + Sync + Send>>)
         params.push(Box::new(statuses));
         sql.push_str(&format!(" AND s.status = ANY(${}::text[])", params.len()));
     }
-    for (key, value) in &query.labels {
-        params.push(Box::new(key.clone()));
-        params.push(Box::new(value.clone()));
-        let (k, v) = (params.len() - 1, params.len());
+    if !query.labels.is_empty() {
+        // One join of the label rows with the wanted pairs: a session matches when it has all
+        // of them (a key appears once per session and once in the filter). One subquery per
+        // pair instead made planning time grow steeply with their number: about 1 s for 64.
+        let keys: Vec<String> = query.labels.keys().cloned().collect();
+        let values: Vec<String> = query.labels.values().cloned().collect();
+        params.push(Box::new(keys));
+        params.push(Box::new(values));
+        params.push(Box::new(limit_of(query.labels.len())));
+        let (k, v, n) = (params.len() - 2, params.len() - 1, params.len());
         sql.push_str(&format!(
-            " AND EXISTS (SELECT 1 FROM session_labels l \
-             WHERE l.session_pk = s.pk AND l.key = ${k} AND l.value = ${v})"
+            " AND s.pk IN (SELECT l.session_pk FROM session_labels l \
+             JOIN unnest(${k}::text[], ${v}::text[]) AS f(key, value) \
+             ON l.key = f.key AND l.value = f.value \
+             GROUP BY l.session_pk HAVING count(*) = ${n})"
         ));
     }
     if let Some((created_at, id)) = &query.after {
@@ -481,20 +596,24 @@ impl Store for PostgresStore {
     }
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&format!(
-                "SELECT {} FROM sessions s WHERE s.id = $1",
-                rows::SESSION_COLUMNS
-            ))
-            .await
-            .context("reading a session")?;
-        client
-            .query_opt(&stmt, &[&session_id])
-            .await
-            .context("reading a session")?
-            .map(|row| rows::session(&row))
-            .transpose()
+        let row = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "SELECT {} FROM sessions s WHERE s.id = $1",
+                        rows::SESSION_COLUMNS
+                    ))
+                    .await
+                    .context("reading a session")?;
+                client
+                    .query_opt(&stmt, &[&session_id])
+                    .await
+                    .context("reading a session")
+            })
+            .await?;
+        row.map(|row| rows::session(&row)).transpose()
     }
 
     async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>> {
@@ -502,22 +621,26 @@ impl Store for PostgresStore {
             return Ok(Vec::new());
         }
         let (sql, params) = list_sql(query);
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&sql)
-            .await
-            .context("listing sessions")?;
+        let _turn = self.lists.enter(query.owner_or_editor.as_deref()).await?;
         let params: Vec<&(dyn ToSql + Sync)> = params
             .iter()
             .map(|p| p.as_ref() as &(dyn ToSql + Sync))
             .collect();
-        client
-            .query(&stmt, &params)
-            .await
-            .context("listing sessions")?
-            .iter()
-            .map(rows::session)
-            .collect()
+        let rows = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&sql)
+                    .await
+                    .context("listing sessions")?;
+                client
+                    .query(&stmt, &params)
+                    .await
+                    .context("listing sessions")
+            })
+            .await?;
+        rows.iter().map(rows::session).collect()
     }
 
     async fn count_live_sessions(&self, owner: &str) -> Result<u64> {
@@ -592,37 +715,48 @@ impl Store for PostgresStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&format!(
-                "SELECT {} FROM log WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1) \
-                 AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $3",
-                rows::LOG_COLUMNS
-            ))
-            .await
-            .context("reading the log")?;
-        client
-            .query(&stmt, &[&session_id, &after, &limit_of(limit)])
-            .await
-            .context("reading the log")?
-            .iter()
+        let rows = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "SELECT {} FROM log \
+                         WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1) \
+                         AND \"offset\" > $2 ORDER BY \"offset\" LIMIT $3",
+                        rows::LOG_COLUMNS
+                    ))
+                    .await
+                    .context("reading the log")?;
+                client
+                    .query(&stmt, &[&session_id, &after, &limit_of(limit)])
+                    .await
+                    .context("reading the log")
+            })
+            .await?;
+        rows.iter()
             .map(|row| rows::log_entry(row, session_id))
             .collect()
     }
 
     async fn head_offset(&self, session_id: Uuid) -> Result<u64> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT coalesce(max(\"offset\"), 0) FROM log \
-                 WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1)",
-            )
-            .await
-            .context("reading the log head")?;
-        let head: i64 = client
-            .query_one(&stmt, &[&session_id])
-            .await
-            .context("reading the log head")?
+        let head: i64 = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT coalesce(max(\"offset\"), 0) FROM log \
+                         WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1)",
+                    )
+                    .await
+                    .context("reading the log head")?;
+                client
+                    .query_one(&stmt, &[&session_id])
+                    .await
+                    .context("reading the log head")
+            })
+            .await?
             .get(0);
         u64::try_from(head).map_err(|_| {
             rows::corrupt(format!("session {session_id}: log head {head} is negative"))
@@ -630,20 +764,26 @@ impl Store for PostgresStore {
     }
 
     async fn load_queue(&self, session_id: Uuid) -> Result<Vec<QueuedEntry>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&format!(
-                "SELECT {} FROM queue WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1) \
-                 ORDER BY position",
-                rows::QUEUE_COLUMNS
-            ))
-            .await
-            .context("reading the queue")?;
-        client
-            .query(&stmt, &[&session_id])
-            .await
-            .context("reading the queue")?
-            .iter()
+        let rows = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "SELECT {} FROM queue \
+                         WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1) \
+                         ORDER BY position",
+                        rows::QUEUE_COLUMNS
+                    ))
+                    .await
+                    .context("reading the queue")?;
+                client
+                    .query(&stmt, &[&session_id])
+                    .await
+                    .context("reading the queue")
+            })
+            .await?;
+        rows.iter()
             .map(|row| rows::queued_entry(row, session_id))
             .collect()
     }

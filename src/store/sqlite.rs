@@ -54,6 +54,8 @@ pub const DB_FILE_NAME: &str = "agent-harness.sqlite3";
 
 /// Read connections kept open (and reads running at once).
 const READERS: usize = 4;
+/// How many SQLite VM steps a read runs between looks at its deadline.
+const READ_CHECK_STEPS: std::ffi::c_int = 1000;
 /// Writes waiting for the writer before senders wait too.
 const WRITE_QUEUE: usize = 4096;
 
@@ -66,6 +68,8 @@ pub struct SqliteStore {
     transactions: Arc<AtomicU64>,
     closed: AtomicBool,
     path: PathBuf,
+    /// How long one read may run before it is interrupted.
+    statement_timeout: std::time::Duration,
     writer_thread: WriterThread,
 }
 
@@ -82,6 +86,17 @@ impl Drop for WriterThread {
         if let Some(handle) = self.take() {
             let _ = handle.join();
         }
+    }
+}
+
+/// Stops the read running on a connection, or about to: dropped (its caller went away), it
+/// does so too. SQLite's progress handler asks it every few hundred VM steps.
+#[derive(Default)]
+struct Interrupter(Arc<AtomicBool>);
+
+impl Drop for Interrupter {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -161,12 +176,20 @@ impl SqliteStore {
             transactions,
             closed: AtomicBool::new(false),
             path,
+            statement_timeout: super::DEFAULT_STATEMENT_TIMEOUT,
             writer_thread: WriterThread(Mutex::new(Some(handle))),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Interrupts any read running longer than `timeout` (default
+    /// [`DEFAULT_STATEMENT_TIMEOUT`](super::DEFAULT_STATEMENT_TIMEOUT)).
+    pub fn with_statement_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
     }
 
     /// How many write transactions have committed since open. Group commit makes this smaller
@@ -241,15 +264,27 @@ impl SqliteStore {
             .await
             .map_err(|_| StoreError::closed("sqlite store: the read pool is closed"))?;
         let readers = self.readers.clone();
-        tokio::task::spawn_blocking(move || {
+        // A read past the statement timeout is interrupted, as is one whose caller goes away
+        // (this future is dropped), so no read holds a connection for nobody.
+        let caller_gone = Interrupter::default();
+        let stop = caller_gone.0.clone();
+        let deadline = std::time::Instant::now() + self.statement_timeout;
+        let done = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let conn = readers.take()?;
+            let mut conn = readers.take()?;
+            let interrupted =
+                move || stop.load(Ordering::Relaxed) || std::time::Instant::now() >= deadline;
+            conn.progress_handler(READ_CHECK_STEPS, Some(interrupted))
+                .context("setting the read deadline")?;
             let result = f(&conn);
+            let cleared = conn
+                .progress_handler(0, None::<fn() -> bool>)
+                .context("clearing the read deadline");
             readers.give_back(conn);
-            result
+            cleared.and(result)
         })
-        .await
-        .map_err(|e| StoreError::Task {
+        .await;
+        done.map_err(|e| StoreError::Task {
             message: format!("sqlite store: a read task failed: {e}"),
             source: Some(e.into()),
         })?

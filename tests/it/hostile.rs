@@ -832,6 +832,9 @@ fn every_limit_of_section_11_has_the_specified_default() {
     assert_eq!(l.subscribers_per_session, 256);
     assert_eq!(l.grpc_message_bytes, 4 * 1024 * 1024);
     assert_eq!(l.runtime_line_bytes, 8 * 1024 * 1024);
+    // And the ListSessions filters of docs/security.md's bounded queries.
+    assert_eq!(l.list_label_filters, 64);
+    assert_eq!(l.list_status_filters, 16);
     // Each is a knob of the config file's [limits] table.
     let file: agent_harness::config::FileConfig = toml::from_str(
         "[limits]\nprompt_bytes = 1\nattachments = 2\nuri_bytes = 3\nattachment_name_bytes = 4\n\
@@ -996,6 +999,120 @@ async fn a_message_over_the_grpc_limit_is_limit_exceeded_and_the_connection_serv
             .await;
             assert!(got.is_ok(), "after {size} bytes: {got:?}");
         }
+        h.shutdown().await;
+    })
+    .await
+}
+
+/// A GetSessionRequest whose string field is raw bytes: what a well-behaved client cannot send.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawGetSession {
+    #[prost(bytes = "vec", tag = "1")]
+    session_id: Vec<u8>,
+}
+
+/// A GetSessionRequest whose session id is a number: not what the schema says.
+#[derive(Clone, PartialEq, prost::Message)]
+struct WrongWireType {
+    #[prost(uint64, tag = "1")]
+    session_id: u64,
+}
+
+/// A ControlRequest whose `context` (a google.protobuf.Struct) is raw bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawControl {
+    #[prost(string, tag = "1")]
+    session_id: String,
+    #[prost(bytes = "vec", tag = "3")]
+    context: Vec<u8>,
+}
+
+/// Sends `message` as the request of the unary method at `path`.
+async fn raw_unary<M, R>(h: &Harness, path: &'static str, message: M) -> Result<R, Status>
+where
+    M: prost::Message + Send + Sync + 'static,
+    R: prost::Message + Default + Send + Sync + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(h.channel());
+    grpc.ready().await.expect("the channel is ready");
+    grpc.unary(
+        tonic::Request::new(message),
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        tonic_prost::ProstCodec::<M, R>::default(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// The protobuf bytes of a Struct nested `depth` deep (`{"a": {"a": …}}`), written from the
+/// inside out so no encoder has to recurse that deep.
+fn nested_struct(depth: usize) -> Vec<u8> {
+    fn len_field(tag: u32, body: &[u8], out: &mut Vec<u8>) {
+        prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, out);
+        prost::encoding::encode_varint(body.len() as u64, out);
+        out.extend_from_slice(body);
+    }
+    let mut inner = Vec::new();
+    for _ in 0..depth {
+        let mut value = Vec::new(); // Value { struct_value = 5 }
+        len_field(5, &inner, &mut value);
+        let mut entry = Vec::new(); // map entry { key = 1, value = 2 }
+        len_field(1, b"a", &mut entry);
+        len_field(2, &value, &mut entry);
+        let mut outer = Vec::new(); // Struct { fields = 1 }
+        len_field(1, &entry, &mut outer);
+        inner = outer;
+    }
+    inner
+}
+
+#[tokio::test]
+async fn a_request_that_does_not_decode_is_malformed_request_changes_nothing_and_the_server_serves_on()
+ {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let log_before = session.log().await;
+        const GET: &str = "/agent_harness.v1.AgentSessionService/GetSession";
+        const CONTROL: &str = "/agent_harness.v1.AgentSessionService/Control";
+
+        // A session id that is not UTF-8.
+        let status = expect_err(
+            raw_unary::<_, pb::GetSessionResponse>(
+                &h,
+                GET,
+                RawGetSession {
+                    session_id: b"\xff\xfe not utf-8".to_vec(),
+                },
+            )
+            .await,
+        );
+        assert_error(&status, Code::InvalidArgument, "MALFORMED_REQUEST");
+        assert!(status.message().contains("UTF-8"), "{status:?}");
+
+        // A context nested 5,000 deep, for a real session.
+        let status = expect_err(
+            raw_unary::<_, pb::ControlResponse>(
+                &h,
+                CONTROL,
+                RawControl {
+                    session_id: session.id.clone(),
+                    context: nested_struct(5_000),
+                },
+            )
+            .await,
+        );
+        assert_error(&status, Code::InvalidArgument, "MALFORMED_REQUEST");
+
+        // A field of the wrong wire type (a number where the id's string should be).
+        let status = expect_err(
+            raw_unary::<_, pb::GetSessionResponse>(&h, GET, WrongWireType { session_id: 7 }).await,
+        );
+        assert_error(&status, Code::InvalidArgument, "MALFORMED_REQUEST");
+
+        // Nothing changed, and the server serves on.
+        assert_eq!(session.log().await, log_before);
+        assert_eq!(session.get().await.id, session.id);
         h.shutdown().await;
     })
     .await

@@ -538,3 +538,145 @@ async fn a_principal_owning_its_maximum_of_live_sessions_gets_too_many_sessions(
     })
     .await
 }
+
+/// ListSessions label filters `k0=v … k{n-1}=v`.
+pub(crate) fn label_filters(n: usize) -> std::collections::HashMap<String, String> {
+    (0..n).map(|i| (format!("k{i}"), "v".to_owned())).collect()
+}
+
+/// The filter limits as any client meets them: 64 labels and 16 statuses list, one more of
+/// either is LIMIT_EXCEEDED, and no refusal quotes SQL (checked on each store).
+pub(crate) async fn list_filters_are_bounded(
+    client: &mut pb::agent_session_service_client::AgentSessionServiceClient<
+        tonic::transport::Channel,
+    >,
+) {
+    let statuses = |n: usize| vec![pb::SessionStatus::Idle as i32; n];
+    client
+        .list_sessions(pb::ListSessionsRequest {
+            labels: label_filters(64),
+            statuses: statuses(16),
+            ..Default::default()
+        })
+        .await
+        .expect("64 label and 16 status filters are allowed");
+    for (request, limit) in [
+        (
+            pb::ListSessionsRequest {
+                labels: label_filters(65),
+                ..Default::default()
+            },
+            "list_label_filters",
+        ),
+        (
+            pb::ListSessionsRequest {
+                statuses: statuses(17),
+                ..Default::default()
+            },
+            "list_status_filters",
+        ),
+        (
+            pb::ListSessionsRequest {
+                labels: label_filters(30_000),
+                ..Default::default()
+            },
+            "list_label_filters",
+        ),
+        (
+            pb::ListSessionsRequest {
+                labels: [("k".to_owned(), "v".repeat(100_000))].into(),
+                ..Default::default()
+            },
+            "label_bytes",
+        ),
+    ] {
+        let status = expect_err(client.list_sessions(request).await);
+        assert_error(&status, Code::InvalidArgument, "LIMIT_EXCEEDED");
+        assert_eq!(
+            crate::harness::error_info(&status).metadata["limit"],
+            limit,
+            "{status:?}"
+        );
+        let message = status.message().to_lowercase();
+        assert!(
+            !message.contains("select") && !message.contains("session_labels"),
+            "{status:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn list_filters_beyond_64_labels_or_16_statuses_are_limit_exceeded_and_never_quote_sql() {
+    bounded(async {
+        let h = Harness::start().await;
+        list_filters_are_bounded(&mut h.sessions()).await;
+        h.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn another_principals_session_id_answers_exactly_as_the_callers_own_id_taken_by_another_request()
+ {
+    use crate::auth::{ADA, BOB, as_user, create, start};
+    bounded(async {
+        let (h, _file) = start().await;
+        let (mut ada, mut bob) = (as_user(&h, ADA), as_user(&h, BOB));
+        let request = |id: &str, name: &str| pb::CreateSessionRequest {
+            session_id: Some(id.to_owned()),
+            name: Some(name.to_owned()),
+            ..crate::auth::create_request(&h)
+        };
+        let adas = uuid::Uuid::now_v7().to_string();
+        let bobs = uuid::Uuid::now_v7().to_string();
+        create(&mut ada, request(&adas, "ada's")).await;
+        create(&mut bob, request(&bobs, "bob's")).await;
+
+        // Bob re-sends his own id with a different request, then tries ada's id.
+        let own = expect_err(bob.create_session(request(&bobs, "other")).await);
+        let other = expect_err(bob.create_session(request(&adas, "other")).await);
+        assert_error(&own, Code::AlreadyExists, "SESSION_EXISTS");
+        assert_eq!(other.code(), own.code());
+        // Byte for byte, once each message's own id (which the caller sent) is set aside.
+        assert_eq!(
+            other.message().replace(&adas, "<id>"),
+            own.message().replace(&bobs, "<id>")
+        );
+        // The details (a google.rpc.Status with the ErrorInfo) repeat the message: the ids are
+        // the same length, so set aside byte for byte too.
+        let without_id = |details: &[u8], id: &str| {
+            let mut bytes = details.to_vec();
+            let at = bytes
+                .windows(id.len())
+                .position(|w| w == id.as_bytes())
+                .expect("the id is in the details' message");
+            bytes[at..at + id.len()].fill(b'*');
+            bytes
+        };
+        assert_eq!(
+            without_id(other.details(), &adas),
+            without_id(own.details(), &bobs),
+            "the same details, byte for byte"
+        );
+        let headers = |s: &tonic::Status| {
+            let mut names: Vec<String> = s.metadata().keys().map(|k| format!("{k:?}")).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(headers(&other), headers(&own));
+
+        // Ada's session is untouched.
+        let got = ada
+            .get_session(pb::GetSessionRequest {
+                session_id: adas.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .session
+            .unwrap();
+        assert_eq!((got.name.as_str(), got.owner.as_str()), ("ada's", "ada"));
+        h.shutdown().await;
+    })
+    .await
+}

@@ -268,11 +268,11 @@ impl Sessions {
         owner: &str,
         request_fingerprint: &str,
     ) -> Result<Created> {
+        // Another principal's session and one of the caller's own made by a different request
+        // get one and the same answer, built from the id the caller sent and nothing stored:
+        // the caller cannot tell whether the id is someone else's (docs/security.md).
         if existing.owner != owner || existing.request_fingerprint != request_fingerprint {
-            return Err(Error::new(
-                ErrorCode::SessionExists,
-                format!("session id {} is taken by a different request", existing.id),
-            ));
+            return Err(session_id_taken(existing.id));
         }
         let (record, head) = match self.live_snapshot(existing.id) {
             Some(snapshot) => snapshot,
@@ -426,6 +426,14 @@ impl Sessions {
         }
         Ok(())
     }
+}
+
+/// The answer to a caller-minted session id that is already in use by a different request.
+fn session_id_taken(session_id: Uuid) -> Error {
+    Error::new(
+        ErrorCode::SessionExists,
+        format!("session id {session_id} is taken by a different request"),
+    )
 }
 
 fn request_fingerprint(owner: &str, input: &CreateInput) -> String {

@@ -132,6 +132,10 @@ impl Sessions {
         principal: &Principal,
         input: ListInput,
     ) -> Result<(Vec<(SessionRecord, u64)>, String)> {
+        // Every filter is work for the store: bounded before any query runs.
+        self.ctx
+            .limits
+            .check_list_filters(input.statuses.len(), &input.labels)?;
         let page_size = match input.page_size {
             n if n < 0 => return Err(Error::invalid("page_size must not be negative")),
             0 => DEFAULT_PAGE_SIZE,

@@ -28,7 +28,7 @@ use deadpool_postgres::{Client, Pool};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
-use super::{commit, from_pool, from_postgres, is_unreachable};
+use super::{commit, from_pool, from_postgres, is_cancelled, is_unreachable};
 use crate::{
     domain::{Error, Result},
     store::{Batch, StoreError},
@@ -148,7 +148,9 @@ enum Failure {
 impl Failure {
     fn of(doing: &str) -> impl FnOnce(tokio_postgres::Error) -> Self {
         move |e| {
-            let unreachable = is_unreachable(&e);
+            // A statement that ran past the statement timeout fails every batch of the group
+            // at once: committed alone, each would wait as long again.
+            let unreachable = is_unreachable(&e) || is_cancelled(&e);
             let error = from_postgres(&format!("postgres store: {doing}"), e).into();
             if unreachable {
                 Self::Unreachable(error)

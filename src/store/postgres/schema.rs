@@ -147,6 +147,11 @@ pub(super) async fn migrate(client: &mut Client) -> Result<()> {
         .transaction()
         .await
         .context("starting the schema migration")?;
+    // Waiting for another replica's migration, or migrating a large table, may take longer
+    // than an ordinary statement is allowed to.
+    tx.batch_execute("SET LOCAL statement_timeout = 0")
+        .await
+        .context("starting the schema migration")?;
     tx.execute(
         "SELECT pg_advisory_xact_lock($1, hashtext(coalesce(current_schema(), '')))",
         &[&LOCK_CLASS],

@@ -990,3 +990,55 @@ async fn a_replicas_published_bridges_replace_its_earlier_ones_and_expire_with_t
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_group_blocked_past_the_statement_timeout_answers_every_batch_unavailable_at_once() {
+    let Some(schema) = TestSchema::create().await else {
+        return;
+    };
+    let store = PostgresStore::connect(PostgresOptions {
+        statement_timeout: Duration::from_millis(300),
+        ..schema.options()
+    })
+    .await
+    .expect("the store opens");
+    let records: Vec<_> = (0..10).map(|i| session("user:alice", i)).collect();
+    for record in &records {
+        store.create_session(record).await.unwrap();
+    }
+    // Another client holds every session row, as a stuck transaction would.
+    let mut holder = connect_plain(&schema.url).await;
+    let hold = holder.transaction().await.unwrap();
+    hold.batch_execute(&format!(
+        "SELECT pk FROM {}.sessions FOR UPDATE",
+        schema.name
+    ))
+    .await
+    .unwrap();
+    let (jobs, answers): (Vec<_>, Vec<_>) = records
+        .iter()
+        .map(|record| queued(record.id, entries(frames(1, 1))))
+        .unzip();
+    // Committed one by one after the group failed, the last answer would take ten timeouts.
+    tokio::time::timeout(
+        Duration::from_millis(1500),
+        super::group::commit_group(&store.pool, &store.target, jobs),
+    )
+    .await
+    .expect("every batch is answered within a few statement timeouts");
+    for answer in answers {
+        let error = answer.await.unwrap().unwrap_err();
+        assert_eq!(error.code, ErrorCode::StoreUnavailable, "{error}");
+    }
+    hold.rollback().await.unwrap();
+    for record in &records {
+        assert_eq!(
+            store.head_offset(record.id).await.unwrap(),
+            0,
+            "nothing stored"
+        );
+    }
+    store.close().await.unwrap();
+    drop(store);
+    schema.drop_schema().await;
+}

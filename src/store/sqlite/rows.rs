@@ -27,12 +27,32 @@ pub(super) trait Context<T> {
 impl<T> Context<T> for rusqlite::Result<T> {
     fn context(self, doing: &str) -> Result<T> {
         self.map_err(|e| {
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted) {
+                // Not the caller's fault, nothing stored: the read ran past the statement
+                // timeout (or its caller went away).
+                return StoreError::unavailable(
+                    format!("sqlite store: {doing}: the read did not finish in time (interrupted)"),
+                    e,
+                )
+                .into();
+            }
             StoreError::Sqlite {
-                message: format!("sqlite store: {doing}: {e}"),
+                message: format!("sqlite store: {doing}: {}", describe(&e)),
                 source: e,
             }
             .into()
         })
+    }
+}
+
+/// A SQLite error for a message a caller may read: what SQLite said, never the statement
+/// (rusqlite's own text of an error at a place in a statement quotes all of it).
+pub(super) fn describe(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqlInputError { msg, offset, .. } => {
+            format!("{msg} (at byte {offset} of the statement)")
+        }
+        other => other.to_string(),
     }
 }
 

@@ -201,7 +201,10 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .context("starting a schema migration")?;
         tx.execute_batch(script).map_err(|e| StoreError::Schema {
-            message: format!("sqlite store: migrating to version {to}: {e}"),
+            message: format!(
+                "sqlite store: migrating to version {to}: {}",
+                super::rows::describe(&e)
+            ),
             source: Some(e.into()),
         })?;
         tx.pragma_update(None, "user_version", to)

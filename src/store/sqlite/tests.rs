@@ -853,3 +853,92 @@ async fn acknowledged_commits_survive_kill_9() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_statement_sqlite_refuses_is_reported_without_quoting_the_sql() {
+    within(async {
+        let dir = TempDir::new().unwrap();
+        let store = open(&db_path(&dir));
+        // More parameters than SQLite takes in one statement (the service bounds filters long
+        // before this; the store must still never echo its SQL).
+        let query = SessionQuery {
+            labels: (0..30_000).map(|i| (format!("k{i}"), "v".into())).collect(),
+            ..all()
+        };
+        let error = store.list_sessions(&query).await.unwrap_err();
+        assert_eq!(error.code, crate::domain::ErrorCode::Internal);
+        assert!(
+            !error.message.contains("SELECT") && !error.message.contains("session_labels"),
+            "{}",
+            &error.message[..error.message.len().min(500)]
+        );
+        assert!(
+            error
+                .message
+                .starts_with("sqlite store: listing sessions: "),
+            "{}",
+            error.message
+        );
+    })
+    .await
+}
+
+/// A read that would never end on its own.
+fn endless(conn: &rusqlite::Connection) -> crate::domain::Result<i64> {
+    use super::rows::Context;
+    conn.query_row(
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+        [],
+        |row| row.get(0),
+    )
+    .context("counting forever")
+}
+
+#[tokio::test]
+async fn a_read_past_the_statement_timeout_is_interrupted_as_unavailable_and_the_pool_serves_on() {
+    within(async {
+        let dir = TempDir::new().unwrap();
+        let store = open(&db_path(&dir)).with_statement_timeout(Duration::from_millis(100));
+        let error = store.read(endless).await.unwrap_err();
+        assert_eq!(error.code, crate::domain::ErrorCode::StoreUnavailable);
+        assert!(error.message.contains("interrupted"), "{}", error.message);
+        // Every read connection is back and works.
+        for _ in 0..super::READERS + 1 {
+            store.list_sessions(&all()).await.unwrap();
+        }
+        assert_eq!(store.readers.permits.available_permits(), super::READERS);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_read_whose_caller_goes_away_is_interrupted_and_frees_its_connection() {
+    within(async {
+        let dir = TempDir::new().unwrap();
+        // The default timeout (10 s) is far away: only the caller leaving can end the read.
+        let store = std::sync::Arc::new(open(&db_path(&dir)));
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let call = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .read(move |conn| {
+                        let _ = started_tx.send(());
+                        endless(conn)
+                    })
+                    .await
+            }
+        });
+        started_rx.await.unwrap();
+        call.abort();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while store.readers.permits.available_permits() < super::READERS {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the abandoned read was interrupted and gave its connection back");
+        store.list_sessions(&all()).await.unwrap();
+    })
+    .await
+}

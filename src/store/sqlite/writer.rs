@@ -304,7 +304,7 @@ impl Writer {
 
 fn internal(doing: &str, e: rusqlite::Error) -> Error {
     StoreError::Sqlite {
-        message: format!("sqlite store: {doing}: {e}"),
+        message: format!("sqlite store: {doing}: {}", super::rows::describe(&e)),
         source: e,
     }
     .into()

@@ -260,6 +260,14 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_STORE_UNAVAILABLE = 33;
    */
   STORE_UNAVAILABLE = 33,
+
+  /**
+   * The request does not decode: not valid protobuf, a string that is not UTF-8, or messages
+   * nested too deep (INVALID_ARGUMENT). Nothing was done.
+   *
+   * @generated from enum value: ERROR_REASON_MALFORMED_REQUEST = 34;
+   */
+  MALFORMED_REQUEST = 34,
 }
 
 /**
