@@ -34,8 +34,7 @@ impl Actor {
                 if matches!(
                     input.action,
                     Action::SetModel { .. } | Action::SetConfigOption { .. }
-                ) && self.runtime.conn.is_some()
-                    && self.runtime.starting.is_some()
+                ) && self.runtime.state.is_starting()
                     && self.work.waiting_configs.len() < WAITING_CONFIGS
                 {
                     self.work.waiting_configs.push(Command::Control {
@@ -242,7 +241,7 @@ impl Actor {
             Some("a permission request or elicitation is held")
         } else if !self.work.queue.is_empty() {
             Some("actions are queued")
-        } else if self.runtime.starting.is_some() {
+        } else if self.runtime.state.is_starting() {
             Some("the runtime is starting")
         } else {
             None
@@ -289,7 +288,7 @@ impl Actor {
     }
 
     pub(super) fn require_ready(&self) -> Result<()> {
-        if self.ready() {
+        if self.runtime.state.is_ready() {
             return Ok(());
         }
         let why = match self.live_status() {
@@ -321,7 +320,7 @@ impl Actor {
             state: ActionState::Queued,
             created_at: entry.created_at,
         };
-        if self.runtime.conn.is_none() {
+        if !self.runtime.state.is_up() {
             // SUSPENDED or DISCONNECTED: reopen, with this action queued behind the reopen.
             if !(self.record.can_resume || self.record.can_load) {
                 return Err(Error::new(
@@ -375,7 +374,7 @@ impl Actor {
                 status: ControlStatus::Queued(1),
             });
         }
-        if self.ready() && self.work.turn.is_none() && self.work.queue.is_empty() {
+        if self.runtime.state.is_ready() && self.work.turn.is_none() && self.work.queue.is_empty() {
             self.dispatch_entry(entry, Some(fingerprint), false).await?;
             return Ok(sent(action_id));
         }
@@ -438,7 +437,7 @@ impl Actor {
         if clear_queue {
             self.clear_queue(&mut out);
         }
-        if self.ready() {
+        if self.runtime.state.is_ready() {
             self.cancel_turn(&mut out, action_id, actor);
         } else {
             // No ACP session to cancel (starting, suspended or disconnected): the stop is
@@ -570,9 +569,8 @@ impl Actor {
         if self.record.status == SessionStatus::Closed {
             return Ok(self.record.clone());
         }
-        let had_runtime = self.runtime.conn.is_some();
+        let had_runtime = self.runtime.state.is_up();
         self.kill_runtime();
-        self.runtime.starting = None;
         let open_turn = self.fail_running_turn();
         let mut out = Out::default();
         self.clear_queue(&mut out);

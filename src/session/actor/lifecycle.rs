@@ -158,53 +158,27 @@ impl Actor {
         };
         self.runtime.epoch += 1;
         let epoch = self.runtime.epoch;
-        let (writer, started) = match link {
-            Link::Local(spawned) => {
-                let writer =
-                    LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
-                tokio::spawn(connection::read_lines(
-                    spawned.stdout,
-                    epoch,
-                    self.ctx.limits.runtime_line_bytes,
-                    self.runtime.events_tx.clone(),
-                ));
-                let started = json!({"pid": spawned.pid});
-                (
-                    writer,
-                    (started, spawned.killer, spawned.stderr, spawned.exited),
-                )
-            }
+        let (writer, started, killer, stderr, exited) = match link {
+            Link::Local(spawned) => (
+                self.connect(epoch, spawned.stdin, spawned.stdout),
+                json!({"pid": spawned.pid}),
+                spawned.killer,
+                spawned.stderr,
+                spawned.exited,
+            ),
             Link::Remote(spawned) => {
-                let writer =
-                    LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
-                tokio::spawn(connection::read_lines(
-                    spawned.stdout,
-                    epoch,
-                    self.ctx.limits.runtime_line_bytes,
-                    self.runtime.events_tx.clone(),
-                ));
-                let started = json!({"bridge": spawned.bridge_id, "runtime_key": spawned.key});
                 *self.shared.bridge.lock().expect("not poisoned") = Some(spawned.bridge_id.clone());
                 (
-                    writer,
-                    (started, spawned.killer, spawned.stderr, spawned.exited),
+                    self.connect(epoch, spawned.stdin, spawned.stdout),
+                    json!({"bridge": spawned.bridge_id, "runtime_key": spawned.key}),
+                    spawned.killer,
+                    spawned.stderr,
+                    spawned.exited,
                 )
             }
         };
-        let (started, killer, stderr, exited) = started;
-        self.runtime.conn = Some(Conn {
-            epoch,
-            writer,
-            killer,
-            stderr,
-            exited: Some(exited),
-            exit_status: None,
-            output_closed: false,
-            exit_deadline: None,
-            next_id: 0,
-            _permit: permit,
-        });
-        self.runtime.starting = Some(purpose);
+        let conn = Conn::new(epoch, writer, killer, stderr, exited, permit);
+        self.runtime.state.start(conn, purpose, false);
         let mut out = Out::default();
         let mut event = json!({"event": "runtime_started", "epoch": epoch,
                "profile": self.profile.name, "profile_fingerprint": self.record.profile_fingerprint});
@@ -228,29 +202,18 @@ impl Actor {
     async fn adopt_warm(&mut self, purpose: StartPurpose, runtime: warm::WarmRuntime) {
         self.runtime.epoch += 1;
         let epoch = self.runtime.epoch;
-        self.runtime.warm_epoch = Some(epoch);
         let spawned = runtime.spawned;
-        let writer = LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
         let output = std::io::Cursor::new(runtime.unread).chain(spawned.stdout);
-        tokio::spawn(connection::read_lines(
-            output,
-            epoch,
-            self.ctx.limits.runtime_line_bytes,
-            self.runtime.events_tx.clone(),
-        ));
-        self.runtime.conn = Some(Conn {
+        let writer = self.connect(epoch, spawned.stdin, output);
+        let conn = Conn::new(
             epoch,
             writer,
-            killer: spawned.killer,
-            stderr: spawned.stderr,
-            exited: Some(spawned.exited),
-            exit_status: None,
-            output_closed: false,
-            exit_deadline: None,
-            next_id: 0,
-            _permit: runtime.permit,
-        });
-        self.runtime.starting = Some(purpose);
+            spawned.killer,
+            spawned.stderr,
+            spawned.exited,
+            runtime.permit,
+        );
+        self.runtime.state.start(conn, purpose, true);
         let mut out = Out::default();
         self.log_event(
             &mut out,
@@ -273,6 +236,23 @@ impl Actor {
         if let Err(error) = self.flush(out).await {
             self.fault("storage", error.message).await;
         }
+    }
+
+    /// Starts the writer and the reader of a runtime's lines for `epoch`; the writer.
+    fn connect(
+        &self,
+        epoch: u32,
+        input: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+        output: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    ) -> LineWriter {
+        let writer = LineWriter::start(input, epoch, self.runtime.events_tx.clone());
+        tokio::spawn(connection::read_lines(
+            output,
+            epoch,
+            self.ctx.limits.runtime_line_bytes,
+            self.runtime.events_tx.clone(),
+        ));
+        writer
     }
 
     /// Starts the profile's runtime: a local child, or one on a bridge (SPEC §16).
@@ -332,7 +312,11 @@ impl Actor {
     }
 
     pub(super) fn harness_request_id(&mut self) -> Value {
-        let conn = self.runtime.conn.as_mut().expect("a runtime is connected");
+        let conn = self
+            .runtime
+            .state
+            .conn_mut()
+            .expect("a runtime is connected");
         let id = acp_frames::harness_request_id(conn.epoch, conn.next_id);
         conn.next_id += 1;
         id
@@ -340,7 +324,12 @@ impl Actor {
 
     pub(super) fn expect(&mut self, id: &Value, kind: PendingKind, method: &'static str) {
         let timeout = self.profile.startup_timeout;
-        self.runtime.pending.insert(
+        let conn = self
+            .runtime
+            .state
+            .conn_mut()
+            .expect("a runtime is connected");
+        conn.pending.insert(
             id.to_string(),
             Pending {
                 kind,
@@ -418,7 +407,7 @@ impl Actor {
                     .is_some_and(|r| !r.is_null());
                 self.touch(&mut out);
                 let id = self.harness_request_id();
-                match &self.runtime.starting {
+                match self.runtime.state.purpose() {
                     Some(StartPurpose::Create {
                         fork_of: Some(parent),
                         ..
@@ -500,7 +489,7 @@ impl Actor {
                 self.record.acp_session_id = session_id.to_owned();
                 self.adopt_config_options(&result);
                 self.touch(&mut out);
-                let requested_model = match &mut self.runtime.starting {
+                let requested_model = match self.runtime.state.purpose_mut() {
                     Some(StartPurpose::Create { model, .. }) => model.take(),
                     _ => None,
                 };
@@ -651,7 +640,7 @@ impl Actor {
 
     /// The handshake is done: answer CreateSession, send the first prompt, drain the queue.
     pub(super) async fn become_ready(&mut self, mut out: Out) {
-        let purpose = self.runtime.starting.take();
+        let purpose = self.runtime.state.finish_start();
         self.refresh_status(&mut out);
         if let Err(e) = self.flush(out).await {
             return self.fault("storage", e.message).await;
@@ -698,7 +687,7 @@ impl Actor {
         } else {
             format!("{reason}; stderr: {tail}")
         };
-        if matches!(self.runtime.starting, Some(StartPurpose::Create { .. })) {
+        if self.runtime.state.is_creating() {
             self.fail_create(Error::new(code, message));
         } else {
             self.fault("handshake", reason).await;
@@ -713,20 +702,12 @@ impl Actor {
     async fn replace_failed_warm(&mut self, kind: &str, detail: &str) -> bool {
         let epoch = self.runtime.epoch;
         // A storage failure is the harness's, not the runtime's: a cold start would not help.
-        if self.runtime.warm_epoch.take() != Some(epoch)
-            || kind == "storage"
-            || !matches!(self.runtime.starting, Some(StartPurpose::Create { .. }))
-        {
+        if !self.runtime.state.is_warm_create() || kind == "storage" {
             return false;
         }
-        let purpose = self
-            .runtime
-            .starting
-            .take()
-            .expect("checked above: a Create");
         let tail = self.stderr_tail().await;
         tracing::warn!(session = %self.record.id, kind, detail, "a warm runtime failed before its handshake ended; starting a cold one");
-        self.kill_runtime();
+        let purpose = self.kill_runtime().expect("checked above: a Create");
         let mut out = Out::default();
         let mut event = json!({"event": "warm_runtime_failed", "kind": kind, "detail": detail,
                                "epoch": epoch});
@@ -745,34 +726,36 @@ impl Actor {
     /// A new session's runtime failed to come up: kill it and fail CreateSession (the manager
     /// then removes the session).
     pub(super) fn fail_create(&mut self, error: Error) {
-        self.kill_runtime();
-        if let Some(StartPurpose::Create { ready, .. }) = self.runtime.starting.take() {
+        if let Some(StartPurpose::Create { ready, .. }) = self.kill_runtime() {
             let _ = ready.send(Err(error));
         }
         self.finished = true;
     }
 
     pub(super) async fn stderr_tail(&self) -> String {
-        let Some(conn) = &self.runtime.conn else {
+        let Some(conn) = self.runtime.state.conn() else {
             return String::new();
         };
         conn.stderr.closed(STDERR_DRAIN).await;
         conn.stderr.text(STDERR_QUOTE_CHARS)
     }
 
-    pub(super) fn kill_runtime(&mut self) {
-        if let Some(mut conn) = self.runtime.conn.take() {
+    /// Stops the runtime (down, its requests forgotten, nothing held); the purpose of the start
+    /// it interrupted, if any.
+    pub(super) fn kill_runtime(&mut self) -> Option<StartPurpose> {
+        let (conn, purpose) = self.runtime.state.stop();
+        if let Some(mut conn) = conn {
             conn.killer.kill();
         }
         *self.shared.bridge.lock().expect("not poisoned") = None;
-        self.runtime.pending.clear();
         self.work.held.clear();
+        purpose
     }
 
     /// A runtime fault (SPEC §8): log it, fail the running turn, release held interactions,
     /// kill the process, and leave the session DISCONNECTED with a reason. No automatic respawn.
     pub(super) async fn fault(&mut self, kind: &str, detail: String) {
-        if self.runtime.conn.is_none() {
+        if !self.runtime.state.is_up() {
             return;
         }
         // The detail may quote what the runtime or its bridge said.
@@ -781,7 +764,7 @@ impl Actor {
             return;
         }
         let tail = self.stderr_tail().await;
-        if matches!(self.runtime.starting, Some(StartPurpose::Create { .. })) {
+        if self.runtime.state.is_creating() {
             let message = if tail.is_empty() {
                 detail
             } else {
@@ -792,11 +775,10 @@ impl Actor {
         let epoch = self.runtime.epoch;
         let exit = self
             .runtime
-            .conn
-            .as_ref()
+            .state
+            .conn()
             .and_then(|c| c.exit_status.clone());
         self.kill_runtime();
-        self.runtime.starting = None;
         let failed_turn = self.fail_running_turn();
         let mut reason = detail.clone();
         if !tail.is_empty() {
@@ -827,7 +809,7 @@ impl Actor {
     }
 
     pub(super) async fn on_exit(&mut self, status: Option<io::Result<ExitStatus>>) {
-        let Some(conn) = self.runtime.conn.as_mut() else {
+        let Some(conn) = self.runtime.state.conn_mut() else {
             return;
         };
         conn.exited = None;
@@ -850,7 +832,7 @@ impl Actor {
 
     /// The end of the runtime's output: a fault once it is clear whether the process exited.
     pub(super) fn on_output_closed(&mut self) -> Option<(&'static str, String)> {
-        let conn = self.runtime.conn.as_mut()?;
+        let conn = self.runtime.state.conn_mut()?;
         conn.output_closed = true;
         match &conn.exit_status {
             Some(exit) => Some(("exit", format!("runtime {exit}"))),
@@ -863,27 +845,35 @@ impl Actor {
 
     pub(super) async fn on_deadline(&mut self) {
         let now = Instant::now();
-        if let Some(conn) = &self.runtime.conn
-            && conn.exit_deadline.is_some_and(|d| d <= now)
-        {
-            return match &conn.exit_status {
-                Some(exit) => self.fault("exit", format!("runtime {exit}")).await,
-                None => {
-                    self.fault("closed_output", "the runtime closed its output".to_owned())
-                        .await
-                }
-            };
+        if let Some(conn) = self.runtime.state.conn_mut() {
+            if conn.exit_deadline.is_some_and(|d| d <= now) {
+                let (kind, detail) = match &conn.exit_status {
+                    Some(exit) => ("exit", format!("runtime {exit}")),
+                    None => ("closed_output", "the runtime closed its output".to_owned()),
+                };
+                return self.fault(kind, detail).await;
+            }
+            let expired = conn
+                .pending
+                .iter()
+                .find(|(_, p)| p.deadline <= now)
+                .map(|(key, _)| key.clone());
+            if let Some(key) = expired {
+                let pending = conn.pending.remove(&key).expect("just found");
+                let detail = format!(
+                    "no answer to {} within {}",
+                    pending.method,
+                    humantime::format_duration(self.profile.startup_timeout)
+                );
+                return self.fault("timeout", detail).await;
+            }
         }
-        if let Some((key, _)) = self.runtime.pending.iter().find(|(_, p)| p.deadline <= now) {
-            let key = key.clone();
-            let pending = self.runtime.pending.remove(&key).expect("just found");
-            let detail = format!(
-                "no answer to {} within {}",
-                pending.method,
-                humantime::format_duration(self.profile.startup_timeout)
-            );
-            return self.fault("timeout", detail).await;
-        }
+        self.on_work_deadline(now).await
+    }
+
+    /// The deadlines of the session's work: a cancelled turn's grace, a held permission's
+    /// timeout, the idle timer.
+    async fn on_work_deadline(&mut self, now: Instant) {
         if self
             .work
             .turn
@@ -941,7 +931,7 @@ impl Actor {
 
     /// Stops the runtime on purpose (SUSPENDED); it reopens on demand.
     pub(super) async fn suspend(&mut self, why: &str) {
-        if self.runtime.conn.is_none() || self.work.turn.is_some() || !self.work.queue.is_empty() {
+        if !self.runtime.state.is_up() || self.work.turn.is_some() || !self.work.queue.is_empty() {
             return;
         }
         self.kill_runtime();
@@ -961,17 +951,21 @@ impl Actor {
     /// nothing queued or held, not starting) stops its runtime as SUSPENDED and its actor, so
     /// the replica holding the bridge claims it and reopens it by resume. Whether it did.
     pub(super) async fn on_hand_off(&mut self) -> bool {
-        let idle = self.ready()
+        let idle = self
+            .runtime
+            .state
+            .conn()
+            .is_some_and(|conn| conn.pending.is_empty())
+            && self.runtime.state.is_ready()
             && self.work.turn.is_none()
             && self.work.queue.is_empty()
-            && self.work.held.is_empty()
-            && self.runtime.pending.is_empty();
+            && self.work.held.is_empty();
         if !idle {
             return false;
         }
         self.suspend("the session's bridge is connected to another replica")
             .await;
-        if self.runtime.conn.is_some() {
+        if self.runtime.state.is_up() {
             return false;
         }
         self.finished = true;
@@ -983,11 +977,10 @@ impl Actor {
     /// the runtime is stopped, and the session is SUSPENDED (queued work survives and reopens
     /// when the harness starts again).
     pub(super) async fn on_drain(&mut self) -> Result<()> {
-        if self.runtime.conn.is_none() {
+        if !self.runtime.state.is_up() {
             return Ok(());
         }
         self.kill_runtime();
-        self.runtime.starting = None;
         let failed_turn = self.fail_running_turn();
         let mut out = Out::default();
         let mut event =
