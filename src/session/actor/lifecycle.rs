@@ -1,5 +1,5 @@
-//! A session's runtime over its life: start and handshake, reopen (resume or load), recovery
-//! after a harness restart, faults, suspension and draining (SPEC §8).
+//! A session's runtime over its life: start (the handshake itself is in `handshake`), recovery
+//! after a harness restart, faults, deadlines, suspension and draining (SPEC §8).
 
 use std::{io, process::ExitStatus, time::Instant};
 
@@ -8,26 +8,19 @@ use tokio::io::AsyncReadExt;
 
 use super::{
     Actor, CANNOT_REOPEN, CLOSE_GRACE, Conn, EXIT_DRAIN, HARNESS_ACTOR, Out, Pending, PendingKind,
-    STDERR_DRAIN, STDERR_QUOTE_CHARS, StartPurpose, fingerprint,
+    STDERR_DRAIN, STDERR_QUOTE_CHARS, StartPurpose,
 };
 use crate::{
     acp::{
         connection::{self, LineWriter},
-        frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
-        process,
+        frames as acp_frames, process,
         remote::{RemoteSpec, SpawnedRemote},
     },
-    domain::{
-        Action, ActionId, Error, ErrorCode, Result,
-        queue::{QueuedEntry, QueuedWork},
-        session::SessionStatus,
-        text::{MAX_FOREIGN_TEXT_BYTES, cap_foreign},
-    },
+    domain::{Error, ErrorCode, Result, session::SessionStatus, text::cap_foreign},
     session::{
         interactions::{self, HeldPermission},
         warm,
     },
-    store::ActionState,
 };
 
 /// A freshly started runtime, before the actor wraps it into its connection.
@@ -191,9 +184,7 @@ impl Actor {
         self.expect(&id, PendingKind::Initialize, "initialize");
         self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
         self.refresh_status(&mut out);
-        if let Err(error) = self.flush(out).await {
-            self.fault("storage", error.message).await;
-        }
+        self.flush_or_fault(out).await;
     }
 
     /// Takes a warm runtime as this session's first: its `initialize` request is logged as
@@ -233,9 +224,7 @@ impl Actor {
             None,
         );
         self.refresh_status(&mut out);
-        if let Err(error) = self.flush(out).await {
-            self.fault("storage", error.message).await;
-        }
+        self.flush_or_fault(out).await;
     }
 
     /// Starts the writer and the reader of a runtime's lines for `epoch`; the writer.
@@ -365,332 +354,6 @@ impl Actor {
                 self.touch(&mut out);
                 let _ = self.flush(out).await;
             }
-        }
-    }
-
-    /// A reply to a handshake request: the next step, or the failure of the start.
-    pub(super) async fn on_handshake_response(&mut self, kind: PendingKind, response: &Value) {
-        if let Some(error) = response.get("error") {
-            let code = error
-                .get("code")
-                .and_then(Value::as_i64)
-                .unwrap_or_default();
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("no message");
-            let step = match kind {
-                PendingKind::Initialize => "initialize",
-                PendingKind::NewSession => "session/new",
-                PendingKind::Reopen(method) => method.as_str(),
-                PendingKind::SetConfig { .. } => "session/set_config_option",
-            };
-            let reason = format!("{step} failed with error {code}: {message}");
-            let code = if code == rpc_code(RpcErrorCode::AuthRequired) {
-                ErrorCode::RuntimeAuthRequired
-            } else {
-                ErrorCode::RuntimeStartFailed
-            };
-            return self.startup_fault(code, reason).await;
-        }
-        let result = response.get("result").cloned().unwrap_or(Value::Null);
-        let mut out = Out::default();
-        match kind {
-            PendingKind::Initialize => {
-                let capabilities = result.get("agentCapabilities");
-                self.record.can_load = capabilities
-                    .and_then(|c| c.get("loadSession"))
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false);
-                self.record.can_resume = capabilities
-                    .and_then(|c| c.pointer("/sessionCapabilities/resume"))
-                    .is_some_and(|r| !r.is_null());
-                self.touch(&mut out);
-                let id = self.harness_request_id();
-                match self.runtime.state.purpose() {
-                    Some(StartPurpose::Create {
-                        fork_of: Some(parent),
-                        ..
-                    }) => {
-                        // `session/fork` is unstable in ACP 1.20 (`unstable_session_fork`):
-                        // advertised as `sessionCapabilities.fork`, asked with the parent's
-                        // session id, answered like `session/new`.
-                        if capabilities
-                            .and_then(|c| c.pointer("/sessionCapabilities/fork"))
-                            .is_none_or(Value::is_null)
-                        {
-                            let _ = self.flush(out).await;
-                            return self
-                                .startup_fault(
-                                    ErrorCode::NotSupported,
-                                    "the agent does not advertise session/fork".into(),
-                                )
-                                .await;
-                        }
-                        let frame =
-                            acp_frames::fork_session_request(id.clone(), parent, &self.record.cwd);
-                        self.expect(&id, PendingKind::NewSession, "session/fork");
-                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
-                    }
-                    Some(StartPurpose::Create { .. }) => {
-                        let frame = acp_frames::new_session_request(id.clone(), &self.record.cwd);
-                        self.expect(&id, PendingKind::NewSession, "session/new");
-                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
-                    }
-                    _ => {
-                        let method = if self.record.can_resume {
-                            ReopenMethod::Resume
-                        } else if self.record.can_load {
-                            ReopenMethod::Load
-                        } else {
-                            let _ = self.flush(out).await;
-                            return self
-                                .startup_fault(
-                                    ErrorCode::RuntimeDisconnected,
-                                    "the runtime advertises neither session/resume nor session/load"
-                                        .into(),
-                                )
-                                .await;
-                        };
-                        let frame = acp_frames::reopen_session_request(
-                            id.clone(),
-                            method,
-                            &self.record.acp_session_id,
-                            &self.record.cwd,
-                        );
-                        self.expect(&id, PendingKind::Reopen(method), method.as_str());
-                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
-                    }
-                }
-                if let Err(e) = self.flush(out).await {
-                    self.fault("storage", e.message).await;
-                }
-            }
-            PendingKind::NewSession => {
-                let Some(session_id) = result.get("sessionId").and_then(Value::as_str) else {
-                    return self
-                        .startup_fault(
-                            ErrorCode::RuntimeStartFailed,
-                            "session/new answered without a sessionId".into(),
-                        )
-                        .await;
-                };
-                if session_id.len() > MAX_FOREIGN_TEXT_BYTES {
-                    return self
-                        .startup_fault(
-                            ErrorCode::RuntimeStartFailed,
-                            format!(
-                                "session/new answered a sessionId of {} bytes (at most {MAX_FOREIGN_TEXT_BYTES})",
-                                session_id.len()
-                            ),
-                        )
-                        .await;
-                }
-                self.record.acp_session_id = session_id.to_owned();
-                self.adopt_config_options(&result);
-                self.touch(&mut out);
-                let requested_model = match self.runtime.state.purpose_mut() {
-                    Some(StartPurpose::Create { model, .. }) => model.take(),
-                    _ => None,
-                };
-                if let Some(model) = requested_model
-                    && model != self.record.model
-                {
-                    if let Err(error) = self.check_model(&model) {
-                        let _ = self.flush(out).await;
-                        return self.startup_fault(error.code, error.message).await;
-                    }
-                    let action_id = ActionId::mint();
-                    let config_id =
-                        acp_frames::model_config_id(&self.runtime.config_options).to_owned();
-                    let frame = acp_frames::set_config_option_request(
-                        &action_id,
-                        self.acp_session_id(),
-                        &config_id,
-                        &ConfigValue::Id(model.clone()),
-                    );
-                    let id = frame["id"].clone();
-                    self.expect(
-                        &id,
-                        PendingKind::SetConfig { action_id },
-                        "session/set_config_option",
-                    );
-                    out.record_action(
-                        action_id,
-                        fingerprint(&Action::SetModel { model }, &None, false),
-                        ActionState::Sent,
-                    );
-                    let actor = self.record.owner.clone();
-                    self.log_send(&mut out, &frame, &actor, Some(action_id));
-                    if let Err(e) = self.flush(out).await {
-                        self.fault("storage", e.message).await;
-                    }
-                } else {
-                    self.become_ready(out).await;
-                }
-            }
-            PendingKind::Reopen(_) => {
-                // Agents do not always keep a session's model and config options across a
-                // reopen (SPEC §8): what the harness chose is asked for again when the agent
-                // reports another value.
-                let chosen = std::mem::take(&mut self.record.model);
-                let chosen_options = self.chosen_config_options().await;
-                self.adopt_config_options(&result);
-                let reported = self.record.model.clone();
-                if reported.is_empty() {
-                    self.record.model = chosen.clone();
-                }
-                self.touch(&mut out);
-                let mut event = serde_json::Map::new();
-                let mut requests = Vec::new();
-                let model_config_id =
-                    acp_frames::model_config_id(&self.runtime.config_options).to_owned();
-                if !chosen.is_empty()
-                    && !reported.is_empty()
-                    && chosen != reported
-                    && self.check_model(&chosen).is_ok()
-                {
-                    event.insert("model".into(), json!(chosen));
-                    event.insert("reported_model".into(), json!(reported));
-                    requests.push((
-                        model_config_id.clone(),
-                        ConfigValue::Id(chosen.clone()),
-                        Action::SetModel { model: chosen },
-                    ));
-                }
-                let (mut reapplied, mut skipped) = (Vec::new(), Vec::new());
-                for (config_id, value) in chosen_options {
-                    if config_id == model_config_id {
-                        continue; // the model is handled above
-                    }
-                    let Some(reported) =
-                        acp_frames::config_option(&self.runtime.config_options, &config_id)
-                            .and_then(|o| o.get("currentValue").cloned())
-                    else {
-                        skipped.push(json!({"config_id": config_id, "value": value,
-                                            "reason": "no longer offered by the agent"}));
-                        continue;
-                    };
-                    if reported == value {
-                        continue;
-                    }
-                    let text = match &value {
-                        Value::String(text) => text.clone(),
-                        other => other.to_string(),
-                    };
-                    match self.check_config_option(&config_id, &text) {
-                        Ok(config_value) => {
-                            reapplied.push(json!({"config_id": config_id, "value": value,
-                                                  "reported_value": reported}));
-                            requests.push((
-                                config_id.clone(),
-                                config_value,
-                                Action::SetConfigOption {
-                                    config_id,
-                                    value: text,
-                                },
-                            ));
-                        }
-                        Err(e) => skipped.push(
-                            json!({"config_id": config_id, "value": value, "reason": e.message}),
-                        ),
-                    }
-                }
-                if !reapplied.is_empty() {
-                    event.insert("config_options".into(), Value::Array(reapplied));
-                }
-                if !skipped.is_empty() {
-                    event.insert("skipped".into(), Value::Array(skipped));
-                }
-                if !event.is_empty() {
-                    event.insert("event".into(), json!("settings_reapplied"));
-                    self.log_event(&mut out, Value::Object(event), None);
-                }
-                if requests.is_empty() {
-                    return self.become_ready(out).await;
-                }
-                for (config_id, value, action) in requests {
-                    let action_id = ActionId::mint();
-                    let frame = acp_frames::set_config_option_request(
-                        &action_id,
-                        self.acp_session_id(),
-                        &config_id,
-                        &value,
-                    );
-                    self.expect(
-                        &frame["id"],
-                        PendingKind::SetConfig { action_id },
-                        "session/set_config_option",
-                    );
-                    out.record_action(
-                        action_id,
-                        fingerprint(&action, &None, false),
-                        ActionState::Sent,
-                    );
-                    self.log_send(&mut out, &frame, HARNESS_ACTOR, Some(action_id));
-                }
-                if let Err(e) = self.flush(out).await {
-                    self.fault("storage", e.message).await;
-                }
-                // Ready once the agent has answered them all (see `on_set_config_response`).
-            }
-            PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
-        }
-    }
-
-    /// The handshake is done: answer CreateSession, send the first prompt, drain the queue.
-    pub(super) async fn become_ready(&mut self, mut out: Out) {
-        let purpose = self.runtime.state.finish_start();
-        self.refresh_status(&mut out);
-        if let Err(e) = self.flush(out).await {
-            return self.fault("storage", e.message).await;
-        }
-        match purpose {
-            Some(StartPurpose::Create {
-                ready,
-                first_prompt,
-                ..
-            }) => {
-                let mut first_action_id = None;
-                if let Some(first) = first_prompt {
-                    let entry = QueuedEntry {
-                        action_id: first.action_id,
-                        work: QueuedWork::Prompt(first.prompt),
-                        context: None,
-                        actor: first.actor,
-                        created_at: crate::domain::now(),
-                        traceparent: first.traceparent,
-                    };
-                    let fp = fingerprint(&entry.work.to_action(), &None, false);
-                    match self.dispatch_entry(entry, Some(fp), false).await {
-                        Ok(()) => first_action_id = Some(first.action_id),
-                        Err(error) => {
-                            let _ = ready.send(Err(error));
-                            self.finished = true;
-                            return;
-                        }
-                    }
-                }
-                let _ = ready.send(Ok(first_action_id));
-            }
-            _ => self.dispatch_next().await,
-        }
-    }
-
-    /// A failure during the handshake: a new session's creation fails; a reopen leaves the
-    /// session DISCONNECTED.
-    pub(super) async fn startup_fault(&mut self, code: ErrorCode, reason: String) {
-        let reason = cap_foreign(&reason);
-        let tail = self.stderr_tail().await;
-        let message = if tail.is_empty() {
-            reason.clone()
-        } else {
-            format!("{reason}; stderr: {tail}")
-        };
-        if self.runtime.state.is_creating() {
-            self.fail_create(Error::new(code, message));
-        } else {
-            self.fault("handshake", reason).await;
         }
     }
 

@@ -7,7 +7,9 @@
 mod config_options;
 mod control;
 mod frames;
+mod handshake;
 mod lifecycle;
+mod reapply;
 mod state;
 
 use std::{
@@ -529,6 +531,13 @@ impl Actor {
         }
         self.arm_idle_timer();
         Ok(())
+    }
+
+    /// Commits a step; a storage failure is a runtime fault (nothing unlogged may reach it).
+    async fn flush_or_fault(&mut self, out: Out) {
+        if let Err(error) = self.flush(out).await {
+            self.fault("storage", error.message).await;
+        }
     }
 
     /// Another replica took the session (SPEC §15): the runtime is stopped at once and the actor

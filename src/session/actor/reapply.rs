@@ -1,0 +1,110 @@
+//! Settings after a reopen: agents do not always keep a session's model and config options
+//! across `session/resume` or `session/load` (SPEC §8), so what the harness chose before is asked
+//! for again when the agent reports another value. The plan is pure: the actor sends it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use super::config_options::{check_config_option, check_model};
+use crate::{
+    acp::frames::{self as acp_frames, ConfigValue},
+    domain::Action,
+};
+
+/// One setting to ask the agent for again.
+#[derive(Debug, PartialEq)]
+pub(super) struct SettingRequest {
+    pub config_id: String,
+    pub value: ConfigValue,
+    /// The action it is recorded as (its fingerprint).
+    pub action: Action,
+}
+
+/// What to do about the settings once a reopened session's agent has reported its own.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct ReapplyPlan {
+    /// The requests to send, the model first; the session is ready once all are answered.
+    pub requests: Vec<SettingRequest>,
+    /// The `settings_reapplied` event to log, when anything was re-applied or skipped.
+    pub event: Option<Value>,
+}
+
+/// Plans the re-application of the settings chosen before a reopen. `chosen_model`: the model
+/// the session had; `reported_model`: the one the agent reports now (empty if it reports none);
+/// `chosen_options`: the config options the harness set and the agent accepted; `offered`: the
+/// config options the agent advertises now. A chosen value the agent no longer offers is skipped
+/// (said so in the event, except for a model, which is kept silently as it was).
+pub(super) fn plan_reapply(
+    chosen_model: &str,
+    reported_model: &str,
+    chosen_options: BTreeMap<String, Value>,
+    offered: &[Value],
+) -> ReapplyPlan {
+    let mut event = Map::new();
+    let mut requests = Vec::new();
+    let model_config_id = acp_frames::model_config_id(offered).to_owned();
+    if !chosen_model.is_empty()
+        && !reported_model.is_empty()
+        && chosen_model != reported_model
+        && check_model(offered, chosen_model).is_ok()
+    {
+        event.insert("model".into(), json!(chosen_model));
+        event.insert("reported_model".into(), json!(reported_model));
+        requests.push(SettingRequest {
+            config_id: model_config_id.clone(),
+            value: ConfigValue::Id(chosen_model.to_owned()),
+            action: Action::SetModel {
+                model: chosen_model.to_owned(),
+            },
+        });
+    }
+    let (mut reapplied, mut skipped) = (Vec::new(), Vec::new());
+    for (config_id, value) in chosen_options {
+        if config_id == model_config_id {
+            continue; // the model is handled above
+        }
+        let Some(reported) = acp_frames::config_option(offered, &config_id)
+            .and_then(|o| o.get("currentValue").cloned())
+        else {
+            skipped.push(json!({"config_id": config_id, "value": value,
+                                "reason": "no longer offered by the agent"}));
+            continue;
+        };
+        if reported == value {
+            continue;
+        }
+        let text = match &value {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        match check_config_option(offered, &config_id, &text) {
+            Ok(config_value) => {
+                reapplied.push(json!({"config_id": config_id, "value": value,
+                                      "reported_value": reported}));
+                requests.push(SettingRequest {
+                    config_id: config_id.clone(),
+                    value: config_value,
+                    action: Action::SetConfigOption {
+                        config_id,
+                        value: text,
+                    },
+                });
+            }
+            Err(e) => {
+                skipped.push(json!({"config_id": config_id, "value": value, "reason": e.message}))
+            }
+        }
+    }
+    if !reapplied.is_empty() {
+        event.insert("config_options".into(), Value::Array(reapplied));
+    }
+    if !skipped.is_empty() {
+        event.insert("skipped".into(), Value::Array(skipped));
+    }
+    let event = (!event.is_empty()).then(|| {
+        event.insert("event".into(), json!("settings_reapplied"));
+        Value::Object(event)
+    });
+    ReapplyPlan { requests, event }
+}
