@@ -332,3 +332,55 @@ impl Actor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn capabilities_are_read_from_the_initialize_answer_and_a_null_one_is_not_advertised() {
+        let result = json!({"agentCapabilities": {"loadSession": true,
+            "sessionCapabilities": {"resume": {}, "fork": null}}});
+        assert_eq!(
+            Capabilities::from_initialize(&result),
+            Capabilities {
+                load: true,
+                resume: true,
+                fork: false
+            }
+        );
+        assert_eq!(
+            Capabilities::from_initialize(&json!({})),
+            Capabilities::default()
+        );
+    }
+
+    #[test]
+    fn a_session_reopens_by_resume_when_it_can_else_by_load_else_not_at_all() {
+        assert_eq!(reopen_method(true, true), Some(ReopenMethod::Resume));
+        assert_eq!(reopen_method(false, true), Some(ReopenMethod::Load));
+        assert_eq!(reopen_method(false, false), None);
+    }
+
+    #[test]
+    fn an_error_answer_names_its_step_and_auth_required_is_told_apart() {
+        let auth = json!({"code": rpc_code(RpcErrorCode::AuthRequired), "message": "log in"});
+        let (code, reason) = handshake_failure(&PendingKind::Initialize, &auth);
+        assert_eq!(code, ErrorCode::RuntimeAuthRequired);
+        assert_eq!(
+            reason,
+            format!(
+                "initialize failed with error {}: log in",
+                rpc_code(RpcErrorCode::AuthRequired)
+            )
+        );
+        let (code, reason) = handshake_failure(
+            &PendingKind::Reopen(ReopenMethod::Load),
+            &json!({"code": -1}),
+        );
+        assert_eq!(code, ErrorCode::RuntimeStartFailed);
+        assert_eq!(reason, "session/load failed with error -1: no message");
+    }
+}

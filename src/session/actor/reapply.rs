@@ -108,3 +108,149 @@ pub(super) fn plan_reapply(
     });
     ReapplyPlan { requests, event }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an agent advertises: a model select, a mode select and a boolean.
+    fn offered(model: &str, mode: &str, thinking: bool) -> Vec<Value> {
+        vec![
+            json!({"id": "model", "category": "model", "type": "select", "currentValue": model,
+                   "options": [{"value": "fast"}, {"value": "smart"}]}),
+            json!({"id": "mode", "type": "select", "currentValue": mode,
+                   "options": [{"group": "g", "options": [{"value": "ask"}, {"value": "code"}]}]}),
+            json!({"id": "thinking", "type": "boolean", "currentValue": thinking}),
+        ]
+    }
+
+    fn chosen(pairs: &[(&str, Value)]) -> BTreeMap<String, Value> {
+        pairs
+            .iter()
+            .map(|(id, value)| (id.to_string(), value.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn settings_the_agent_kept_are_not_asked_for_and_nothing_is_logged() {
+        let plan = plan_reapply(
+            "smart",
+            "smart",
+            chosen(&[("mode", json!("code")), ("thinking", json!(true))]),
+            &offered("smart", "code", true),
+        );
+        assert_eq!(plan, ReapplyPlan::default());
+    }
+
+    #[test]
+    fn a_model_the_agent_reports_differently_is_asked_for_again_first() {
+        let plan = plan_reapply(
+            "smart",
+            "fast",
+            chosen(&[("mode", json!("code"))]),
+            &offered("fast", "ask", false),
+        );
+        assert_eq!(
+            plan.requests,
+            vec![
+                SettingRequest {
+                    config_id: "model".into(),
+                    value: ConfigValue::Id("smart".into()),
+                    action: Action::SetModel {
+                        model: "smart".into()
+                    },
+                },
+                SettingRequest {
+                    config_id: "mode".into(),
+                    value: ConfigValue::Id("code".into()),
+                    action: Action::SetConfigOption {
+                        config_id: "mode".into(),
+                        value: "code".into()
+                    },
+                },
+            ]
+        );
+        assert_eq!(
+            plan.event,
+            Some(json!({"model": "smart", "reported_model": "fast",
+                        "config_options": [{"config_id": "mode", "value": "code",
+                                            "reported_value": "ask"}],
+                        "event": "settings_reapplied"}))
+        );
+    }
+
+    #[test]
+    fn a_model_is_not_asked_for_when_none_was_chosen_none_is_reported_or_it_is_no_longer_advertised()
+     {
+        for (chosen_model, reported) in [("", "fast"), ("smart", ""), ("retired", "fast")] {
+            let plan = plan_reapply(
+                chosen_model,
+                reported,
+                BTreeMap::new(),
+                &offered("fast", "ask", false),
+            );
+            assert_eq!(
+                plan,
+                ReapplyPlan::default(),
+                "{chosen_model:?} / {reported:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_boolean_option_is_asked_for_as_a_boolean_and_recorded_as_its_text() {
+        let plan = plan_reapply(
+            "",
+            "",
+            chosen(&[("thinking", json!(true))]),
+            &offered("fast", "ask", false),
+        );
+        assert_eq!(
+            plan.requests,
+            vec![SettingRequest {
+                config_id: "thinking".into(),
+                value: ConfigValue::Bool(true),
+                action: Action::SetConfigOption {
+                    config_id: "thinking".into(),
+                    value: "true".into()
+                },
+            }]
+        );
+    }
+
+    #[test]
+    fn an_option_no_longer_offered_or_a_value_no_longer_advertised_is_skipped_with_its_reason() {
+        let plan = plan_reapply(
+            "",
+            "",
+            chosen(&[("gone", json!("x")), ("mode", json!("architect"))]),
+            &offered("fast", "ask", false),
+        );
+        assert!(plan.requests.is_empty());
+        let event = plan.event.expect("an event");
+        assert_eq!(event["event"], "settings_reapplied");
+        assert!(event.get("config_options").is_none());
+        let skipped = event["skipped"].as_array().expect("skipped");
+        assert_eq!(skipped.len(), 2);
+        assert_eq!(
+            skipped[0],
+            json!({"config_id": "gone", "value": "x", "reason": "no longer offered by the agent"})
+        );
+        assert_eq!(skipped[1]["config_id"], "mode");
+        let reason = skipped[1]["reason"].as_str().expect("a reason");
+        assert!(reason.contains("\"architect\""), "{reason}");
+    }
+
+    #[test]
+    fn a_chosen_model_option_is_left_to_the_model_rule() {
+        // The agent reports no model (nothing to compare), so nothing is asked for, even though
+        // the option log holds another value for the model option.
+        let plan = plan_reapply(
+            "",
+            "",
+            chosen(&[("model", json!("smart"))]),
+            &offered("fast", "ask", false),
+        );
+        assert_eq!(plan, ReapplyPlan::default());
+    }
+}

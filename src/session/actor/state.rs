@@ -190,3 +190,127 @@ impl Conn {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::{Semaphore, mpsc};
+
+    use super::*;
+    use crate::domain::Result;
+
+    /// A connection to nothing: enough to move through the states without a process.
+    fn connection(epoch: u32) -> Conn {
+        let (events, _) = mpsc::channel(1);
+        let writer = LineWriter::start(tokio::io::sink(), epoch, events);
+        let (kill, _) = oneshot::channel();
+        let (_, exited) = oneshot::channel();
+        let permit = Arc::new(Semaphore::new(1))
+            .try_acquire_owned()
+            .expect("a slot");
+        Conn::new(
+            epoch,
+            writer,
+            RuntimeKiller::remote(kill),
+            Arc::default(),
+            exited,
+            permit,
+        )
+    }
+
+    fn create() -> (StartPurpose, oneshot::Receiver<Result<Option<ActionId>>>) {
+        let (ready, answer) = oneshot::channel();
+        let purpose = StartPurpose::Create {
+            ready,
+            model: None,
+            first_prompt: None,
+            fork_of: None,
+        };
+        (purpose, answer)
+    }
+
+    #[tokio::test]
+    async fn a_down_runtime_has_no_connection_and_is_neither_starting_nor_ready() {
+        let mut state = RuntimeState::Down;
+        assert!(!state.is_up() && !state.is_starting() && !state.is_ready());
+        assert!(state.conn().is_none() && state.purpose().is_none());
+        assert!(state.finish_start().is_none(), "no start to finish");
+        assert!(matches!(state.stop(), (None, None)));
+    }
+
+    #[tokio::test]
+    async fn a_started_runtime_is_starting_for_its_purpose_until_its_handshake_ends() {
+        let mut state = RuntimeState::Down;
+        state.start(connection(3), StartPurpose::Reopen, false);
+        assert!(state.is_up() && state.is_starting() && !state.is_ready());
+        assert!(state.is_reopening() && !state.is_creating() && !state.is_warm_create());
+        assert_eq!(state.conn().map(|c| c.epoch), Some(3));
+
+        assert!(matches!(state.finish_start(), Some(StartPurpose::Reopen)));
+        assert!(state.is_up() && state.is_ready() && !state.is_starting());
+        assert!(
+            state.purpose().is_none(),
+            "a ready runtime has no start purpose"
+        );
+        assert_eq!(
+            state.conn().map(|c| c.epoch),
+            Some(3),
+            "the same connection"
+        );
+        assert!(
+            state.finish_start().is_none(),
+            "finishing twice changes nothing"
+        );
+        assert!(state.is_ready());
+    }
+
+    #[tokio::test]
+    async fn only_a_new_sessions_runtime_from_the_warm_pool_counts_as_a_warm_creation() {
+        let mut state = RuntimeState::Down;
+        let (purpose, _answer) = create();
+        state.start(connection(1), purpose, true);
+        assert!(state.is_creating() && state.is_warm_create());
+
+        let mut cold = RuntimeState::Down;
+        let (purpose, _answer) = create();
+        cold.start(connection(1), purpose, false);
+        assert!(cold.is_creating() && !cold.is_warm_create());
+
+        // Once ready, a warm runtime is like any other.
+        state.finish_start();
+        assert!(!state.is_warm_create() && !state.is_creating());
+    }
+
+    #[tokio::test]
+    async fn stopping_hands_back_the_connection_and_an_unfinished_starts_purpose() {
+        let mut state = RuntimeState::Down;
+        let (purpose, mut answer) = create();
+        state.start(connection(1), purpose, false);
+        state.conn_mut().expect("up").pending.insert(
+            "\"h-1-0\"".into(),
+            Pending {
+                kind: PendingKind::Initialize,
+                method: "initialize",
+                deadline: Instant::now(),
+            },
+        );
+        let (conn, purpose) = state.stop();
+        assert!(!state.is_up());
+        assert_eq!(
+            conn.map(|c| c.pending.len()),
+            Some(1),
+            "its requests go with it"
+        );
+        let Some(StartPurpose::Create { ready, .. }) = purpose else {
+            panic!("the creation is handed back, so its caller can be answered");
+        };
+        assert!(answer.try_recv().is_err(), "not answered yet");
+        drop(ready);
+
+        let mut ready = RuntimeState::Down;
+        ready.start(connection(2), StartPurpose::Reopen, false);
+        ready.finish_start();
+        let (conn, purpose) = ready.stop();
+        assert!(conn.is_some() && purpose.is_none());
+        assert!(!ready.is_up());
+    }
+}
