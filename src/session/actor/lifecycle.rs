@@ -37,36 +37,18 @@ impl Actor {
     /// abandoned visibly, rather than waiting for a reopen that can never happen. `owner_lost`:
     /// claimed from a replica that died (SPEC §15), said so in the log ("owner replica lost").
     pub(super) async fn recover(&mut self, owner_lost: bool) {
-        let reopenable = self.record.can_resume || self.record.can_load;
-        if !self.record.status.has_runtime() {
-            if self.record.status == SessionStatus::Closed {
-                return;
-            }
-            if !reopenable
-                && (self.record.status != SessionStatus::Disconnected
-                    || !self.work.queue.is_empty())
-            {
-                let mut out = Out::default();
-                self.cannot_reopen(&mut out);
-                if let Err(error) = self.flush(out).await {
-                    tracing::error!(session = %self.record.id, %error, "could not record the restart");
-                }
-            } else if reopenable && !self.work.queue.is_empty() {
-                tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening to drain the queue");
-                self.start_runtime(StartPurpose::Reopen).await;
-            }
-            return;
-        }
-        let turn_in_flight = matches!(
+        let plan = plan_recovery(
             self.record.status,
-            SessionStatus::Running | SessionStatus::AwaitingInput
+            self.record.can_resume || self.record.can_load,
+            !self.work.queue.is_empty(),
+            !self.record.acp_session_id.is_empty(),
         );
-        let mut out = Out::default();
         let (event, why) = match owner_lost {
             true => ("owner_replica_lost", "owner replica lost"),
             false => ("harness_restarted", "harness restarted"),
         };
-        if turn_in_flight {
+        let mut out = Out::default();
+        if plan.turn_interrupted {
             self.log_event(
                 &mut out,
                 json!({"event": event, "epoch": self.runtime.epoch,
@@ -74,23 +56,27 @@ impl Actor {
                 None,
             );
         }
-        if self.record.acp_session_id.is_empty() {
-            self.record.status = SessionStatus::Disconnected;
-            self.record.status_reason = format!("{why} before the runtime finished starting");
-        } else if !reopenable {
-            self.cannot_reopen(&mut out);
-        } else {
-            self.record.status = SessionStatus::Suspended;
-            self.record.status_reason = why.to_owned();
+        match plan.mark {
+            None => {}
+            Some(Mark::CannotReopen) => self.cannot_reopen(&mut out),
+            Some(Mark::NeverStarted) => {
+                self.record.status = SessionStatus::Disconnected;
+                self.record.status_reason = format!("{why} before the runtime finished starting");
+                self.touch(&mut out);
+            }
+            Some(Mark::Suspended) => {
+                self.record.status = SessionStatus::Suspended;
+                self.record.status_reason = why.to_owned();
+                self.touch(&mut out);
+            }
         }
-        self.touch(&mut out);
         if let Err(error) = self.flush(out).await {
             tracing::error!(session = %self.record.id, %error, "could not record the restart");
             return;
         }
-        // The turn that was in flight is not re-sent, but the session reopens now so its agent
-        // is back as it was before the restart (SPEC §8).
-        if reopenable && (turn_in_flight || !self.work.queue.is_empty()) {
+        // A turn that was in flight is not re-sent, but the session reopens now so its agent
+        // is back as it was before the restart, and its queue drains (SPEC §8).
+        if plan.reopen {
             tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening after the restart");
             self.start_runtime(StartPurpose::Reopen).await;
         }
@@ -659,11 +645,155 @@ impl Actor {
     }
 }
 
+/// How a session's record is marked after a harness restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mark {
+    /// DISCONNECTED with [`CANNOT_REOPEN`], its queue abandoned.
+    CannotReopen,
+    /// DISCONNECTED: the runtime died before the session had an ACP id.
+    NeverStarted,
+    /// SUSPENDED: it reopens on demand.
+    Suspended,
+}
+
+/// What to do with a session loaded after a harness restart (see [`Actor::recover`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Recovery {
+    /// A turn was in flight: it is closed in the log, never re-sent.
+    pub turn_interrupted: bool,
+    pub mark: Option<Mark>,
+    /// Reopen at once (after the mark is stored).
+    pub reopen: bool,
+}
+
+/// The recovery of a session whose stored `status` says what it was doing when the harness
+/// stopped; `reopenable`: its agent advertised resume or load; `queued`: work waits in its
+/// queue; `opened`: it has an ACP session id.
+pub(super) fn plan_recovery(
+    status: SessionStatus,
+    reopenable: bool,
+    queued: bool,
+    opened: bool,
+) -> Recovery {
+    if !status.has_runtime() {
+        // No runtime died with the harness: only a queue that can never drain needs saying.
+        let stuck = status != SessionStatus::Closed
+            && !reopenable
+            && (status != SessionStatus::Disconnected || queued);
+        return Recovery {
+            turn_interrupted: false,
+            mark: stuck.then_some(Mark::CannotReopen),
+            reopen: status != SessionStatus::Closed && reopenable && queued,
+        };
+    }
+    let turn_interrupted = matches!(
+        status,
+        SessionStatus::Running | SessionStatus::AwaitingInput
+    );
+    let mark = if !opened {
+        Mark::NeverStarted
+    } else if !reopenable {
+        Mark::CannotReopen
+    } else {
+        Mark::Suspended
+    };
+    Recovery {
+        turn_interrupted,
+        mark: Some(mark),
+        reopen: reopenable && (turn_interrupted || queued),
+    }
+}
+
 pub(super) fn describe_exit(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with code {code}"),
         (None, Some(signal)) => format!("was killed by signal {signal}"),
         _ => "exited".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use SessionStatus::*;
+
+    fn plan(status: SessionStatus, reopenable: bool, queued: bool) -> Recovery {
+        plan_recovery(status, reopenable, queued, true)
+    }
+
+    #[test]
+    fn a_turn_in_flight_at_a_restart_is_closed_and_its_session_reopens_when_it_can() {
+        for status in [Running, AwaitingInput] {
+            let expected = Recovery {
+                turn_interrupted: true,
+                mark: Some(Mark::Suspended),
+                reopen: true,
+            };
+            assert_eq!(plan(status, true, false), expected, "{status:?}");
+            let expected = Recovery {
+                turn_interrupted: true,
+                mark: Some(Mark::CannotReopen),
+                reopen: false,
+            };
+            assert_eq!(plan(status, false, false), expected, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn an_idle_session_at_a_restart_is_suspended_and_reopens_only_to_drain_its_queue() {
+        for status in [Starting, Idle] {
+            let quiet = plan(status, true, false);
+            assert_eq!(
+                quiet,
+                Recovery {
+                    turn_interrupted: false,
+                    mark: Some(Mark::Suspended),
+                    reopen: false
+                }
+            );
+            assert!(plan(status, true, true).reopen, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn a_runtime_that_died_before_the_session_opened_leaves_it_disconnected() {
+        let recovery = plan_recovery(Starting, true, true, false);
+        assert_eq!(recovery.mark, Some(Mark::NeverStarted));
+        assert!(recovery.reopen, "its queue still drains by a reopen");
+    }
+
+    #[test]
+    fn a_session_without_a_runtime_changes_only_if_its_queue_could_never_drain() {
+        let nothing = Recovery {
+            turn_interrupted: false,
+            mark: None,
+            reopen: false,
+        };
+        assert_eq!(plan(Closed, false, true), nothing);
+        assert_eq!(plan(Closed, true, true), nothing);
+        assert_eq!(plan(Suspended, true, false), nothing);
+        assert_eq!(plan(Disconnected, false, false), nothing, "already said");
+        assert_eq!(
+            plan(Disconnected, false, true).mark,
+            Some(Mark::CannotReopen)
+        );
+        assert_eq!(plan(Suspended, false, false).mark, Some(Mark::CannotReopen));
+        let drain = plan(Suspended, true, true);
+        assert_eq!((drain.mark, drain.reopen), (None, true));
+        assert!(plan(Disconnected, true, true).reopen);
+    }
+
+    #[test]
+    fn an_exit_is_described_by_its_code_or_its_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            describe_exit(ExitStatus::from_raw(3 << 8)),
+            "exited with code 3"
+        );
+        assert_eq!(
+            describe_exit(ExitStatus::from_raw(9)),
+            "was killed by signal 9"
+        );
     }
 }
