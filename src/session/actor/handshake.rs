@@ -1,4 +1,4 @@
-//! A runtime's handshake (SPEC §8), one step per answer: `initialize` answered, then the session
+//! A runtime's handshake, one step per answer: `initialize` answered, then the session
 //! opened (`session/new` or `session/fork`, and the model a new session asked for) or reopened
 //! (`session/resume` or `session/load`, and the settings re-applied), then ready.
 

@@ -1,5 +1,5 @@
 //! Settings after a reopen: agents do not always keep a session's model and config options
-//! across `session/resume` or `session/load` (SPEC §8), so what the harness chose before is asked
+//! across `session/resume` or `session/load`, so what the harness chose before is asked
 //! for again when the agent reports another value. The plan is pure: the actor sends it.
 
 use std::collections::BTreeMap;

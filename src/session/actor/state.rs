@@ -26,7 +26,7 @@ pub(super) enum RuntimeState {
         conn: Conn,
         purpose: StartPurpose,
         /// It came from the warm pool: if it fails before the handshake ends, a cold runtime
-        /// replaces it (SPEC §18) instead of failing CreateSession.
+        /// replaces it instead of failing CreateSession.
         warm: bool,
     },
     /// The handshake ended: the runtime takes turns and setting changes.
