@@ -105,62 +105,76 @@ impl Actor {
     }
 
     pub(super) fn check_model(&self, model: &str) -> Result<()> {
-        let advertised = self.model_option().map(select_values).unwrap_or_default();
-        if advertised.iter().any(|v| v == model) {
-            return Ok(());
-        }
-        let list = advertised.join(", ");
-        let shown = if list.is_empty() { "none" } else { &list };
-        Err(Error::new(
-            ErrorCode::ModelNotAdvertised,
-            format!("model {model:?} is not advertised by the runtime; advertised: {shown}"),
-        )
-        .with("advertised", &list))
+        check_model(&self.runtime.config_options, model)
     }
 
     pub(super) fn check_config_option(&self, config_id: &str, value: &str) -> Result<ConfigValue> {
-        let option = acp_frames::config_option(&self.runtime.config_options, config_id)
-            .ok_or_else(|| {
-                let ids: Vec<&str> = self
-                    .runtime
-                    .config_options
-                    .iter()
-                    .filter_map(|o| o.get("id").and_then(Value::as_str))
-                    .collect();
-                Error::new(
+        check_config_option(&self.runtime.config_options, config_id, value)
+    }
+}
+
+/// Whether the runtime advertises `model` among the values of its model option.
+pub(super) fn check_model(config_options: &[Value], model: &str) -> Result<()> {
+    let advertised = acp_frames::model_option(config_options)
+        .map(select_values)
+        .unwrap_or_default();
+    if advertised.iter().any(|v| v == model) {
+        return Ok(());
+    }
+    let list = advertised.join(", ");
+    let shown = if list.is_empty() { "none" } else { &list };
+    Err(Error::new(
+        ErrorCode::ModelNotAdvertised,
+        format!("model {model:?} is not advertised by the runtime; advertised: {shown}"),
+    )
+    .with("advertised", &list))
+}
+
+/// The value to send for config option `config_id` set to `value` (as a caller writes it),
+/// when the runtime advertises both.
+pub(super) fn check_config_option(
+    config_options: &[Value],
+    config_id: &str,
+    value: &str,
+) -> Result<ConfigValue> {
+    let option = acp_frames::config_option(config_options, config_id).ok_or_else(|| {
+        let ids: Vec<&str> = config_options
+            .iter()
+            .filter_map(|o| o.get("id").and_then(Value::as_str))
+            .collect();
+        Error::new(
+            ErrorCode::ConfigOptionUnknown,
+            format!(
+                "config option {config_id:?} is not advertised; advertised: {}",
+                if ids.is_empty() {
+                    "none".to_owned()
+                } else {
+                    ids.join(", ")
+                }
+            ),
+        )
+    })?;
+    match option.get("type").and_then(Value::as_str) {
+        Some("boolean") => match value {
+            "true" => Ok(ConfigValue::Bool(true)),
+            "false" => Ok(ConfigValue::Bool(false)),
+            _ => Err(Error::new(
+                ErrorCode::ConfigOptionUnknown,
+                format!("config option {config_id:?} is a boolean: use \"true\" or \"false\""),
+            )),
+        },
+        _ => {
+            let values = select_values(option);
+            if values.iter().any(|v| v == value) {
+                Ok(ConfigValue::Id(value.to_owned()))
+            } else {
+                Err(Error::new(
                     ErrorCode::ConfigOptionUnknown,
                     format!(
-                        "config option {config_id:?} is not advertised; advertised: {}",
-                        if ids.is_empty() {
-                            "none".to_owned()
-                        } else {
-                            ids.join(", ")
-                        }
+                        "value {value:?} is not advertised for config option {config_id:?}; advertised: {}",
+                        values.join(", ")
                     ),
-                )
-            })?;
-        match option.get("type").and_then(Value::as_str) {
-            Some("boolean") => match value {
-                "true" => Ok(ConfigValue::Bool(true)),
-                "false" => Ok(ConfigValue::Bool(false)),
-                _ => Err(Error::new(
-                    ErrorCode::ConfigOptionUnknown,
-                    format!("config option {config_id:?} is a boolean: use \"true\" or \"false\""),
-                )),
-            },
-            _ => {
-                let values = select_values(option);
-                if values.iter().any(|v| v == value) {
-                    Ok(ConfigValue::Id(value.to_owned()))
-                } else {
-                    Err(Error::new(
-                        ErrorCode::ConfigOptionUnknown,
-                        format!(
-                            "value {value:?} is not advertised for config option {config_id:?}; advertised: {}",
-                            values.join(", ")
-                        ),
-                    ))
-                }
+                ))
             }
         }
     }

@@ -34,8 +34,7 @@ impl Actor {
                 if matches!(
                     input.action,
                     Action::SetModel { .. } | Action::SetConfigOption { .. }
-                ) && self.runtime.conn.is_some()
-                    && self.runtime.starting.is_some()
+                ) && self.runtime.state.is_starting()
                     && self.work.waiting_configs.len() < WAITING_CONFIGS
                 {
                     self.work.waiting_configs.push(Command::Control {
@@ -242,7 +241,7 @@ impl Actor {
             Some("a permission request or elicitation is held")
         } else if !self.work.queue.is_empty() {
             Some("actions are queued")
-        } else if self.runtime.starting.is_some() {
+        } else if self.runtime.state.is_starting() {
             Some("the runtime is starting")
         } else {
             None
@@ -289,7 +288,7 @@ impl Actor {
     }
 
     pub(super) fn require_ready(&self) -> Result<()> {
-        if self.ready() {
+        if self.runtime.state.is_ready() {
             return Ok(());
         }
         let why = match self.live_status() {
@@ -314,14 +313,7 @@ impl Actor {
             return Err(draining());
         }
         let action_id = entry.action_id;
-        let cap = self.ctx.limits.queued_actions;
-        let queued = |fingerprint: String| ActionRecord {
-            action_id,
-            fingerprint,
-            state: ActionState::Queued,
-            created_at: entry.created_at,
-        };
-        if self.runtime.conn.is_none() {
+        if !self.runtime.state.is_up() {
             // SUSPENDED or DISCONNECTED: reopen, with this action queued behind the reopen.
             if !(self.record.can_resume || self.record.can_load) {
                 return Err(Error::new(
@@ -334,72 +326,67 @@ impl Actor {
                 ));
             }
             // An interrupt goes first here too (SPEC §6); there is no turn to stop.
-            let position = if interrupt {
-                self.work.queue.push_front(entry.clone(), cap)?
-            } else {
-                self.work.queue.push_back(entry.clone(), cap)?
-            };
-            let mut out = Out::default();
-            out.batch.new_actions.push(queued(fingerprint));
-            out.batch.queue.push(if interrupt {
-                QueueOp::PushFront(entry)
-            } else {
-                QueueOp::PushBack(entry)
-            });
-            out.queue_changed = true;
-            if let Err(error) = self.flush(out).await {
-                self.work.queue.remove(&action_id).ok();
-                return Err(error);
-            }
+            let position = self
+                .enqueue(entry, fingerprint, interrupt, |_, _| {})
+                .await?;
             self.start_runtime(StartPurpose::Reopen).await;
-            return Ok(ControlOutcome {
-                action_id,
-                status: ControlStatus::Queued(position),
-            });
+            return Ok(queued(action_id, position));
         }
         if interrupt && self.work.turn.is_some() {
             // Behaves as a stop (by the caller, SPEC §5.1), and the prompt goes first.
             let actor = entry.actor.clone();
-            self.work.queue.push_front(entry.clone(), cap)?;
-            let mut out = Out::default();
-            out.batch.new_actions.push(queued(fingerprint));
-            out.batch.queue.push(QueueOp::PushFront(entry));
-            out.queue_changed = true;
-            self.cancel_turn(&mut out, action_id, &actor);
-            if let Err(error) = self.flush(out).await {
-                self.work.queue.remove(&action_id).ok();
-                return Err(error);
-            }
-            return Ok(ControlOutcome {
-                action_id,
-                status: ControlStatus::Queued(1),
-            });
+            let position = self
+                .enqueue(entry, fingerprint, true, |this, out| {
+                    this.cancel_turn(out, action_id, &actor)
+                })
+                .await?;
+            return Ok(queued(action_id, position));
         }
-        if self.ready() && self.work.turn.is_none() && self.work.queue.is_empty() {
+        if self.runtime.state.is_ready() && self.work.turn.is_none() && self.work.queue.is_empty() {
             self.dispatch_entry(entry, Some(fingerprint), false).await?;
             return Ok(sent(action_id));
         }
-        let position = if interrupt {
-            self.work.queue.push_front(entry.clone(), cap)?
+        let position = self
+            .enqueue(entry, fingerprint, interrupt, |_, _| {})
+            .await?;
+        Ok(queued(action_id, position))
+    }
+
+    /// Queues a turn action (`first`: at the front, as an interrupt) and commits it as QUEUED,
+    /// with whatever `also` adds to the same step; if the commit fails it leaves the queue again.
+    /// Its position in the queue.
+    async fn enqueue(
+        &mut self,
+        entry: QueuedEntry,
+        fingerprint: String,
+        first: bool,
+        also: impl FnOnce(&mut Self, &mut Out),
+    ) -> Result<u32> {
+        let action_id = entry.action_id;
+        let record = ActionRecord {
+            action_id,
+            fingerprint,
+            state: ActionState::Queued,
+            created_at: entry.created_at,
+        };
+        let cap = self.ctx.limits.queued_actions;
+        let (position, op) = if first {
+            let position = self.work.queue.push_front(entry.clone(), cap)?;
+            (position, QueueOp::PushFront(entry))
         } else {
-            self.work.queue.push_back(entry.clone(), cap)?
+            let position = self.work.queue.push_back(entry.clone(), cap)?;
+            (position, QueueOp::PushBack(entry))
         };
         let mut out = Out::default();
-        out.batch.new_actions.push(queued(fingerprint));
-        out.batch.queue.push(if interrupt {
-            QueueOp::PushFront(entry)
-        } else {
-            QueueOp::PushBack(entry)
-        });
+        out.batch.new_actions.push(record);
+        out.batch.queue.push(op);
         out.queue_changed = true;
+        also(self, &mut out);
         if let Err(error) = self.flush(out).await {
             self.work.queue.remove(&action_id).ok();
             return Err(error);
         }
-        Ok(ControlOutcome {
-            action_id,
-            status: ControlStatus::Queued(position),
-        })
+        Ok(position)
     }
 
     /// Answers held interactions (elicitations `cancel`, permissions `cancelled`) and then sends
@@ -438,7 +425,7 @@ impl Actor {
         if clear_queue {
             self.clear_queue(&mut out);
         }
-        if self.ready() {
+        if self.runtime.state.is_ready() {
             self.cancel_turn(&mut out, action_id, actor);
         } else {
             // No ACP session to cancel (starting, suspended or disconnected): the stop is
@@ -570,9 +557,8 @@ impl Actor {
         if self.record.status == SessionStatus::Closed {
             return Ok(self.record.clone());
         }
-        let had_runtime = self.runtime.conn.is_some();
+        let had_runtime = self.runtime.state.is_up();
         self.kill_runtime();
-        self.runtime.starting = None;
         let open_turn = self.fail_running_turn();
         let mut out = Out::default();
         self.clear_queue(&mut out);
@@ -597,6 +583,13 @@ impl Actor {
         self.shared.publish(SessionEvent::Deleted);
         self.finished = true;
         Ok(())
+    }
+}
+
+fn queued(action_id: ActionId, position: u32) -> ControlOutcome {
+    ControlOutcome {
+        action_id,
+        status: ControlStatus::Queued(position),
     }
 }
 

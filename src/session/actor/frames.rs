@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{Actor, HARNESS_ACTOR, Out, PendingKind, RUNTIME_ACTOR, StartPurpose, Turn};
+use super::{Actor, HARNESS_ACTOR, Out, PendingKind, RUNTIME_ACTOR, Turn};
 use crate::session::{
     PermissionPolicy,
     interactions::{self, HeldElicitation, HeldPermission, Released, RuleMatch, answer_json},
@@ -29,7 +29,7 @@ impl Actor {
         let mut frames = Vec::new();
         let mut terminal = None;
         for event in events {
-            if self.runtime.conn.as_ref().map(|c| c.epoch) != Some(event.epoch) {
+            if self.runtime.state.conn().map(|c| c.epoch) != Some(event.epoch) {
                 continue; // from an earlier connection
             }
             match event.inbound {
@@ -60,7 +60,7 @@ impl Actor {
                 .await;
         }
         for frame in frames {
-            if self.runtime.conn.is_none() {
+            if !self.runtime.state.is_up() {
                 break;
             }
             let span = self
@@ -129,7 +129,12 @@ impl Actor {
             if let Some(action_id) = ActionId::from_jsonrpc_id(id) {
                 return Some(action_id);
             }
-            if self.runtime.pending.contains_key(&id.to_string()) {
+            if self
+                .runtime
+                .state
+                .conn()
+                .is_some_and(|c| c.pending.contains_key(&id.to_string()))
+            {
                 return None;
             }
         }
@@ -160,7 +165,12 @@ impl Actor {
     }
 
     pub(super) async fn on_response(&mut self, id: &Value, frame: &Value) {
-        if let Some(pending) = self.runtime.pending.remove(&id.to_string()) {
+        let pending = self
+            .runtime
+            .state
+            .conn_mut()
+            .and_then(|c| c.pending.remove(&id.to_string()));
+        if let Some(pending) = pending {
             return match pending.kind {
                 PendingKind::SetConfig { action_id } => {
                     self.on_set_config_response(action_id, frame).await
@@ -192,8 +202,7 @@ impl Actor {
         } else {
             tracing::info!(session = %self.record.id, %action_id, "the runtime refused a config change");
         }
-        let creating = matches!(self.runtime.starting, Some(StartPurpose::Create { .. }));
-        if creating {
+        if self.runtime.state.is_creating() {
             if let Some(error) = frame.get("error") {
                 let message = error
                     .get("message")
@@ -208,14 +217,14 @@ impl Actor {
             }
             return self.become_ready(out).await;
         }
-        if matches!(self.runtime.starting, Some(StartPurpose::Reopen)) {
+        if self.runtime.state.is_reopening() {
             // A setting re-applied after a reopen: refused or not, the session goes on once
             // the agent has answered every one of them.
-            let waiting = self
-                .runtime
-                .pending
-                .values()
-                .any(|p| matches!(p.kind, PendingKind::SetConfig { .. }));
+            let waiting = self.runtime.state.conn().is_some_and(|c| {
+                c.pending
+                    .values()
+                    .any(|p| matches!(p.kind, PendingKind::SetConfig { .. }))
+            });
             if !waiting {
                 return self.become_ready(out).await;
             }
@@ -361,7 +370,7 @@ impl Actor {
     /// Sends the next queued action when the runtime is ready and no turn runs. Taking the head
     /// of the queue and appending its frame are one store transaction.
     pub(super) async fn dispatch_next(&mut self) {
-        if !self.ready() || self.work.turn.is_some() || self.ctx.is_draining() {
+        if !self.runtime.state.is_ready() || self.work.turn.is_some() || self.ctx.is_draining() {
             return;
         }
         let Some(entry) = self.work.queue.front().cloned() else {

@@ -1,5 +1,5 @@
-//! A session's runtime over its life: start and handshake, reopen (resume or load), recovery
-//! after a harness restart, faults, suspension and draining (SPEC §8).
+//! A session's runtime over its life: start (the handshake itself is in `handshake`), recovery
+//! after a harness restart, faults, deadlines, suspension and draining (SPEC §8).
 
 use std::{io, process::ExitStatus, time::Instant};
 
@@ -8,26 +8,19 @@ use tokio::io::AsyncReadExt;
 
 use super::{
     Actor, CANNOT_REOPEN, CLOSE_GRACE, Conn, EXIT_DRAIN, HARNESS_ACTOR, Out, Pending, PendingKind,
-    STDERR_DRAIN, STDERR_QUOTE_CHARS, StartPurpose, fingerprint,
+    STDERR_DRAIN, STDERR_QUOTE_CHARS, StartPurpose,
 };
 use crate::{
     acp::{
         connection::{self, LineWriter},
-        frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
-        process,
+        frames as acp_frames, process,
         remote::{RemoteSpec, SpawnedRemote},
     },
-    domain::{
-        Action, ActionId, Error, ErrorCode, Result,
-        queue::{QueuedEntry, QueuedWork},
-        session::SessionStatus,
-        text::{MAX_FOREIGN_TEXT_BYTES, cap_foreign},
-    },
+    domain::{Error, ErrorCode, Result, session::SessionStatus, text::cap_foreign},
     session::{
         interactions::{self, HeldPermission},
         warm,
     },
-    store::ActionState,
 };
 
 /// A freshly started runtime, before the actor wraps it into its connection.
@@ -44,36 +37,18 @@ impl Actor {
     /// abandoned visibly, rather than waiting for a reopen that can never happen. `owner_lost`:
     /// claimed from a replica that died (SPEC §15), said so in the log ("owner replica lost").
     pub(super) async fn recover(&mut self, owner_lost: bool) {
-        let reopenable = self.record.can_resume || self.record.can_load;
-        if !self.record.status.has_runtime() {
-            if self.record.status == SessionStatus::Closed {
-                return;
-            }
-            if !reopenable
-                && (self.record.status != SessionStatus::Disconnected
-                    || !self.work.queue.is_empty())
-            {
-                let mut out = Out::default();
-                self.cannot_reopen(&mut out);
-                if let Err(error) = self.flush(out).await {
-                    tracing::error!(session = %self.record.id, %error, "could not record the restart");
-                }
-            } else if reopenable && !self.work.queue.is_empty() {
-                tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening to drain the queue");
-                self.start_runtime(StartPurpose::Reopen).await;
-            }
-            return;
-        }
-        let turn_in_flight = matches!(
+        let plan = plan_recovery(
             self.record.status,
-            SessionStatus::Running | SessionStatus::AwaitingInput
+            self.record.can_resume || self.record.can_load,
+            !self.work.queue.is_empty(),
+            !self.record.acp_session_id.is_empty(),
         );
-        let mut out = Out::default();
         let (event, why) = match owner_lost {
             true => ("owner_replica_lost", "owner replica lost"),
             false => ("harness_restarted", "harness restarted"),
         };
-        if turn_in_flight {
+        let mut out = Out::default();
+        if plan.turn_interrupted {
             self.log_event(
                 &mut out,
                 json!({"event": event, "epoch": self.runtime.epoch,
@@ -81,23 +56,27 @@ impl Actor {
                 None,
             );
         }
-        if self.record.acp_session_id.is_empty() {
-            self.record.status = SessionStatus::Disconnected;
-            self.record.status_reason = format!("{why} before the runtime finished starting");
-        } else if !reopenable {
-            self.cannot_reopen(&mut out);
-        } else {
-            self.record.status = SessionStatus::Suspended;
-            self.record.status_reason = why.to_owned();
+        match plan.mark {
+            None => {}
+            Some(Mark::CannotReopen) => self.cannot_reopen(&mut out),
+            Some(Mark::NeverStarted) => {
+                self.record.status = SessionStatus::Disconnected;
+                self.record.status_reason = format!("{why} before the runtime finished starting");
+                self.touch(&mut out);
+            }
+            Some(Mark::Suspended) => {
+                self.record.status = SessionStatus::Suspended;
+                self.record.status_reason = why.to_owned();
+                self.touch(&mut out);
+            }
         }
-        self.touch(&mut out);
         if let Err(error) = self.flush(out).await {
             tracing::error!(session = %self.record.id, %error, "could not record the restart");
             return;
         }
-        // The turn that was in flight is not re-sent, but the session reopens now so its agent
-        // is back as it was before the restart (SPEC §8).
-        if reopenable && (turn_in_flight || !self.work.queue.is_empty()) {
+        // A turn that was in flight is not re-sent, but the session reopens now so its agent
+        // is back as it was before the restart, and its queue drains (SPEC §8).
+        if plan.reopen {
             tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening after the restart");
             self.start_runtime(StartPurpose::Reopen).await;
         }
@@ -158,53 +137,27 @@ impl Actor {
         };
         self.runtime.epoch += 1;
         let epoch = self.runtime.epoch;
-        let (writer, started) = match link {
-            Link::Local(spawned) => {
-                let writer =
-                    LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
-                tokio::spawn(connection::read_lines(
-                    spawned.stdout,
-                    epoch,
-                    self.ctx.limits.runtime_line_bytes,
-                    self.runtime.events_tx.clone(),
-                ));
-                let started = json!({"pid": spawned.pid});
-                (
-                    writer,
-                    (started, spawned.killer, spawned.stderr, spawned.exited),
-                )
-            }
+        let (writer, started, killer, stderr, exited) = match link {
+            Link::Local(spawned) => (
+                self.connect(epoch, spawned.stdin, spawned.stdout),
+                json!({"pid": spawned.pid}),
+                spawned.killer,
+                spawned.stderr,
+                spawned.exited,
+            ),
             Link::Remote(spawned) => {
-                let writer =
-                    LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
-                tokio::spawn(connection::read_lines(
-                    spawned.stdout,
-                    epoch,
-                    self.ctx.limits.runtime_line_bytes,
-                    self.runtime.events_tx.clone(),
-                ));
-                let started = json!({"bridge": spawned.bridge_id, "runtime_key": spawned.key});
                 *self.shared.bridge.lock().expect("not poisoned") = Some(spawned.bridge_id.clone());
                 (
-                    writer,
-                    (started, spawned.killer, spawned.stderr, spawned.exited),
+                    self.connect(epoch, spawned.stdin, spawned.stdout),
+                    json!({"bridge": spawned.bridge_id, "runtime_key": spawned.key}),
+                    spawned.killer,
+                    spawned.stderr,
+                    spawned.exited,
                 )
             }
         };
-        let (started, killer, stderr, exited) = started;
-        self.runtime.conn = Some(Conn {
-            epoch,
-            writer,
-            killer,
-            stderr,
-            exited: Some(exited),
-            exit_status: None,
-            output_closed: false,
-            exit_deadline: None,
-            next_id: 0,
-            _permit: permit,
-        });
-        self.runtime.starting = Some(purpose);
+        let conn = Conn::new(epoch, writer, killer, stderr, exited, permit);
+        self.runtime.state.start(conn, purpose, false);
         let mut out = Out::default();
         let mut event = json!({"event": "runtime_started", "epoch": epoch,
                "profile": self.profile.name, "profile_fingerprint": self.record.profile_fingerprint});
@@ -217,9 +170,7 @@ impl Actor {
         self.expect(&id, PendingKind::Initialize, "initialize");
         self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
         self.refresh_status(&mut out);
-        if let Err(error) = self.flush(out).await {
-            self.fault("storage", error.message).await;
-        }
+        self.flush_or_fault(out).await;
     }
 
     /// Takes a warm runtime as this session's first: its `initialize` request is logged as
@@ -228,29 +179,18 @@ impl Actor {
     async fn adopt_warm(&mut self, purpose: StartPurpose, runtime: warm::WarmRuntime) {
         self.runtime.epoch += 1;
         let epoch = self.runtime.epoch;
-        self.runtime.warm_epoch = Some(epoch);
         let spawned = runtime.spawned;
-        let writer = LineWriter::start(spawned.stdin, epoch, self.runtime.events_tx.clone());
         let output = std::io::Cursor::new(runtime.unread).chain(spawned.stdout);
-        tokio::spawn(connection::read_lines(
-            output,
-            epoch,
-            self.ctx.limits.runtime_line_bytes,
-            self.runtime.events_tx.clone(),
-        ));
-        self.runtime.conn = Some(Conn {
+        let writer = self.connect(epoch, spawned.stdin, output);
+        let conn = Conn::new(
             epoch,
             writer,
-            killer: spawned.killer,
-            stderr: spawned.stderr,
-            exited: Some(spawned.exited),
-            exit_status: None,
-            output_closed: false,
-            exit_deadline: None,
-            next_id: 0,
-            _permit: runtime.permit,
-        });
-        self.runtime.starting = Some(purpose);
+            spawned.killer,
+            spawned.stderr,
+            spawned.exited,
+            runtime.permit,
+        );
+        self.runtime.state.start(conn, purpose, true);
         let mut out = Out::default();
         self.log_event(
             &mut out,
@@ -270,9 +210,24 @@ impl Actor {
             None,
         );
         self.refresh_status(&mut out);
-        if let Err(error) = self.flush(out).await {
-            self.fault("storage", error.message).await;
-        }
+        self.flush_or_fault(out).await;
+    }
+
+    /// Starts the writer and the reader of a runtime's lines for `epoch`; the writer.
+    fn connect(
+        &self,
+        epoch: u32,
+        input: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+        output: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    ) -> LineWriter {
+        let writer = LineWriter::start(input, epoch, self.runtime.events_tx.clone());
+        tokio::spawn(connection::read_lines(
+            output,
+            epoch,
+            self.ctx.limits.runtime_line_bytes,
+            self.runtime.events_tx.clone(),
+        ));
+        writer
     }
 
     /// Starts the profile's runtime: a local child, or one on a bridge (SPEC §16).
@@ -332,7 +287,11 @@ impl Actor {
     }
 
     pub(super) fn harness_request_id(&mut self) -> Value {
-        let conn = self.runtime.conn.as_mut().expect("a runtime is connected");
+        let conn = self
+            .runtime
+            .state
+            .conn_mut()
+            .expect("a runtime is connected");
         let id = acp_frames::harness_request_id(conn.epoch, conn.next_id);
         conn.next_id += 1;
         id
@@ -340,7 +299,12 @@ impl Actor {
 
     pub(super) fn expect(&mut self, id: &Value, kind: PendingKind, method: &'static str) {
         let timeout = self.profile.startup_timeout;
-        self.runtime.pending.insert(
+        let conn = self
+            .runtime
+            .state
+            .conn_mut()
+            .expect("a runtime is connected");
+        conn.pending.insert(
             id.to_string(),
             Pending {
                 kind,
@@ -379,332 +343,6 @@ impl Actor {
         }
     }
 
-    /// A reply to a handshake request: the next step, or the failure of the start.
-    pub(super) async fn on_handshake_response(&mut self, kind: PendingKind, response: &Value) {
-        if let Some(error) = response.get("error") {
-            let code = error
-                .get("code")
-                .and_then(Value::as_i64)
-                .unwrap_or_default();
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("no message");
-            let step = match kind {
-                PendingKind::Initialize => "initialize",
-                PendingKind::NewSession => "session/new",
-                PendingKind::Reopen(method) => method.as_str(),
-                PendingKind::SetConfig { .. } => "session/set_config_option",
-            };
-            let reason = format!("{step} failed with error {code}: {message}");
-            let code = if code == rpc_code(RpcErrorCode::AuthRequired) {
-                ErrorCode::RuntimeAuthRequired
-            } else {
-                ErrorCode::RuntimeStartFailed
-            };
-            return self.startup_fault(code, reason).await;
-        }
-        let result = response.get("result").cloned().unwrap_or(Value::Null);
-        let mut out = Out::default();
-        match kind {
-            PendingKind::Initialize => {
-                let capabilities = result.get("agentCapabilities");
-                self.record.can_load = capabilities
-                    .and_then(|c| c.get("loadSession"))
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false);
-                self.record.can_resume = capabilities
-                    .and_then(|c| c.pointer("/sessionCapabilities/resume"))
-                    .is_some_and(|r| !r.is_null());
-                self.touch(&mut out);
-                let id = self.harness_request_id();
-                match &self.runtime.starting {
-                    Some(StartPurpose::Create {
-                        fork_of: Some(parent),
-                        ..
-                    }) => {
-                        // `session/fork` is unstable in ACP 1.20 (`unstable_session_fork`):
-                        // advertised as `sessionCapabilities.fork`, asked with the parent's
-                        // session id, answered like `session/new`.
-                        if capabilities
-                            .and_then(|c| c.pointer("/sessionCapabilities/fork"))
-                            .is_none_or(Value::is_null)
-                        {
-                            let _ = self.flush(out).await;
-                            return self
-                                .startup_fault(
-                                    ErrorCode::NotSupported,
-                                    "the agent does not advertise session/fork".into(),
-                                )
-                                .await;
-                        }
-                        let frame =
-                            acp_frames::fork_session_request(id.clone(), parent, &self.record.cwd);
-                        self.expect(&id, PendingKind::NewSession, "session/fork");
-                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
-                    }
-                    Some(StartPurpose::Create { .. }) => {
-                        let frame = acp_frames::new_session_request(id.clone(), &self.record.cwd);
-                        self.expect(&id, PendingKind::NewSession, "session/new");
-                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
-                    }
-                    _ => {
-                        let method = if self.record.can_resume {
-                            ReopenMethod::Resume
-                        } else if self.record.can_load {
-                            ReopenMethod::Load
-                        } else {
-                            let _ = self.flush(out).await;
-                            return self
-                                .startup_fault(
-                                    ErrorCode::RuntimeDisconnected,
-                                    "the runtime advertises neither session/resume nor session/load"
-                                        .into(),
-                                )
-                                .await;
-                        };
-                        let frame = acp_frames::reopen_session_request(
-                            id.clone(),
-                            method,
-                            &self.record.acp_session_id,
-                            &self.record.cwd,
-                        );
-                        self.expect(&id, PendingKind::Reopen(method), method.as_str());
-                        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
-                    }
-                }
-                if let Err(e) = self.flush(out).await {
-                    self.fault("storage", e.message).await;
-                }
-            }
-            PendingKind::NewSession => {
-                let Some(session_id) = result.get("sessionId").and_then(Value::as_str) else {
-                    return self
-                        .startup_fault(
-                            ErrorCode::RuntimeStartFailed,
-                            "session/new answered without a sessionId".into(),
-                        )
-                        .await;
-                };
-                if session_id.len() > MAX_FOREIGN_TEXT_BYTES {
-                    return self
-                        .startup_fault(
-                            ErrorCode::RuntimeStartFailed,
-                            format!(
-                                "session/new answered a sessionId of {} bytes (at most {MAX_FOREIGN_TEXT_BYTES})",
-                                session_id.len()
-                            ),
-                        )
-                        .await;
-                }
-                self.record.acp_session_id = session_id.to_owned();
-                self.adopt_config_options(&result);
-                self.touch(&mut out);
-                let requested_model = match &mut self.runtime.starting {
-                    Some(StartPurpose::Create { model, .. }) => model.take(),
-                    _ => None,
-                };
-                if let Some(model) = requested_model
-                    && model != self.record.model
-                {
-                    if let Err(error) = self.check_model(&model) {
-                        let _ = self.flush(out).await;
-                        return self.startup_fault(error.code, error.message).await;
-                    }
-                    let action_id = ActionId::mint();
-                    let config_id =
-                        acp_frames::model_config_id(&self.runtime.config_options).to_owned();
-                    let frame = acp_frames::set_config_option_request(
-                        &action_id,
-                        self.acp_session_id(),
-                        &config_id,
-                        &ConfigValue::Id(model.clone()),
-                    );
-                    let id = frame["id"].clone();
-                    self.expect(
-                        &id,
-                        PendingKind::SetConfig { action_id },
-                        "session/set_config_option",
-                    );
-                    out.record_action(
-                        action_id,
-                        fingerprint(&Action::SetModel { model }, &None, false),
-                        ActionState::Sent,
-                    );
-                    let actor = self.record.owner.clone();
-                    self.log_send(&mut out, &frame, &actor, Some(action_id));
-                    if let Err(e) = self.flush(out).await {
-                        self.fault("storage", e.message).await;
-                    }
-                } else {
-                    self.become_ready(out).await;
-                }
-            }
-            PendingKind::Reopen(_) => {
-                // Agents do not always keep a session's model and config options across a
-                // reopen (SPEC §8): what the harness chose is asked for again when the agent
-                // reports another value.
-                let chosen = std::mem::take(&mut self.record.model);
-                let chosen_options = self.chosen_config_options().await;
-                self.adopt_config_options(&result);
-                let reported = self.record.model.clone();
-                if reported.is_empty() {
-                    self.record.model = chosen.clone();
-                }
-                self.touch(&mut out);
-                let mut event = serde_json::Map::new();
-                let mut requests = Vec::new();
-                let model_config_id =
-                    acp_frames::model_config_id(&self.runtime.config_options).to_owned();
-                if !chosen.is_empty()
-                    && !reported.is_empty()
-                    && chosen != reported
-                    && self.check_model(&chosen).is_ok()
-                {
-                    event.insert("model".into(), json!(chosen));
-                    event.insert("reported_model".into(), json!(reported));
-                    requests.push((
-                        model_config_id.clone(),
-                        ConfigValue::Id(chosen.clone()),
-                        Action::SetModel { model: chosen },
-                    ));
-                }
-                let (mut reapplied, mut skipped) = (Vec::new(), Vec::new());
-                for (config_id, value) in chosen_options {
-                    if config_id == model_config_id {
-                        continue; // the model is handled above
-                    }
-                    let Some(reported) =
-                        acp_frames::config_option(&self.runtime.config_options, &config_id)
-                            .and_then(|o| o.get("currentValue").cloned())
-                    else {
-                        skipped.push(json!({"config_id": config_id, "value": value,
-                                            "reason": "no longer offered by the agent"}));
-                        continue;
-                    };
-                    if reported == value {
-                        continue;
-                    }
-                    let text = match &value {
-                        Value::String(text) => text.clone(),
-                        other => other.to_string(),
-                    };
-                    match self.check_config_option(&config_id, &text) {
-                        Ok(config_value) => {
-                            reapplied.push(json!({"config_id": config_id, "value": value,
-                                                  "reported_value": reported}));
-                            requests.push((
-                                config_id.clone(),
-                                config_value,
-                                Action::SetConfigOption {
-                                    config_id,
-                                    value: text,
-                                },
-                            ));
-                        }
-                        Err(e) => skipped.push(
-                            json!({"config_id": config_id, "value": value, "reason": e.message}),
-                        ),
-                    }
-                }
-                if !reapplied.is_empty() {
-                    event.insert("config_options".into(), Value::Array(reapplied));
-                }
-                if !skipped.is_empty() {
-                    event.insert("skipped".into(), Value::Array(skipped));
-                }
-                if !event.is_empty() {
-                    event.insert("event".into(), json!("settings_reapplied"));
-                    self.log_event(&mut out, Value::Object(event), None);
-                }
-                if requests.is_empty() {
-                    return self.become_ready(out).await;
-                }
-                for (config_id, value, action) in requests {
-                    let action_id = ActionId::mint();
-                    let frame = acp_frames::set_config_option_request(
-                        &action_id,
-                        self.acp_session_id(),
-                        &config_id,
-                        &value,
-                    );
-                    self.expect(
-                        &frame["id"],
-                        PendingKind::SetConfig { action_id },
-                        "session/set_config_option",
-                    );
-                    out.record_action(
-                        action_id,
-                        fingerprint(&action, &None, false),
-                        ActionState::Sent,
-                    );
-                    self.log_send(&mut out, &frame, HARNESS_ACTOR, Some(action_id));
-                }
-                if let Err(e) = self.flush(out).await {
-                    self.fault("storage", e.message).await;
-                }
-                // Ready once the agent has answered them all (see `on_set_config_response`).
-            }
-            PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
-        }
-    }
-
-    /// The handshake is done: answer CreateSession, send the first prompt, drain the queue.
-    pub(super) async fn become_ready(&mut self, mut out: Out) {
-        let purpose = self.runtime.starting.take();
-        self.refresh_status(&mut out);
-        if let Err(e) = self.flush(out).await {
-            return self.fault("storage", e.message).await;
-        }
-        match purpose {
-            Some(StartPurpose::Create {
-                ready,
-                first_prompt,
-                ..
-            }) => {
-                let mut first_action_id = None;
-                if let Some(first) = first_prompt {
-                    let entry = QueuedEntry {
-                        action_id: first.action_id,
-                        work: QueuedWork::Prompt(first.prompt),
-                        context: None,
-                        actor: first.actor,
-                        created_at: crate::domain::now(),
-                        traceparent: first.traceparent,
-                    };
-                    let fp = fingerprint(&entry.work.to_action(), &None, false);
-                    match self.dispatch_entry(entry, Some(fp), false).await {
-                        Ok(()) => first_action_id = Some(first.action_id),
-                        Err(error) => {
-                            let _ = ready.send(Err(error));
-                            self.finished = true;
-                            return;
-                        }
-                    }
-                }
-                let _ = ready.send(Ok(first_action_id));
-            }
-            _ => self.dispatch_next().await,
-        }
-    }
-
-    /// A failure during the handshake: a new session's creation fails; a reopen leaves the
-    /// session DISCONNECTED.
-    pub(super) async fn startup_fault(&mut self, code: ErrorCode, reason: String) {
-        let reason = cap_foreign(&reason);
-        let tail = self.stderr_tail().await;
-        let message = if tail.is_empty() {
-            reason.clone()
-        } else {
-            format!("{reason}; stderr: {tail}")
-        };
-        if matches!(self.runtime.starting, Some(StartPurpose::Create { .. })) {
-            self.fail_create(Error::new(code, message));
-        } else {
-            self.fault("handshake", reason).await;
-        }
-    }
-
     /// A runtime from the warm pool that dies, goes silent or garbles before a new session's
     /// handshake ends failed in the pool (or between being taken and adopted), not because of
     /// the session: it is logged (`warm_runtime_failed`) and a cold runtime is started in its
@@ -713,20 +351,12 @@ impl Actor {
     async fn replace_failed_warm(&mut self, kind: &str, detail: &str) -> bool {
         let epoch = self.runtime.epoch;
         // A storage failure is the harness's, not the runtime's: a cold start would not help.
-        if self.runtime.warm_epoch.take() != Some(epoch)
-            || kind == "storage"
-            || !matches!(self.runtime.starting, Some(StartPurpose::Create { .. }))
-        {
+        if !self.runtime.state.is_warm_create() || kind == "storage" {
             return false;
         }
-        let purpose = self
-            .runtime
-            .starting
-            .take()
-            .expect("checked above: a Create");
         let tail = self.stderr_tail().await;
         tracing::warn!(session = %self.record.id, kind, detail, "a warm runtime failed before its handshake ended; starting a cold one");
-        self.kill_runtime();
+        let purpose = self.kill_runtime().expect("checked above: a Create");
         let mut out = Out::default();
         let mut event = json!({"event": "warm_runtime_failed", "kind": kind, "detail": detail,
                                "epoch": epoch});
@@ -745,34 +375,36 @@ impl Actor {
     /// A new session's runtime failed to come up: kill it and fail CreateSession (the manager
     /// then removes the session).
     pub(super) fn fail_create(&mut self, error: Error) {
-        self.kill_runtime();
-        if let Some(StartPurpose::Create { ready, .. }) = self.runtime.starting.take() {
+        if let Some(StartPurpose::Create { ready, .. }) = self.kill_runtime() {
             let _ = ready.send(Err(error));
         }
         self.finished = true;
     }
 
     pub(super) async fn stderr_tail(&self) -> String {
-        let Some(conn) = &self.runtime.conn else {
+        let Some(conn) = self.runtime.state.conn() else {
             return String::new();
         };
         conn.stderr.closed(STDERR_DRAIN).await;
         conn.stderr.text(STDERR_QUOTE_CHARS)
     }
 
-    pub(super) fn kill_runtime(&mut self) {
-        if let Some(mut conn) = self.runtime.conn.take() {
+    /// Stops the runtime (down, its requests forgotten, nothing held); the purpose of the start
+    /// it interrupted, if any.
+    pub(super) fn kill_runtime(&mut self) -> Option<StartPurpose> {
+        let (conn, purpose) = self.runtime.state.stop();
+        if let Some(mut conn) = conn {
             conn.killer.kill();
         }
         *self.shared.bridge.lock().expect("not poisoned") = None;
-        self.runtime.pending.clear();
         self.work.held.clear();
+        purpose
     }
 
     /// A runtime fault (SPEC §8): log it, fail the running turn, release held interactions,
     /// kill the process, and leave the session DISCONNECTED with a reason. No automatic respawn.
     pub(super) async fn fault(&mut self, kind: &str, detail: String) {
-        if self.runtime.conn.is_none() {
+        if !self.runtime.state.is_up() {
             return;
         }
         // The detail may quote what the runtime or its bridge said.
@@ -781,7 +413,7 @@ impl Actor {
             return;
         }
         let tail = self.stderr_tail().await;
-        if matches!(self.runtime.starting, Some(StartPurpose::Create { .. })) {
+        if self.runtime.state.is_creating() {
             let message = if tail.is_empty() {
                 detail
             } else {
@@ -792,11 +424,10 @@ impl Actor {
         let epoch = self.runtime.epoch;
         let exit = self
             .runtime
-            .conn
-            .as_ref()
+            .state
+            .conn()
             .and_then(|c| c.exit_status.clone());
         self.kill_runtime();
-        self.runtime.starting = None;
         let failed_turn = self.fail_running_turn();
         let mut reason = detail.clone();
         if !tail.is_empty() {
@@ -827,7 +458,7 @@ impl Actor {
     }
 
     pub(super) async fn on_exit(&mut self, status: Option<io::Result<ExitStatus>>) {
-        let Some(conn) = self.runtime.conn.as_mut() else {
+        let Some(conn) = self.runtime.state.conn_mut() else {
             return;
         };
         conn.exited = None;
@@ -850,7 +481,7 @@ impl Actor {
 
     /// The end of the runtime's output: a fault once it is clear whether the process exited.
     pub(super) fn on_output_closed(&mut self) -> Option<(&'static str, String)> {
-        let conn = self.runtime.conn.as_mut()?;
+        let conn = self.runtime.state.conn_mut()?;
         conn.output_closed = true;
         match &conn.exit_status {
             Some(exit) => Some(("exit", format!("runtime {exit}"))),
@@ -863,27 +494,35 @@ impl Actor {
 
     pub(super) async fn on_deadline(&mut self) {
         let now = Instant::now();
-        if let Some(conn) = &self.runtime.conn
-            && conn.exit_deadline.is_some_and(|d| d <= now)
-        {
-            return match &conn.exit_status {
-                Some(exit) => self.fault("exit", format!("runtime {exit}")).await,
-                None => {
-                    self.fault("closed_output", "the runtime closed its output".to_owned())
-                        .await
-                }
-            };
+        if let Some(conn) = self.runtime.state.conn_mut() {
+            if conn.exit_deadline.is_some_and(|d| d <= now) {
+                let (kind, detail) = match &conn.exit_status {
+                    Some(exit) => ("exit", format!("runtime {exit}")),
+                    None => ("closed_output", "the runtime closed its output".to_owned()),
+                };
+                return self.fault(kind, detail).await;
+            }
+            let expired = conn
+                .pending
+                .iter()
+                .find(|(_, p)| p.deadline <= now)
+                .map(|(key, _)| key.clone());
+            if let Some(key) = expired {
+                let pending = conn.pending.remove(&key).expect("just found");
+                let detail = format!(
+                    "no answer to {} within {}",
+                    pending.method,
+                    humantime::format_duration(self.profile.startup_timeout)
+                );
+                return self.fault("timeout", detail).await;
+            }
         }
-        if let Some((key, _)) = self.runtime.pending.iter().find(|(_, p)| p.deadline <= now) {
-            let key = key.clone();
-            let pending = self.runtime.pending.remove(&key).expect("just found");
-            let detail = format!(
-                "no answer to {} within {}",
-                pending.method,
-                humantime::format_duration(self.profile.startup_timeout)
-            );
-            return self.fault("timeout", detail).await;
-        }
+        self.on_work_deadline(now).await
+    }
+
+    /// The deadlines of the session's work: a cancelled turn's grace, a held permission's
+    /// timeout, the idle timer.
+    async fn on_work_deadline(&mut self, now: Instant) {
         if self
             .work
             .turn
@@ -941,7 +580,7 @@ impl Actor {
 
     /// Stops the runtime on purpose (SUSPENDED); it reopens on demand.
     pub(super) async fn suspend(&mut self, why: &str) {
-        if self.runtime.conn.is_none() || self.work.turn.is_some() || !self.work.queue.is_empty() {
+        if !self.runtime.state.is_up() || self.work.turn.is_some() || !self.work.queue.is_empty() {
             return;
         }
         self.kill_runtime();
@@ -961,17 +600,21 @@ impl Actor {
     /// nothing queued or held, not starting) stops its runtime as SUSPENDED and its actor, so
     /// the replica holding the bridge claims it and reopens it by resume. Whether it did.
     pub(super) async fn on_hand_off(&mut self) -> bool {
-        let idle = self.ready()
+        let idle = self
+            .runtime
+            .state
+            .conn()
+            .is_some_and(|conn| conn.pending.is_empty())
+            && self.runtime.state.is_ready()
             && self.work.turn.is_none()
             && self.work.queue.is_empty()
-            && self.work.held.is_empty()
-            && self.runtime.pending.is_empty();
+            && self.work.held.is_empty();
         if !idle {
             return false;
         }
         self.suspend("the session's bridge is connected to another replica")
             .await;
-        if self.runtime.conn.is_some() {
+        if self.runtime.state.is_up() {
             return false;
         }
         self.finished = true;
@@ -983,11 +626,10 @@ impl Actor {
     /// the runtime is stopped, and the session is SUSPENDED (queued work survives and reopens
     /// when the harness starts again).
     pub(super) async fn on_drain(&mut self) -> Result<()> {
-        if self.runtime.conn.is_none() {
+        if !self.runtime.state.is_up() {
             return Ok(());
         }
         self.kill_runtime();
-        self.runtime.starting = None;
         let failed_turn = self.fail_running_turn();
         let mut out = Out::default();
         let mut event =
@@ -1003,11 +645,155 @@ impl Actor {
     }
 }
 
+/// How a session's record is marked after a harness restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mark {
+    /// DISCONNECTED with [`CANNOT_REOPEN`], its queue abandoned.
+    CannotReopen,
+    /// DISCONNECTED: the runtime died before the session had an ACP id.
+    NeverStarted,
+    /// SUSPENDED: it reopens on demand.
+    Suspended,
+}
+
+/// What to do with a session loaded after a harness restart (see [`Actor::recover`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Recovery {
+    /// A turn was in flight: it is closed in the log, never re-sent.
+    pub turn_interrupted: bool,
+    pub mark: Option<Mark>,
+    /// Reopen at once (after the mark is stored).
+    pub reopen: bool,
+}
+
+/// The recovery of a session whose stored `status` says what it was doing when the harness
+/// stopped; `reopenable`: its agent advertised resume or load; `queued`: work waits in its
+/// queue; `opened`: it has an ACP session id.
+pub(super) fn plan_recovery(
+    status: SessionStatus,
+    reopenable: bool,
+    queued: bool,
+    opened: bool,
+) -> Recovery {
+    if !status.has_runtime() {
+        // No runtime died with the harness: only a queue that can never drain needs saying.
+        let stuck = status != SessionStatus::Closed
+            && !reopenable
+            && (status != SessionStatus::Disconnected || queued);
+        return Recovery {
+            turn_interrupted: false,
+            mark: stuck.then_some(Mark::CannotReopen),
+            reopen: status != SessionStatus::Closed && reopenable && queued,
+        };
+    }
+    let turn_interrupted = matches!(
+        status,
+        SessionStatus::Running | SessionStatus::AwaitingInput
+    );
+    let mark = if !opened {
+        Mark::NeverStarted
+    } else if !reopenable {
+        Mark::CannotReopen
+    } else {
+        Mark::Suspended
+    };
+    Recovery {
+        turn_interrupted,
+        mark: Some(mark),
+        reopen: reopenable && (turn_interrupted || queued),
+    }
+}
+
 pub(super) fn describe_exit(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with code {code}"),
         (None, Some(signal)) => format!("was killed by signal {signal}"),
         _ => "exited".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use SessionStatus::*;
+
+    fn plan(status: SessionStatus, reopenable: bool, queued: bool) -> Recovery {
+        plan_recovery(status, reopenable, queued, true)
+    }
+
+    #[test]
+    fn a_turn_in_flight_at_a_restart_is_closed_and_its_session_reopens_when_it_can() {
+        for status in [Running, AwaitingInput] {
+            let expected = Recovery {
+                turn_interrupted: true,
+                mark: Some(Mark::Suspended),
+                reopen: true,
+            };
+            assert_eq!(plan(status, true, false), expected, "{status:?}");
+            let expected = Recovery {
+                turn_interrupted: true,
+                mark: Some(Mark::CannotReopen),
+                reopen: false,
+            };
+            assert_eq!(plan(status, false, false), expected, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn an_idle_session_at_a_restart_is_suspended_and_reopens_only_to_drain_its_queue() {
+        for status in [Starting, Idle] {
+            let quiet = plan(status, true, false);
+            assert_eq!(
+                quiet,
+                Recovery {
+                    turn_interrupted: false,
+                    mark: Some(Mark::Suspended),
+                    reopen: false
+                }
+            );
+            assert!(plan(status, true, true).reopen, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn a_runtime_that_died_before_the_session_opened_leaves_it_disconnected() {
+        let recovery = plan_recovery(Starting, true, true, false);
+        assert_eq!(recovery.mark, Some(Mark::NeverStarted));
+        assert!(recovery.reopen, "its queue still drains by a reopen");
+    }
+
+    #[test]
+    fn a_session_without_a_runtime_changes_only_if_its_queue_could_never_drain() {
+        let nothing = Recovery {
+            turn_interrupted: false,
+            mark: None,
+            reopen: false,
+        };
+        assert_eq!(plan(Closed, false, true), nothing);
+        assert_eq!(plan(Closed, true, true), nothing);
+        assert_eq!(plan(Suspended, true, false), nothing);
+        assert_eq!(plan(Disconnected, false, false), nothing, "already said");
+        assert_eq!(
+            plan(Disconnected, false, true).mark,
+            Some(Mark::CannotReopen)
+        );
+        assert_eq!(plan(Suspended, false, false).mark, Some(Mark::CannotReopen));
+        let drain = plan(Suspended, true, true);
+        assert_eq!((drain.mark, drain.reopen), (None, true));
+        assert!(plan(Disconnected, true, true).reopen);
+    }
+
+    #[test]
+    fn an_exit_is_described_by_its_code_or_its_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            describe_exit(ExitStatus::from_raw(3 << 8)),
+            "exited with code 3"
+        );
+        assert_eq!(
+            describe_exit(ExitStatus::from_raw(9)),
+            "was killed by signal 9"
+        );
     }
 }

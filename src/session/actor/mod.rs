@@ -7,12 +7,12 @@
 mod config_options;
 mod control;
 mod frames;
+mod handshake;
 mod lifecycle;
+mod reapply;
+mod state;
 
 use std::{
-    collections::HashMap,
-    io,
-    process::ExitStatus,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -22,12 +22,7 @@ use super::{
     Shared, interactions::Held, metrics,
 };
 use crate::{
-    acp::{
-        connection::{LineWriter, RuntimeEvent},
-        fold::Fold,
-        frames::ReopenMethod,
-        process::{RuntimeKiller, StderrTail},
-    },
+    acp::{connection::RuntimeEvent, fold::Fold},
     domain::{
         Action, ActionId, PromptAction, Result,
         queue::{Queue, QueuedEntry},
@@ -37,16 +32,17 @@ use crate::{
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use state::{Conn, Pending, PendingKind, RuntimeState};
+use tokio::sync::{mpsc, oneshot};
 
 /// Actor of the log entries the runtime wrote.
 pub(crate) const RUNTIME_ACTOR: &str = "runtime";
 /// Actor of entries the harness made on its own (handshake, events, automatic answers).
 pub(crate) const HARNESS_ACTOR: &str = "harness";
-/// How long to wait for a runtime's output to close after its process exited.
 /// The `status_reason` prefix of a session whose runtime is gone and can be reopened neither by
 /// `session/resume` nor `session/load` (SPEC §8).
 pub(crate) const CANNOT_REOPEN: &str = "RUNTIME_CANNOT_REOPEN";
+/// How long to wait for a runtime's output to close after its process exited.
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
 /// How long to wait for a runtime to exit after its output closed, before calling it a closed
 /// output of a live process.
@@ -79,34 +75,6 @@ pub(crate) struct FirstPrompt {
     pub prompt: PromptAction,
     pub actor: String,
     pub traceparent: Option<String>,
-}
-
-enum PendingKind {
-    Initialize,
-    NewSession,
-    Reopen(ReopenMethod),
-    SetConfig { action_id: ActionId },
-}
-
-struct Pending {
-    kind: PendingKind,
-    method: &'static str,
-    deadline: Instant,
-}
-
-struct Conn {
-    epoch: u32,
-    writer: LineWriter,
-    killer: RuntimeKiller,
-    stderr: Arc<StderrTail>,
-    exited: Option<oneshot::Receiver<io::Result<ExitStatus>>>,
-    exit_status: Option<String>,
-    /// The reader saw the end of the runtime's output.
-    output_closed: bool,
-    /// When to stop waiting for the other half of an ending (exit, or end of output).
-    exit_deadline: Option<Instant>,
-    next_id: u64,
-    _permit: OwnedSemaphorePermit,
 }
 
 struct Turn {
@@ -180,21 +148,15 @@ pub(crate) struct Actor {
     finished: bool,
 }
 
-/// The actor's side of its runtime, for the current epoch: the connection (when one is up), the
-/// handshake under way, the harness's own requests awaiting answers, and what the runtime
-/// advertised.
+/// The actor's side of its runtime: the current epoch, where the runtime is (down, starting,
+/// ready), and what it advertised.
 struct RuntimeLink {
     epoch: u32,
     /// Lines and exits from the runtime reader; the sender is lent to each new connection.
     events_tx: mpsc::Sender<RuntimeEvent>,
     events_rx: mpsc::Receiver<RuntimeEvent>,
-    conn: Option<Conn>,
-    starting: Option<StartPurpose>,
-    pending: HashMap<String, Pending>,
+    state: RuntimeState,
     config_options: Vec<Value>,
-    /// The epoch of a runtime taken from the warm pool, until its handshake ends: if it fails
-    /// before that, a cold runtime replaces it (SPEC §18) instead of failing CreateSession.
-    warm_epoch: Option<u32>,
 }
 
 /// What the session is doing for its callers: the running turn, the queue behind it, the
@@ -254,11 +216,8 @@ impl Actor {
                 epoch: resume.epoch,
                 events_tx: runtime_tx,
                 events_rx: runtime_rx,
-                conn: None,
-                starting: None,
-                pending: HashMap::new(),
+                state: RuntimeState::Down,
                 config_options: Vec::new(),
-                warm_epoch: None,
             },
             work: Work {
                 turn: None,
@@ -293,7 +252,12 @@ impl Actor {
             }
             let deadline = self.next_deadline();
             let exited = async {
-                match self.runtime.conn.as_mut().and_then(|c| c.exited.as_mut()) {
+                match self
+                    .runtime
+                    .state
+                    .conn_mut()
+                    .and_then(|c| c.exited.as_mut())
+                {
                     Some(exited) => exited.await.ok(),
                     None => std::future::pending().await,
                 }
@@ -330,19 +294,15 @@ impl Actor {
                 },
                 _ = sleep_until(deadline) => Box::pin(self.on_deadline()).await,
             }
-            if self.runtime.starting.is_none() && !self.work.waiting_configs.is_empty() {
+            if !self.runtime.state.is_starting() && !self.work.waiting_configs.is_empty() {
                 for command in std::mem::take(&mut self.work.waiting_configs) {
                     Box::pin(self.on_command(command)).await;
                 }
             }
         }
-        if let Some(mut conn) = self.runtime.conn.take() {
+        if let (Some(mut conn), _) = self.runtime.state.stop() {
             conn.killer.kill();
         }
-    }
-
-    fn ready(&self) -> bool {
-        self.runtime.conn.is_some() && self.runtime.starting.is_none()
     }
 
     fn acp_session_id(&self) -> &str {
@@ -350,9 +310,12 @@ impl Actor {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let pending = self.runtime.pending.values().map(|p| p.deadline);
+        let conn = self.runtime.state.conn();
+        let pending = conn
+            .into_iter()
+            .flat_map(|c| c.pending.values().map(|p| p.deadline));
         let cancel = self.work.turn.as_ref().and_then(|t| t.cancel_deadline);
-        let exit = self.runtime.conn.as_ref().and_then(|c| c.exit_deadline);
+        let exit = conn.and_then(|c| c.exit_deadline);
         let held = self.work.held.permissions.iter().filter_map(|p| p.deadline);
         pending
             .chain(cancel)
@@ -402,13 +365,15 @@ impl Actor {
 
     /// The status the session is in, from its live state.
     fn live_status(&self) -> SessionStatus {
-        match self.record.status {
-            SessionStatus::Closed => SessionStatus::Closed,
-            _ if self.runtime.conn.is_none() => self.record.status,
-            _ if self.runtime.starting.is_some() => SessionStatus::Starting,
-            _ if !self.work.held.is_empty() => SessionStatus::AwaitingInput,
-            _ if self.work.turn.is_some() => SessionStatus::Running,
-            _ => SessionStatus::Idle,
+        match (self.record.status, &self.runtime.state) {
+            (SessionStatus::Closed, _) => SessionStatus::Closed,
+            (status, RuntimeState::Down) => status,
+            (_, RuntimeState::Starting { .. }) => SessionStatus::Starting,
+            (_, RuntimeState::Ready { .. }) if !self.work.held.is_empty() => {
+                SessionStatus::AwaitingInput
+            }
+            (_, RuntimeState::Ready { .. }) if self.work.turn.is_some() => SessionStatus::Running,
+            (_, RuntimeState::Ready { .. }) => SessionStatus::Idle,
         }
     }
 
@@ -543,7 +508,7 @@ impl Actor {
         if session_changed {
             self.shared.set_record(&self.record);
         }
-        if let Some(conn) = &self.runtime.conn {
+        if let Some(conn) = self.runtime.state.conn() {
             for line in send {
                 if let Err(reason) = conn.writer.send(line) {
                     tracing::warn!(session = %self.record.id, reason, "could not send a frame");
@@ -568,16 +533,22 @@ impl Actor {
         Ok(())
     }
 
+    /// Commits a step; a storage failure is a runtime fault (nothing unlogged may reach it).
+    async fn flush_or_fault(&mut self, out: Out) {
+        if let Err(error) = self.flush(out).await {
+            self.fault("storage", error.message).await;
+        }
+    }
+
     /// Another replica took the session (SPEC §15): the runtime is stopped at once and the actor
     /// ends; it never writes for the session again (the store refuses its fence anyway).
     fn stop_lost(&mut self, why: &str) {
         if !self.finished {
             tracing::warn!(session = %self.record.id, fence = ?self.shared.fence, why, "this replica no longer holds the session; stopping its actor and runtime");
         }
-        if let Some(mut conn) = self.runtime.conn.take() {
+        if let (Some(mut conn), _) = self.runtime.state.stop() {
             conn.killer.kill();
         }
-        self.runtime.starting = None;
         self.finished = true;
         self.shared.mark_lost();
     }

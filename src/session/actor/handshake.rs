@@ -1,0 +1,386 @@
+//! A runtime's handshake, one step per answer: `initialize` answered, then the session
+//! opened (`session/new` or `session/fork`, and the model a new session asked for) or reopened
+//! (`session/resume` or `session/load`, and the settings re-applied), then ready.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::{
+    Actor, HARNESS_ACTOR, Out, PendingKind, StartPurpose, fingerprint,
+    reapply::{SettingRequest, plan_reapply},
+};
+use crate::{
+    acp::frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
+    domain::{
+        Action, ActionId, Error, ErrorCode,
+        queue::{QueuedEntry, QueuedWork},
+        text::{MAX_FOREIGN_TEXT_BYTES, cap_foreign},
+    },
+    store::ActionState,
+};
+
+/// What an agent's `initialize` answer says it can do with sessions.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Capabilities {
+    pub load: bool,
+    pub resume: bool,
+    pub fork: bool,
+}
+
+impl Capabilities {
+    pub(super) fn from_initialize(result: &Value) -> Self {
+        let capabilities = result.get("agentCapabilities");
+        let advertised = |pointer: &str| {
+            capabilities
+                .and_then(|c| c.pointer(pointer))
+                .is_some_and(|v| !v.is_null())
+        };
+        Self {
+            load: capabilities
+                .and_then(|c| c.get("loadSession"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            resume: advertised("/sessionCapabilities/resume"),
+            // `session/fork` is unstable in ACP 1.20 (`unstable_session_fork`): advertised as
+            // `sessionCapabilities.fork`, asked with the parent's session id, answered like
+            // `session/new`.
+            fork: advertised("/sessionCapabilities/fork"),
+        }
+    }
+}
+
+/// How a session is reopened: by resume when the agent can, else by load.
+pub(super) fn reopen_method(can_resume: bool, can_load: bool) -> Option<ReopenMethod> {
+    if can_resume {
+        Some(ReopenMethod::Resume)
+    } else if can_load {
+        Some(ReopenMethod::Load)
+    } else {
+        None
+    }
+}
+
+/// The failure of a start whose handshake request was answered with a JSON-RPC error.
+pub(super) fn handshake_failure(kind: &PendingKind, error: &Value) -> (ErrorCode, String) {
+    let code = error
+        .get("code")
+        .and_then(Value::as_i64)
+        .unwrap_or_default();
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("no message");
+    let step = match kind {
+        PendingKind::Initialize => "initialize",
+        PendingKind::NewSession => "session/new",
+        PendingKind::Reopen(method) => method.as_str(),
+        PendingKind::SetConfig { .. } => "session/set_config_option",
+    };
+    let reason = format!("{step} failed with error {code}: {message}");
+    let code = if code == rpc_code(RpcErrorCode::AuthRequired) {
+        ErrorCode::RuntimeAuthRequired
+    } else {
+        ErrorCode::RuntimeStartFailed
+    };
+    (code, reason)
+}
+
+/// The request that opens the session once `initialize` is answered, with its kind and method.
+type OpenRequest = (Value, PendingKind, &'static str);
+
+impl Actor {
+    /// A reply to a handshake request: the next step, or the failure of the start.
+    pub(super) async fn on_handshake_response(&mut self, kind: PendingKind, response: &Value) {
+        if let Some(error) = response.get("error") {
+            let (code, reason) = handshake_failure(&kind, error);
+            return self.startup_fault(code, reason).await;
+        }
+        let result = response.get("result").cloned().unwrap_or(Value::Null);
+        match kind {
+            PendingKind::Initialize => self.on_initialized(&result).await,
+            PendingKind::NewSession => self.on_session_opened(&result).await,
+            PendingKind::Reopen(_) => self.on_session_reopened(&result).await,
+            PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
+        }
+    }
+
+    /// `initialize` answered: what the agent can do is recorded, and the session is opened.
+    async fn on_initialized(&mut self, result: &Value) {
+        let capabilities = Capabilities::from_initialize(result);
+        self.record.can_load = capabilities.load;
+        self.record.can_resume = capabilities.resume;
+        let mut out = Out::default();
+        self.touch(&mut out);
+        let id = self.harness_request_id();
+        match self.open_request(id.clone(), capabilities.fork) {
+            Ok((frame, kind, method)) => {
+                self.expect(&id, kind, method);
+                self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+                self.flush_or_fault(out).await;
+            }
+            Err((code, reason)) => {
+                let _ = self.flush(out).await;
+                self.startup_fault(code, reason.into()).await;
+            }
+        }
+    }
+
+    /// The request that opens the session: `session/new`, `session/fork` for a fork, or
+    /// `session/resume` / `session/load` for a reopen; why not, when the agent cannot.
+    fn open_request(
+        &self,
+        id: Value,
+        can_fork: bool,
+    ) -> Result<OpenRequest, (ErrorCode, &'static str)> {
+        let cwd = &self.record.cwd;
+        match self.runtime.state.purpose() {
+            Some(StartPurpose::Create {
+                fork_of: Some(parent),
+                ..
+            }) => {
+                if !can_fork {
+                    return Err((
+                        ErrorCode::NotSupported,
+                        "the agent does not advertise session/fork",
+                    ));
+                }
+                let frame = acp_frames::fork_session_request(id, parent, cwd);
+                Ok((frame, PendingKind::NewSession, "session/fork"))
+            }
+            Some(StartPurpose::Create { .. }) => {
+                let frame = acp_frames::new_session_request(id, cwd);
+                Ok((frame, PendingKind::NewSession, "session/new"))
+            }
+            _ => {
+                let method =
+                    reopen_method(self.record.can_resume, self.record.can_load).ok_or((
+                        ErrorCode::RuntimeDisconnected,
+                        "the runtime advertises neither session/resume nor session/load",
+                    ))?;
+                let frame = acp_frames::reopen_session_request(
+                    id,
+                    method,
+                    &self.record.acp_session_id,
+                    cwd,
+                );
+                Ok((frame, PendingKind::Reopen(method), method.as_str()))
+            }
+        }
+    }
+
+    /// `session/new` (or `session/fork`) answered: the session has its ACP id; the model the
+    /// caller asked for is set before the session is ready.
+    async fn on_session_opened(&mut self, result: &Value) {
+        let Some(session_id) = result.get("sessionId").and_then(Value::as_str) else {
+            return self
+                .startup_fault(
+                    ErrorCode::RuntimeStartFailed,
+                    "session/new answered without a sessionId".into(),
+                )
+                .await;
+        };
+        if session_id.len() > MAX_FOREIGN_TEXT_BYTES {
+            return self
+                .startup_fault(
+                    ErrorCode::RuntimeStartFailed,
+                    format!(
+                        "session/new answered a sessionId of {} bytes (at most {MAX_FOREIGN_TEXT_BYTES})",
+                        session_id.len()
+                    ),
+                )
+                .await;
+        }
+        self.record.acp_session_id = session_id.to_owned();
+        self.adopt_config_options(result);
+        let mut out = Out::default();
+        self.touch(&mut out);
+        let requested_model = match self.runtime.state.purpose_mut() {
+            Some(StartPurpose::Create { model, .. }) => model.take(),
+            _ => None,
+        };
+        match requested_model {
+            Some(model) if model != self.record.model => self.request_model(out, model).await,
+            _ => self.become_ready(out).await,
+        }
+    }
+
+    /// Asks the agent for the model a new session was created with; the session is ready once
+    /// it answers (see `on_set_config_response`).
+    async fn request_model(&mut self, mut out: Out, model: String) {
+        if let Err(error) = self.check_model(&model) {
+            let _ = self.flush(out).await;
+            return self.startup_fault(error.code, error.message).await;
+        }
+        let request = SettingRequest {
+            config_id: acp_frames::model_config_id(&self.runtime.config_options).to_owned(),
+            value: ConfigValue::Id(model.clone()),
+            action: Action::SetModel { model },
+        };
+        let actor = self.record.owner.clone();
+        self.send_setting(&mut out, request, &actor);
+        self.flush_or_fault(out).await;
+    }
+
+    /// `session/resume` (or `session/load`) answered: the settings chosen before are asked for
+    /// again where the agent reports other values; ready once it has answered them all.
+    async fn on_session_reopened(&mut self, result: &Value) {
+        let chosen_model = std::mem::take(&mut self.record.model);
+        let chosen_options: BTreeMap<String, Value> = self.chosen_config_options().await;
+        self.adopt_config_options(result);
+        let reported_model = self.record.model.clone();
+        if reported_model.is_empty() {
+            self.record.model = chosen_model.clone();
+        }
+        let mut out = Out::default();
+        self.touch(&mut out);
+        let plan = plan_reapply(
+            &chosen_model,
+            &reported_model,
+            chosen_options,
+            &self.runtime.config_options,
+        );
+        if let Some(event) = plan.event {
+            self.log_event(&mut out, event, None);
+        }
+        if plan.requests.is_empty() {
+            return self.become_ready(out).await;
+        }
+        for request in plan.requests {
+            self.send_setting(&mut out, request, HARNESS_ACTOR);
+        }
+        self.flush_or_fault(out).await;
+        // Ready once the agent has answered them all (see `on_set_config_response`).
+    }
+
+    /// Logs a `session/set_config_option` request of the handshake, as a new action, and
+    /// expects its answer.
+    fn send_setting(&mut self, out: &mut Out, request: SettingRequest, actor: &str) {
+        let action_id = ActionId::mint();
+        let frame = acp_frames::set_config_option_request(
+            &action_id,
+            self.acp_session_id(),
+            &request.config_id,
+            &request.value,
+        );
+        self.expect(
+            &frame["id"],
+            PendingKind::SetConfig { action_id },
+            "session/set_config_option",
+        );
+        out.record_action(
+            action_id,
+            fingerprint(&request.action, &None, false),
+            ActionState::Sent,
+        );
+        self.log_send(out, &frame, actor, Some(action_id));
+    }
+
+    /// The handshake is done: answer CreateSession, send the first prompt, drain the queue.
+    pub(super) async fn become_ready(&mut self, mut out: Out) {
+        let purpose = self.runtime.state.finish_start();
+        self.refresh_status(&mut out);
+        if let Err(e) = self.flush(out).await {
+            return self.fault("storage", e.message).await;
+        }
+        match purpose {
+            Some(StartPurpose::Create {
+                ready,
+                first_prompt,
+                ..
+            }) => {
+                let mut first_action_id = None;
+                if let Some(first) = first_prompt {
+                    let entry = QueuedEntry {
+                        action_id: first.action_id,
+                        work: QueuedWork::Prompt(first.prompt),
+                        context: None,
+                        actor: first.actor,
+                        created_at: crate::domain::now(),
+                        traceparent: first.traceparent,
+                    };
+                    let fp = fingerprint(&entry.work.to_action(), &None, false);
+                    match self.dispatch_entry(entry, Some(fp), false).await {
+                        Ok(()) => first_action_id = Some(first.action_id),
+                        Err(error) => {
+                            let _ = ready.send(Err(error));
+                            self.finished = true;
+                            return;
+                        }
+                    }
+                }
+                let _ = ready.send(Ok(first_action_id));
+            }
+            _ => self.dispatch_next().await,
+        }
+    }
+
+    /// A failure during the handshake: a new session's creation fails; a reopen leaves the
+    /// session DISCONNECTED.
+    pub(super) async fn startup_fault(&mut self, code: ErrorCode, reason: String) {
+        let reason = cap_foreign(&reason);
+        let tail = self.stderr_tail().await;
+        let message = if tail.is_empty() {
+            reason.clone()
+        } else {
+            format!("{reason}; stderr: {tail}")
+        };
+        if self.runtime.state.is_creating() {
+            self.fail_create(Error::new(code, message));
+        } else {
+            self.fault("handshake", reason).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn capabilities_are_read_from_the_initialize_answer_and_a_null_one_is_not_advertised() {
+        let result = json!({"agentCapabilities": {"loadSession": true,
+            "sessionCapabilities": {"resume": {}, "fork": null}}});
+        assert_eq!(
+            Capabilities::from_initialize(&result),
+            Capabilities {
+                load: true,
+                resume: true,
+                fork: false
+            }
+        );
+        assert_eq!(
+            Capabilities::from_initialize(&json!({})),
+            Capabilities::default()
+        );
+    }
+
+    #[test]
+    fn a_session_reopens_by_resume_when_it_can_else_by_load_else_not_at_all() {
+        assert_eq!(reopen_method(true, true), Some(ReopenMethod::Resume));
+        assert_eq!(reopen_method(false, true), Some(ReopenMethod::Load));
+        assert_eq!(reopen_method(false, false), None);
+    }
+
+    #[test]
+    fn an_error_answer_names_its_step_and_auth_required_is_told_apart() {
+        let auth = json!({"code": rpc_code(RpcErrorCode::AuthRequired), "message": "log in"});
+        let (code, reason) = handshake_failure(&PendingKind::Initialize, &auth);
+        assert_eq!(code, ErrorCode::RuntimeAuthRequired);
+        assert_eq!(
+            reason,
+            format!(
+                "initialize failed with error {}: log in",
+                rpc_code(RpcErrorCode::AuthRequired)
+            )
+        );
+        let (code, reason) = handshake_failure(
+            &PendingKind::Reopen(ReopenMethod::Load),
+            &json!({"code": -1}),
+        );
+        assert_eq!(code, ErrorCode::RuntimeStartFailed);
+        assert_eq!(reason, "session/load failed with error -1: no message");
+    }
+}
