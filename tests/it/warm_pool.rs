@@ -289,11 +289,8 @@ async fn draining_kills_the_warm_runtimes_while_turns_still_run() {
             ),
         )
         .unwrap();
-        let mut server = Serve::new()
-            .args(["--drain-grace", "60s", "--config"])
-            .arg(&config)
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
+        let mut server = Serve::on(dir.path().join("data"), &config)
+            .args(["--drain-grace", "60s"])
             .start();
         // The pool fills in the background; there is nothing else to wait on from outside.
         while processes_with(&marker).len() < 2 {
