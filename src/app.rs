@@ -16,7 +16,7 @@ use tower::util::MapResponseLayer;
 use crate::{
     acp::process::RuntimeRegistry,
     auth::{Reloaded, TokenStore, tls},
-    config::ServeConfig,
+    config::{BrowserConfig, ServeConfig},
     domain::{Error, ErrorCode},
     grpc::{
         auth::Authenticator, browser, forward::RoutedSessions,
@@ -288,11 +288,21 @@ fn authenticator(config: &ServeConfig) -> anyhow::Result<(Authenticator, Option<
     ))
 }
 
+/// The transport's browser options, from the configuration's browser section.
+fn browser_options(config: &BrowserConfig) -> browser::BrowserOptions {
+    browser::BrowserOptions {
+        cors_allow_origins: config.cors_allow_origins.clone(),
+        grpc_web: config.grpc_web_enabled(),
+        console: config.console,
+    }
+}
+
 /// Binds the listener, builds every part and starts serving in the background.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     refuses_insecure_listen(&config)?;
     let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
-    let grpc_web = browser::grpc_web_layer(&config.browser)?;
+    let browser_options = browser_options(&config.browser);
+    let grpc_web = browser::grpc_web_layer(&browser_options)?;
     let (auth, tokens) = authenticator(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
@@ -430,7 +440,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 .is_none()
                 .then(|| LoopbackOnlyLayer::new(&config.browser.cors_allow_origins)),
         ))
-        .layer(browser::FrontLayer::new(&config.browser))
+        .layer(browser::FrontLayer::new(&browser_options))
         .layer(tower::util::option_layer(grpc_web))
         .layer(RpcMetricsLayer)
         .layer(MapResponseLayer::new(status::message_limit_mapper(

@@ -17,7 +17,18 @@ use tonic::body::Body;
 use tower::{Layer, Service};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::{config::BrowserConfig, grpc::console};
+use crate::grpc::console;
+
+/// What the browser's way in serves: the entry point (`app`) fills it from the configuration.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BrowserOptions {
+    /// Origins allowed by CORS, exactly as browsers send them (`https://ui.example:8443`).
+    pub cors_allow_origins: Vec<String>,
+    /// gRPC-Web (and with it HTTP/1.1) is accepted.
+    pub grpc_web: bool,
+    /// The built-in console at `/`.
+    pub console: bool,
+}
 
 /// Request headers a gRPC-Web page sends: the protocol's own, the bearer token and the acting
 /// user of SPEC §11.
@@ -35,16 +46,16 @@ const ALLOWED_HEADERS: [&str; 7] = [
 /// before its first message (trailers-only), and the ErrorInfo details with it.
 const EXPOSED_HEADERS: [&str; 3] = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
 
-/// gRPC-Web translation with CORS in front, when the configuration enables gRPC-Web. CORS answers
+/// gRPC-Web translation with CORS in front, when the options enable gRPC-Web. CORS answers
 /// preflights itself and adds `access-control-allow-origin` only for listed origins, so a page
 /// from any other origin cannot read a response.
 pub(crate) fn grpc_web_layer(
-    config: &BrowserConfig,
+    options: &BrowserOptions,
 ) -> anyhow::Result<Option<tower::layer::util::Stack<tonic_web::GrpcWebLayer, CorsLayer>>> {
-    if !config.grpc_web_enabled() {
+    if !options.grpc_web {
         return Ok(None);
     }
-    let origins = config
+    let origins = options
         .cors_allow_origins
         .iter()
         .map(|origin| {
@@ -74,10 +85,10 @@ pub(crate) struct FrontLayer {
 }
 
 impl FrontLayer {
-    pub(crate) fn new(config: &BrowserConfig) -> Self {
+    pub(crate) fn new(options: &BrowserOptions) -> Self {
         Self {
-            console: config.console,
-            grpc_web: config.grpc_web_enabled(),
+            console: options.console,
+            grpc_web: options.grpc_web,
         }
     }
 }

@@ -3,9 +3,7 @@
 //! committed bundle is current). Nothing is fetched at run time.
 
 use http::{HeaderValue, Response, StatusCode, header};
-use tonic::body::Body;
-
-use crate::grpc::browser::bytes_of;
+use tonic::{body::Body, codegen::Bytes};
 
 /// Path, content type, bytes.
 const ASSETS: [(&str, &str, &[u8]); 3] = [
@@ -35,7 +33,9 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 pub(crate) fn respond(path: &str) -> Option<Response<Body>> {
     let path = if path == "/index.html" { "/" } else { path };
     let (_, content_type, bytes) = ASSETS.iter().find(|(p, _, _)| *p == path)?;
-    let mut response = Response::new(Body::new(http_body_util::Full::new(bytes_of(bytes))));
+    let mut response = Response::new(Body::new(http_body_util::Full::new(Bytes::from_static(
+        bytes,
+    ))));
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

@@ -43,6 +43,15 @@ use crate::{
     store::{Store, Wake},
 };
 
+/// A stream or read that would start past the session's head.
+pub(crate) fn offset_out_of_range(after: u64, head: u64) -> Error {
+    Error::new(
+        ErrorCode::OffsetOutOfRange,
+        format!("after_offset {after} is beyond the head offset {head}"),
+    )
+    .with("head_offset", head)
+}
+
 /// What a subscriber asked to see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum View {
@@ -136,7 +145,7 @@ pub(crate) fn start(
     }
     let head = head.max(shared.head());
     if after > head {
-        return Err(super::manager::offset_out_of_range(after, head));
+        return Err(offset_out_of_range(after, head));
     }
     // Registration first, so nothing appended from now on can be missed.
     let live = shared.subscribe_events();
@@ -168,7 +177,7 @@ pub(crate) fn start_remote(
 ) -> Result<mpsc::Receiver<StreamItem>> {
     let slot = streams.admit(record.id, max_subscribers)?;
     if from.after > from.head {
-        return Err(super::manager::offset_out_of_range(from.after, from.head));
+        return Err(offset_out_of_range(from.after, from.head));
     }
     // Registration first: a commit after this point wakes the stream.
     let wakes = store.wake_ups();

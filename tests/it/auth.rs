@@ -412,7 +412,7 @@ async fn a_call_without_a_token_or_with_an_unknown_one_is_unauthenticated_but_he
             health.status,
             tonic_health::pb::health_check_response::ServingStatus::Serving as i32
         );
-        let listed = crate::reflection::list_services_v1(&h).await;
+        let listed = crate::reflection::list_services_v1(h.channel()).await;
         assert!(
             listed.iter().any(|s| s == crate::harness::SESSIONS_SERVICE),
             "{listed:?}"

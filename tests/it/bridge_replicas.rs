@@ -55,12 +55,8 @@ startup_timeout = "1500ms"
 "#,
     )
     .unwrap();
-    Serve::new()
-        .args(["--lease-ttl", LEASE_TTL, "--database-url", database_url])
-        .arg("--data-dir")
-        .arg(dir.join(format!("data-{name}")))
-        .arg("--config")
-        .arg(&config)
+    Serve::on(dir.join(format!("data-{name}")), &config)
+        .replica(database_url, LEASE_TTL)
         .start()
 }
 
@@ -601,12 +597,8 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
     )
     .unwrap();
     let start = |name: &str| {
-        Serve::new()
-            .args(["--lease-ttl", LEASE_TTL, "--database-url", &database_url])
-            .arg("--data-dir")
-            .arg(dir.path().join(format!("data-{name}")))
-            .arg("--config")
-            .arg(&config)
+        Serve::on(dir.path().join(format!("data-{name}")), &config)
+            .replica(&database_url, LEASE_TTL)
             .arg("--tokens-file")
             .arg(&tokens)
             .arg("--replica-token-file")
@@ -759,12 +751,8 @@ async fn an_impostors_hello_through_another_replica_is_refused_and_the_victims_t
     )
     .unwrap();
     let start = |name: &str| {
-        Serve::new()
-            .args(["--lease-ttl", LEASE_TTL, "--database-url", &database_url])
-            .arg("--data-dir")
-            .arg(dir.path().join(format!("data-{name}")))
-            .arg("--config")
-            .arg(&config)
+        Serve::on(dir.path().join(format!("data-{name}")), &config)
+            .replica(&database_url, LEASE_TTL)
             .arg("--tokens-file")
             .arg(&tokens)
             .arg("--replica-token-file")

@@ -9,7 +9,7 @@ use agent_harness::pb::v1 as pb;
 
 use crate::{
     harness::within,
-    process_tree::serve,
+    process::Serve,
     support::{Session, processes_with},
 };
 
@@ -63,7 +63,7 @@ async fn crash_with_work_in_flight(
     let marker = uuid::Uuid::now_v7().to_string();
     let config = config_file(dir.path(), &marker);
     let data = dir.path().join("data");
-    let mut server = serve(&data, &config);
+    let mut server = Serve::on(&data, &config).start();
     let client = server.client().await;
     let mut session = Session::create_with_client(
         client,
@@ -104,7 +104,7 @@ async fn after_kill_9_a_session_that_cannot_reopen_keeps_its_log_is_disconnected
     within(Duration::from_secs(60), async {
         let (dir, data, id, log, [running, first, second], _marker) =
             crash_with_work_in_flight("plain").await;
-        let server = serve(&data, &dir.path().join("config.toml"));
+        let server = Serve::on(&data, dir.path().join("config.toml")).start();
         let mut session = Session::attach(server.client().await, &id);
         let after = session.log().await;
         assert!(after.len() >= log.len());
@@ -161,7 +161,7 @@ async fn after_kill_9_a_session_with_only_a_turn_in_flight_on_the_builtin_mock_p
         let marker = uuid::Uuid::now_v7().to_string();
         let config = config_file(dir.path(), &marker);
         let data = dir.path().join("data");
-        let mut server = serve(&data, &config);
+        let mut server = Serve::on(&data, &config).start();
         let mut session = Session::create_with_client(
             server.client().await,
             pb::CreateSessionRequest {
@@ -194,7 +194,7 @@ async fn after_kill_9_the_interrupted_turn_reads_failed_is_never_resent_and_the_
     within(Duration::from_secs(60), async {
         let (dir, data, id, log, [running, first, second], _marker) =
             crash_with_work_in_flight("resumable").await;
-        let server = serve(&data, &dir.path().join("config.toml"));
+        let server = Serve::on(&data, dir.path().join("config.toml")).start();
         let mut session = Session::attach(server.client().await, &id);
         let mut watch = session.watch().await;
         assert_eq!(

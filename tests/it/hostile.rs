@@ -28,6 +28,7 @@ use tonic::{Code, Status};
 
 use crate::{
     harness::{Harness, assert_error, bounded, error_info, expect_err, within},
+    process::Serve,
     support::session_count,
     support::{Session, attachment, mock_profile_with, prompt},
 };
@@ -1327,7 +1328,8 @@ const SERVER_SECRETS: &[(&str, &str)] = &[
     ("GITHUB_TOKEN", "server-secret-github-0004"),
 ];
 
-#[tokio::test]
+// Multi-threaded: waiting for the server process's exit blocks a worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets() {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
@@ -1355,23 +1357,18 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
         std::fs::write(&key, &server_cert.key).unwrap();
 
         // The real binary, with secrets in its environment, config, tokens file and TLS key.
-        let mut server = tokio::process::Command::new(binary);
-        server
-            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        let mut server = SERVER_SECRETS
+            .iter()
+            .fold(Serve::new(), |serve, (key, value)| serve.env(key, value))
             .arg("--data-dir")
             .arg(&data)
-            .envs(SERVER_SECRETS.iter().copied())
             .env("AGENT_HARNESS_CONFIG", &config)
             .env("AGENT_HARNESS_TOKENS_FILE", &tokens.path)
             .env("AGENT_HARNESS_TLS_CERT", &cert)
             .env("AGENT_HARNESS_TLS_KEY", &key)
             .env("RUST_LOG", "info")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let mut server = server.spawn().expect("the server starts");
-        let addr = listening_addr(server.stderr.take().unwrap()).await;
+            .start();
+        let addr = server.addr();
 
         let channel =
             tonic::transport::Endpoint::from_shared(format!("https://localhost:{}", addr.port()))
@@ -1439,7 +1436,7 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
 
         // No descriptor of the server's: its store, tokens, config, TLS key, or sockets (the
         // agent has sockets of its own; a leaked one would be the same socket as the server's).
-        let pid = server.id().expect("running");
+        let pid = server.pid();
         let server_sockets: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .expect("the server's descriptors")
             .flatten()
@@ -1473,12 +1470,8 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
         // Open streams would hold the graceful stop.
         drop(watch);
         drop(ada);
-        // SAFETY: signalling the child we started, by its pid.
-
-        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-        let status = within(Duration::from_secs(20), server.wait())
-            .await
-            .unwrap();
+        server.signal(libc::SIGTERM);
+        let status = within(Duration::from_secs(20), server.wait()).await;
         assert!(status.success(), "{status:?}");
     })
     .await
@@ -1489,26 +1482,4 @@ fn chunk_json(frame: &Value, prefix: &str) -> Value {
         .as_str()
         .expect("text");
     serde_json::from_str(text.strip_prefix(prefix).expect("the prefix")).expect("JSON")
-}
-
-/// Reads the server's JSON log until it says where it listens.
-async fn listening_addr(stderr: tokio::process::ChildStderr) -> std::net::SocketAddr {
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .expect("stderr is readable")
-            .expect("the server logs where it listens before exiting");
-        let Ok(record) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        if let Some(addr) = record["local_addr"].as_str() {
-            break addr.parse().expect("an address");
-        }
-    };
-    // Keep draining the log so the server never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    addr
 }

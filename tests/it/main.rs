@@ -41,6 +41,7 @@ mod scale;
 mod services;
 mod sessions;
 mod signals;
+mod smoke;
 mod soak;
 mod starting;
 mod tls;

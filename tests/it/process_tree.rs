@@ -12,19 +12,9 @@ use std::{
 use agent_harness::pb::v1 as pb;
 
 use crate::{
-    process::{Serve, ServeProcess},
+    process::Serve,
     support::{Session, processes_with},
 };
-
-/// A `serve` process on a free loopback port, on `data_dir` with the profiles of `config`.
-pub fn serve(data_dir: &Path, config: &Path) -> ServeProcess {
-    Serve::new()
-        .arg("--data-dir")
-        .arg(data_dir)
-        .arg("--config")
-        .arg(config)
-        .start()
-}
 
 /// A profile whose command is `sh -c` wrapping the mock agent. The wrapper does not `exec`, so
 /// the agent is the wrapper's child, as under `npx`.
@@ -85,7 +75,7 @@ async fn after_kill_9_of_the_harness_no_process_of_a_wrapped_runtime_is_alive_tw
         let dir = tempfile::tempdir().unwrap();
         let marker = uuid::Uuid::now_v7().to_string();
         let config = wrapped_profile_config(dir.path(), &marker);
-        let mut server = serve(&dir.path().join("data"), &config);
+        let mut server = Serve::on(dir.path().join("data"), &config).start();
         let mut session = Session::create_with_client(
             server.client().await,
             pb::CreateSessionRequest {
@@ -144,7 +134,7 @@ async fn a_leftover_descendant_of_an_earlier_harness_whose_leader_is_gone_is_kil
         assert!(!dead(leftover), "the leftover runs before the start");
 
         let config = wrapped_profile_config(dir.path(), "unused");
-        let _server = serve(&data, &config);
+        let _server = Serve::on(&data, &config).start();
         within(
             Duration::from_secs(10),
             "the leftover of an earlier harness survived the next start",

@@ -5,7 +5,11 @@ use std::collections::BTreeSet;
 
 use prost::Message;
 use prost_types::FileDescriptorProto;
-use tonic_reflection::pb::{v1, v1alpha};
+use tonic::transport::Channel;
+use tonic_reflection::pb::{
+    v1::{self, server_reflection_client::ServerReflectionClient as ReflectionV1Client},
+    v1alpha::{self, server_reflection_client::ServerReflectionClient as ReflectionV1AlphaClient},
+};
 
 use crate::harness::{
     GATEWAY_SERVICE, HEALTH_SERVICE, Harness, SESSIONS_SERVICE, TRANSLATOR_SERVICE, bounded,
@@ -20,15 +24,14 @@ pub const ALL_SERVICES: [&str; 4] = [
 
 /// One request/response exchange over reflection v1.
 async fn ask_v1(
-    h: &Harness,
+    channel: Channel,
     request: v1::server_reflection_request::MessageRequest,
 ) -> v1::server_reflection_response::MessageResponse {
     let request = v1::ServerReflectionRequest {
         host: String::new(),
         message_request: Some(request),
     };
-    let mut replies = h
-        .reflection_v1()
+    let mut replies = ReflectionV1Client::new(channel)
         .server_reflection_info(tokio_stream::iter([request]))
         .await
         .expect("a reflection v1 stream")
@@ -42,10 +45,10 @@ async fn ask_v1(
         .expect("a reply body")
 }
 
-/// Service names listed over reflection v1.
-pub async fn list_services_v1(h: &Harness) -> BTreeSet<String> {
+/// Service names listed over reflection v1 (of a harness: `h.channel()`).
+pub async fn list_services_v1(channel: Channel) -> BTreeSet<String> {
     match ask_v1(
-        h,
+        channel,
         v1::server_reflection_request::MessageRequest::ListServices(String::new()),
     )
     .await
@@ -58,15 +61,14 @@ pub async fn list_services_v1(h: &Harness) -> BTreeSet<String> {
 }
 
 /// Service names listed over reflection v1alpha.
-pub async fn list_services_v1alpha(h: &Harness) -> BTreeSet<String> {
+pub async fn list_services_v1alpha(channel: Channel) -> BTreeSet<String> {
     let request = v1alpha::ServerReflectionRequest {
         host: String::new(),
         message_request: Some(
             v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
         ),
     };
-    let mut replies = h
-        .reflection_v1alpha()
+    let mut replies = ReflectionV1AlphaClient::new(channel)
         .server_reflection_info(tokio_stream::iter([request]))
         .await
         .expect("a reflection v1alpha stream")
@@ -88,7 +90,7 @@ pub async fn list_services_v1alpha(h: &Harness) -> BTreeSet<String> {
 async fn reflection_v1_lists_the_three_harness_services_and_health() {
     bounded(async {
         let h = Harness::start().await;
-        let listed = list_services_v1(&h).await;
+        let listed = list_services_v1(h.channel()).await;
         for service in ALL_SERVICES {
             assert!(
                 listed.contains(service),
@@ -104,7 +106,7 @@ async fn reflection_v1_lists_the_three_harness_services_and_health() {
 async fn reflection_v1alpha_lists_the_three_harness_services_and_health() {
     bounded(async {
         let h = Harness::start().await;
-        let listed = list_services_v1alpha(&h).await;
+        let listed = list_services_v1alpha(h.channel()).await;
         for service in ALL_SERVICES {
             assert!(
                 listed.contains(service),
@@ -121,7 +123,7 @@ async fn reflection_serves_a_commented_descriptor_for_every_listed_service() {
         let h = Harness::start().await;
         for service in ALL_SERVICES {
             let reply = ask_v1(
-                &h,
+                h.channel(),
                 v1::server_reflection_request::MessageRequest::FileContainingSymbol(service.into()),
             )
             .await;

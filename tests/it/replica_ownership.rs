@@ -42,13 +42,9 @@ impl Replica {
     pub(crate) fn start_with(dir: &Path, name: &str, database_url: &str, flags: &[&str]) -> Self {
         let marker = format!("replica-{name}-{}", uuid::Uuid::now_v7().simple());
         let config = config_file(dir, name, &marker);
-        let process = Serve::new()
-            .args(["--lease-ttl", LEASE_TTL, "--database-url", database_url])
+        let process = Serve::on(dir.join(format!("data-{name}")), &config)
+            .replica(database_url, LEASE_TTL)
             .args(flags)
-            .arg("--data-dir")
-            .arg(dir.join(format!("data-{name}")))
-            .arg("--config")
-            .arg(&config)
             .start();
         Self { process, marker }
     }
@@ -332,12 +328,8 @@ async fn reads_on_another_replica_answer_from_the_store_while_the_owner_is_pause
     let [a, b] = ["a", "b"].map(|name| {
         let marker = format!("replica-{name}-{}", uuid::Uuid::now_v7().simple());
         let config = config_file(dir.path(), name, &marker);
-        let process = Serve::new()
-            .args(["--lease-ttl", "600s", "--database-url", &database_url])
-            .arg("--data-dir")
-            .arg(dir.path().join(format!("data-{name}")))
-            .arg("--config")
-            .arg(&config)
+        let process = Serve::on(dir.path().join(format!("data-{name}")), &config)
+            .replica(&database_url, "600s")
             .start();
         Replica { process, marker }
     });

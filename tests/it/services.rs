@@ -80,7 +80,10 @@ async fn a_translator_only_server_reports_the_session_service_unknown_to_health(
 async fn a_translator_only_server_lists_only_the_translator_and_health_over_reflection() {
     bounded(async {
         let h = translator_only().await;
-        for listed in [list_services_v1(&h).await, list_services_v1alpha(&h).await] {
+        for listed in [
+            list_services_v1(h.channel()).await,
+            list_services_v1alpha(h.channel()).await,
+        ] {
             assert!(listed.contains(TRANSLATOR_SERVICE), "{listed:?}");
             assert!(listed.contains(HEALTH_SERVICE), "{listed:?}");
             assert!(!listed.contains(SESSIONS_SERVICE), "{listed:?}");

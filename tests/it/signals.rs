@@ -2,14 +2,14 @@
 
 use std::time::Duration;
 
-use crate::process_tree::{serve, wrapped_profile_config};
+use crate::{process::Serve, process_tree::wrapped_profile_config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_tokens_file_sighup_is_ignored_and_sigterm_still_drains_to_exit_0() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let dir = tempfile::tempdir().unwrap();
         let config = wrapped_profile_config(dir.path(), "unused");
-        let mut server = serve(&dir.path().join("data"), &config);
+        let mut server = Serve::on(dir.path().join("data"), &config).start();
         server.signal(libc::SIGHUP);
         assert!(
             server

@@ -13,7 +13,7 @@ use crate::{
     harness::{Harness, assert_error, bounded, expect_err},
     operations::{sample, scrape},
     process::Serve,
-    support::{Session, create_request, mock_profile_with, processes_with, stop},
+    support::{Session, create_request, exited, mock_profile_with, processes_with, stop},
 };
 
 /// A harness with a `warm` profile keeping `size` runtimes, each marked with `marker` on its
@@ -153,13 +153,10 @@ async fn a_warm_runtime_that_dies_is_replaced_and_never_handed_out() {
         let dead = pool_ready(&h, &marker, 1, 1).await[0];
         // SAFETY: kill only sends a signal, to our own child.
         unsafe { libc::kill(dead as libc::pid_t, libc::SIGKILL) };
-        let replacement = loop {
-            let pids = pool_ready(&h, &marker, 1, 1).await;
-            if pids[0] != dead {
-                break pids[0];
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        // Once it is gone, the one marked process the full pool reports is its replacement.
+        exited(&[dead]).await;
+        let replacement = pool_ready(&h, &marker, 1, 1).await[0];
+        assert_ne!(replacement, dead);
         let mut session = Session::create(&h, "warm").await;
         let started = runtime_started(&mut session).await;
         assert_eq!(started["warm"], true, "{started}");
@@ -265,11 +262,14 @@ async fn stopping_the_harness_kills_its_warm_runtimes() {
     bounded(async {
         let marker = uuid::Uuid::now_v7().to_string();
         let h = warm_harness(&marker, 2, None).await;
-        pool_ready(&h, &marker, 2, 2).await;
+        let warm = pool_ready(&h, &marker, 2, 2).await;
         h.shutdown().await;
-        while !processes_with(&marker).is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        exited(&warm).await;
+        assert_eq!(
+            processes_with(&marker),
+            [0u32; 0],
+            "nothing marked outlives it"
+        );
     })
     .await
 }
@@ -289,16 +289,17 @@ async fn draining_kills_the_warm_runtimes_while_turns_still_run() {
             ),
         )
         .unwrap();
-        let mut server = Serve::new()
-            .args(["--drain-grace", "60s", "--config"])
-            .arg(&config)
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
+        let mut server = Serve::on(dir.path().join("data"), &config)
+            .args(["--drain-grace", "60s"])
             .start();
-        // The pool fills in the background; there is nothing else to wait on from outside.
-        while processes_with(&marker).len() < 2 {
+        // The pool fills in the background and says nothing when full: polled through /proc.
+        let warm = loop {
+            let warm = processes_with(&marker);
+            if warm.len() >= 2 {
+                break warm;
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        };
         let channel = server.channel().await;
         let mut session = Session::create_with_client(
             AgentSessionServiceClient::new(channel),
@@ -314,9 +315,12 @@ async fn draining_kills_the_warm_runtimes_while_turns_still_run() {
         watch.chunk("echo: @wait-cancel").await;
 
         server.signal(libc::SIGTERM);
-        while !processes_with(&marker).is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        exited(&warm).await;
+        assert_eq!(
+            processes_with(&marker),
+            [0u32; 0],
+            "no warm runtime is left"
+        );
         assert!(
             server.try_wait().is_none(),
             "the warm runtimes are gone while the server still drains its running turn"

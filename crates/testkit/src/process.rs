@@ -2,7 +2,7 @@
 //! `SIGSTOP`/`SIGCONT`, signals, several replicas.
 //!
 //! ```ignore
-//! let mut server = Serve::new().arg("--data-dir").arg(&data).start();
+//! let mut server = Serve::on(&data, &config).start();
 //! let client = server.client().await;
 //! server.kill_9();
 //! server.restart(); // same arguments, a new port
@@ -16,6 +16,7 @@ use std::{
     ffi::{OsStr, OsString},
     io::{BufRead, BufReader},
     net::SocketAddr,
+    path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::{Arc, Mutex},
     time::Duration,
@@ -32,6 +33,8 @@ const LINES_SHOWN_ON_FAILURE: usize = 60;
 /// json`, and extra environment variables.
 #[derive(Debug, Clone, Default)]
 pub struct Serve {
+    /// The executable; this build's `agent-harness` unless [`Serve::program`] names another.
+    program: Option<PathBuf>,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
 }
@@ -39,6 +42,29 @@ pub struct Serve {
 impl Serve {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// `serve` on `data_dir` with the profiles of the config file `config`: what most
+    /// real-process tests start.
+    pub fn on(data_dir: impl AsRef<Path>, config: impl AsRef<Path>) -> Self {
+        Self::new()
+            .arg("--data-dir")
+            .arg(data_dir.as_ref())
+            .arg("--config")
+            .arg(config.as_ref())
+    }
+
+    /// A replica on the shared PostgreSQL store at `database_url`, its leases lasting
+    /// `lease_ttl` (e.g. `"2s"`).
+    pub fn replica(self, database_url: &str, lease_ttl: &str) -> Self {
+        self.args(["--database-url", database_url, "--lease-ttl", lease_ttl])
+    }
+
+    /// Runs `program` (another build of `agent-harness`, e.g. the release binary) instead of
+    /// this build's.
+    pub fn program(mut self, program: impl Into<PathBuf>) -> Self {
+        self.program = Some(program.into());
+        self
     }
 
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
@@ -75,7 +101,8 @@ impl Serve {
     }
 
     fn spawn(&self) -> (Child, SocketAddr, Arc<Log>) {
-        let mut child = Command::new(crate::service_bin())
+        let program = self.program.clone().unwrap_or_else(crate::service_bin);
+        let mut child = Command::new(program)
             .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))

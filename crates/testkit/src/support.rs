@@ -437,3 +437,30 @@ pub fn processes_with(marker: &str) -> Vec<u32> {
     }
     found
 }
+
+/// Waits until each of `pids` has exited, on the kernel's notice (a pidfd turns readable when
+/// its process ends) rather than by polling `/proc`. A pid already gone counts as exited.
+pub async fn exited(pids: &[u32]) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    for &pid in pids {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor (or -1).
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::ESRCH),
+                "pidfd_open({pid})"
+            );
+            continue;
+        }
+        // SAFETY: a descriptor just returned to us, owned from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+        // SAFETY: the AsyncFd owns the OwnedFd, which stays open (the same descriptor) until
+        // both are dropped together.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .unwrap_or_else(|e| panic!("a pidfd registers with the runtime: {e:?}"));
+        let _ = fd.readable().await.expect("the pidfd becomes readable");
+    }
+}

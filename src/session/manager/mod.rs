@@ -20,7 +20,6 @@ use uuid::Uuid;
 
 pub(crate) use create::CreateInput;
 pub(crate) use reads::ListInput;
-pub(crate) use reads::offset_out_of_range;
 
 use super::{
     Command, ControlInput, ControlOutcome, EngineContext, Profile, SessionHandle,

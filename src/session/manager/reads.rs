@@ -14,14 +14,14 @@ use uuid::Uuid;
 use super::{DEFAULT_LOG_LIMIT, DEFAULT_PAGE_SIZE, MAX_LOG_LIMIT, MAX_PAGE_SIZE, Sessions};
 use crate::{
     domain::{
-        Error, ErrorCode, Principal, PrincipalKind, Result,
+        Error, Principal, PrincipalKind, Result,
         action_id::parse_session_id,
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
     session::{
         Command, SessionHandle,
-        subscribe::{self, StreamItem, View},
+        subscribe::{self, StreamItem, View, offset_out_of_range},
     },
     store::{LogEntry, SessionQuery, Store},
 };
@@ -264,14 +264,6 @@ impl Sessions {
     }
 }
 
-pub(crate) fn offset_out_of_range(after: u64, head: u64) -> Error {
-    Error::new(
-        ErrorCode::OffsetOutOfRange,
-        format!("after_offset {after} is beyond the head offset {head}"),
-    )
-    .with("head_offset", head)
-}
-
 fn encode_page_token(created_at: SystemTime, id: Uuid) -> String {
     let micros = crate::store::to_micros(created_at);
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{micros}:{id}"))
@@ -292,6 +284,7 @@ fn decode_page_token(token: &str) -> Result<(SystemTime, Uuid)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::ErrorCode;
 
     #[test]
     fn a_page_token_round_trips_and_garbage_is_invalid() {

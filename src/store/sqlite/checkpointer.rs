@@ -11,7 +11,7 @@
 //! A checkpoint that runs beside a stream of commits never finds the WAL fully copied when the
 //! next write starts, so SQLite can never rewind the WAL to its start: alone, the thread would let
 //! the WAL grow without bound. The writer's automatic checkpoint therefore stays, as the bound of
-//! the WAL, at [`WAL_BOUND_PAGES`]: rarely, and with most of its copying already done.
+//! the WAL, at [`schema::WAL_BOUND_PAGES`]: rarely, and with most of its copying already done.
 //!
 //! Durability is unchanged: a commit is as durable as before the moment it returns (checkpoints
 //! only move pages from the WAL into the database file, with the connection's `synchronous`). The
@@ -31,8 +31,6 @@ use crate::{domain::Result, store::SqliteSynchronous};
 
 /// The least time between two background checkpoints while writes keep coming.
 pub(super) const MIN_INTERVAL: Duration = Duration::from_millis(200);
-/// The writer's automatic checkpoint threshold, the bound of the WAL (pages; about 40 MiB).
-pub(super) const WAL_BOUND_PAGES: u32 = 10_000;
 
 #[derive(Default)]
 struct State {

@@ -17,6 +17,9 @@ use crate::{
 
 /// How long a connection waits on a lock held by another connection before failing.
 pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The writer's automatic checkpoint threshold, the bound of the WAL (pages; about 40 MiB): the
+/// checkpointer thread does the regular checkpoints (see `checkpointer.rs`).
+pub(super) const WAL_BOUND_PAGES: u32 = 10_000;
 
 /// Scripts taking the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[V1, V2];
@@ -137,7 +140,7 @@ pub(super) fn configure_writer(conn: &Connection, synchronous: SqliteSynchronous
          PRAGMA cache_size = -32768;
          PRAGMA journal_size_limit = 67108864;
          PRAGMA wal_autocheckpoint = {};",
-        super::checkpointer::WAL_BOUND_PAGES
+        WAL_BOUND_PAGES
     ))
     .context("configuring the write connection")?;
     conn.set_prepared_statement_cache_capacity(64);
