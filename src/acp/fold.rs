@@ -8,235 +8,51 @@
 //! out) and its attachments read back from the frame; the others hold a control part. Agent output
 //! of a running prompt or compact goes to that turn's `"{turn}:agent"` message. Answers update the
 //! permission and elicitation parts they answer.
+//!
+//! The transcript's types live in `acp/transcript.rs`. Frames are read through the lenient views
+//! of `acp/fold/views.rs`: a field an agent leaves out or sends in another shape is skipped,
+//! never a reason to drop the frame; the log keeps every frame word for word.
+
+mod views;
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::frames as acp_frames;
+use super::{
+    frames as acp_frames,
+    lenient::view,
+    transcript::{
+        AgentInfo, ControlKind, ControlPart, ElicitationPart, Message, Metadata, ModelOption,
+        Outcome, Part, PermissionOption, PermissionPart, PlanEntry, Role, StopReason, ToolPart,
+        TurnEnd, Usage,
+    },
+};
 use crate::domain::text::cap_foreign;
 use crate::domain::{
-    Action, ActionId, JsonRpcId, PromptAttachment,
+    Action, ActionId, JsonRpcId,
     action::{ElicitationAnswer, PermissionAnswer},
     log::{Direction, LogEntry},
 };
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    User,
-    Agent,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    EndTurn,
-    MaxTokens,
-    MaxTurnRequests,
-    Refusal,
-    Cancelled,
-    Failed,
-}
-
-impl StopReason {
-    /// The stop reason a `session/prompt` result names, in ACP's own vocabulary (`failed` is
-    /// the harness's own, never sent by an agent).
-    fn parse(text: &str) -> Option<Self> {
-        use agent_client_protocol_schema::v1::StopReason as Wire;
-        let wire: Wire = serde_json::from_value(Value::String(text.to_owned())).ok()?;
-        Some(match wire {
-            Wire::EndTurn => Self::EndTurn,
-            Wire::MaxTokens => Self::MaxTokens,
-            Wire::MaxTurnRequests => Self::MaxTurnRequests,
-            Wire::Refusal => Self::Refusal,
-            Wire::Cancelled => Self::Cancelled,
-            // A reason newer than this harness knows reads as unknown, as any other text does.
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::EndTurn => "end_turn",
-            Self::MaxTokens => "max_tokens",
-            Self::MaxTurnRequests => "max_turn_requests",
-            Self::Refusal => "refusal",
-            Self::Cancelled => "cancelled",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Pending,
-    Accepted,
-    Rejected,
-    Selected,
-    Cancelled,
-    Declined,
-    Completed,
-    Errored,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlKind {
-    SetModel,
-    SetConfigOption,
-    Compact,
-    Stop,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolPart {
-    pub tool_call_id: String,
-    pub title: String,
-    pub kind: String,
-    pub status: String,
-    pub content_json: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlanEntry {
-    pub content: String,
-    pub priority: String,
-    pub status: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PermissionOption {
-    pub option_id: String,
-    pub name: String,
-    pub kind: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PermissionPart {
-    pub request_id: JsonRpcId,
-    pub tool_call_json: String,
-    pub options: Vec<PermissionOption>,
-    pub outcome: Outcome,
-    pub selected_option_id: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ElicitationPart {
-    pub request_id: JsonRpcId,
-    pub message: String,
-    pub request_json: String,
-    pub outcome: Outcome,
-    pub answer_json: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ControlPart {
-    pub kind: ControlKind,
-    pub value: String,
-    pub outcome: Outcome,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Part {
-    Text(String),
-    Thought(String),
-    Attachment(PromptAttachment),
-    Tool(ToolPart),
-    Plan(Vec<PlanEntry>),
-    Permission(PermissionPart),
-    Elicitation(ElicitationPart),
-    Control(ControlPart),
-    /// Any other ACP content block: its type and its whole JSON.
-    Content {
-        kind: String,
-        json: String,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    pub id: String,
-    pub turn: u32,
-    pub role: Role,
-    pub request_id: Option<ActionId>,
-    pub parts: Vec<Part>,
-    pub stop_reason: Option<StopReason>,
-    pub error: Option<String>,
-    pub actor: String,
-    pub first_offset: u64,
-    pub last_offset: u64,
-    /// From the parent of a fork, up to the fork point (SPEC §18); offsets are the parent's.
-    pub inherited: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelOption {
-    pub value: String,
-    pub name: String,
-    pub description: Option<String>,
-}
-
-/// Session metadata derived from the log (the live status comes from the session itself).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Metadata {
-    pub model: String,
-    pub models: Vec<ModelOption>,
-    pub config_options_json: String,
-    pub available_commands_json: String,
-    pub pending_interactions: Vec<JsonRpcId>,
-    /// What the agent says it is (`initialize` → `agentInfo`), when it says (SPEC §18).
-    pub agent_info: Option<AgentInfo>,
-    /// `initialize` → `agentCapabilities`, as JSON; empty before the handshake.
-    pub agent_capabilities_json: String,
-    /// The latest `plan` update's entries, as a JSON array; empty before any plan.
-    pub plan_json: String,
-    /// The latest `usage_update`.
-    pub usage: Option<Usage>,
-}
-
-/// An agent's `agentInfo`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AgentInfo {
-    pub name: String,
-    pub version: String,
-    pub title: Option<String>,
-}
-
-/// An ACP `usage_update`: tokens in the context, the context's size, the cumulative cost.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Usage {
-    pub used: u64,
-    pub size: u64,
-    /// Amount and currency, when sent.
-    pub cost: Option<(f64, String)>,
-}
-
-/// A turn that ended: its prompt's or compact's response arrived, or a fault, restart, close or
-/// drain closed it. Reported once per turn, when the turn's agent message first gets its stop
-/// reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TurnEnd {
-    pub turn: u32,
-    /// The action id of the prompt or compact that opened the turn.
-    pub request_id: Option<ActionId>,
-    pub stop_reason: StopReason,
-    pub error: Option<String>,
-}
+use views::{
+    ContentBlock, ElicitationParams, Envelope, Event, Forked, ForkedEntry, Params,
+    PermissionParams, RawParams, Reply, ReplyResult, RpcError, SelectChoice, SelectOption, Update,
+    UpdateParams,
+};
 
 /// The `event` name of a fork's first log entry: `{"event": "forked", "parent_session_id",
 /// "parent_head", "entries": [{"offset", "direction", "json", "actor", "action_id", "epoch"}]}`.
 pub const FORKED_EVENT: &str = "forked";
 
 /// One parent entry of a `forked` event, as a log entry (its time is not kept).
-fn inherited_entry(value: &Value) -> Option<LogEntry> {
+fn inherited_entry(entry: ForkedEntry) -> Option<LogEntry> {
     Some(LogEntry {
-        offset: value.get("offset")?.as_u64()?,
-        direction: Direction::from_i64(value.get("direction")?.as_i64()?)?,
-        json: value.get("json")?.as_str()?.to_owned(),
-        actor: str_field(value, "actor"),
-        action_id: value
-            .get("action_id")
-            .and_then(Value::as_str)
-            .and_then(ActionId::from_stored),
-        epoch: value.get("epoch").and_then(Value::as_u64).unwrap_or(0) as u32,
+        offset: entry.offset?,
+        direction: Direction::from_i64(entry.direction?)?,
+        json: entry.json?.to_owned(),
+        actor: entry.actor.unwrap_or_default().to_owned(),
+        action_id: entry.action_id.and_then(ActionId::from_stored),
+        epoch: entry.epoch.unwrap_or(0) as u32,
         created_at: std::time::UNIX_EPOCH,
     })
 }
@@ -256,53 +72,6 @@ pub fn forked_event(parent_session_id: &str, entries: &[LogEntry]) -> Value {
             "epoch": e.epoch,
         })).collect::<Vec<_>>(),
     })
-}
-
-/// The `event` name of the harness event that records a turn's end in the log.
-pub const TURN_ENDED_EVENT: &str = "turn_ended";
-
-impl TurnEnd {
-    /// The logged form: `{"event":"turn_ended","turn":…,"request_id":…,"stop_reason":…,"error":…}`.
-    pub fn to_event(&self) -> Value {
-        let mut event = serde_json::json!({
-            "event": TURN_ENDED_EVENT,
-            "turn": self.turn,
-            "request_id": self.request_id.map(|id| id.to_string()),
-            "stop_reason": self.stop_reason.as_str(),
-        });
-        if let Some(error) = &self.error {
-            event["error"] = Value::from(error.as_str());
-        }
-        event
-    }
-
-    /// Reads a logged turn end back; `None` for any other entry. Cheap for other entries: only
-    /// harness events that mention the name are parsed.
-    pub fn from_entry(entry: &LogEntry) -> Option<Self> {
-        if entry.direction != Direction::Event || !entry.json.contains(TURN_ENDED_EVENT) {
-            return None;
-        }
-        let event: Value = serde_json::from_str(&entry.json).ok()?;
-        if event.get("event").and_then(Value::as_str) != Some(TURN_ENDED_EVENT) {
-            return None;
-        }
-        let stop_reason = match event.get("stop_reason").and_then(Value::as_str)? {
-            "failed" => StopReason::Failed,
-            other => StopReason::parse(other)?,
-        };
-        Some(Self {
-            turn: u32::try_from(event.get("turn").and_then(Value::as_u64)?).ok()?,
-            request_id: event
-                .get("request_id")
-                .and_then(Value::as_str)
-                .and_then(ActionId::from_stored),
-            stop_reason,
-            error: event
-                .get("error")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-        })
-    }
 }
 
 /// Where to find a part the agent may update later.
@@ -525,15 +294,16 @@ impl Fold {
 
     fn outbound(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
         let model_id = acp_frames::model_config_id(&self.config_options).to_owned();
-        if frame.get("method").and_then(Value::as_str) == Some("session/load") {
+        let envelope: Envelope = view(frame);
+        if envelope.method == Some("session/load") {
             // Its reply replays history as updates: those add nothing.
-            self.replaying = frame.get("id").map(Value::to_string);
+            self.replaying = envelope.id.as_ref().map(Value::to_string);
             return;
         }
         let action = acp_frames::recognise_outbound(frame, &model_id, &self.meta_key);
         let action_id = entry
             .action_id
-            .or_else(|| frame.get("id").and_then(ActionId::from_jsonrpc_id));
+            .or_else(|| envelope.id.as_ref().and_then(ActionId::from_jsonrpc_id));
         match action {
             Some(Action::Prompt(prompt)) => {
                 let (turn, i) = self.new_turn(action_id, entry);
@@ -597,10 +367,10 @@ impl Fold {
             }
             None => {
                 // An error the harness sent in reply to an agent request it refused.
-                if frame.get("error").is_some()
-                    && let Some(id) = frame.get("id").and_then(JsonRpcId::from_json)
+                if let Some(error) = &envelope.error
+                    && let Some(id) = envelope.id.as_ref().and_then(JsonRpcId::from_json)
                 {
-                    let error = frame["error"].to_string();
+                    let error = error.to_string();
                     self.answer_elicitation(&id, Outcome::Errored, error, entry, changed);
                 }
             }
@@ -678,31 +448,28 @@ impl Fold {
     // ---- inbound frames ------------------------------------------------------------------------
 
     fn inbound(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
-        let method = frame.get("method").and_then(Value::as_str);
-        let id = frame.get("id");
-        match (method, id) {
+        let envelope: Envelope = view(frame);
+        match (envelope.method, &envelope.id) {
             (Some("session/update"), None) => {
                 if self.replaying.is_some() {
                     return; // a session/load replay: the log already holds this history
                 }
-                if let Some(update) = frame.pointer("/params/update") {
+                let params: Params<UpdateParams> = view(frame);
+                if let Some(update) = params.params.and_then(|p| p.update) {
                     self.update(update, entry, changed);
                 }
             }
             (Some("elicitation/complete"), None) => {
-                let Some(elicitation_id) = frame
-                    .pointer("/params/elicitationId")
-                    .and_then(Value::as_str)
-                else {
+                let params: Params<ElicitationParams> = view(frame);
+                let Some(elicitation_id) = params.params.and_then(|p| p.elicitation_id) else {
                     return;
                 };
                 let found = self.elicitations.iter().find_map(|(id, at)| {
                     match &self.messages[at.message].parts[at.part] {
                         Part::Elicitation(e)
-                            if serde_json::from_str::<Value>(&e.request_json)
-                                .ok()
-                                .and_then(|r| r.get("elicitationId").cloned())
-                                == Some(Value::from(elicitation_id)) =>
+                            if serde_json::from_str::<Value>(&e.request_json).is_ok_and(|r| {
+                                view::<ElicitationParams>(&r).elicitation_id == Some(elicitation_id)
+                            }) =>
                         {
                             Some(id.clone())
                         }
@@ -727,28 +494,26 @@ impl Fold {
                 let Some(request_id) = JsonRpcId::from_json(id) else {
                     return;
                 };
-                let params = frame.get("params").cloned().unwrap_or(Value::Null);
+                let params: Params<PermissionParams> = view(frame);
+                let params = params.params.unwrap_or_default();
                 let options = params
-                    .get("options")
-                    .and_then(Value::as_array)
-                    .map(|options| {
-                        options
-                            .iter()
-                            .map(|o| PermissionOption {
-                                option_id: str_field(o, "optionId"),
-                                name: str_field(o, "name"),
-                                kind: str_field(o, "kind"),
-                            })
-                            .collect()
+                    .options
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|o| PermissionOption {
+                        option_id: o.option_id.unwrap_or_default().to_owned(),
+                        name: o.name.unwrap_or_default().to_owned(),
+                        kind: o.kind.unwrap_or_default().to_owned(),
                     })
-                    .unwrap_or_default();
+                    .collect();
                 let i = self.agent_message(entry);
                 self.messages[i]
                     .parts
                     .push(Part::Permission(PermissionPart {
                         request_id: request_id.clone(),
                         tool_call_json: params
-                            .get("toolCall")
+                            .tool_call
+                            .as_ref()
                             .map(Value::to_string)
                             .unwrap_or_default(),
                         options,
@@ -767,13 +532,17 @@ impl Fold {
                 let Some(request_id) = JsonRpcId::from_json(id) else {
                     return;
                 };
-                let params = frame.get("params").cloned().unwrap_or(Value::Null);
+                let params = view::<RawParams>(frame).params.unwrap_or(Value::Null);
+                let message = view::<ElicitationParams>(&params)
+                    .message
+                    .unwrap_or_default()
+                    .to_owned();
                 let i = self.agent_message(entry);
                 self.messages[i]
                     .parts
                     .push(Part::Elicitation(ElicitationPart {
                         request_id: request_id.clone(),
-                        message: str_field(&params, "message"),
+                        message,
                         request_json: params.to_string(),
                         outcome: Outcome::Pending,
                         answer_json: String::new(),
@@ -786,30 +555,36 @@ impl Fold {
                 self.urgent = true;
                 changed.push(&self.messages[i].id);
             }
-            (None, Some(id)) => self.response(id, frame, entry, changed),
+            (None, Some(id)) => self.response(id, frame, &envelope, entry, changed),
             _ => {}
         }
     }
 
-    fn response(&mut self, id: &Value, frame: &Value, entry: &LogEntry, changed: &mut Changed) {
+    fn response(
+        &mut self,
+        id: &Value,
+        frame: &Value,
+        envelope: &Envelope,
+        entry: &LogEntry,
+        changed: &mut Changed,
+    ) {
         if self.replaying.as_deref() == Some(id.to_string().as_str()) {
             self.replaying = None;
         }
-        if let Some(options) = frame
-            .pointer("/result/configOptions")
-            .and_then(Value::as_array)
-        {
-            self.adopt_config_options(options.clone());
+        let reply: Reply<ReplyResult> = view(frame);
+        let result = reply.result.unwrap_or_default();
+        if let Some(Value::Array(options)) = result.config_options {
+            self.adopt_config_options(options);
         }
         // Only `initialize` answers with these (SPEC §18: what the agent says about itself).
-        if let Some(capabilities) = frame.pointer("/result/agentCapabilities") {
+        if let Some(capabilities) = &result.agent_capabilities {
             self.metadata.agent_capabilities_json = bounded_json(capabilities);
         }
-        if let Some(info) = frame.pointer("/result/agentInfo").filter(|i| i.is_object()) {
+        if let Some(info) = result.agent_info {
             self.metadata.agent_info = Some(AgentInfo {
-                name: cap_foreign(&str_field(info, "name")),
-                version: cap_foreign(&str_field(info, "version")),
-                title: info.get("title").and_then(Value::as_str).map(cap_foreign),
+                name: cap_foreign(info.name.unwrap_or_default()),
+                version: cap_foreign(info.version.unwrap_or_default()),
+                title: info.title.map(cap_foreign),
             });
         }
         let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
@@ -818,10 +593,10 @@ impl Fold {
         let Some(&turn) = self.turn_of.get(&action_id) else {
             return;
         };
-        let error = frame.get("error").map(|e| {
+        let error = envelope.error.as_ref().map(|e| {
             cap_foreign(
-                &e.get("message")
-                    .and_then(Value::as_str)
+                &view::<RpcError>(e)
+                    .message
                     .map(str::to_owned)
                     .unwrap_or_else(|| e.to_string()),
             )
@@ -844,9 +619,8 @@ impl Fold {
         // A prompt's or compact's reply ends its turn.
         let stop_reason = match &error {
             Some(_) => Some(StopReason::Failed),
-            None => frame
-                .pointer("/result/stopReason")
-                .and_then(Value::as_str)
+            None => result
+                .stop_reason
                 .and_then(StopReason::parse)
                 .or(Some(StopReason::EndTurn)),
         };
@@ -894,26 +668,19 @@ impl Fold {
         }
     }
 
-    fn update(&mut self, update: &Value, entry: &LogEntry, changed: &mut Changed) {
-        match update.get("sessionUpdate").and_then(Value::as_str) {
-            Some("agent_message_chunk") => {
-                let Some(content) = update.get("content") else {
+    fn update(&mut self, update: Update, entry: &LogEntry, changed: &mut Changed) {
+        match update.session_update {
+            Some(kind @ ("agent_message_chunk" | "agent_thought_chunk")) => {
+                let Some(content) = &update.content else {
                     return;
                 };
                 let i = self.agent_message(entry);
-                push_content(&mut self.messages[i].parts, content, false);
-                changed.push(&self.messages[i].id);
-            }
-            Some("agent_thought_chunk") => {
-                let Some(content) = update.get("content") else {
-                    return;
-                };
-                let i = self.agent_message(entry);
-                push_content(&mut self.messages[i].parts, content, true);
+                let thought = kind == "agent_thought_chunk";
+                push_content(&mut self.messages[i].parts, content, thought);
                 changed.push(&self.messages[i].id);
             }
             Some(kind @ ("tool_call" | "tool_call_update")) => {
-                let tool_call_id = str_field(update, "toolCallId");
+                let tool_call_id = update.tool_call_id.unwrap_or_default().to_owned();
                 let i = self.agent_message(entry);
                 let parts = &mut self.messages[i].parts;
                 let existing = parts.iter_mut().find_map(|p| match p {
@@ -944,36 +711,40 @@ impl Fold {
                         tool
                     }
                 };
-                if let Some(title) = update.get("title").and_then(Value::as_str) {
+                if let Some(title) = update.title {
                     tool.title = title.to_owned();
                 }
-                if let Some(kind) = update.get("kind").and_then(Value::as_str) {
+                if let Some(kind) = update.kind {
                     tool.kind = kind.to_owned();
                 }
-                if let Some(status) = update.get("status").and_then(Value::as_str) {
+                if let Some(status) = update.status {
                     tool.status = status.to_owned();
                 }
-                if let Some(content) = update.get("content").filter(|c| !c.is_null()) {
+                if let Some(content) = update.content.filter(|c| !c.is_null()) {
                     tool.content_json = content.to_string();
                 }
                 changed.push(&self.messages[i].id);
             }
             Some("plan") => {
                 let entries = update
-                    .get("entries")
+                    .entries
+                    .as_ref()
                     .and_then(Value::as_array)
                     .map(|entries| {
                         entries
                             .iter()
-                            .map(|e| PlanEntry {
-                                content: str_field(e, "content"),
-                                priority: str_field(e, "priority"),
-                                status: str_field(e, "status"),
+                            .map(|e| {
+                                let e: views::PlanEntry = view(e);
+                                PlanEntry {
+                                    content: e.content.unwrap_or_default().to_owned(),
+                                    priority: e.priority.unwrap_or_default().to_owned(),
+                                    status: e.status.unwrap_or_default().to_owned(),
+                                }
                             })
                             .collect()
                     })
                     .unwrap_or_default();
-                if let Some(entries) = update.get("entries") {
+                if let Some(entries) = &update.entries {
                     self.metadata.plan_json = bounded_json(entries);
                 }
                 let i = self.agent_message(entry);
@@ -985,23 +756,19 @@ impl Fold {
                 changed.push(&self.messages[i].id);
             }
             Some("available_commands_update") => {
-                if let Some(commands) = update.get("availableCommands") {
+                if let Some(commands) = &update.available_commands {
                     self.metadata.available_commands_json = bounded_json(commands);
                 }
             }
             Some("config_option_update") => {
-                if let Some(options) = update.get("configOptions").and_then(Value::as_array) {
-                    self.adopt_config_options(options.clone());
+                if let Some(Value::Array(options)) = update.config_options {
+                    self.adopt_config_options(options);
                 }
             }
             Some("usage_update") => {
-                let number = |name: &str| update.get(name).and_then(Value::as_u64);
-                if let (Some(used), Some(size)) = (number("used"), number("size")) {
-                    let cost = update.get("cost").and_then(|cost| {
-                        Some((
-                            cost.get("amount")?.as_f64()?,
-                            cap_foreign(&str_field(cost, "currency")),
-                        ))
+                if let (Some(used), Some(size)) = (update.used, update.size) {
+                    let cost = update.cost.and_then(|cost| {
+                        Some((cost.amount?, cap_foreign(cost.currency.unwrap_or_default())))
                     });
                     self.metadata.usage = Some(Usage { used, size, cost });
                 }
@@ -1015,7 +782,8 @@ impl Fold {
         self.config_options = options;
         match acp_frames::model_option(&self.config_options) {
             Some(option) => {
-                self.metadata.model = str_field(option, "currentValue");
+                let option_view: SelectOption = view(option);
+                self.metadata.model = option_view.current_value.unwrap_or_default().to_owned();
                 self.metadata.models = model_values(option);
             }
             None => {
@@ -1031,11 +799,13 @@ impl Fold {
     /// taken as this transcript's first turns, marked inherited. The session's own turns are
     /// numbered after them.
     fn inherit(&mut self, frame: &Value, changed: &mut Changed) {
-        let entries: Vec<LogEntry> = frame
-            .get("entries")
-            .and_then(Value::as_array)
-            .map(|entries| entries.iter().filter_map(inherited_entry).collect())
-            .unwrap_or_default();
+        let forked: Forked = view(frame);
+        let entries: Vec<LogEntry> = forked
+            .entries
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(inherited_entry)
+            .collect();
         let parent = Fold::of(&self.meta_key, &entries);
         for message in parent.messages {
             let mut message = message;
@@ -1049,10 +819,8 @@ impl Fold {
     }
 
     fn event(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
-        let event = frame
-            .get("event")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let fields: Event = view(frame);
+        let event = fields.event.unwrap_or_default();
         let closes_turn = matches!(
             event,
             "fault" | "session_closed" | "harness_restarted" | "owner_replica_lost" | "drain"
@@ -1068,11 +836,7 @@ impl Fold {
             return;
         }
         let detail = match event {
-            "fault" => frame
-                .get("detail")
-                .and_then(Value::as_str)
-                .unwrap_or("runtime fault")
-                .to_owned(),
+            "fault" => fields.detail.unwrap_or("runtime fault").to_owned(),
             "session_closed" => "session closed".to_owned(),
             "drain" => "the harness stopped before the turn ended".to_owned(),
             "owner_replica_lost" => "owner replica lost".to_owned(),
@@ -1099,9 +863,8 @@ impl Fold {
                 changed.push(&message.id);
             }
         }
-        let turn = frame
-            .get("failed_turn")
-            .and_then(|t| t.as_str())
+        let turn = fields
+            .failed_turn
             .and_then(ActionId::from_stored)
             .and_then(|id| self.turn_of.get(&id).copied())
             .or(self.open_turn);
@@ -1154,26 +917,13 @@ fn bounded_json(value: &Value) -> String {
     Value::Array(kept).to_string()
 }
 
-fn str_field(value: &Value, key: &str) -> String {
-    value
-        .get(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// Appends a content block: text continues the last text (or thought) part; other block types
 /// become content parts.
 fn push_content(parts: &mut Vec<Part>, content: &Value, thought: bool) {
-    let kind = content
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let block: ContentBlock = view(content);
+    let kind = block.kind.unwrap_or_default();
     if kind == "text" {
-        let text = content
-            .get("text")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let text = block.text.unwrap_or_default();
         match (parts.last_mut(), thought) {
             (Some(Part::Text(last)), false) | (Some(Part::Thought(last)), true) => {
                 last.push_str(text)
@@ -1195,13 +945,13 @@ fn push_content(parts: &mut Vec<Part>, content: &Value, thought: bool) {
 fn model_values(option: &Value) -> Vec<ModelOption> {
     acp_frames::select_choices(option)
         .into_iter()
-        .map(|choice| ModelOption {
-            value: str_field(choice, "value"),
-            name: str_field(choice, "name"),
-            description: choice
-                .get("description")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
+        .map(|choice| {
+            let choice: SelectChoice = view(choice);
+            ModelOption {
+                value: choice.value.unwrap_or_default().to_owned(),
+                name: choice.name.unwrap_or_default().to_owned(),
+                description: choice.description.map(str::to_owned),
+            }
         })
         .collect()
 }
@@ -1221,7 +971,7 @@ mod tests {
     use super::*;
     use crate::{
         acp::frames::PromptOptions,
-        domain::{PromptAction, invocation::DEFAULT_META_KEY},
+        domain::{PromptAction, PromptAttachment, invocation::DEFAULT_META_KEY},
     };
 
     /// Builds a log the way the harness writes one.

@@ -1,13 +1,15 @@
 //! ACP runtimes: starting the agent process ([`process`]), the JSON-RPC line connection over its
 //! stdio ([`connection`]), the wire format of the frames ([`frames`]) and the fold of a logged
-//! frame sequence into a transcript ([`fold`]). What to do with the frames lives in the session
-//! actor.
+//! frame sequence ([`fold`]) into a transcript ([`transcript`]). What to do with the frames lives
+//! in the session actor.
 
 pub mod connection;
 pub mod fold;
 pub mod frames;
+mod lenient;
 pub mod process;
 pub mod remote;
+pub mod transcript;
 
 use std::{collections::BTreeMap, path::Path};
 

@@ -422,9 +422,9 @@ impl From<&crate::store::LogEntry> for pb::LogEntry {
 
 // ---- transcript and streams ---------------------------------------------------------------
 
-impl From<crate::acp::fold::Outcome> for pb::InteractionOutcome {
-    fn from(outcome: crate::acp::fold::Outcome) -> Self {
-        use crate::acp::fold::Outcome as O;
+impl From<crate::acp::transcript::Outcome> for pb::InteractionOutcome {
+    fn from(outcome: crate::acp::transcript::Outcome) -> Self {
+        use crate::acp::transcript::Outcome as O;
         match outcome {
             O::Pending => Self::Pending,
             O::Accepted => Self::Accepted,
@@ -438,9 +438,9 @@ impl From<crate::acp::fold::Outcome> for pb::InteractionOutcome {
     }
 }
 
-impl From<&crate::acp::fold::Part> for pb::MessagePart {
-    fn from(part: &crate::acp::fold::Part) -> Self {
-        use crate::acp::fold::{ControlKind, Part};
+impl From<&crate::acp::transcript::Part> for pb::MessagePart {
+    fn from(part: &crate::acp::transcript::Part) -> Self {
+        use crate::acp::transcript::{ControlKind, Part};
         use pb::message_part::Kind;
         let kind = match part {
             Part::Text(text) => Kind::Text(pb::TextPart { text: text.clone() }),
@@ -504,9 +504,9 @@ impl From<&crate::acp::fold::Part> for pb::MessagePart {
     }
 }
 
-impl From<crate::acp::fold::StopReason> for pb::StopReason {
-    fn from(reason: crate::acp::fold::StopReason) -> Self {
-        use crate::acp::fold::StopReason;
+impl From<crate::acp::transcript::StopReason> for pb::StopReason {
+    fn from(reason: crate::acp::transcript::StopReason) -> Self {
+        use crate::acp::transcript::StopReason;
         match reason {
             StopReason::EndTurn => Self::EndTurn,
             StopReason::MaxTokens => Self::MaxTokens,
@@ -518,8 +518,8 @@ impl From<crate::acp::fold::StopReason> for pb::StopReason {
     }
 }
 
-impl From<&crate::acp::fold::TurnEnd> for pb::TurnEnded {
-    fn from(end: &crate::acp::fold::TurnEnd) -> Self {
+impl From<&crate::acp::transcript::TurnEnd> for pb::TurnEnded {
+    fn from(end: &crate::acp::transcript::TurnEnd) -> Self {
         Self {
             turn: end.turn,
             request_id: end.request_id.map(|id| id.to_string()).unwrap_or_default(),
@@ -529,9 +529,9 @@ impl From<&crate::acp::fold::TurnEnd> for pb::TurnEnded {
     }
 }
 
-impl From<&crate::acp::fold::Message> for pb::TranscriptMessage {
-    fn from(m: &crate::acp::fold::Message) -> Self {
-        use crate::acp::fold::Role;
+impl From<&crate::acp::transcript::Message> for pb::TranscriptMessage {
+    fn from(m: &crate::acp::transcript::Message) -> Self {
+        use crate::acp::transcript::Role;
         Self {
             id: m.id.clone(),
             turn: m.turn,
@@ -552,7 +552,7 @@ impl From<&crate::acp::fold::Message> for pb::TranscriptMessage {
 }
 
 pub(crate) fn metadata_to_pb(
-    metadata: &crate::acp::fold::Metadata,
+    metadata: &crate::acp::transcript::Metadata,
     status: crate::domain::session::SessionStatus,
 ) -> pb::SessionMetadata {
     pb::SessionMetadata {
@@ -625,7 +625,7 @@ pub(crate) fn stream_event_to_pb(
 pub(crate) fn session_with_reported_to_pb(
     record: &crate::domain::session::SessionRecord,
     head: u64,
-    reported: &crate::acp::fold::Metadata,
+    reported: &crate::acp::transcript::Metadata,
 ) -> pb::AgentSession {
     pb::AgentSession {
         agent_info: agent_info_to_pb(reported),
@@ -637,7 +637,7 @@ pub(crate) fn session_with_reported_to_pb(
     }
 }
 
-fn agent_info_to_pb(metadata: &crate::acp::fold::Metadata) -> Option<pb::AgentInfo> {
+fn agent_info_to_pb(metadata: &crate::acp::transcript::Metadata) -> Option<pb::AgentInfo> {
     metadata.agent_info.as_ref().map(|info| pb::AgentInfo {
         name: info.name.clone(),
         version: info.version.clone(),
@@ -645,7 +645,7 @@ fn agent_info_to_pb(metadata: &crate::acp::fold::Metadata) -> Option<pb::AgentIn
     })
 }
 
-fn usage_to_pb(metadata: &crate::acp::fold::Metadata) -> Option<pb::Usage> {
+fn usage_to_pb(metadata: &crate::acp::transcript::Metadata) -> Option<pb::Usage> {
     metadata.usage.as_ref().map(|usage| pb::Usage {
         used_tokens: usage.used,
         context_size: usage.size,

@@ -34,7 +34,10 @@ use uuid::Uuid;
 
 use super::{SessionEvent, SessionHandle, SharedEntry};
 use crate::{
-    acp::fold::{Fold, Message, TurnEnd},
+    acp::{
+        fold::Fold,
+        transcript::{Message, TurnEnd},
+    },
     domain::{
         Error, ErrorCode, Result,
         queue::QueuedEntry,

@@ -5,7 +5,10 @@
 use std::{path::PathBuf, time::Duration};
 
 use agent_harness::{
-    acp::fold::{ControlKind, Fold, Outcome, Part, Role, StopReason},
+    acp::{
+        fold::Fold,
+        transcript::{ControlKind, Outcome, Part, Role, StopReason},
+    },
     domain::{
         ActionId,
         invocation::DEFAULT_META_KEY,

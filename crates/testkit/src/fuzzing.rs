@@ -255,7 +255,7 @@ pub fn fold_bytes(data: &[u8]) {
 pub fn fold_entries(entries: &[LogEntry]) {
     let mut fold = Fold::new(DEFAULT_META_KEY);
     // What a MESSAGES-view subscriber would hold: the last snapshot of each announced message.
-    let mut announced: BTreeMap<String, agent_harness::acp::fold::Message> = BTreeMap::new();
+    let mut announced: BTreeMap<String, agent_harness::acp::transcript::Message> = BTreeMap::new();
     for entry in entries {
         for id in fold.apply(entry) {
             let message = fold

@@ -5,7 +5,10 @@ use uuid::Uuid;
 
 use super::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Sessions};
 use crate::{
-    acp::fold::{Fold, Message, Metadata, Part, page_turns},
+    acp::{
+        fold::{Fold, page_turns},
+        transcript::{Message, Metadata, Part},
+    },
     domain::{Error, Principal, Result, session::SessionStatus},
 };
 
