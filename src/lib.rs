@@ -35,6 +35,7 @@ pub mod cli;
 pub mod config;
 pub mod domain;
 pub(crate) mod grpc;
+pub(crate) mod net;
 pub mod pb;
 pub(crate) mod session;
 pub mod store;

@@ -245,7 +245,7 @@ pub(crate) fn cleartext_token_warning(url: &str) -> Option<String> {
         return None;
     }
     let host = uri.host()?;
-    if crate::grpc::loopback_only::is_loopback_host(host) {
+    if crate::net::is_loopback_host(host) {
         return None;
     }
     Some(format!(

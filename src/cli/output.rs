@@ -3,7 +3,23 @@
 //! stdout that goes away (`agent-harness sessions list | head`) instead ends the process here,
 //! quietly and with success, as other Unix filters do.
 
-use std::io::{ErrorKind, Write};
+use std::{
+    io::{ErrorKind, Write},
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+/// Whether a spinner frame is on stderr now (so an error message first erases it). The spinner
+/// is drawn by `render`; its state lives here, with the output that must erase it first.
+pub(crate) static SPINNER_SHOWN: AtomicBool = AtomicBool::new(false);
+
+/// Erases the spinner's line on stderr, if one is drawn.
+pub(crate) fn clear_spinner() {
+    if SPINNER_SHOWN.swap(false, Ordering::Relaxed) {
+        let mut err = std::io::stderr();
+        let _ = write!(err, "\r\x1b[K");
+        let _ = err.flush();
+    }
+}
 
 /// Writes `text` to stdout and flushes it (a line at a time, as a terminal shows it).
 pub(crate) fn write(text: &[u8]) {
@@ -12,7 +28,7 @@ pub(crate) fn write(text: &[u8]) {
         Ok(()) => {}
         Err(error) if error.kind() == ErrorKind::BrokenPipe => std::process::exit(0),
         Err(error) => {
-            super::render::clear_spinner();
+            clear_spinner();
             eprintln!("error: cannot write to stdout: {error}");
             std::process::exit(1);
         }

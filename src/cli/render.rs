@@ -4,7 +4,7 @@
 use std::{
     collections::HashMap,
     io::{IsTerminal, Write},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::Ordering,
 };
 
 use super::json::{outcome_name, status_name, stop_reason_name};
@@ -12,17 +12,8 @@ use crate::pb::v1::{self as pb, message_part::Kind};
 
 const SPINNER: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
 
-/// Whether a spinner frame is on stderr now (so an error message first erases it).
-static SPINNER_SHOWN: AtomicBool = AtomicBool::new(false);
-
-/// Erases the spinner's line on stderr, if one is drawn.
-pub(crate) fn clear_spinner() {
-    if SPINNER_SHOWN.swap(false, Ordering::Relaxed) {
-        let mut err = std::io::stderr();
-        let _ = write!(err, "\r\x1b[K");
-        let _ = err.flush();
-    }
-}
+use super::output::SPINNER_SHOWN;
+pub(crate) use super::output::clear_spinner;
 
 /// ANSI styles, or nothing when stdout is not a terminal.
 #[derive(Clone, Copy)]
