@@ -39,7 +39,7 @@ fn main() -> io::Result<()> {
         .compile_fds(descriptors.clone())?;
 
     // The servers once more, into `OUT_DIR/framed`, with one type swapped: Subscribe streams
-    // `SubscribeFrame`, which writes a log entry's encoding shared by every subscriber (SPEC §14:
+    // `SubscribeFrame`, which writes a log entry's encoding shared by every subscriber (docs/benchmarks.md:
     // encode each event once for all of them). Every other type is the one generated above.
     let framed = out_dir.join("framed");
     fs::create_dir_all(&framed)?;

@@ -44,7 +44,7 @@ use crate::{
 /// How long in-flight calls may take to finish once the server stops accepting new ones.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// How often readiness asks the store whether it can serve (SPEC §12, §15).
+/// How often readiness asks the store whether it can serve.
 const STORE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// A store check without an answer in this long counts as a failed one.
 const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
@@ -83,7 +83,7 @@ impl RunningServer {
         self.metrics_addr
     }
 
-    /// SIGTERM (SPEC §12): readiness turns NOT_SERVING at once (liveness stays SERVING); new
+    /// SIGTERM: readiness turns NOT_SERVING at once (liveness stays SERVING); new
     /// sessions and turn-occupying actions are refused with DRAINING while stops and answers are
     /// still accepted; running turns get until the drain grace to end; then streams end with
     /// DRAINING, runtimes are stopped, the log is flushed, and the server stops.
@@ -118,7 +118,7 @@ impl RunningServer {
             sessions
                 .context()
                 .stop_streams(crate::session::subscribe::StreamStop::Draining);
-            // Other replicas may take this one's sessions at once (SPEC §15).
+            // Other replicas may take this one's sessions at once.
             sessions.release_all().await;
         }
         let _ = self.shutdown.send(true);
@@ -151,7 +151,7 @@ impl RunningServer {
     }
 }
 
-/// Readiness follows the store (SPEC §15): the sessions service turns NOT_SERVING while
+/// Readiness follows the store: the sessions service turns NOT_SERVING while
 /// [`Store::check`] fails (a database that cannot be reached) and SERVING again once it
 /// answers, checked every [`STORE_CHECK_INTERVAL`] and logged on each change. An embedded store
 /// always answers.
@@ -251,7 +251,7 @@ async fn open_sessions(
     Ok((Sessions::open(ctx).await?, store))
 }
 
-/// The token this replica presents when it forwards a call to a peer (SPEC §15), from
+/// The token this replica presents when it forwards a call to a peer, from
 /// `replica_token_file`; none without tokens (every caller is `local` then).
 fn replica_token(config: &ServeConfig) -> anyhow::Result<Option<String>> {
     let Some(path) = &config.replica_token_file else {
@@ -431,7 +431,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     }
     let server = builder
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
-        // Browsers (SPEC §17): HTTP/1.1, the console and gRPC-Web only when configured.
+        // Browsers: HTTP/1.1, the console and gRPC-Web only when configured.
         .accept_http1(config.browser.grpc_web_enabled())
         // No DNS rebinding: with no tokens, browsers are served only from loopback pages.
         .layer(tower::util::option_layer(

@@ -1,6 +1,6 @@
 //! agent-harness: a gRPC service that bridges callers to coding agents speaking ACP.
 //!
-//! The layout follows the data flow of SPEC §2, in layers that point one way (`tests/layers.rs`
+//! The layout follows the data flow (docs/design.md), in layers that point one way (`tests/layers.rs`
 //! enforces it): transport → engine → runtime transport and storage → domain.
 //! - transport: `grpc` (thin tonic services, proto ↔ engine conversions, the error table,
 //!   authentication) and `auth` (the tokens file, TLS settings);

@@ -25,7 +25,7 @@ struct Cli {
 enum Command {
     /// Serve the gRPC API (SQLite in the data dir and the built-in `mock` profile by default).
     Serve(Box<ServeArgs>),
-    /// Run agents here for a harness elsewhere: dial its RuntimeGatewayService (SPEC §16).
+    /// Run agents here for a harness elsewhere: dial its RuntimeGatewayService.
     Bridge(agent_harness::bridge::BridgeArgs),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),

@@ -1,4 +1,4 @@
-//! The layers of SPEC §2 point one way: transport (`grpc`, `auth`) → engine (`session`) → runtime
+//! The layers (docs/design.md) point one way: transport (`grpc`, `auth`) → engine (`session`) → runtime
 //! transport (`acp`) and storage (`store`) → `domain`. This test reads every `src/**/*.rs`, collects
 //! the top-level modules each one names through `crate::…` (in `use` lines, grouped
 //! `use crate::{a, b::c}` forms and inline paths alike), and fails naming the file and the edge

@@ -1,4 +1,4 @@
-// The built-in console (SPEC §17): a page served by the harness itself at `/`, talking gRPC-Web
+// The built-in console: a page served by the harness itself at `/`, talking gRPC-Web
 // to the same origin. No framework: the DOM is built with `el()`, and text from the server is
 // only ever set as text (an agent's output must never become markup).
 
@@ -211,7 +211,7 @@ async function openSession(id: string | null) {
     return;
   }
   // Follow the stream; when it drops (a restart, a network blip) resume after the last offset
-  // seen, so nothing is shown twice or lost (SPEC §9.4).
+  // seen, so nothing is shown twice or lost.
   let after = 0n;
   let dropped = false;
   while (!abort.signal.aborted && current === me) {

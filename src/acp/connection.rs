@@ -201,7 +201,7 @@ impl LineWriter {
 
     /// Queues one line (without its newline). Fails when the runtime has stopped reading; a
     /// full queue is then also reported as [`Inbound::WriteFailed`], so the line that could not
-    /// be queued ends in a fault (SPEC §8) rather than being dropped unnoticed.
+    /// be queued ends in a fault rather than being dropped unnoticed.
     pub(crate) fn send(&self, line: Arc<str>) -> Result<(), &'static str> {
         self.lines.try_send(line).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {

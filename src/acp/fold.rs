@@ -1,4 +1,4 @@
-//! The fold (SPEC §9.3): a pure, deterministic, incremental function from a session's ordered log
+//! The fold: a pure, deterministic, incremental function from a session's ordered log
 //! entries to the transcript people read — messages and session metadata. The same entries always
 //! give the same transcript; folding is incremental so live subscribers pay per entry.
 //!
@@ -104,7 +104,7 @@ pub struct Fold {
     /// Turns ended by the entries folded since [`Fold::take_turn_ends`] was last called.
     ended: Vec<TurnEnd>,
     /// Set when an entry ended a turn or showed a new pending interaction: what a subscriber waits
-    /// for, never to be held back by coalescing (SPEC §9.4).
+    /// for, never to be held back by coalescing.
     urgent: bool,
 }
 
@@ -576,7 +576,7 @@ impl Fold {
         if let Some(Value::Array(options)) = result.config_options {
             self.adopt_config_options(options);
         }
-        // Only `initialize` answers with these (SPEC §18: what the agent says about itself).
+        // Only `initialize` answers with these (what the agent says about itself).
         if let Some(capabilities) = &result.agent_capabilities {
             self.metadata.agent_capabilities_json = bounded_json(capabilities);
         }

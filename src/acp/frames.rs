@@ -1,4 +1,4 @@
-//! Actions → exact ACP JSON-RPC frames (SPEC §4), and the reverse: recognising the action a
+//! Actions → exact ACP JSON-RPC frames, and the reverse: recognising the action a
 //! logged outbound frame carried. Also the harness's own handshake frames. Pure: no I/O.
 
 use serde_json::{Map, Value, json};
@@ -311,7 +311,7 @@ pub fn is_invocation_block(block: &Value, meta_key: &str) -> bool {
         .is_some()
 }
 
-/// Recognises the action a logged outbound frame carried (SPEC §4, reverse): set_config_option
+/// Recognises the action a logged outbound frame carried (the reverse): set_config_option
 /// on the model option → setModel, on another → setConfigOption; `session/cancel` → stop; a
 /// prompt that is exactly one text block `/compact` (hidden blocks ignored) → compact, any other
 /// prompt → prompt with its user text and attachments read back; a response carrying a

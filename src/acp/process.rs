@@ -1,4 +1,4 @@
-//! Starting and stopping runtime processes (SPEC §8): the session's cwd, an explicit environment,
+//! Starting and stopping runtime processes: the session's cwd, an explicit environment,
 //! its own process group, killed if the harness dies, stderr drained into a bounded tail, and a
 //! record on disk so a later harness process can reap runtimes left over from a crash.
 //!
@@ -409,7 +409,7 @@ pub struct RuntimeKiller {
 }
 
 impl RuntimeKiller {
-    /// A killer of a remote runtime (SPEC §16): `kill` tells its task to ask the bridge.
+    /// A killer of a remote runtime: `kill` tells its task to ask the bridge.
     pub(crate) fn remote(kill: oneshot::Sender<()>) -> Self {
         Self {
             kill: Some(kill),

@@ -1,4 +1,4 @@
-//! Remote runtimes (SPEC §16): agents a bridge runs elsewhere, reached over the bridge's one
+//! Remote runtimes: agents a bridge runs elsewhere, reached over the bridge's one
 //! `Connect` stream. To the session actor a remote runtime looks exactly like a local child: a
 //! byte pipe of JSON-RPC lines each way (an in-memory duplex), a stderr tail, an exit, a killer.
 //! So the actor, log-before-act, faults and reopen are the same code for both.
@@ -43,7 +43,7 @@ const RUNTIME_EVENTS: usize = 64;
 const PIPE_BYTES: usize = 256 * 1024;
 /// How long a send to a bridge stream may wait before the stream counts as broken.
 const SEND_STALL: Duration = Duration::from_secs(10);
-/// The default of `reconnect_grace` (SPEC §16).
+/// The default of `reconnect_grace`.
 pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(30);
 
 /// Bounds of a bridge's hello: it is kept in memory for as long as the bridge is connected,
@@ -226,7 +226,7 @@ pub struct Gateway {
     changed: Notify,
 }
 
-/// A connected bridge as other replicas should see it (SPEC §16).
+/// A connected bridge as other replicas should see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeSummary {
     pub bridge_id: String,

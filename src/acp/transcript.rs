@@ -155,7 +155,7 @@ pub struct Message {
     pub actor: String,
     pub first_offset: u64,
     pub last_offset: u64,
-    /// From the parent of a fork, up to the fork point (SPEC §18); offsets are the parent's.
+    /// From the parent of a fork, up to the fork point; offsets are the parent's.
     pub inherited: bool,
 }
 
@@ -174,7 +174,7 @@ pub struct Metadata {
     pub config_options_json: String,
     pub available_commands_json: String,
     pub pending_interactions: Vec<JsonRpcId>,
-    /// What the agent says it is (`initialize` → `agentInfo`), when it says (SPEC §18).
+    /// What the agent says it is (`initialize` → `agentInfo`), when it says.
     pub agent_info: Option<AgentInfo>,
     /// `initialize` → `agentCapabilities`, as JSON; empty before the handshake.
     pub agent_capabilities_json: String,

@@ -1,4 +1,4 @@
-//! Authentication material (SPEC §11): bearer tokens from the tokens file, reloaded on SIGHUP or
+//! Authentication material: bearer tokens from the tokens file, reloaded on SIGHUP or
 //! when the file changes, with revocation of open streams; and the server's TLS settings.
 //!
 //! The transport side (reading `authorization`, putting a principal on each request, ending a

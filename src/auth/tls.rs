@@ -81,7 +81,7 @@ pub(crate) fn server_config(files: &TlsFiles) -> anyhow::Result<ServerTlsConfig>
     Ok(config)
 }
 
-/// How this replica dials its peers when it serves TLS itself (SPEC §15): trusting `peer_ca`
+/// How this replica dials its peers when it serves TLS itself: trusting `peer_ca`
 /// (else the client CA, the usual single internal CA), and — when the peers require client
 /// certificates — presenting its own certificate, which must then be issued by their client CA.
 pub(crate) fn peer_client_config(

@@ -1,4 +1,4 @@
-//! The tokens file (SPEC §11) and the table it loads into.
+//! The tokens file and the table it loads into.
 //!
 //! ```toml
 //! [[tokens]]
@@ -46,7 +46,7 @@ enum KindField {
     User,
     Service,
     Replica,
-    /// A bridge (SPEC §16): it may call only `RuntimeGatewayService.Connect`.
+    /// A bridge: it may call only `RuntimeGatewayService.Connect`.
     Runtime,
 }
 

@@ -1,4 +1,4 @@
-//! `agent-harness bridge` (SPEC §16): runs agents where the code is and dials the harness's
+//! `agent-harness bridge`: runs agents where the code is and dials the harness's
 //! `RuntimeGatewayService.Connect`. The harness names one of the bridge's own profiles, a cwd
 //! and a session; it never sends a command line.
 //!
@@ -78,7 +78,7 @@ pub struct BridgeArgs {
     pub tls_ca_file: Option<PathBuf>,
 }
 
-/// A bridge profile: what to run (SPEC §16).
+/// A bridge profile: what to run.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BridgeProfile {

@@ -1,5 +1,5 @@
 //! `follow` and `prompt --follow`: the MESSAGES view of Subscribe, rendered live, resumed from the
-//! last event's offset when the connection drops (SPEC §9.4's resume rule), with interactive
+//! last event's offset when the connection drops (the resume rule), with interactive
 //! answers on a terminal.
 
 use std::{io::BufRead, time::Duration};
@@ -79,7 +79,7 @@ pub(crate) async fn run(
             };
             failing_since = None;
             backoff = Duration::from_millis(100);
-            // Every event's offset is a resume cursor (SPEC §9.4).
+            // Every event's offset is a resume cursor.
             cursor = event.offset;
             if options.json {
                 outln!("{}", json::event(&event));

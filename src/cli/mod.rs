@@ -1,4 +1,4 @@
-//! The subcommands for people at a terminal (SPEC §17): `sessions`, `prompt`, `follow`, `answer`
+//! The subcommands for people at a terminal: `sessions`, `prompt`, `follow`, `answer`
 //! and `log`. They are a gRPC *client* of the service: they speak only the generated `pb` types
 //! over a tonic channel, exactly as any other caller would, and never reach into the engine.
 

@@ -1,4 +1,4 @@
-//! Configuration of `serve` (SPEC §12): command-line flags, each with an `AGENT_HARNESS_*`
+//! Configuration of `serve`: command-line flags, each with an `AGENT_HARNESS_*`
 //! environment fallback, over a TOML config file whose top-level keys mirror the flags in
 //! snake_case, over defaults. Unknown keys in the file are an error naming the key.
 
@@ -144,7 +144,7 @@ pub struct ServeArgs {
     /// How long running turns may take to end after SIGTERM [default: 30s]
     #[arg(long, env = "AGENT_HARNESS_DRAIN_GRACE", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub drain_grace: Option<Duration>,
-    /// HOST:PORT other replicas dial to reach this one (SPEC §15) [default: the bound listen
+    /// HOST:PORT other replicas dial to reach this one [default: the bound listen
     /// address]
     #[arg(
         long,
@@ -152,7 +152,7 @@ pub struct ServeArgs {
         value_name = "HOST:PORT"
     )]
     pub advertise_address: Option<String>,
-    /// How long a replica's hold on a session lasts unless renewed (SPEC §15) [default: 10s]
+    /// How long a replica's hold on a session lasts unless renewed [default: 10s]
     #[arg(long, env = "AGENT_HARNESS_LEASE_TTL", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub lease_ttl: Option<Duration>,
     /// File holding the token this replica presents to its peers when it forwards a call (a
@@ -163,7 +163,7 @@ pub struct ServeArgs {
     /// replica forwards a call to one [default: tls_client_ca]
     #[arg(long, env = "AGENT_HARNESS_REPLICA_TLS_CA", value_name = "PATH")]
     pub replica_tls_ca: Option<PathBuf>,
-    /// An origin (scheme://host[:port]) whose pages may call over gRPC-Web (SPEC §17); repeat
+    /// An origin (scheme://host[:port]) whose pages may call over gRPC-Web; repeat
     /// for several. Any origin enables gRPC-Web [default: none]
     #[arg(
         long = "cors-allow-origin",
@@ -259,7 +259,7 @@ impl ServiceSet {
     }
 }
 
-/// What a browser may reach (SPEC §17): none of it unless configured.
+/// What a browser may reach: none of it unless configured.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BrowserConfig {
     /// Origins allowed by CORS, exactly as browsers send them (`https://ui.example:8443`).
@@ -326,23 +326,23 @@ pub struct ServeConfig {
     pub insecure_allow_non_loopback: bool,
     pub log_format: LogFormat,
     pub sqlite_synchronous: SqliteSynchronous,
-    /// PostgreSQL instead of SQLite (SPEC §15). May hold a password: it never prints.
+    /// PostgreSQL instead of SQLite. May hold a password: it never prints.
     pub database_url: Option<DatabaseUrl>,
     /// How long one store statement (PostgreSQL; a SQLite read) may run before it is cancelled.
     pub statement_timeout: Duration,
     pub drain_grace: Duration,
     /// HOST:PORT other replicas dial (`None`: the bound listen address).
     pub advertise_address: Option<String>,
-    /// How long a lease on a session lasts unless renewed (SPEC §15).
+    /// How long a lease on a session lasts unless renewed.
     pub lease_ttl: Duration,
-    /// The token presented to peer replicas when forwarding (SPEC §15).
+    /// The token presented to peer replicas when forwarding.
     pub replica_token_file: Option<PathBuf>,
-    /// The CA trusted for peer replicas' certificates when forwarding over TLS (SPEC §15).
+    /// The CA trusted for peer replicas' certificates when forwarding over TLS.
     pub replica_tls_ca: Option<PathBuf>,
     pub invocation_meta_key: String,
     pub limits: Limits,
     pub profiles: BTreeMap<String, Arc<Profile>>,
-    /// gRPC-Web, CORS and the console (SPEC §17).
+    /// gRPC-Web, CORS and the console.
     pub browser: BrowserConfig,
 }
 

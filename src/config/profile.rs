@@ -1,4 +1,4 @@
-//! Runtime profiles (SPEC §8): how to start an ACP runtime. From `[profiles.<name>]` tables in
+//! Runtime profiles: how to start an ACP runtime. From `[profiles.<name>]` tables in
 //! the config file, plus the built-in `mock` profile that runs our own scripted agent.
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
@@ -18,7 +18,7 @@ pub enum ProfileKind {
     /// A child process of the harness.
     #[default]
     Local,
-    /// On a bridge that dialled in (SPEC §16).
+    /// On a bridge that dialled in.
     Remote,
 }
 
@@ -54,7 +54,7 @@ pub struct ProfileFile {
     /// Remote: the principals (of their runtime tokens) whose bridges may run this profile's
     /// runtimes; unset, any bridge with the labels may.
     pub bridge_principals: Option<Vec<String>>,
-    /// Local: runtimes kept started and initialized for new sessions (SPEC §18).
+    /// Local: runtimes kept started and initialized for new sessions.
     #[serde(default)]
     pub warm_pool: usize,
 }

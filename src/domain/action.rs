@@ -1,4 +1,4 @@
-//! The seven actions a caller can send to a session (SPEC §3.1, §4), in their plain-Rust form.
+//! The seven actions a caller can send to a session, in their plain-Rust form.
 //! The serde form (`{"type":"prompt","prompt":"hi"}`) is the one stored in the queue and the
 //! action-id table.
 

@@ -1,4 +1,4 @@
-//! Action ids (SPEC §5.1): a UUID v7 names one action end to end — the Control reply, the queue
+//! Action ids: a UUID v7 names one action end to end — the Control reply, the queue
 //! entry, the JSON-RPC id of the dispatched request, every log entry it caused, and the folded
 //! message's `request_id`.
 

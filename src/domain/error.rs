@@ -37,11 +37,11 @@ pub enum ErrorCode {
     NotConfigured,
     Unimplemented,
     Internal,
-    /// `expect = EXPECT_IDLE` on a session that is not idle with an empty queue (SPEC §18).
+    /// `expect = EXPECT_IDLE` on a session that is not idle with an empty queue.
     SessionBusy,
-    /// The agent does not support what was asked, e.g. forking (SPEC §18).
+    /// The agent does not support what was asked, e.g. forking.
     NotSupported,
-    /// The store's database cannot be reached right now (SPEC §15); nothing was stored, and the
+    /// The store's database cannot be reached right now; nothing was stored, and the
     /// same request may be retried.
     StoreUnavailable,
     /// A request that does not decode: bad protobuf, a string that is not UTF-8, messages
@@ -184,7 +184,7 @@ impl Error {
         Self::new(ErrorCode::InvalidArgument, message)
     }
 
-    /// A limit of SPEC §11 was exceeded; names the limit and its maximum.
+    /// A limit of the `[limits]` table was exceeded; names the limit and its maximum.
     pub fn limit(limit: &str, max: impl fmt::Display, what: impl fmt::Display) -> Self {
         Self::new(
             ErrorCode::LimitExceeded,

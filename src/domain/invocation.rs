@@ -1,4 +1,4 @@
-//! The hidden invocation block (SPEC §5.2): every dispatched prompt ends with one text block that
+//! The hidden invocation block: every dispatched prompt ends with one text block that
 //! tells the agent which turn it is in, marked by a `_meta` key so the fold can leave it out. User
 //! text is escaped so nobody can forge the block, and the escaping is exactly reversible so the
 //! fold shows the user's text as written.

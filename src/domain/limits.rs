@@ -1,4 +1,4 @@
-//! Input limits (SPEC §11) and the validation of caller-supplied actions against them. Every
+//! Input limits and the validation of caller-supplied actions against them. Every
 //! violation is a clear error and nothing is stored.
 
 use serde::Deserialize;

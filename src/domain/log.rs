@@ -1,4 +1,4 @@
-//! A session's log entries (SPEC §9.1): frames exchanged with the runtime, exactly as sent or
+//! A session's log entries: frames exchanged with the runtime, exactly as sent or
 //! received, and harness events. Plain data; the store persists them.
 
 use std::time::SystemTime;

@@ -1,4 +1,4 @@
-//! What opened a session (SPEC §10.2): a chat mention or a task assignment.
+//! What opened a session: a chat mention or a task assignment.
 
 /// A chat-channel message.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

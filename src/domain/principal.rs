@@ -1,4 +1,4 @@
-//! Who is calling (SPEC §11). Extracted from each request by the transport and passed into every
+//! Who is calling. Extracted from each request by the transport and passed into every
 //! operation.
 
 /// What kind of caller a principal is.
@@ -10,10 +10,10 @@ pub enum PrincipalKind {
     Service,
     /// The only principal when no tokens are configured: it has both user and service rights.
     Local,
-    /// A peer replica forwarding a call (SPEC §15): it has no rights of its own and acts only
+    /// A peer replica forwarding a call: it has no rights of its own and acts only
     /// as the principal it forwards for.
     Replica,
-    /// A bridge running agents elsewhere (SPEC §16): it may call only
+    /// A bridge running agents elsewhere: it may call only
     /// `RuntimeGatewayService.Connect`, and nobody else may.
     Runtime,
 }

@@ -1,4 +1,4 @@
-//! The per-session queue of turn-occupying actions (SPEC §6): FIFO, capped, interrupts go to the
+//! The per-session queue of turn-occupying actions: FIFO, capped, interrupts go to the
 //! front, queued prompts are editable and removable until dispatched. Pure: the session actor
 //! owns one and persists every change through the store.
 

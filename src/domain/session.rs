@@ -1,4 +1,4 @@
-//! The agent session record and its status (SPEC §3.3).
+//! The agent session record and its status.
 
 use std::{collections::BTreeMap, time::SystemTime};
 
@@ -70,13 +70,13 @@ pub struct SessionRecord {
     pub labels: BTreeMap<String, String>,
     pub profile_fingerprint: String,
     pub editors: Vec<String>,
-    /// A digest of the creating request, so an idempotent retry is recognised (SPEC §3.3).
+    /// A digest of the creating request, so an idempotent retry is recognised.
     pub request_fingerprint: String,
     /// Whether the runtime advertised `session/resume` / `session/load` (how to reopen).
     pub can_resume: bool,
     pub can_load: bool,
     /// The action id of the prompt given at creation, if any: an idempotent CreateSession retry
-    /// answers with it (SPEC §3.3). Set once, when the session is stored.
+    /// answers with it. Set once, when the session is stored.
     pub first_action_id: Option<crate::domain::ActionId>,
 }
 

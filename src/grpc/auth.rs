@@ -23,14 +23,14 @@ use crate::{
 
 /// Header naming the user a service acts for.
 pub(crate) const ACTING_USER_HEADER: &str = "x-acting-user";
-/// Headers a `replica` principal sets on a forwarded call (SPEC §15): the original caller's id
+/// Headers a `replica` principal sets on a forwarded call: the original caller's id
 /// and kind. Only a replica may send them; from anyone else they are FORBIDDEN.
 pub(crate) const FORWARDED_PRINCIPAL_HEADER: &str = "x-forwarded-principal";
 pub(crate) const FORWARDED_KIND_HEADER: &str = "x-forwarded-principal-kind";
 /// Longest bearer token read, in bytes; anything longer cannot be one of ours.
 const MAX_TOKEN_BYTES: usize = 4096;
 
-/// Authenticates requests (SPEC §11).
+/// Authenticates requests.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Authenticator {
     tokens: Option<Arc<TokenStore>>,
@@ -74,7 +74,7 @@ impl Authenticator {
     }
 
     /// The same tokens, for `RuntimeGatewayService`: only bridges (`runtime` tokens, or `local`
-    /// without tokens) may call it, and they may call nothing else (SPEC §11, §16).
+    /// without tokens) may call it, and they may call nothing else.
     pub(crate) fn for_gateway(&self) -> Self {
         Self {
             tokens: self.tokens.clone(),
@@ -146,7 +146,7 @@ impl Authenticator {
     }
 }
 
-/// The principal a peer replica forwards a call for (SPEC §15), if the call carries one.
+/// The principal a peer replica forwards a call for, if the call carries one.
 /// Without tokens every caller, forwarded or not, is `local` and the headers change nothing.
 fn forwarded_principal(
     metadata: &MetadataMap,
@@ -183,7 +183,7 @@ fn forwarded_principal(
     let kind = match kind {
         "user" => PrincipalKind::User,
         "service" => PrincipalKind::Service,
-        // A bridge's stream relayed to the replica owning its runtimes (SPEC §16); such a
+        // A bridge's stream relayed to the replica owning its runtimes; such a
         // principal may call Connect only, as the bridge itself.
         "runtime" => PrincipalKind::Runtime,
         other => {
@@ -256,8 +256,8 @@ pub(crate) fn credential<T>(request: &Request<T>) -> Option<Credential> {
     request.extensions().get::<Credential>().cloned()
 }
 
-/// A server stream that ends with UNAUTHENTICATED as soon as `credential` is revoked (SPEC
-/// §9.4), whatever the inner stream is doing (catching up, live, or idle). Without a credential
+/// A server stream that ends with UNAUTHENTICATED as soon as `credential` is revoked,
+/// whatever the inner stream is doing (catching up, live, or idle). Without a credential
 /// the stream is returned as it is.
 pub(crate) fn end_when_revoked<T: Send + 'static>(
     stream: Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>,

@@ -1,4 +1,4 @@
-//! The browser's way in (SPEC §17): gRPC-Web beside native gRPC on the same port, a CORS
+//! The browser's way in: gRPC-Web beside native gRPC on the same port, a CORS
 //! allowlist for pages served elsewhere, and the built-in console at `/`.
 //!
 //! Everything here is off unless configured, so a deployment that asks for none of it sees no
@@ -31,7 +31,7 @@ pub(crate) struct BrowserOptions {
 }
 
 /// Request headers a gRPC-Web page sends: the protocol's own, the bearer token and the acting
-/// user of SPEC §11.
+/// user (docs/security.md).
 const ALLOWED_HEADERS: [&str; 7] = [
     "content-type",
     "x-grpc-web",

@@ -1,4 +1,4 @@
-//! The built-in console's files (SPEC §17), compiled into the binary from `console/dist/`
+//! The built-in console's files, compiled into the binary from `console/dist/`
 //! (built from `console/src/` by `console/build.sh`; `scripts/test browser` checks the
 //! committed bundle is current). Nothing is fetched at run time.
 

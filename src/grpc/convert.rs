@@ -619,9 +619,9 @@ pub(crate) fn stream_event_to_pb(
     }
 }
 
-// ---- agent features (SPEC §18) -----------------------------------------------------------
+// ---- agent features -----------------------------------------------------------
 
-/// A session with what its agent reported about itself (SPEC §18).
+/// A session with what its agent reported about itself.
 pub(crate) fn session_with_reported_to_pb(
     record: &crate::domain::session::SessionRecord,
     head: u64,

@@ -1,4 +1,4 @@
-//! Forwarding between replicas (SPEC §15). Every `AgentSessionService` call runs here first; a
+//! Forwarding between replicas. Every `AgentSessionService` call runs here first; a
 //! call for a session another live replica owns comes back from the registry as "owned
 //! elsewhere" (with the owner's advertised address) and is sent on to that replica over gRPC,
 //! as the caller's principal. The hop authenticates with this replica's `replica` token and
@@ -276,7 +276,7 @@ impl AgentSessionService for RoutedSessions {
         request: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
         // Created here, owned here; but a remote profile's session is created on the replica
-        // holding a matching bridge's stream (SPEC §16), which also starts its runtime.
+        // holding a matching bridge's stream, which also starts its runtime.
         self.unary_within(
             CREATE_FORWARD_TIMEOUT,
             request,

@@ -1,4 +1,4 @@
-//! One `SubscribeResponse` on the wire, as the server writes it (SPEC §14: encode each event once
+//! One `SubscribeResponse` on the wire, as the server writes it (encode each event once
 //! for all subscribers).
 //!
 //! A live log entry goes to every subscriber of its session. Converting it to protobuf and

@@ -1,4 +1,4 @@
-//! `RuntimeGatewayService`: bridges dialling in with the runtimes they run (SPEC §16). Thin: the
+//! `RuntimeGatewayService`: bridges dialling in with the runtimes they run. Thin: the
 //! first message must be a hello; the rest is decoded into the engine's bridge messages and
 //! served by [`Gateway::serve`]; what the engine sends back is encoded on the way out.
 //!

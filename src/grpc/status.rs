@@ -1,4 +1,4 @@
-//! The one table from domain errors to gRPC statuses (SPEC §3.9). Every status carries a
+//! The one table from domain errors to gRPC statuses. Every status carries a
 //! `google.rpc.ErrorInfo` (domain `agent-harness`, reason = the stable code) so clients branch
 //! on codes, never on text.
 
@@ -175,7 +175,7 @@ mod tests {
         assert_eq!(to_status(&Error::invalid("short")).message(), "short");
     }
 
-    /// SPEC §3.9, row by row: (code, gRPC code, reason).
+    /// The table of README, "Errors", row by row: (code, gRPC code, reason).
     const TABLE: &[(ErrorCode, Code, &str)] = &[
         (
             ErrorCode::InvalidArgument,

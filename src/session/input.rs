@@ -12,7 +12,7 @@ pub(crate) struct ControlInput {
     pub action_id: Option<ActionId>,
     pub context: Option<Map<String, Value>>,
     pub interrupt: bool,
-    /// Admit a prompt or compact only when the session is idle with an empty queue (SPEC §18).
+    /// Admit a prompt or compact only when the session is idle with an empty queue.
     pub expect_idle: bool,
     pub action: Action,
 }

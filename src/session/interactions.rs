@@ -1,4 +1,4 @@
-//! Requests the agent made of a person, held until answered (SPEC §7): permission requests (any
+//! Requests the agent made of a person, held until answered: permission requests (any
 //! number) and at most one session-scoped elicitation. Pure bookkeeping; the actor does the I/O.
 
 use std::time::Instant;
@@ -21,7 +21,7 @@ pub(crate) struct OfferedOption {
 pub(crate) struct HeldPermission {
     pub id: JsonRpcId,
     pub options: Vec<OfferedOption>,
-    /// When the profile's `permission_timeout` answers it (SPEC §18).
+    /// When the profile's `permission_timeout` answers it.
     pub deadline: Option<Instant>,
 }
 

@@ -1,4 +1,4 @@
-//! What the engine reports to the metrics recorder (SPEC §12): counters pushed where things
+//! What the engine reports to the metrics recorder: counters pushed where things
 //! happen, and a snapshot of the registry's gauges taken when someone scrapes. The `metrics`
 //! facade is the only dependency, so the engine knows nothing of how metrics are exported.
 
@@ -46,6 +46,6 @@ pub(crate) struct Gauges {
     pub subscribers: u64,
     /// Runtime processes alive now (warm ones included).
     pub live_runtimes: u64,
-    /// Per warm pool (SPEC §18): profile, the size it is kept at, runtimes ready now.
+    /// Per warm pool: profile, the size it is kept at, runtimes ready now.
     pub warm_pools: Vec<(String, u64, u64)>,
 }

@@ -54,7 +54,7 @@ pub(crate) enum SessionEvent {
 
 /// A log entry as the live feed hands it to every subscriber, with a slot where the gRPC layer
 /// keeps its wire encoding: an entry going to a thousand streams is encoded once, not a thousand
-/// times (SPEC §14, fan-out). The session layer never reads or writes the slot.
+/// times (docs/benchmarks.md, fan-out). The session layer never reads or writes the slot.
 #[derive(Debug)]
 pub(crate) struct SharedEntry {
     entry: LogEntry,
@@ -91,11 +91,11 @@ pub(crate) struct EngineOptions {
     pub static_files_base_url: Option<String>,
     /// Whether tokens are configured (then a profile without allowed cwd roots refuses all).
     pub tokens_configured: bool,
-    /// This replica among others on one database (SPEC §15).
+    /// This replica among others on one database.
     pub replica: ReplicaOptions,
 }
 
-/// Who this replica is and how it holds sessions (SPEC §15).
+/// Who this replica is and how it holds sessions.
 #[derive(Debug, Clone)]
 pub(crate) struct ReplicaOptions {
     /// The lease holder name: a random id minted at start, then `@` and the advertised address,
@@ -130,9 +130,9 @@ pub(crate) struct EngineContext {
     limits: Arc<Limits>,
     profiles: BTreeMap<String, Arc<Profile>>,
     registry: RuntimeRegistry,
-    /// Bridges that dialled in, and the remote runtimes placed on them (SPEC §16).
+    /// Bridges that dialled in, and the remote runtimes placed on them.
     gateway: Arc<crate::acp::remote::Gateway>,
-    /// One permit per live runtime process (SPEC §8: the live-runtime cap).
+    /// One permit per live runtime process (the live-runtime cap).
     runtime_slots: Arc<Semaphore>,
     meta_key: String,
     translator: Translator,
@@ -147,7 +147,7 @@ pub(crate) struct EngineContext {
     /// Streams of sessions whose actor runs elsewhere, per session (held to the subscriber cap).
     remote_streams: subscribe::RemoteStreams,
     replica: ReplicaOptions,
-    /// The warm pools of profiles with `warm_pool > 0` (SPEC §18), by profile name.
+    /// The warm pools of profiles with `warm_pool > 0`, by profile name.
     warm_pools: BTreeMap<String, Arc<warm::WarmPool>>,
 }
 
@@ -252,15 +252,15 @@ pub(crate) struct Shared {
     events: Mutex<Option<broadcast::Sender<SessionEvent>>>,
     pub subscribers: AtomicUsize,
     queue_len: AtomicUsize,
-    /// The fence of this replica's lease on the session (SPEC §15); `None` with one replica.
+    /// The fence of this replica's lease on the session; `None` with one replica.
     pub fence: Option<u64>,
     /// Set once the lease is lost (taken by another replica, or a write was fenced off): the
     /// actor stops its runtime at once and this handle is never used again.
     lost: tokio::sync::watch::Sender<bool>,
-    /// The bridge running the session's runtime now, if it is remote (SPEC §16).
+    /// The bridge running the session's runtime now, if it is remote.
     pub(crate) bridge: Mutex<Option<String>>,
     /// The transcript as GetTranscript last folded it: the next call folds only the entries
-    /// committed since (SPEC §9.3). Dropped with the session's handle.
+    /// committed since. Dropped with the session's handle.
     pub(crate) transcript: tokio::sync::Mutex<Option<crate::acp::fold::Fold>>,
 }
 
@@ -411,7 +411,7 @@ pub(crate) enum Command {
     Drain {
         reply: Reply<()>,
     },
-    /// The session's bridge now serves another replica (SPEC §16): if idle, stop the runtime
+    /// The session's bridge now serves another replica: if idle, stop the runtime
     /// (SUSPENDED) and stop the actor, so the lease can go there. Whether it did.
     HandOff {
         reply: Reply<bool>,

@@ -1,4 +1,4 @@
-//! A runtime profile as the engine applies it (SPEC §8): how to launch the runtime, how to answer
+//! A runtime profile as the engine applies it: how to launch the runtime, how to answer
 //! its permission requests, where its sessions may work, and how long to wait for it. `config`
 //! builds these from the config file; the built-in `mock` profile runs our own scripted agent.
 
@@ -23,7 +23,7 @@ pub enum PermissionPolicy {
     AutoAccept,
 }
 
-/// What a permission rule decides (SPEC §18).
+/// What a permission rule decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RuleDecision {
@@ -89,14 +89,14 @@ pub struct Profile {
     pub startup_timeout: Duration,
     pub cancel_grace: Duration,
     pub idle_timeout: Option<Duration>,
-    /// Applied in order before `permission_policy`; the first match decides (SPEC §18).
+    /// Applied in order before `permission_policy`; the first match decides.
     pub permission_rules: Vec<PermissionRule>,
     /// A request held this long is answered with its first reject option, else `cancelled`.
     pub permission_timeout: Option<Duration>,
-    /// `Some` for a profile of `kind = "remote"` (SPEC §16): its runtimes run on a bridge, and
+    /// `Some` for a profile of `kind = "remote"`: its runtimes run on a bridge, and
     /// `command`, `args` and `env` are unused (the bridge's own profile says what to run).
     pub remote: Option<RemoteTarget>,
-    /// Runtimes kept started and initialized for new sessions (SPEC §18); 0 for none. Local
+    /// Runtimes kept started and initialized for new sessions; 0 for none. Local
     /// profiles only. Not part of the fingerprint: it changes when a runtime starts, not what
     /// it is.
     pub warm_pool: usize,
@@ -132,7 +132,7 @@ impl Profile {
         Self {
             name: MOCK_PROFILE.to_owned(),
             command: program,
-            // It advertises resume so sessions on the embedded default survive a restart (SPEC §8).
+            // It advertises resume so sessions on the embedded default survive a restart.
             args: vec!["mock-agent".to_owned(), "--resume".to_owned()],
             env: BTreeMap::new(),
             permission_policy: PermissionPolicy::Ask,

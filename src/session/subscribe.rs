@@ -1,10 +1,10 @@
-//! Subscribe (SPEC §9.4): register for live events first, replay the log from `after_offset + 1`
+//! Subscribe: register for live events first, replay the log from `after_offset + 1`
 //! in bounded pages, send `caught_up`, then stream live. A subscriber that falls behind the live
 //! feed is moved back to reading the log — never an unbounded buffer, never a silent gap: within
 //! one stream every offset arrives once, in order. Each subscriber runs in its own task, so a slow
 //! one never slows the session.
 //!
-//! The resume rule (SPEC §9.4): every event is stamped with a resume cursor, the highest offset
+//! The resume rule: every event is stamped with a resume cursor, the highest offset
 //! up to which everything this view reflects has been sent. Events of one offset that go out
 //! together (an entry and the snapshot it changes, a `turn_ended` entry and its TurnEnded) carry
 //! the previous clean cursor until the last of them, so resubscribing after any event re-sends
@@ -164,11 +164,11 @@ pub(crate) fn start(
     ))
 }
 
-/// Starts a subscription to a session with no actor on this replica (SPEC §15): the store is
+/// Starts a subscription to a session with no actor on this replica: the store is
 /// both the catch-up and the live source. `record` is the session as the caller found it in the
 /// store (its access already checked); `from.head` the store's head.
-/// `streams` counts them per session against `max_subscribers`: the cap holds on each replica
-/// (SPEC §11), as counting across replicas would cost a database round trip per stream.
+/// `streams` counts them per session against `max_subscribers`: the cap holds on each replica,
+/// as counting across replicas would cost a database round trip per stream.
 pub(crate) fn start_remote(
     store: Arc<dyn Store>,
     record: &SessionRecord,

@@ -1,4 +1,4 @@
-//! Warm pools (SPEC §18): a profile with `warm_pool = N` keeps N runtimes started and
+//! Warm pools: a profile with `warm_pool = N` keeps N runtimes started and
 //! initialized (ACP `initialize` answered), so a new session only sends `session/new`.
 //!
 //! One task per pool keeps it full: it starts runtimes one at a time, each holding a
@@ -10,7 +10,7 @@
 //! The handshake is not logged here (no session exists yet): the session that takes a warm
 //! runtime logs the `initialize` request as its own first outbound frame, and the response is
 //! still unread in the bytes handed over with the runtime, so the session reads and logs it
-//! like any other frame before acting on it (SPEC §2: log, then react).
+//! like any other frame before acting on it (log, then react).
 //!
 //! A warm runtime cannot start in its future session's cwd: it starts in the profile's first
 //! `allowed_cwd_roots` entry, else the system's temporary directory, and learns the session's

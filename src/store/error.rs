@@ -21,7 +21,7 @@ pub enum StoreError {
         source: Option<BoxError>,
     },
     /// A write whose fence is no longer the session's current one: another replica has claimed
-    /// the session (SPEC §15). The writer must stop its actor and never write for it again.
+    /// the session. The writer must stop its actor and never write for it again.
     #[error("session {session_id}: write fenced off (fence {fence}, current {})", current.map_or_else(|| "none".to_owned(), |c| c.to_string()))]
     Fenced {
         session_id: Uuid,

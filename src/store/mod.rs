@@ -1,7 +1,7 @@
-//! Durable storage of sessions, their logs, queues and action ids (SPEC §9.1, §9.2, §6).
+//! Durable storage of sessions, their logs, queues and action ids.
 //!
 //! One [`Store`] trait, written once and implemented per backend: the embedded default on SQLite
-//! ([`sqlite`]), PostgreSQL for several replicas on one database ([`postgres`], SPEC §15) and an
+//! ([`sqlite`]), PostgreSQL for several replicas on one database ([`postgres`]) and an
 //! in-memory one for unit tests ([`memory`]). The same conformance suite ([`conformance`]) runs
 //! against every backend.
 //!
@@ -36,7 +36,7 @@ use crate::domain::{
 };
 pub use error::{BoxError, StoreError};
 
-/// How long one statement may run before the store cancels it (SPEC §20, §21), unless configured
+/// How long one statement may run before the store cancels it, unless configured
 /// otherwise: a PostgreSQL statement (`statement_timeout`), a SQLite read.
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -79,7 +79,7 @@ impl ActionState {
     }
 }
 
-/// An action id as recorded: unique per session forever (SPEC §5.1).
+/// An action id as recorded: unique per session forever.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActionRecord {
     pub action_id: ActionId,
@@ -117,7 +117,7 @@ pub struct Batch {
     pub action_states: Vec<(ActionId, ActionState)>,
     /// The session record as it now stands (replaces the stored one).
     pub session: Option<SessionRecord>,
-    /// The fence of the writer's lease on the session (SPEC §15). With a fence, the batch applies
+    /// The fence of the writer's lease on the session. With a fence, the batch applies
     /// only while that fence is still the session's current one; otherwise it fails whole with a
     /// [`fenced`] error. `None`: no check (one replica, or a store without leases).
     pub fence: Option<u64>,
@@ -146,7 +146,7 @@ pub struct SessionQuery {
     pub after: Option<(SystemTime, Uuid)>,
 }
 
-/// A replica's hold on a session (SPEC §15): while it holds the lease, it alone runs the session's
+/// A replica's hold on a session: while it holds the lease, it alone runs the session's
 /// actor and runtime. `fence` grows by one every time the lease changes hands, so a write carrying
 /// an older fence is recognised as coming from a former owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,7 +158,7 @@ pub struct Lease {
     pub expires_at: SystemTime,
 }
 
-/// A bridge connected to one replica, as that replica publishes it for the others (SPEC §16):
+/// A bridge connected to one replica, as that replica publishes it for the others:
 /// a replica without a matching bridge of its own hands a remote session to the replica whose
 /// stream the bridge holds. Published again well within the TTL; a stale row expires.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -234,7 +234,7 @@ pub trait Store: Send + Sync + 'static {
     /// Stores a new session with an empty log. SESSION_EXISTS if the id is taken.
     async fn create_session(&self, record: &SessionRecord) -> Result<()>;
 
-    /// Applies a batch atomically and durably (SPEC §9.2) before returning. A batch whose first
+    /// Applies a batch atomically and durably before returning. A batch whose first
     /// offset is not head + 1, or that records an existing action id, fails whole and changes
     /// nothing.
     async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()>;
@@ -309,7 +309,7 @@ pub trait Store: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
-    /// Replaces the bridges `replica` publishes with `bridges`, valid for `ttl` (SPEC §16). A
+    /// Replaces the bridges `replica` publishes with `bridges`, valid for `ttl`. A
     /// store serving one process has no other replicas to tell (the default: nothing).
     async fn publish_bridges(
         &self,
@@ -325,7 +325,7 @@ pub trait Store: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
-    /// Wake-ups for subscribers of sessions whose writer may be another replica (SPEC §15), or
+    /// Wake-ups for subscribers of sessions whose writer may be another replica, or
     /// `None` when the store has no way to tell (they then poll). Subscribe before reading.
     fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<Wake>> {
         None

@@ -1,4 +1,4 @@
-//! The PostgreSQL store (SPEC §9.1, §9.2, §15): several replicas on one database.
+//! The PostgreSQL store: several replicas on one database.
 //!
 //! - **Connections**: a `deadpool-postgres` pool of `tokio-postgres` clients, each with its
 //!   prepared statements cached. Chosen over `sqlx` by a measured append of 8-entry batches on
@@ -267,7 +267,7 @@ impl PostgresStore {
                     .trim_start(),
             );
         }
-        // Every statement has a deadline on the server itself (SPEC §20, §21), whatever the
+        // Every statement has a deadline on the server itself, whatever the
         // client does: a query that runs too long is cancelled there, and its connection is
         // free again.
         let connection_options = config.get_options().unwrap_or_default().to_owned();

@@ -1,4 +1,4 @@
-//! The embedded default store on SQLite (SPEC §9.1, §9.2): one database file in the data
+//! The embedded default store on SQLite: one database file in the data
 //! directory, WAL mode, `synchronous=NORMAL` by default (survives a process crash) or `FULL`
 //! (also survives power loss).
 //!

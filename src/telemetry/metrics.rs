@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §12): sessions by status, turns by stop reason, queue depth, frames
+//! Prometheus metrics: sessions by status, turns by stop reason, queue depth, frames
 //! appended, subscribers, RPCs by method and code with latency. Counters are recorded where things
 //! happen (the engine pushes its own, see `session::metrics`); gauges of the session registry are
 //! read through `Sessions::gauges` when scraped, so they are exact.

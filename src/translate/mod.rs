@@ -1,4 +1,4 @@
-//! Channel messages → prompt attachments (SPEC §10.1). Pure translation: the base URL is injected
+//! Channel messages → prompt attachments. Pure translation: the base URL is injected
 //! once at startup (trailing slashes stripped), nothing here reads the environment.
 
 use crate::domain::{

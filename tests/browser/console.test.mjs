@@ -1,4 +1,4 @@
-// The built-in console in real headless Chromium (SPEC §17), run by `scripts/test browser`:
+// The built-in console in real headless Chromium, run by `scripts/test browser`:
 // a real server with the `mock` profile and `--console`; a person's path through the page —
 // create a session, a prompt whose answer streams chunks and a tool call, a permission answered
 // from the page, a long turn stopped, a reload showing the same transcript, a phone's width, and

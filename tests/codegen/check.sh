@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The contract checks of SPEC §3.8 and §3.4, run by `scripts/test contract`:
+# The contract checks (README, "The contract: v1 is stable"), run by `scripts/test contract`:
 #  1. `buf breaking` (rules FILE) against the committed v1 baseline, and proof that it bites: a
 #     deliberately breaking edit in a temporary copy of proto/ must be refused;
 #  2. clients generated from proto/ the way users generate them — TypeScript with protoc-gen-es,

@@ -379,7 +379,7 @@ def custom_resources_grace_workspace_and_image_are_applied(r, _):
     expect({"name": "RUST_LOG", "value": "info,agent_harness=debug"} in r.container["env"])
 
 
-# --- the database mode (SPEC §15) ---------------------------------------------------------------
+# --- the database mode ---------------------------------------------------------------
 
 
 def replicas_share_nothing_but_the_database(r, _):

@@ -1,4 +1,4 @@
-//! Authentication and authorization over a real connection (SPEC §11): bearer tokens, owners and
+//! Authentication and authorization over a real connection: bearer tokens, owners and
 //! editors, services acting for users, who may send `context` and who may answer, revocation of
 //! open streams, reloads, and the no-token mode's listen rule.
 

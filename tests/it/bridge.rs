@@ -1,4 +1,4 @@
-//! Remote runtimes (SPEC §16) with real processes: the harness in this process, one or two
+//! Remote runtimes with real processes: the harness in this process, one or two
 //! `agent-harness bridge` processes dialling it on loopback (some through a TCP proxy of this
 //! test that can cut the connection), and agents the bridges start. Also a hostile bridge
 //! speaking the wire protocol directly.

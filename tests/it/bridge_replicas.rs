@@ -1,4 +1,4 @@
-//! Bridges with several replicas (SPEC §16, last rule; §15): real `serve` replicas on one
+//! Bridges with several replicas (README, "Remote runtimes: bridges"): real `serve` replicas on one
 //! PostgreSQL database and a real `agent-harness bridge` dialling one of them. A remote session
 //! is owned by the replica holding its bridge's stream, wherever it was created or is called;
 //! when the bridge serves another replica, the session's lease moves there.
@@ -136,7 +136,7 @@ impl Drop for Proxy {
 }
 
 /// The session's lease fence: it grows each time the lease changes hands, and a write carrying
-/// an older one is refused (SPEC §15).
+/// an older one is refused.
 async fn lease_fence(url: &str, schema: &str, session_id: &str) -> i64 {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
@@ -562,7 +562,7 @@ async fn ada_on(
     )
 }
 
-/// With tokens on every replica (SPEC §11, §15, §16): the replica the bridge redials relays its
+/// With tokens on every replica: the replica the bridge redials relays its
 /// runtime to the owner with its replica token, acting as the bridge's `runtime` principal, and
 /// the session moves there afterwards; Ada reaches it through either replica throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The browser's way in (SPEC §17): gRPC-Web over HTTP/1.1 beside native gRPC, the CORS
+//! The browser's way in: gRPC-Web over HTTP/1.1 beside native gRPC, the CORS
 //! allowlist, the built-in console at `/`, and none of it unless configured.
 
 use agent_harness::pb::v1::{

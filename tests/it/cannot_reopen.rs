@@ -1,4 +1,4 @@
-//! Sessions whose agent can be reopened neither by `session/resume` nor `session/load` (SPEC §8):
+//! Sessions whose agent can be reopened neither by `session/resume` nor `session/load`:
 //! their runtime is kept rather than suspended for idleness, since a suspended one could never
 //! come back. (After a harness restart they are DISCONNECTED: see `crash`.)
 

@@ -1,4 +1,4 @@
-//! The people's subcommands (SPEC §17) run as processes against a real server: `prompt
+//! The people's subcommands run as processes against a real server: `prompt
 //! --follow` streams the agent's text and ends with the stop reason, `--json` lines parse, a
 //! permission is answered interactively under a pseudo-terminal, and a wrong token exits non-zero
 //! with the reason.

@@ -1,4 +1,4 @@
-//! Crash tests with the real binary (SPEC §8, §9.2): `kill -9` the server with a turn running and
+//! Crash tests with the real binary: `kill -9` the server with a turn running and
 //! two prompts queued, restart it on the same data directory, and check that every logged entry
 //! is unchanged at its offset, the queue is intact, the interrupted turn reads FAILED and is never
 //! re-sent, and a session that can be reopened drains its queue in order.

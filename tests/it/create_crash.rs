@@ -1,4 +1,4 @@
-//! A runtime that crashes while CreateSession waits for it leaves no session behind (SPEC §8):
+//! A runtime that crashes while CreateSession waits for it leaves no session behind:
 //! nothing listed, nothing counted toward the principal's cap.
 
 use std::time::Duration;

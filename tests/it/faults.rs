@@ -1,4 +1,4 @@
-//! Runtime faults (SPEC §8): each one is logged as an event, fails the running turn, kills the
+//! Runtime faults: each one is logged as an event, fails the running turn, kills the
 //! process and leaves the session DISCONNECTED with a reason; the server keeps serving; the next
 //! prompt reopens the session when the runtime advertises resume (and is RUNTIME_DISCONNECTED
 //! when it cannot); an idle timeout SUSPENDS and reopens on demand.

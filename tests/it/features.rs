@@ -1,6 +1,6 @@
-//! Agent features beyond the reference (SPEC §18): "start only if idle", permission rules and
+//! Agent features (README, "Agent features"): "start only if idle", permission rules and
 //! timeouts, fork, what the agent reports about itself, and a chosen model and config options
-//! re-applied after a reopen (SPEC §8).
+//! re-applied after a reopen.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! An idempotent CreateSession retry answers with the first prompt's action id (SPEC §3.3),
+//! An idempotent CreateSession retry answers with the first prompt's action id,
 //! however many log entries come before that prompt: the id is stored with the session, not
 //! searched for in the start of the log.
 

@@ -1,4 +1,4 @@
-//! `grpc.health.v1.Health` (SPEC §3.7): liveness on `""`, readiness per served service.
+//! `grpc.health.v1.Health`: liveness on `""`, readiness per served service.
 
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
 

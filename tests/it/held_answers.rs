@@ -1,4 +1,4 @@
-//! A held permission request survives an answer that could not be stored (SPEC §7): nothing was
+//! A held permission request survives an answer that could not be stored: nothing was
 //! sent, so the request stays held whole — options included — and a retry is taken.
 //!
 //! The storage failure is injected on PostgreSQL (a trigger refusing new actions), so this test

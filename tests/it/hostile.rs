@@ -1,4 +1,4 @@
-//! Hostile input (SPEC §11, §3.9, §8): property tests that throw random and malformed
+//! Hostile input: property tests that throw random and malformed
 //! ControlRequests and CreateSessionRequests at a real server — oversized strings, huge
 //! attachment lists, bad UUIDs, wrong id shapes, cwd escapes through `..` and symlinks — and
 //! check that every one gets a clear status with an `ErrorInfo` reason, nothing is stored, and
@@ -154,7 +154,7 @@ async fn fenced(fence: &Fence) -> Harness {
     .await
 }
 
-/// The gRPC code the table (SPEC §3.9) gives a reason.
+/// The gRPC code the table gives a reason.
 fn code_of(reason: &str) -> Code {
     match reason {
         "INVALID_ARGUMENT"
@@ -1406,7 +1406,7 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
 
         let env = env.as_object().expect("an object");
         let names: BTreeSet<&str> = env.keys().map(String::as_str).collect();
-        // Besides SPEC §8's list: the marker that finds the runtime's descendants (a hash of
+        // Besides the documented list: the marker that finds the runtime's descendants (a hash of
         // the data directory and ids, nothing of the server's).
         let allowed: BTreeSet<&str> = [
             "PATH",
@@ -1418,7 +1418,7 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
         .into();
         assert!(
             names.is_subset(&allowed),
-            "the runtime got more than SPEC §8 allows: {names:?}"
+            "the runtime got more than a profile allows: {names:?}"
         );
         assert_eq!(
             env["PROFILE_VISIBLE"], "yes",

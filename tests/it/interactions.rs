@@ -1,4 +1,4 @@
-//! Permissions and elicitations (SPEC §7): held for a person, answered on the agent's own id,
+//! Permissions and elicitations: held for a person, answered on the agent's own id,
 //! refused when not pending or not offered, released by `$/cancel_request`, turn end and epoch
 //! end, answered `cancelled` by a stop before `session/cancel`, and auto-accepted by policy.
 

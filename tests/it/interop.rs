@@ -1,4 +1,4 @@
-//! Interoperability with third-party ACP agents (SPEC §13): the TypeScript SDK's example agent
+//! Interoperability with third-party ACP agents: the TypeScript SDK's example agent
 //! (`@agentclientprotocol/sdk@1.9.0`, `dist/examples/agent.js`) and the Python SDK's
 //! `examples/agent.py` (`agent-client-protocol==0.12.1`). `scripts/test` installs them into
 //! `.tools/agents` and runs these tests with `AGENT_HARNESS_TS_AGENT`, `AGENT_HARNESS_PY_AGENT`
@@ -112,7 +112,7 @@ async fn interop_ts_a_permission_turn_completes_when_answered_reject() {
 }
 
 /// A profile rule on the tool call's kind (`edit` for the example agent) decides the request:
-/// nobody is asked, and the log names the rule (SPEC §18).
+/// nobody is asked, and the log names the rule.
 async fn ts_turn_decided_by_rule(decision: RuleDecision, option: &str, expect_text: &str) {
     within(async {
         let agent = required("AGENT_HARNESS_TS_AGENT");
@@ -281,7 +281,7 @@ async fn interop_python_a_prompt_with_text_and_two_attachments_comes_back_with_b
     .await
 }
 
-/// The TS agent on a bridge (SPEC §16): the same turn as above, through `agent-harness bridge`.
+/// The TS agent on a bridge: the same turn as above, through `agent-harness bridge`.
 #[tokio::test]
 #[ignore = "needs the third-party TS example agent: run by scripts/test"]
 async fn interop_ts_a_permission_turn_through_a_bridge_completes_when_answered_allow() {

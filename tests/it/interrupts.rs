@@ -1,4 +1,4 @@
-//! Interrupts (SPEC §6, §5.1): an interrupt goes to the front of the queue whatever the state of
+//! Interrupts: an interrupt goes to the front of the queue whatever the state of
 //! the runtime, and what it sends to stop the running turn is done by the caller.
 
 use agent_harness::pb::v1 as pb;

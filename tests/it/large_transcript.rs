@@ -1,4 +1,4 @@
-//! GetTranscript pages by bytes as well as turns (SPEC §9.3): however large the agent's output,
+//! GetTranscript pages by bytes as well as turns: however large the agent's output,
 //! every page fits the default 4 MiB gRPC message limit, and a turn too large for any page reads
 //! with its large parts elided, pointing at the log offsets that hold them.
 

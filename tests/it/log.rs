@@ -1,4 +1,4 @@
-//! The durable log and Subscribe (SPEC §9.1, §9.2, §9.4): dense offsets, exact resumption, many
+//! The durable log and Subscribe: dense offsets, exact resumption, many
 //! subscribers seeing one sequence, a slow subscriber moved back to the log without a gap, and
 //! log-before-act: nothing reaches a runtime or a subscriber before it is in the log.
 

@@ -1,4 +1,4 @@
-//! Operations (SPEC §12): Prometheus metrics, the W3C `traceparent` forwarded to the runtime, and
+//! Operations: Prometheus metrics, the W3C `traceparent` forwarded to the runtime, and
 //! draining on SIGTERM with the real binary.
 
 use std::{net::SocketAddr, time::Duration};

@@ -1,4 +1,4 @@
-//! The server on the PostgreSQL store (SPEC §15): `--database-url` selects it, a session runs on
+//! The server on the PostgreSQL store: `--database-url` selects it, a session runs on
 //! it, and a restarted server reads the same transcript from it.
 //!
 //! Needs `AGENT_HARNESS_TEST_DATABASE_URL` (scripts/test sets it). Without it the test skips with

@@ -1,4 +1,4 @@
-//! Losing PostgreSQL while serving (SPEC §15): writes are refused as UNAVAILABLE
+//! Losing PostgreSQL while serving: writes are refused as UNAVAILABLE
 //! (STORE_UNAVAILABLE) and nothing refused is stored; readiness is NOT_SERVING while the
 //! database cannot be reached and SERVING again once it can.
 //!

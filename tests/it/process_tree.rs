@@ -1,4 +1,4 @@
-//! A runtime's whole process tree is the runtime (SPEC §8), with the real binary: an agent
+//! A runtime's whole process tree is the runtime, with the real binary: an agent
 //! started through `sh -c` dies with a harness killed by `kill -9`, and a descendant an earlier
 //! harness left on the data directory is killed at the next start. Checked through `/proc`.
 

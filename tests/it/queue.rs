@@ -1,4 +1,4 @@
-//! Control and the queue (SPEC §5.1, §6): SENT and QUEUED, FIFO, the cap, interrupts, stops that
+//! Control and the queue: SENT and QUEUED, FIFO, the cap, interrupts, stops that
 //! keep the queue draining, idempotent action ids, edits and removals.
 
 use agent_harness::pb::v1::{self as pb, control_request::Action};

@@ -1,4 +1,4 @@
-//! Server reflection v1 and v1alpha (SPEC §3.7): what grpcurl, `buf curl` and Python's
+//! Server reflection v1 and v1alpha: what grpcurl, `buf curl` and Python's
 //! reflection client rely on.
 
 use std::collections::BTreeSet;

@@ -1,4 +1,4 @@
-//! Several replicas on one PostgreSQL database (SPEC §15), as real `serve` processes on loopback:
+//! Several replicas on one PostgreSQL database, as real `serve` processes on loopback:
 //! a call to a replica that does not own the session is served by the owner; a killed owner's
 //! session is claimed by a survivor that fails the interrupted turn ("owner replica lost") and
 //! drains the queue; a paused owner resumed after its lease moved stops its actor and runtime;
@@ -108,7 +108,7 @@ pub(crate) async fn create_on(replica: &Replica, cwd: &Path) -> Session {
 }
 
 /// Subscribes through `client`, retrying while the session's owner cannot be reached (its lease
-/// has not expired yet, SPEC §15): each retry follows an UNAVAILABLE answer.
+/// has not expired yet): each retry follows an UNAVAILABLE answer.
 pub(crate) async fn watch_when_served(
     client: AgentSessionServiceClient<Channel>,
     id: &str,

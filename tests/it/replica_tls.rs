@@ -1,4 +1,4 @@
-//! TLS between replicas (SPEC §11, §15): replicas that serve mutual TLS forward a call to the
+//! TLS between replicas: replicas that serve mutual TLS forward a call to the
 //! session's owner over TLS, trusting `replica_tls_ca` and presenting their own certificate.
 //! Needs `AGENT_HARNESS_TEST_DATABASE_URL` like the other PostgreSQL tests.
 

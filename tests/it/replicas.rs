@@ -1,4 +1,4 @@
-//! Two replicas on one PostgreSQL database (SPEC §15): a session driven on one is read and
+//! Two replicas on one PostgreSQL database: a session driven on one is read and
 //! subscribed to on the other, which has no actor for it — the store is its source, woken by
 //! NOTIFY. Needs `AGENT_HARNESS_TEST_DATABASE_URL` like `postgres.rs` (fails with `CI=true`).
 
@@ -256,7 +256,7 @@ async fn a_closed_session_is_read_and_streamed_from_the_store_without_starting_i
     .await
 }
 
-/// The subscriber cap (SPEC §11) holds for streams on a replica that does not own the session:
+/// The subscriber cap holds for streams on a replica that does not own the session:
 /// they are counted per session on that replica, like the owner's own.
 #[tokio::test]
 async fn subscribers_on_a_replica_that_does_not_own_the_session_are_held_to_the_per_session_cap() {

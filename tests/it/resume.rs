@@ -1,4 +1,4 @@
-//! The resume rule (SPEC §9.4), as a property of real streams: for random sessions (prompts with
+//! The resume rule, as a property of real streams: for random sessions (prompts with
 //! chunks, tool calls and plans, permissions, queued turns, stops, refusals), clients that drop
 //! their stream after a random event and resubscribe from that event's `offset` — again and
 //! again, while the session runs — end with exactly what a subscriber that never left has: the

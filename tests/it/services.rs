@@ -1,4 +1,4 @@
-//! `--services`: a process serves only the services it is asked to (SPEC §12).
+//! `--services`: a process serves only the services it is asked to.
 
 use agent_harness::{
     config::ServiceSet,

@@ -1,4 +1,4 @@
-//! Sessions (SPEC §3.3, §8, §10.2): creation with origins and models, idempotency, listing,
+//! Sessions: creation with origins and models, idempotency, listing,
 //! closing, deleting, and runtimes that fail to start leaving nothing behind.
 
 use agent_harness::pb::v1::{self as pb, create_session_request::Origin};

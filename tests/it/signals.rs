@@ -1,4 +1,4 @@
-//! Signals to the real binary (SPEC §12): SIGHUP never stops the server.
+//! Signals to the real binary: SIGHUP never stops the server.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The scale-out soak (SPEC §15, §9.2 across replicas): three replicas on the real PostgreSQL
+//! The scale-out soak (durability across replicas): three replicas on the real PostgreSQL
 //! database, 30 sessions, clients prompting through random replicas while one replica after
 //! another is killed with `kill -9` and restarted. Afterwards every acknowledged action is in its
 //! session's log exactly once or still queued, every log's offsets are dense, nothing was sent to
@@ -38,7 +38,7 @@ const KILL_EVERY: Duration = Duration::from_secs(4);
 const CLIENT_PACE: Duration = Duration::from_millis(300);
 /// The whole test, setup and checks included.
 const SOAK_BOUND: Duration = Duration::from_secs(60);
-/// How long the runtimes of a killed replica may take to die (SPEC §8: with their harness).
+/// How long the runtimes of a killed replica may take to die (with their harness).
 const RUNTIMES_DIE_WITHIN: Duration = Duration::from_secs(3);
 
 /// A connection to each replica, replaced when the replica restarts on a new port.

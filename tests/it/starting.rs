@@ -1,4 +1,4 @@
-//! Model and config option changes while the runtime is starting (SPEC §8): the runtime is not
+//! Model and config option changes while the runtime is starting: the runtime is not
 //! dead, only not ready, so the change waits for the handshake and is then sent — never
 //! RUNTIME_DISCONNECTED.
 

@@ -1,4 +1,4 @@
-//! TLS and mutual TLS (SPEC §11) with certificates made by each test (rcgen): a client that
+//! TLS and mutual TLS with certificates made by each test (rcgen): a client that
 //! trusts the server's CA is served; plaintext, an untrusted server certificate, and — with
 //! mutual TLS — a client without a certificate from the configured CA are refused. Bad PEM files
 //! stop startup naming the file.

@@ -1,4 +1,4 @@
-//! The transcript (SPEC §9.3, §3.4): GetTranscript pages by turns, the MESSAGES view streams
+//! The transcript: GetTranscript pages by turns, the MESSAGES view streams
 //! message snapshots, and the fold is checked against logs captured with the harness itself from
 //! the mock agent and the third-party TS example agent (`tests/fixtures/fold/*.jsonl`).
 

@@ -1,4 +1,4 @@
-//! `ChannelTranslatorService` over a real connection (SPEC §3.5, §10.1).
+//! `ChannelTranslatorService` over a real connection.
 
 use agent_harness::pb::v1::{
     ChannelAttachment, ChannelMessage, PromptAttachment, SkipReason, TranslateChannelMessageRequest,

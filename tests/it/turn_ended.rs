@@ -1,4 +1,4 @@
-//! The end of a turn (SPEC §3.4 TurnEnded): every view sends one `turn_ended` event per turn, after
+//! The end of a turn (`TurnEnded`): every view sends one `turn_ended` event per turn, after
 //! the turn's final message snapshot (MESSAGES, ALL) or its response entry (LOG), carrying the
 //! prompt's action id — also for a turn closed as failed by an error response or a runtime fault.
 //! The agent message carries its user message's `request_id`.

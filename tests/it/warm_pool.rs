@@ -1,4 +1,4 @@
-//! Warm pools (SPEC §18): a profile's `warm_pool = N` keeps N runtimes started and initialized;
+//! Warm pools: a profile's `warm_pool = N` keeps N runtimes started and initialized;
 //! a new session takes one and only sends `session/new`; a replacement starts in the
 //! background; a warm runtime that dies is replaced and never handed out; warm runtimes count
 //! against the live-runtime cap and die with the harness.

@@ -3,7 +3,7 @@
 
 It uses only grpcio and grpcio-reflection (plus grpcio-status to read error details): no
 generated stubs, no .proto files. Everything it needs it learns over server reflection, the way
-an engineer's ad-hoc script would (SPEC §3.7, §13).
+an engineer's ad-hoc script would.
 
     reflection_client.py HOST:PORT
 

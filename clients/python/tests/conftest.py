@@ -1,5 +1,5 @@
 """The real release server for the client tests: started as a process on a free loopback port
-with its own data dir, killable and restartable on the same port and data (SPEC §9.4 resume)."""
+with its own data dir, killable and restartable on the same port and data."""
 
 import os
 import pathlib

@@ -1,4 +1,4 @@
-"""The Python client against the real release server (SPEC §17): sessions, prompts with
+"""The Python client against the real release server: sessions, prompts with
 attachments, the queue, permissions, the transcript, typed errors, and a subscribe that survives
 a server restart with every event delivered once."""
 

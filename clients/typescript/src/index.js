@@ -1,6 +1,6 @@
 // @agent-harness/client: typed calls to agent-harness over gRPC or gRPC-Web (connect-es), every
 // error thrown as one HarnessError carrying the ErrorInfo reason, and a subscribe() that
-// reconnects and resumes from the last offset by itself (SPEC §9.4). Types: index.d.ts.
+// reconnects and resumes from the last offset by itself. Types: index.d.ts.
 
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";

@@ -1,4 +1,4 @@
-// @agent-harness/client against the real release server (SPEC §17), run with node's test runner
+// @agent-harness/client against the real release server, run with node's test runner
 // by `scripts/test clients`: sessions, prompts with attachments, the queue, permissions, the
 // transcript, typed errors, and a subscribe that survives a server restart with every event once.
 // AGENT_HARNESS_BIN names the server binary.

@@ -1,4 +1,4 @@
-// The peer comparison of agent-harness-bench (`--only peers`, SPEC §14 second wave): one client
+// The peer comparison of agent-harness-bench (`--only peers`, docs/benchmarks.md): one client
 // process drives the same ACP agent (the Python SDK's example agent) through
 //
 //   direct         the agent's stdio, JSON-RPC lines

@@ -1,7 +1,7 @@
-//! The turn round trip through a bridge (SPEC §16): the mock agent run by an `agent-harness
+//! The turn round trip through a bridge: the mock agent run by an `agent-harness
 //! bridge` process that dialled the harness over loopback, held against the same agent run as a
 //! local child of the same harness, in the same run (interleaved in blocks, as for `rtt`).
-//! SPEC §14 sets no target for it; the one printed is ours: the extra hop (harness → bridge →
+//! No target was set for it; the one printed is ours: the extra hop (harness → bridge →
 //! agent and back, over one gRPC stream) should cost at most 1 ms at the median.
 
 use std::{process::Stdio, time::Duration};

@@ -1,4 +1,4 @@
-//! `agent-harness-bench`: the performance figures of SPEC §14, each printed beside the limit or
+//! `agent-harness-bench`: the performance figures of docs/benchmarks.md, each printed beside the limit or
 //! baseline it is held against, measured in the same run.
 //!
 //! Every phase starts a real `agent-harness serve` child process (by default the `agent-harness`
@@ -328,7 +328,7 @@ impl Ctx {
 #[command(
     name = "agent-harness-bench",
     version,
-    about = "Measure the performance figures of SPEC §14 against a child `agent-harness serve` \
+    about = "Measure the performance figures of docs/benchmarks.md against a child `agent-harness serve` \
              (build both with --release; see docs/benchmarks.md)"
 )]
 struct Cli {
@@ -387,7 +387,7 @@ fn sibling_server() -> anyhow::Result<PathBuf> {
 
 fn header(ctx: &Ctx, smoke: bool) {
     let machine = machine::Machine::read();
-    println!("agent-harness-bench (SPEC §14)");
+    println!("agent-harness-bench");
     println!(
         "  machine: {} x {} cores, kernel {}",
         machine.cpu_model, machine.cores, machine.kernel

@@ -1,4 +1,4 @@
-//! The peer comparison (SPEC §14, second wave): the same agent — the Python ACP SDK's example
+//! The peer comparison (docs/benchmarks.md, second wave): the same agent — the Python ACP SDK's example
 //! agent, from the sdist the interop stage installs — driven by the same client (Node: see
 //! `crates/bench/peers/peers.mjs` for why) directly over stdio, through agent-harness (LOG and
 //! MESSAGES views), through Rivet `sandbox-agent` 0.4.2 and through `acpx` 0.19.1, in one run.

@@ -1,4 +1,4 @@
-//! The scale-out figures (SPEC §14 second wave, §15), on the PostgreSQL database named by
+//! The scale-out figures (docs/benchmarks.md, second wave), on the PostgreSQL database named by
 //! `--database-url` (env `AGENT_HARNESS_BENCH_DATABASE_URL`), in a scratch schema dropped after:
 //!
 //! - sustained turns/s with the PostgreSQL store, held against the SQLite store measured in

@@ -25,10 +25,10 @@ use super::{
 /// The prompt of every timed turn: the mock agent echoes it in one chunk and ends the turn.
 pub const TURN_TEXT: &str = "ping";
 const P50_LIMIT: Duration = Duration::from_micros(500);
-/// The second wave's stretch target for the same p50 overhead (SPEC §14, second table).
+/// The second wave's stretch target for the same p50 overhead (docs/benchmarks.md, second wave).
 const STRETCH_P50_LIMIT: Duration = Duration::from_micros(250);
 const P99_LIMIT: Duration = Duration::from_millis(2);
-/// How much later than the LOG view a MESSAGES subscriber may see a turn end (SPEC §14).
+/// How much later than the LOG view a MESSAGES subscriber may see a turn end.
 const MESSAGES_P50_LIMIT: Duration = Duration::from_micros(500);
 /// Blocks the timed turns are interleaved in (direct, harness, direct, harness, …).
 const BLOCKS: usize = 4;

@@ -1,6 +1,6 @@
-//! CreateSession to the end of the first turn on a profile with a warm pool (SPEC §18), held
+//! CreateSession to the end of the first turn on a profile with a warm pool, held
 //! against the same agent on a profile without one, in the same server and the same run (second
-//! wave of SPEC §14: the warm profile should take at most 0.2 of the cold one's time).
+//! wave of docs/benchmarks.md: the warm profile should take at most 0.2 of the cold one's time).
 //!
 //! One server, two profiles running the same agent (`warm` with `warm_pool = 2`, `cold` without):
 //! the Python SDK's example agent when `scripts/test` installed it (a real agent's start-up: an

@@ -2,7 +2,7 @@
 //! A crate of its own that the service binary runs as a subcommand; it shares the ACP vocabulary
 //! (stop reasons, JSON-RPC error codes) with the harness through `agent-client-protocol-schema`.
 //!
-//! It is the built-in `mock` runtime profile (SPEC §8, §13), the peer of the harness's tests and
+//! It is the built-in `mock` runtime profile, the peer of the harness's tests and
 //! the runtime its benchmarks measure against. Prompts are echoed back; lines of the user's text
 //! that start with `@` are directives that make it stream, ask for permission, elicit, sleep,
 //! misbehave or crash — see `docs/mock-agent.md` for the full contract.

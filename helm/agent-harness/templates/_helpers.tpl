@@ -53,7 +53,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Paths inside the container */}}
 
-{{/* Several replicas on PostgreSQL (SPEC §15) rather than one on the embedded store. */}}
+{{/* Several replicas on PostgreSQL rather than one on the embedded store. */}}
 {{- define "agent-harness.databaseMode" -}}{{- if .Values.database.existingSecret -}}true{{- end -}}{{- end -}}
 {{- define "agent-harness.dataDir" -}}/var/lib/agent-harness{{- end -}}
 {{- define "agent-harness.configDir" -}}/etc/agent-harness/config{{- end -}}
@@ -134,7 +134,7 @@ duration syntax that values.schema.json admits), rounded up.
 {{- end -}}
 
 {{/*
-The config file (SPEC §8, §12): keys the flags do not carry. listen, data_dir, metrics_listen,
+The config file: keys the flags do not carry. listen, data_dir, metrics_listen,
 services, static_files_base_url and the insecure flag are passed as flags (see the StatefulSet).
 */}}
 {{- define "agent-harness.configToml" -}}
@@ -210,7 +210,7 @@ spec:
       storage: {{ $p.size }}
 {{- end -}}
 
-{{/* The bridge's pods (SPEC §16): a name label of their own, so the harness's Service skips them. */}}
+{{/* The bridge's pods: a name label of their own, so the harness's Service skips them. */}}
 {{- define "agent-harness.bridgeSelectorLabels" -}}
 app.kubernetes.io/name: {{ printf "%s-bridge" (include "agent-harness.name" . | trunc 56 | trimSuffix "-") }}
 app.kubernetes.io/instance: {{ .Release.Name }}

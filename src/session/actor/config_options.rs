@@ -1,5 +1,5 @@
 //! The runtime's advertised config options: the model option, and what a setModel or a
-//! setConfigOption may ask for (SPEC §4).
+//! setConfigOption may ask for.
 
 use std::collections::{BTreeMap, HashMap};
 

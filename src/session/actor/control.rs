@@ -1,4 +1,4 @@
-//! Commands from callers: Control (every action of SPEC §4 with the queue rules of §6), queue
+//! Commands from callers: Control (every action, with the queue's rules), queue
 //! edits and removals, close and delete.
 
 use std::time::Instant;
@@ -231,7 +231,7 @@ impl Actor {
         }
     }
 
-    /// "Start only if idle" (SPEC §18): no turn, nothing held, nothing queued, no runtime
+    /// "Start only if idle": no turn, nothing held, nothing queued, no runtime
     /// starting. A suspended or disconnected session with nothing to do counts as idle: the
     /// action reopens it, and piles nothing up.
     fn check_idle(&self) -> Result<()> {
@@ -325,7 +325,7 @@ impl Actor {
                     ),
                 ));
             }
-            // An interrupt goes first here too (SPEC §6); there is no turn to stop.
+            // An interrupt goes first here too; there is no turn to stop.
             let position = self
                 .enqueue(entry, fingerprint, interrupt, |_, _| {})
                 .await?;
@@ -333,7 +333,7 @@ impl Actor {
             return Ok(queued(action_id, position));
         }
         if interrupt && self.work.turn.is_some() {
-            // Behaves as a stop (by the caller, SPEC §5.1), and the prompt goes first.
+            // Behaves as a stop (by the caller), and the prompt goes first.
             let actor = entry.actor.clone();
             let position = self
                 .enqueue(entry, fingerprint, true, |this, out| {

@@ -1,6 +1,6 @@
 //! Frames from the runtime: logged first, then reacted to — responses end turns and handshake
 //! steps, agent requests are held or answered, notifications update state — and the dispatch
-//! of the next queued turn (SPEC §4, §6, §7).
+//! of the next queued turn.
 
 use serde_json::{Value, json};
 use tracing::Instrument;
@@ -251,7 +251,7 @@ impl Actor {
         match method {
             "session/request_permission" => {
                 let options = interactions::offered_options(params);
-                // Rules come before the policy (SPEC §18); a rule that says `ask` holds the
+                // Rules come before the policy; a rule that says `ask` holds the
                 // request even under auto-accept.
                 let rule =
                     interactions::apply_rules(&self.profile.permission_rules, params, &options);

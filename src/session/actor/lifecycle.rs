@@ -1,5 +1,5 @@
 //! A session's runtime over its life: start (the handshake itself is in `handshake`), recovery
-//! after a harness restart, faults, deadlines, suspension and draining (SPEC §8).
+//! after a harness restart, faults, deadlines, suspension and draining.
 
 use std::{io, process::ExitStatus, time::Instant};
 
@@ -30,12 +30,12 @@ enum Link {
 }
 
 impl Actor {
-    /// After a harness restart (SPEC §8): a turn that was in flight is closed in the log as
+    /// After a harness restart: a turn that was in flight is closed in the log as
     /// FAILED ("harness restarted") and never re-sent; a session with queued work or a turn in
     /// flight reopens at once (and drains); the rest are SUSPENDED and reopen on demand. A
     /// session that cannot be reopened is DISCONNECTED with [`CANNOT_REOPEN`] and its queue is
     /// abandoned visibly, rather than waiting for a reopen that can never happen. `owner_lost`:
-    /// claimed from a replica that died (SPEC §15), said so in the log ("owner replica lost").
+    /// claimed from a replica that died, said so in the log ("owner replica lost").
     pub(super) async fn recover(&mut self, owner_lost: bool) {
         let plan = plan_recovery(
             self.record.status,
@@ -75,7 +75,7 @@ impl Actor {
             return;
         }
         // A turn that was in flight is not re-sent, but the session reopens now so its agent
-        // is back as it was before the restart, and its queue drains (SPEC §8).
+        // is back as it was before the restart, and its queue drains.
         if plan.reopen {
             tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening after the restart");
             self.start_runtime(StartPurpose::Reopen).await;
@@ -109,7 +109,7 @@ impl Actor {
     }
 
     pub(super) async fn start_runtime(&mut self, purpose: StartPurpose) {
-        // A new session's first runtime may come from the profile's warm pool (SPEC §18).
+        // A new session's first runtime may come from the profile's warm pool.
         if matches!(purpose, StartPurpose::Create { .. })
             && self.runtime.epoch + 1 == warm::FIRST_EPOCH
             && std::path::Path::new(&self.record.cwd).is_dir()
@@ -230,12 +230,12 @@ impl Actor {
         writer
     }
 
-    /// Starts the profile's runtime: a local child, or one on a bridge (SPEC §16).
+    /// Starts the profile's runtime: a local child, or one on a bridge.
     async fn spawn_link(&mut self) -> Result<Link> {
         let Some(remote) = &self.profile.remote else {
             let cwd = std::path::PathBuf::from(&self.record.cwd);
-            // With several replicas the workspace must be on storage each of them mounts (SPEC
-            // §15); a replica that claimed the session without it says so, not a bare spawn error.
+            // With several replicas the workspace must be on storage each of them mounts
+            // (README, "Several replicas on PostgreSQL"); a replica that claimed the session without it says so, not a bare spawn error.
             if !cwd.is_dir() {
                 return Err(Error::new(
                     ErrorCode::RuntimeStartFailed,
@@ -401,7 +401,7 @@ impl Actor {
         purpose
     }
 
-    /// A runtime fault (SPEC §8): log it, fail the running turn, release held interactions,
+    /// A runtime fault: log it, fail the running turn, release held interactions,
     /// kill the process, and leave the session DISCONNECTED with a reason. No automatic respawn.
     pub(super) async fn fault(&mut self, kind: &str, detail: String) {
         if !self.runtime.state.is_up() {
@@ -464,7 +464,7 @@ impl Actor {
         conn.exited = None;
         let text = match status {
             Some(Ok(status)) => describe_exit(status),
-            // A remote runtime whose bridge is gone (SPEC §16).
+            // A remote runtime whose bridge is gone.
             Some(Err(e)) if e.kind() == io::ErrorKind::ConnectionAborted => {
                 format!("was lost: {e}")
             }
@@ -552,7 +552,7 @@ impl Actor {
         }
     }
 
-    /// `permission_timeout` ran out on a held request (SPEC §18): answered with its first reject
+    /// `permission_timeout` ran out on a held request: answered with its first reject
     /// option, else `cancelled`, and the harness event says it was the timeout.
     async fn permission_timed_out(&mut self, held: HeldPermission) {
         let answer = interactions::timeout_answer(&held.options);
@@ -596,7 +596,7 @@ impl Actor {
         let _ = self.flush(out).await;
     }
 
-    /// The session's bridge serves another replica now (SPEC §16): an idle session (no turn,
+    /// The session's bridge serves another replica now: an idle session (no turn,
     /// nothing queued or held, not starting) stops its runtime as SUSPENDED and its actor, so
     /// the replica holding the bridge claims it and reopens it by resume. Whether it did.
     pub(super) async fn on_hand_off(&mut self) -> bool {

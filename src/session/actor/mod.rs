@@ -40,7 +40,7 @@ pub(crate) const RUNTIME_ACTOR: &str = "runtime";
 /// Actor of entries the harness made on its own (handshake, events, automatic answers).
 pub(crate) const HARNESS_ACTOR: &str = "harness";
 /// The `status_reason` prefix of a session whose runtime is gone and can be reopened neither by
-/// `session/resume` nor `session/load` (SPEC §8).
+/// `session/resume` nor `session/load`.
 pub(crate) const CANNOT_REOPEN: &str = "RUNTIME_CANNOT_REOPEN";
 /// How long to wait for a runtime's output to close after its process exited.
 const EXIT_DRAIN: Duration = Duration::from_secs(2);
@@ -61,7 +61,7 @@ pub(crate) enum StartPurpose {
         ready: oneshot::Sender<Result<Option<ActionId>>>,
         model: Option<String>,
         first_prompt: Option<FirstPrompt>,
-        /// A fork (SPEC §18): the parent's ACP session id, opened with `session/fork` instead
+        /// A fork: the parent's ACP session id, opened with `session/fork` instead
         /// of `session/new`.
         fork_of: Option<String>,
     },
@@ -167,7 +167,7 @@ struct Work {
     held: Held,
     idle_deadline: Option<Instant>,
     /// Model and config option changes that came while the runtime was starting: answered once
-    /// the handshake ends (SPEC §8), since the runtime is not dead, only not ready yet.
+    /// the handshake ends, since the runtime is not dead, only not ready yet.
     waiting_configs: Vec<Command>,
 }
 
@@ -184,7 +184,7 @@ pub(crate) struct Resume {
     pub queue: Vec<QueuedEntry>,
     /// Loaded at harness start: its runtime died with the previous harness process.
     pub after_restart: bool,
-    /// The fence of this replica's lease on the session (SPEC §15); `None` with one replica.
+    /// The fence of this replica's lease on the session; `None` with one replica.
     pub fence: Option<u64>,
     /// Claimed from a replica that died (with `after_restart`): its runtime died with it.
     pub owner_lost: bool,
@@ -264,7 +264,7 @@ impl Actor {
             };
             tokio::select! {
                 biased;
-                // Another replica holds the session now (SPEC §15): stop at once, write nothing.
+                // Another replica holds the session now: stop at once, write nothing.
                 // First of all: losing the lease also drops the registry's handle, which closes
                 // the command channel, and that must not end the actor without saying why.
                 _ = lost.changed() => {
@@ -399,7 +399,7 @@ impl Actor {
 
     /// Folds a step's entries into the session's transcript and, right after each entry that
     /// ends a turn, logs a `turn_ended` event in the same batch: every view of every stream, live
-    /// or replayed from the log, then tells a turn's end from the log alone (SPEC §3.4 TurnEnded).
+    /// or replayed from the log, then tells a turn's end from the log alone (`TurnEnded`).
     async fn log_turn_ends(&mut self, entries: &mut Vec<LogEntry>) -> Result<()> {
         if entries.is_empty() {
             return Ok(());
@@ -540,7 +540,7 @@ impl Actor {
         }
     }
 
-    /// Another replica took the session (SPEC §15): the runtime is stopped at once and the actor
+    /// Another replica took the session: the runtime is stopped at once and the actor
     /// ends; it never writes for the session again (the store refuses its fence anyway).
     fn stop_lost(&mut self, why: &str) {
         if !self.finished {

@@ -43,7 +43,7 @@ pub(crate) struct Created {
     pub first_action_id: Option<ActionId>,
 }
 
-/// What a fork starts from (SPEC §18): the parent's ACP session, and the first log entry that
+/// What a fork starts from: the parent's ACP session, and the first log entry that
 /// carries the parent's log up to the fork point.
 pub(crate) struct ForkFrom {
     pub parent_acp_session_id: String,
@@ -167,7 +167,7 @@ impl Sessions {
             return Err(error);
         }
 
-        // The creating replica owns the new session (SPEC §15).
+        // The creating replica owns the new session.
         let fence = self.claim_new(session_id).await?;
         let mut head = 0;
         let mut fork_of = None;
@@ -226,7 +226,7 @@ impl Sessions {
             .expect("not poisoned")
             .insert(session_id, handle.clone());
         // The rest runs in a task of its own: a caller who gives up (and so drops this future)
-        // must not leave a session whose start fails behind, in memory or in the store (§8).
+        // must not leave a session whose start fails behind, in memory or in the store.
         let handles = self.handles.clone();
         let ctx = ctx.clone();
         let finish = tokio::spawn(async move {
@@ -321,7 +321,7 @@ impl Sessions {
 
     /// A remote runtime's cwd is on the bridge's machine, so here it is checked by its text only
     /// (absolute, no `.` or `..`, under an allowed root); the bridge canonicalises it and checks
-    /// its own profile's roots before it starts anything (SPEC §16).
+    /// its own profile's roots before it starts anything.
     fn check_remote_cwd(&self, cwd: &str, roots: Option<&[PathBuf]>) -> Result<PathBuf> {
         use std::path::Component;
         let path = Path::new(cwd);

@@ -1,4 +1,4 @@
-//! Forking a session (SPEC §18): a new session whose runtime opens with `session/fork` on the
+//! Forking a session: a new session whose runtime opens with `session/fork` on the
 //! parent's ACP session, and whose transcript starts with the parent's messages up to the fork
 //! point, marked inherited. Forked on the replica that runs the parent (the call is routed
 //! there), so the parent's kept fold and log are at hand. The parent's log is copied into the

@@ -35,7 +35,7 @@ use crate::domain::{
 
 pub(crate) const DEFAULT_PAGE_SIZE: usize = 50;
 pub(crate) const MAX_PAGE_SIZE: usize = 500;
-/// ReadLog defaults (SPEC §3.4).
+/// ReadLog defaults.
 pub(crate) const DEFAULT_LOG_LIMIT: usize = 500;
 pub(crate) const MAX_LOG_LIMIT: usize = 5000;
 
@@ -267,7 +267,7 @@ impl Sessions {
         Ok(())
     }
 
-    /// Draining (SPEC §12): waits until no turn runs or `grace` has passed, ends every stream
+    /// Draining: waits until no turn runs or `grace` has passed, ends every stream
     /// with DRAINING, then stops every runtime. New sessions and turns are already refused.
     pub(crate) async fn drain(&self, grace: std::time::Duration) {
         // No session can start now: warm runtimes would only wait to be killed.

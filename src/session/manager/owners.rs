@@ -1,4 +1,4 @@
-//! Which replica runs which session (SPEC §15): a session's actor and runtime run only on the
+//! Which replica runs which session: a session's actor and runtime run only on the
 //! replica holding its lease in the database. Claiming on create and on first use, renewing
 //! every held lease well within the TTL, claiming orphaned sessions with work left (failover),
 //! and releasing on drain. With one replica (SQLite) every claim is granted and nothing is
@@ -240,7 +240,7 @@ impl Sessions {
         }
     }
 
-    /// Failover (SPEC §15): claims every session no live replica holds that has queued work or a
+    /// Failover: claims every session no live replica holds that has queued work or a
     /// turn in flight, closes that turn as FAILED ("owner replica lost") and reopens the runtime
     /// to drain the queue. Other orphans are claimed on their next call.
     async fn claim_orphans(&self) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Reading sessions and their logs: ListSessions pages, ReadLog pages held under the message
 //! limit, and Subscribe streams.
 //!
-//! Reads never need the session's actor (SPEC §15: reads from any replica). A session whose actor
+//! Reads never need the session's actor (reads from any replica). A session whose actor
 //! runs here is read from it; any other — owned by another replica, by nobody, or closed — is
 //! read from the store ([`Found::Stored`]), with the same access rule, and no actor is started
 //! for it.

@@ -1,4 +1,4 @@
-//! The folded transcript (SPEC §9.3), paged by turns.
+//! The folded transcript, paged by turns.
 
 use base64::Engine;
 use uuid::Uuid;
@@ -33,7 +33,7 @@ impl Sessions {
             decode_turn_token(page_token)?
         };
         // A session with an actor here keeps its fold between calls and folds only what was
-        // committed since (SPEC §9.3); one read from the store is folded for this call alone.
+        // committed since; one read from the store is folded for this call alone.
         let mut cached;
         let mut fresh;
         let fold: &Fold = match &found {
@@ -71,7 +71,7 @@ impl Sessions {
         })
     }
 
-    /// A session with what its agent reported about itself (SPEC §18), from the kept fold when
+    /// A session with what its agent reported about itself, from the kept fold when
     /// the session's actor is here, else from the log.
     pub(crate) async fn get_reported(
         &self,

@@ -1,7 +1,7 @@
 //! Group commit: the `commit` calls waiting at one moment share one transaction, so one WAL flush
 //! makes many batches durable.
 //!
-//! Why: `COMMIT` returns once the WAL is flushed to disk (durability, SPEC §9.2). With one
+//! Why: `COMMIT` returns once the WAL is flushed to disk (durability). With one
 //! transaction per batch, every batch paid a flush, four round trips and its own statements on a
 //! pool connection of its own, and 100 busy sessions queued for the pool's connections and for
 //! the flushes (turns/s a fifth of SQLite's, whose single writer groups its commits the same way,

@@ -1,4 +1,4 @@
-//! Cross-replica wake-ups (SPEC §15). Each replica keeps one `LISTEN` connection that fans the
+//! Cross-replica wake-ups. Each replica keeps one `LISTEN` connection that fans the
 //! notifications out to its local subscribers of sessions other replicas own, and one sending
 //! task ([`Notifier`]) that reports its own commits. A notification is only a hint — the log table
 //! is the buffer — so one lost while a connection was down delays a subscriber until its safety

@@ -117,7 +117,7 @@ CREATE INDEX leases_by_expiry ON leases (expires_at);
 /// idempotent CreateSession retry finds it however long the log. Older sessions read NULL.
 const V2: &str = "ALTER TABLE sessions ADD COLUMN first_action_id uuid;";
 
-/// Version 3: the bridges each replica holds the stream of (SPEC §16), so a replica without a
+/// Version 3: the bridges each replica holds the stream of, so a replica without a
 /// matching bridge hands a remote session to one that has it. Keyed by replica and bridge: while
 /// a bridge moves it may briefly be listed by both. Labels and profiles are JSON text.
 const V3: &str = r#"

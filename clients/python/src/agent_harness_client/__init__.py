@@ -1,4 +1,4 @@
-"""A Python client of agent-harness (SPEC §17): typed calls, `HarnessError` with the ErrorInfo
+"""A Python client of agent-harness: typed calls, `HarnessError` with the ErrorInfo
 `reason`, and a `subscribe` that resumes by itself. The generated stubs are in `.v1`."""
 
 from agent_harness_client._client import Attachment, Client

@@ -283,7 +283,7 @@ class Client:
         """The session's events from `after_offset` on, forever (break out of the loop to stop).
 
         When the connection drops or the server restarts or drains, it resubscribes from the
-        offset of the last event it yielded (SPEC §9.4's resume rule), so the caller sees every
+        offset of the last event it yielded (the resume rule), so the caller sees every
         entry, message snapshot and turn end once, in order; each (re)connection's catch-up ends
         with a `caught_up` event. Errors that resubscribing cannot fix (SESSION_NOT_FOUND,
         UNAUTHENTICATED, …) and a server gone longer than `reconnect_for` raise HarnessError."""

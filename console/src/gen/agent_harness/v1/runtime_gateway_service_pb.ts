@@ -212,7 +212,7 @@ export type BridgeRuntime = Message<"agent_harness.v1.BridgeRuntime"> & {
 
   /**
    * The session the runtime was spawned for (from `spawn`), so a replica the bridge redials can
-   * tell which replica owns it (SPEC §16 with several replicas). Empty from older bridges.
+   * tell which replica owns it when there are several. Empty from older bridges.
    *
    * @generated from field: string session_id = 4;
    */
