@@ -142,7 +142,7 @@ impl RoutedSessions {
         let Err(status) = reply else {
             return Ok(None);
         };
-        let Some(address) = owner_address(status) else {
+        let Some(address) = owner_of(status) else {
             return Ok(None);
         };
         if caller.forwarded {
@@ -233,7 +233,7 @@ fn insert(metadata: &mut MetadataMap, key: &'static str, value: &str) -> Result<
 
 /// The owner's address of an "owned elsewhere" refusal of the registry: its typed source, set
 /// in process (a status from the wire never has one).
-fn owner_address(status: &Status) -> Option<String> {
+fn owner_of(status: &Status) -> Option<String> {
     let source = std::error::Error::source(status)?;
     source
         .downcast_ref::<OwnedElsewhere>()
