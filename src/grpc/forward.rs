@@ -32,7 +32,7 @@ use super::{
 use crate::{
     domain::{Principal, PrincipalKind},
     pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient},
-    session::manager::owners::OWNER_ADDRESS_KEY,
+    session::manager::owners::OwnedElsewhere,
 };
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -142,7 +142,7 @@ impl RoutedSessions {
         let Err(status) = reply else {
             return Ok(None);
         };
-        let Some(address) = owner_address(status) else {
+        let Some(address) = owner_of(status) else {
             return Ok(None);
         };
         if caller.forwarded {
@@ -231,15 +231,13 @@ fn insert(metadata: &mut MetadataMap, key: &'static str, value: &str) -> Result<
     Ok(())
 }
 
-/// The owner's address carried by an "owned elsewhere" refusal of the registry.
-fn owner_address(status: &Status) -> Option<String> {
-    if status.code() != Code::Internal {
-        return None;
-    }
-    let info = status.get_error_details().error_info()?.clone();
-    (info.domain == ERROR_DOMAIN)
-        .then(|| info.metadata.get(OWNER_ADDRESS_KEY).cloned())
-        .flatten()
+/// The owner's address of an "owned elsewhere" refusal of the registry: its typed source, set
+/// in process (a status from the wire never has one).
+fn owner_of(status: &Status) -> Option<String> {
+    let source = std::error::Error::source(status)?;
+    source
+        .downcast_ref::<OwnedElsewhere>()
+        .map(|owned| owned.address.clone())
 }
 
 /// UNAVAILABLE, retryable: the owner cannot be reached now.

@@ -85,11 +85,17 @@ pub(crate) fn to_status(error: &Error) -> Status {
         }
         _ => {}
     }
-    Status::with_error_details(
+    let mut status = Status::with_error_details(
         grpc_code(error.code),
         bounded_message(&error.message),
         details,
-    )
+    );
+    // The typed cause stays with the status in process (the forwarding layer reads a typed
+    // "owned elsewhere" from it); tonic never encodes a source.
+    if let Some(source) = &error.source {
+        status.set_source(source.clone());
+    }
+    status
 }
 
 impl From<Error> for Status {
@@ -165,6 +171,70 @@ pub(crate) fn malformed(why: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `ErrorInfo.metadata` keys a client may be sent: the limits a request ran into and
+    /// where a log ends. Control signals between this server's parts (which replica owns a
+    /// session, a fenced write) travel as typed values, never as metadata.
+    const CLIENT_METADATA_KEYS: &[&str] = &["advertised", "head_offset", "limit", "max"];
+
+    /// Every key given to `Error::with` in the server's code (test code aside), or the text of
+    /// a key that is not a string literal.
+    fn metadata_keys_in(dir: &std::path::Path, keys: &mut Vec<(String, String)>) {
+        let call = regex::Regex::new(r#"\.with\(\s*("([^"]*)"|[^,)]*)"#).expect("a regex");
+        for entry in std::fs::read_dir(dir).expect("a source directory") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                metadata_keys_in(&path, keys);
+                continue;
+            }
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if !name.ends_with(".rs") || name == "tests.rs" || name == "conformance.rs" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a source file");
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for found in call.captures_iter(code) {
+                let key = found
+                    .get(2)
+                    .or_else(|| found.get(1))
+                    .map_or("", |m| m.as_str());
+                keys.push((path.display().to_string(), key.to_owned()));
+            }
+        }
+    }
+
+    #[test]
+    fn no_error_info_sent_to_a_client_carries_an_internal_key() {
+        let mut keys = Vec::new();
+        metadata_keys_in(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut keys,
+        );
+        assert!(!keys.is_empty(), "the scan finds the table's metadata");
+        for (file, key) in keys {
+            assert!(
+                CLIENT_METADATA_KEYS.contains(&key.as_str()),
+                "{file}: ErrorInfo metadata key {key:?} is not one clients may see"
+            );
+        }
+    }
+
+    #[test]
+    fn a_call_owned_elsewhere_names_its_owner_in_process_only() {
+        let error =
+            crate::session::manager::owners::owned_elsewhere(uuid::Uuid::nil(), "127.0.0.1:7001");
+        let status = to_status(&error);
+        let info = status.get_details_error_info().expect("ErrorInfo detail");
+        assert!(info.metadata.is_empty(), "{:?}", info.metadata);
+        assert!(!status.details().is_empty());
+        let owned = std::error::Error::source(&status)
+            .and_then(|s| s.downcast_ref::<crate::session::manager::owners::OwnedElsewhere>())
+            .expect("the typed owner");
+        assert_eq!(owned.address, "127.0.0.1:7001");
+    }
 
     #[test]
     fn a_long_message_is_cut_at_a_character_boundary() {

@@ -353,7 +353,11 @@ pub(crate) mod cases {
             session: Some(changed),
             fence: None,
         };
-        let err = store.commit(id, batch).await.unwrap_err();
+        let err = store
+            .commit(id, batch)
+            .await
+            .map_err(crate::domain::Error::from)
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::Internal);
         assert_eq!(whole_log(&store, id).await, frames(1, 1));
         assert_eq!(store.head_offset(id).await.unwrap(), 1);
@@ -367,9 +371,17 @@ pub(crate) mod cases {
         store.commit(id, entries(frames(1, 2))).await.unwrap();
         let mut overlapping = frames(2, 3);
         overlapping[0].json = r#"{"rewritten":true}"#.to_owned();
-        let err = store.commit(id, entries(overlapping)).await.unwrap_err();
+        let err = store
+            .commit(id, entries(overlapping))
+            .await
+            .map_err(crate::domain::Error::from)
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::Internal);
-        let err = store.commit(id, entries(frames(1, 1))).await.unwrap_err();
+        let err = store
+            .commit(id, entries(frames(1, 1)))
+            .await
+            .map_err(crate::domain::Error::from)
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::Internal);
         assert_eq!(whole_log(&store, id).await, frames(1, 2));
         assert_eq!(store.head_offset(id).await.unwrap(), 2);
@@ -382,7 +394,11 @@ pub(crate) mod cases {
         let backwards = vec![frame(2, "{}"), frame(1, "{}")];
         let from_zero = vec![frame(0, "{}"), frame(1, "{}")];
         for bad in [repeated, skipping, backwards, from_zero] {
-            let err = store.commit(id, entries(bad)).await.unwrap_err();
+            let err = store
+                .commit(id, entries(bad))
+                .await
+                .map_err(crate::domain::Error::from)
+                .unwrap_err();
             assert_eq!(err.code, ErrorCode::Internal);
         }
         assert!(whole_log(&store, id).await.is_empty());
@@ -775,6 +791,7 @@ pub(crate) mod cases {
                 },
             )
             .await
+            .map_err(crate::domain::Error::from)
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::ActionIdConflict);
         assert_eq!(whole_log(&store, id).await, frames(1, 1));
@@ -963,7 +980,11 @@ pub(crate) mod cases {
     pub(crate) async fn a_commit_to_an_unknown_session_fails_with_session_not_found(store: S) {
         let unknown = Uuid::now_v7();
         for batch in [Batch::default(), entries(frames(1, 3))] {
-            let err = store.commit(unknown, batch).await.unwrap_err();
+            let err = store
+                .commit(unknown, batch)
+                .await
+                .map_err(crate::domain::Error::from)
+                .unwrap_err();
             assert_eq!(err.code, ErrorCode::SessionNotFound);
         }
         assert_eq!(store.get_session(unknown).await.unwrap(), None);
@@ -1298,7 +1319,11 @@ pub(crate) mod cases {
         assert!(store.list_sessions(&bobs).await.unwrap().is_empty());
         assert!(!store.delete_session(id).await.unwrap());
         assert!(!store.delete_session(Uuid::now_v7()).await.unwrap());
-        let err = store.commit(id, entries(frames(4, 4))).await.unwrap_err();
+        let err = store
+            .commit(id, entries(frames(4, 4)))
+            .await
+            .map_err(crate::domain::Error::from)
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::SessionNotFound);
 
         // The other session is untouched.

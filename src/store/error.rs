@@ -20,14 +20,6 @@ pub enum StoreError {
         #[source]
         source: Option<BoxError>,
     },
-    /// A write whose fence is no longer the session's current one: another replica has claimed
-    /// the session. The writer must stop its actor and never write for it again.
-    #[error("session {session_id}: write fenced off (fence {fence}, current {})", current.map_or_else(|| "none".to_owned(), |c| c.to_string()))]
-    Fenced {
-        session_id: Uuid,
-        fence: u64,
-        current: Option<u64>,
-    },
     /// Stored data that cannot be read back as what it should be.
     #[error("{message}")]
     Corrupt {
@@ -79,8 +71,43 @@ pub enum StoreError {
     },
 }
 
-/// The metadata key that marks a fenced error once it is a domain error.
-pub(super) const FENCED_KEY: &str = "store_fenced";
+/// Why [`super::Store::commit`] stored nothing. Fencing is its own variant, not a flag on an
+/// error: the writer must react to it (stop its actor, never write for the session again),
+/// while every other failure is reported and retried like any store error.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The batch's fence is no longer the session's current one: another replica has claimed
+    /// the session (docs/design.md, fencing).
+    #[error("session {session_id}: write fenced off (fence {fence}, current {})", current.map_or_else(|| "none".to_owned(), |c| c.to_string()))]
+    Fenced {
+        session_id: Uuid,
+        fence: u64,
+        /// The session's current fence (`None`: never leased).
+        current: Option<u64>,
+    },
+    /// Anything else (unreachable database, a batch the store refuses, an unknown session...).
+    #[error(transparent)]
+    Failed(#[from] Error),
+}
+
+impl From<StoreError> for CommitError {
+    fn from(error: StoreError) -> Self {
+        Self::Failed(error.into())
+    }
+}
+
+/// What callers of a fenced write see: an internal error (the transport never sees a fenced
+/// write as anything else), with no marker in its metadata.
+impl From<CommitError> for Error {
+    fn from(error: CommitError) -> Self {
+        match error {
+            CommitError::Failed(error) => error,
+            fenced @ CommitError::Fenced { .. } => {
+                Error::new(ErrorCode::Internal, fenced.to_string()).with_source(fenced)
+            }
+        }
+    }
+}
 
 impl StoreError {
     pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
@@ -141,11 +168,7 @@ impl StoreError {
 
 impl From<StoreError> for Error {
     fn from(error: StoreError) -> Self {
-        let mut domain = Error::new(error.code(), error.to_string());
-        if matches!(error, StoreError::Fenced { .. }) {
-            domain = domain.with(FENCED_KEY, "true");
-        }
-        domain.with_source(error)
+        Error::new(error.code(), error.to_string()).with_source(error)
     }
 }
 
@@ -167,21 +190,27 @@ mod tests {
     }
 
     #[test]
-    fn a_fenced_write_stays_internal_and_is_recognised_as_fenced() {
+    fn a_fenced_write_becomes_an_internal_error_without_metadata() {
         let id = Uuid::nil();
-        let error: Error = StoreError::Fenced {
+        let error: Error = CommitError::Fenced {
             session_id: id,
             fence: 3,
             current: Some(4),
         }
         .into();
         assert_eq!(error.code, ErrorCode::Internal);
-        assert!(super::super::is_fenced(&error));
+        assert!(error.metadata.is_empty(), "{:?}", error.metadata);
         assert!(
             error.message.contains("fence 3, current 4"),
             "{}",
             error.message
         );
-        assert!(!super::super::is_fenced(&Error::internal("other")));
+    }
+
+    #[test]
+    fn any_other_commit_failure_is_the_stores_error_as_it_was() {
+        let error: Error = CommitError::from(StoreError::closed("closed")).into();
+        assert_eq!(error.code, ErrorCode::Internal);
+        assert_eq!(error.message, "closed");
     }
 }

@@ -6,7 +6,7 @@ use std::{collections::HashMap, sync::Mutex};
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::{ActionRecord, Batch, LogEntry, QueueOp, SessionQuery, Store};
+use super::{ActionRecord, Batch, CommitError, LogEntry, QueueOp, SessionQuery, Store};
 use crate::domain::{
     ActionId, Error, ErrorCode, Result, queue::QueuedEntry, session::SessionRecord,
     session::SessionStatus,
@@ -100,12 +100,12 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()> {
+    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError> {
         let mut sessions = self.sessions.lock().expect("not poisoned");
         let data = sessions
             .get_mut(&session_id)
             .ok_or_else(|| Error::session_not_found(&session_id.to_string()))?;
-        apply(data, batch)
+        Ok(apply(data, batch)?)
     }
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {

@@ -30,11 +30,11 @@ use uuid::Uuid;
 
 pub use crate::domain::log::{Direction, LogEntry};
 use crate::domain::{
-    ActionId, Error, Result,
+    ActionId, Result,
     queue::QueuedEntry,
     session::{SessionRecord, SessionStatus},
 };
-pub use error::{BoxError, StoreError};
+pub use error::{BoxError, CommitError, StoreError};
 
 /// How long one statement may run before the store cancels it, unless configured
 /// otherwise: a PostgreSQL statement (`statement_timeout`), a SQLite read.
@@ -118,8 +118,8 @@ pub struct Batch {
     /// The session record as it now stands (replaces the stored one).
     pub session: Option<SessionRecord>,
     /// The fence of the writer's lease on the session. With a fence, the batch applies
-    /// only while that fence is still the session's current one; otherwise it fails whole with a
-    /// [`fenced`] error. `None`: no check (one replica, or a store without leases).
+    /// only while that fence is still the session's current one; otherwise it fails whole with
+    /// [`CommitError::Fenced`]. `None`: no check (one replica, or a store without leases).
     pub fence: Option<u64>,
 }
 
@@ -186,25 +186,6 @@ pub enum LeaseClaim {
     HeldBy(Lease),
 }
 
-/// A commit refused because its fence is no longer the session's current one: another replica
-/// has claimed the session. The writer must stop its actor and never write for the session again.
-pub fn fenced(session_id: Uuid, fence: u64, current: Option<u64>) -> Error {
-    StoreError::Fenced {
-        session_id,
-        fence,
-        current,
-    }
-    .into()
-}
-
-/// Whether a store error is a [`fenced`] refusal.
-pub fn is_fenced(error: &Error) -> bool {
-    error
-        .metadata
-        .get(error::FENCED_KEY)
-        .is_some_and(|v| v == "true")
-}
-
 /// A hint that a session changed in the store: its log reached `head` (0: something else
 /// changed — its record, its queue, or it was deleted). A nil `session` wakes everyone (sent
 /// after a lost connection). Only a hint: the reader reads what changed from the store.
@@ -237,7 +218,8 @@ pub trait Store: Send + Sync + 'static {
     /// Applies a batch atomically and durably before returning. A batch whose first
     /// offset is not head + 1, or that records an existing action id, fails whole and changes
     /// nothing.
-    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()>;
+    /// A fenced batch is [`CommitError::Fenced`], never a plain error.
+    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError>;
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>>;
 

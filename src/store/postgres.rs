@@ -39,6 +39,8 @@ use deadpool_postgres::{Client, Manager, ManagerConfig, Pool, RecyclingMethod, R
 use tokio_postgres::{NoTls, config::Host, types::ToSql};
 use uuid::Uuid;
 
+use crate::store::CommitError;
+
 use super::{
     ActionRecord, Batch, BridgeAd, Lease, LeaseClaim, LogEntry, SessionQuery, Store, StoreError,
     to_micros,
@@ -588,7 +590,7 @@ impl Store for PostgresStore {
         tx.commit().await.context("committing a new session")
     }
 
-    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()> {
+    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError> {
         let head = batch.entries.last().map_or(0, |e| e.offset);
         self.committer.commit(session_id, batch).await?;
         self.notifier.committed(session_id, head);

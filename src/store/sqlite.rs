@@ -39,7 +39,9 @@ use self::{
     rows::{Context, action_columns, log_columns, queue_columns, session_columns},
     writer::{Change, Reply, WriteOp, Writer},
 };
-use super::{ActionRecord, Batch, LogEntry, SessionQuery, Store, StoreError, to_micros};
+use super::{
+    ActionRecord, Batch, CommitError, LogEntry, SessionQuery, Store, StoreError, to_micros,
+};
 use crate::{
     domain::{
         ActionId, Error, Result,
@@ -424,8 +426,8 @@ impl Store for SqliteStore {
         self.write(Change::Create(Box::new(record.clone()))).await
     }
 
-    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()> {
-        self.write(Change::Commit(session_id, batch)).await
+    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError> {
+        Ok(self.write(Change::Commit(session_id, batch)).await?)
     }
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {

@@ -28,7 +28,7 @@ use crate::{
         queue::{Queue, QueuedEntry},
         session::{SessionRecord, SessionStatus},
     },
-    store::{ActionRecord, ActionState, Batch, Direction, LogEntry, QueueOp},
+    store::{ActionRecord, ActionState, Batch, CommitError, Direction, LogEntry, QueueOp},
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -474,11 +474,15 @@ impl Actor {
         }
         let session_changed = batch.session.is_some();
         batch.fence = self.shared.fence;
-        if let Err(error) = self.ctx.store.commit(self.record.id, batch).await {
-            if crate::store::is_fenced(&error) {
-                self.stop_lost("write fenced off");
-                return Err(error);
-            }
+        let committed = self.ctx.store.commit(self.record.id, batch).await;
+        if let Err(error) = committed {
+            let error = match error {
+                fenced @ CommitError::Fenced { .. } => {
+                    self.stop_lost("write fenced off");
+                    return Err(fenced.into());
+                }
+                CommitError::Failed(error) => error,
+            };
             tracing::error!(session = %self.record.id, %error, "log commit failed");
             // The fold saw entries the log does not hold: fold the log again when next needed.
             self.fold = None;

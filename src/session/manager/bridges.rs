@@ -14,7 +14,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use super::{Sessions, owners::OWNER_ADDRESS_KEY};
+use super::{Sessions, owners::OwnedElsewhere};
 use crate::{
     acp::remote::{labels_match, labels_text, principal_allowed},
     domain::session::SessionStatus,
@@ -46,7 +46,9 @@ fn bridge_elsewhere(labels: &BTreeMap<String, String>, bridge_id: &str, address:
             labels_text(labels)
         ),
     )
-    .with(OWNER_ADDRESS_KEY, address)
+    .with_source(OwnedElsewhere {
+        address: address.to_owned(),
+    })
 }
 
 impl Sessions {

@@ -190,7 +190,7 @@ impl Sessions {
                 if let Err(e) = ctx.store.delete_session(session_id).await {
                     tracing::error!(session = %session_id, error = %e, "could not remove a failed fork");
                 }
-                return Err(error);
+                return Err(error.into());
             }
             head = 1;
             fork_of = Some(fork.parent_acp_session_id);

@@ -16,9 +16,14 @@ use crate::{
     store::LeaseClaim,
 };
 
-/// The error metadata key naming the replica that owns a session (its advertised address): the
-/// transport forwards the call there.
-pub(crate) const OWNER_ADDRESS_KEY: &str = "owner_address";
+/// Why a call cannot run here: the session (or the bridge a session needs) is served by the
+/// replica at `address`, and the transport forwards the call there. It rides as the typed source
+/// of the domain error, in process only: nothing of it reaches the wire or a client.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("served by the replica at {address}")]
+pub(crate) struct OwnedElsewhere {
+    pub(crate) address: String,
+}
 
 /// Where a call for a session must run.
 pub(crate) enum Claim {
@@ -37,7 +42,9 @@ pub(crate) fn owned_elsewhere(session_id: Uuid, address: &str) -> Error {
         ErrorCode::Internal,
         format!("session {session_id} is served by another replica ({address})"),
     )
-    .with(OWNER_ADDRESS_KEY, address)
+    .with_source(OwnedElsewhere {
+        address: address.to_owned(),
+    })
 }
 
 impl Sessions {

@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 use crate::{
     domain::{ActionId, Error, ErrorCode, Result},
-    store::{Batch, QueueOp, StoreError, context_to_json, fenced, to_micros, work_to_json},
+    store::{Batch, CommitError, QueueOp, StoreError, context_to_json, to_micros, work_to_json},
 };
 
 pub(super) type Tx<'a> = deadpool_postgres::Transaction<'a>;
@@ -209,17 +209,21 @@ fn query<'a>(
 pub(super) fn judge(
     batches: &[(Uuid, &Batch)],
     found: &mut HashMap<Uuid, Stored>,
-) -> Vec<Option<Error>> {
+) -> Vec<Option<CommitError>> {
     batches
         .iter()
         .map(|&(session_id, batch)| {
             let Some(stored) = found.get_mut(&session_id) else {
-                return Some(Error::session_not_found(&session_id.to_string()));
+                return Some(Error::session_not_found(&session_id.to_string()).into());
             };
             if let Some(fence) = batch.fence
                 && stored.fence != Some(fence)
             {
-                return Some(fenced(session_id, fence, stored.fence));
+                return Some(CommitError::Fenced {
+                    session_id,
+                    fence,
+                    current: stored.fence,
+                });
             }
             if let Some(first) = batch.entries.first().map(|e| e.offset)
                 && first != stored.head + 1
@@ -236,10 +240,13 @@ pub(super) fn judge(
             for action in &batch.new_actions {
                 let id = action.action_id.as_uuid();
                 if stored.recorded.contains(&id) || !new.insert(id) {
-                    return Some(Error::new(
-                        ErrorCode::ActionIdConflict,
-                        format!("action id {} is already recorded", action.action_id),
-                    ));
+                    return Some(
+                        Error::new(
+                            ErrorCode::ActionIdConflict,
+                            format!("action id {} is already recorded", action.action_id),
+                        )
+                        .into(),
+                    );
                 }
             }
             stored.head += batch.entries.len() as u64;
@@ -339,7 +346,7 @@ impl<'b> Writes<'b> {
     /// The rows of the batches whose verdict is `None`, in order.
     pub(super) fn of(
         batches: &[(Uuid, &'b Batch)],
-        verdicts: &[Option<Error>],
+        verdicts: &[Option<CommitError>],
         found: &HashMap<Uuid, Stored>,
     ) -> Self {
         let mut writes = Self::default();

@@ -31,7 +31,7 @@ use uuid::Uuid;
 use super::{commit, from_pool, from_postgres, is_cancelled, is_unreachable};
 use crate::{
     domain::{Error, Result},
-    store::{Batch, StoreError},
+    store::{Batch, CommitError, StoreError},
 };
 
 /// Groups committing at once. More than one, so a group's statements run while another waits for
@@ -44,7 +44,7 @@ const MAX_GROUP: usize = 128;
 pub(super) struct Job {
     pub(super) session_id: Uuid,
     pub(super) batch: Batch,
-    pub(super) reply: oneshot::Sender<Result<()>>,
+    pub(super) reply: oneshot::Sender<Result<(), CommitError>>,
 }
 
 /// The queue of batches waiting to be committed; see the module documentation.
@@ -63,7 +63,7 @@ impl Committer {
 
     /// Commits `batch` with whatever else is waiting; returns once it is durable, or with its own
     /// error.
-    pub(super) async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<()> {
+    pub(super) async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError> {
         commit::precheck(session_id, &batch)?;
         let (reply, answer) = oneshot::channel();
         self.jobs
@@ -133,7 +133,7 @@ pub(super) async fn commit_group(pool: &Pool, target: &str, mut jobs: Vec<Job>) 
 
 fn answer_all(jobs: Vec<Job>, error: &Error) {
     for job in jobs {
-        let _ = job.reply.send(Err(error.clone()));
+        let _ = job.reply.send(Err(CommitError::Failed(error.clone())));
     }
 }
 
@@ -162,7 +162,7 @@ impl Failure {
 }
 
 /// One transaction for `jobs`: each batch's verdict (`None`: committed) once it is durable.
-async fn attempt(client: &mut Client, jobs: &[Job]) -> Result<Vec<Option<Error>>, Failure> {
+async fn attempt(client: &mut Client, jobs: &[Job]) -> Result<Vec<Option<CommitError>>, Failure> {
     let batches: Vec<(Uuid, &Batch)> = jobs
         .iter()
         .map(|job| (job.session_id, &job.batch))

@@ -12,13 +12,17 @@ use uuid::Uuid;
 
 use super::{PostgresOptions, PostgresStore, schema::SCHEMA_VERSION};
 use crate::{
-    domain::{ActionId, ErrorCode},
+    domain::{ActionId, Error, ErrorCode},
     store::{
-        ActionState, Batch, LeaseClaim, QueueOp, Store,
+        ActionState, Batch, CommitError, LeaseClaim, QueueOp, Store,
         conformance::fixtures::{action, entries, frames, prompt, queue, session},
-        is_fenced,
     },
 };
+
+/// Whether a commit was refused for its fence (and for nothing else).
+fn is_fenced(error: &CommitError) -> bool {
+    matches!(error, CommitError::Fenced { .. })
+}
 
 /// The environment variable naming the test database.
 pub(crate) const TEST_DATABASE_ENV: &str = "AGENT_HARNESS_TEST_DATABASE_URL";
@@ -456,7 +460,7 @@ fn queued(
     batch: Batch,
 ) -> (
     super::group::Job,
-    tokio::sync::oneshot::Receiver<crate::domain::Result<()>>,
+    tokio::sync::oneshot::Receiver<Result<(), crate::store::CommitError>>,
 ) {
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = super::group::Job {
@@ -568,15 +572,15 @@ async fn one_group_commits_every_batch_it_can_and_answers_each_refused_one_with_
             answer().unwrap();
             answer().unwrap();
         }
-        let missing = answer().unwrap_err();
+        let missing = Error::from(answer().unwrap_err());
         assert_eq!(missing.code, ErrorCode::SessionNotFound);
-        let gap = answer().unwrap_err();
+        let gap = Error::from(answer().unwrap_err());
         assert!(gap.message.contains("continue densely from 0"), "{gap}");
         answer().unwrap();
         answer().unwrap();
-        let again = answer().unwrap_err();
+        let again = Error::from(answer().unwrap_err());
         assert_eq!(again.code, ErrorCode::ActionIdConflict);
-        let conflict = answer().unwrap_err();
+        let conflict = Error::from(answer().unwrap_err());
         assert_eq!(conflict.code, ErrorCode::ActionIdConflict);
         let fenced = answer().unwrap_err();
         assert!(is_fenced(&fenced), "{fenced}");
@@ -660,7 +664,7 @@ async fn a_statement_the_database_rejects_fails_only_the_batch_that_sent_it() {
         for (record, answer) in records.iter().zip(futures::future::join_all(answers).await) {
             let answer = answer.expect("every batch is answered");
             if record.id == doubled {
-                let error = answer.unwrap_err();
+                let error = Error::from(answer.unwrap_err());
                 assert!(error.message.contains("23505"), "{error}");
                 assert_eq!(store.head_offset(record.id).await.unwrap(), 0);
                 assert_eq!(
@@ -707,7 +711,7 @@ async fn concurrent_commits_of_many_sessions_all_apply_but_the_fenced_ones_which
                     };
                     store.commit(id, batch).await?;
                 }
-                crate::domain::Result::Ok(())
+                Ok::<(), CommitError>(())
             }
         });
         let outcomes = futures::future::join_all(commits).await;
@@ -1027,7 +1031,7 @@ async fn a_group_blocked_past_the_statement_timeout_answers_every_batch_unavaila
     .await
     .expect("every batch is answered within a few statement timeouts");
     for answer in answers {
-        let error = answer.await.unwrap().unwrap_err();
+        let error = Error::from(answer.await.unwrap().unwrap_err());
         assert_eq!(error.code, ErrorCode::StoreUnavailable, "{error}");
     }
     hold.rollback().await.unwrap();

@@ -197,6 +197,7 @@ async fn every_kind_of_state_survives_closing_and_reopening_the_file() {
         let err = store
             .commit(first, entries(frames(5, 5)))
             .await
+            .map_err(crate::domain::Error::from)
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::Internal);
         let front = prompt("front");
@@ -224,6 +225,7 @@ async fn every_kind_of_state_survives_closing_and_reopening_the_file() {
                 },
             )
             .await
+            .map_err(crate::domain::Error::from)
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::ActionIdConflict);
         store.close().await.unwrap();
@@ -417,12 +419,24 @@ async fn a_failing_change_inside_a_group_is_rolled_back_alone_and_gets_its_own_e
         for task in ok {
             task.await.unwrap().unwrap();
         }
-        let err = with_gap.await.unwrap().unwrap_err();
+        let err = with_gap
+            .await
+            .unwrap()
+            .map_err(crate::domain::Error::from)
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::Internal);
         assert!(err.message.contains("densely"), "{}", err.message);
-        let err = with_conflict.await.unwrap().unwrap_err();
+        let err = with_conflict
+            .await
+            .unwrap()
+            .map_err(crate::domain::Error::from)
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::ActionIdConflict);
-        let err = to_nowhere.await.unwrap().unwrap_err();
+        let err = to_nowhere
+            .await
+            .unwrap()
+            .map_err(crate::domain::Error::from)
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::SessionNotFound);
         let err = taken_id.await.unwrap().unwrap_err();
         assert_eq!(err.code, ErrorCode::SessionExists);
@@ -574,6 +588,7 @@ async fn closing_checkpoints_the_wal_and_later_writes_fail_while_reads_still_wor
         let err = store
             .commit(record.id, entries(frames(51, 51)))
             .await
+            .map_err(crate::domain::Error::from)
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::Internal);
         assert!(err.message.contains("closed"), "{}", err.message);
