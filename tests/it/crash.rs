@@ -106,6 +106,9 @@ async fn after_kill_9_a_session_that_cannot_reopen_keeps_its_log_is_disconnected
             crash_with_work_in_flight("plain").await;
         let server = Serve::on(&data, dir.path().join("config.toml")).start();
         let mut session = Session::attach(server.client().await, &id);
+        // Recovery runs in the session's actor once the server is up: wait for its event (the
+        // stream replays the log, so it is found whether it came before or after this call).
+        session.watch().await.event("queue_abandoned").await;
         let after = session.log().await;
         assert!(after.len() >= log.len());
         for (before, after) in log.iter().zip(&after) {
