@@ -92,7 +92,7 @@ impl Drop for WriterThread {
 }
 
 /// Stops the read running on a connection, or about to: dropped (its caller went away), it
-/// does so too. SQLite's progress handler asks it every few hundred VM steps.
+/// does so too. SQLite's progress handler asks it every [`READ_CHECK_STEPS`] VM steps.
 #[derive(Default)]
 struct Interrupter(Arc<AtomicBool>);
 

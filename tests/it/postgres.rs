@@ -135,7 +135,7 @@ async fn running(watcher: &tokio_postgres::Client, app: &str, like: &str) -> (i6
     (row.get(0), row.get(1))
 }
 
-/// Waits until the server's statements like `like` number `wanted` (true) or at least `wanted`.
+/// Waits until at least `wanted` of the server's statements like `like` run on the database.
 async fn until_running(watcher: &tokio_postgres::Client, app: &str, like: &str, wanted: i64) {
     crate::harness::within(std::time::Duration::from_secs(20), async {
         loop {

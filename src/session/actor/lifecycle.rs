@@ -275,13 +275,13 @@ impl Actor {
             .await
             .map(Link::Remote)
             .map_err(|why| {
-                // `why` may hold the bridge's own text: capped as a whole, as stored.
+                // `why` may hold the bridge's text; whoever stores or shows it caps it.
                 Error::new(
                     ErrorCode::RuntimeStartFailed,
-                    crate::domain::text::cap_foreign(&format!(
+                    format!(
                         "could not start a remote runtime of profile {}: {why}",
                         self.profile.name
-                    )),
+                    ),
                 )
             })
     }
@@ -330,13 +330,9 @@ impl Actor {
                     None,
                 );
                 self.record.status = SessionStatus::Disconnected;
-                // Led by the reason code, as a client tells the fault apart by it.
-                // The message may hold a bridge's or runtime's text: stored capped.
-                self.record.status_reason = crate::domain::text::cap_foreign(&format!(
-                    "{}: {}",
-                    error.code.reason(),
-                    error.message
-                ));
+                // Led by the reason code, as a client tells the fault apart by it. The message
+                // may hold a bridge's or runtime's text: `touch` caps it as it is stored.
+                self.record.status_reason = format!("{}: {}", error.code.reason(), error.message);
                 self.touch(&mut out);
                 let _ = self.flush(out).await;
             }
@@ -447,8 +443,7 @@ impl Actor {
         }
         self.log_event(&mut out, event, failed_turn);
         self.record.status = SessionStatus::Disconnected;
-        // The detail and the tail are the runtime's (or its bridge's) text: stored capped.
-        crate::domain::text::cap_foreign_in_place(&mut reason);
+        // The detail and the tail are the runtime's (or its bridge's) text: `touch` caps it.
         self.record.status_reason = reason;
         self.touch(&mut out);
         tracing::warn!(session = %self.record.id, kind, %detail, "runtime fault");
