@@ -19,7 +19,7 @@ use crate::{
     config::{BrowserConfig, ServeConfig},
     domain::{Error, ErrorCode},
     grpc::{
-        auth::Authenticator, browser, forward::RoutedSessions,
+        auth::Authenticator, browser, forward::Forwarder,
         framed::agent_session_service_server::AgentSessionServiceServer, gateway::GatewayService,
         loopback_only::LoopbackOnlyLayer, sessions::SessionsService, status,
         translator::TranslatorService,
@@ -345,15 +345,14 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 peer_tls: peer_tls.clone(),
             }));
         }
-        let service = AgentSessionServiceServer::new(RoutedSessions::new(
-            SessionsService::new(sessions.clone()),
-            replica_token,
-            peer_tls,
+        let service = AgentSessionServiceServer::new(SessionsService::new(
+            sessions.clone(),
+            Forwarder::new(replica_token, peer_tls),
         ))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_response);
         routes.add_service(InterceptedService::new(service, auth.clone()));
-        served.push(<AgentSessionServiceServer<RoutedSessions> as NamedService>::NAME);
+        served.push(<AgentSessionServiceServer<SessionsService> as NamedService>::NAME);
     }
     if config.services.translator {
         let translator = Arc::new(Translator::new(config.static_files_base_url.as_deref()));
@@ -378,7 +377,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
             .await;
     }
     let store_watch = store.clone().map(|store| {
-        let service = <AgentSessionServiceServer<RoutedSessions> as NamedService>::NAME;
+        let service = <AgentSessionServiceServer<SessionsService> as NamedService>::NAME;
         watch_store(store, health.clone(), service)
     });
     routes.add_service(health_service);

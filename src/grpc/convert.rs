@@ -201,6 +201,124 @@ fn control_from_pb(request: pb::ControlRequest) -> Result<ControlInput> {
     })
 }
 
+// ---- decoded requests, encoded again for the replica that runs the session -----------------
+//
+// A routed call is decoded (and so validated) before its session is located, and what travels
+// to the owner is the decoded request encoded again: nothing is cloned in case it must go.
+
+impl From<ControlInput> for pb::ControlRequest {
+    fn from(input: ControlInput) -> Self {
+        use pb::control_request::Action as A;
+        let action = match input.action {
+            Action::Prompt(prompt) => A::Prompt(pb::PromptAction {
+                prompt: prompt.prompt,
+                attachments: prompt.attachments.iter().map(Into::into).collect(),
+            }),
+            Action::SetModel { model } => A::SetModel(pb::SetModelAction { model }),
+            Action::SetConfigOption { config_id, value } => {
+                A::SetConfigOption(pb::SetConfigOptionAction { config_id, value })
+            }
+            Action::Compact => A::Compact(pb::CompactAction {}),
+            Action::Stop { clear_queue } => A::Stop(pb::StopAction { clear_queue }),
+            Action::RespondElicitation { request_id, answer } => {
+                use pb::respond_elicitation_action::Answer;
+                A::RespondElicitation(pb::RespondElicitationAction {
+                    request_id: Some((&request_id).into()),
+                    answer: Some(match answer {
+                        ElicitationAnswer::Accept { content } => {
+                            Answer::Accept(pb::ElicitationAccept {
+                                content: content
+                                    .into_iter()
+                                    .map(|(key, value)| (key, elicitation_value_to_pb(value)))
+                                    .collect(),
+                            })
+                        }
+                        ElicitationAnswer::Decline => Answer::Decline(pb::ElicitationDecline {}),
+                        ElicitationAnswer::Cancel => Answer::Cancel(pb::ElicitationCancel {}),
+                    }),
+                })
+            }
+            Action::RespondToPermission { request_id, answer } => {
+                use pb::respond_to_permission_action::Outcome;
+                A::RespondToPermission(pb::RespondToPermissionAction {
+                    request_id: Some((&request_id).into()),
+                    outcome: Some(match answer {
+                        PermissionAnswer::Selected { option_id } => {
+                            Outcome::SelectedOptionId(option_id)
+                        }
+                        PermissionAnswer::Cancelled => {
+                            Outcome::Cancelled(pb::PermissionCancelled {})
+                        }
+                    }),
+                })
+            }
+        };
+        Self {
+            session_id: input.session_id,
+            action_id: input.action_id.map(|id| id.to_string()),
+            context: input.context.map(json_to_struct),
+            delivery: match input.interrupt {
+                true => pb::Delivery::Interrupt,
+                false => pb::Delivery::Unspecified,
+            } as i32,
+            expect: match input.expect_idle {
+                true => pb::Expect::Idle,
+                false => pb::Expect::Unspecified,
+            } as i32,
+            action: Some(action),
+        }
+    }
+}
+
+fn elicitation_value_to_pb(value: ElicitationValue) -> pb::ElicitationValue {
+    use pb::elicitation_value::Kind as K;
+    pb::ElicitationValue {
+        kind: Some(match value {
+            ElicitationValue::Text(text) => K::Text(text),
+            ElicitationValue::Flag(flag) => K::Flag(flag),
+            ElicitationValue::Integer(n) => K::Integer(n),
+            ElicitationValue::Number(n) => K::Number(n),
+            ElicitationValue::Strings(values) => K::Strings(pb::StringList { values }),
+        }),
+    }
+}
+
+impl From<CreateInput> for pb::CreateSessionRequest {
+    fn from(input: CreateInput) -> Self {
+        use pb::create_session_request::Origin as O;
+        Self {
+            session_id: input.session_id,
+            profile: input.profile,
+            cwd: input.cwd,
+            model: input.model,
+            name: input.name,
+            origin: input.origin.map(|origin| match origin {
+                Origin::Mention(message) => O::Mention(pb::ChannelMessage {
+                    message_id: message.message_id,
+                    channel_id: message.channel_id,
+                    thread_id: message.thread_id,
+                    sender_id: message.sender_id,
+                    content: message.content,
+                    attachments: message
+                        .attachments
+                        .into_iter()
+                        .map(|a| pb::ChannelAttachment {
+                            entity_type: a.entity_type,
+                            entity_id: a.entity_id,
+                        })
+                        .collect(),
+                }),
+                Origin::TaskAssignment(task) => O::TaskAssignment(pb::TaskAssignment {
+                    prompt: task.prompt,
+                    assigned_by: task.assigned_by,
+                }),
+            }),
+            labels: input.labels.into_iter().collect(),
+            editors: input.editors,
+        }
+    }
+}
+
 // ---- JSON <-> google.protobuf.Struct ------------------------------------------------------
 
 pub(crate) fn struct_to_json(s: Struct) -> Map<String, Value> {
@@ -208,6 +326,29 @@ pub(crate) fn struct_to_json(s: Struct) -> Map<String, Value> {
         .into_iter()
         .map(|(key, value)| (key, value_to_json(value)))
         .collect()
+}
+
+fn json_to_struct(map: Map<String, Value>) -> Struct {
+    Struct {
+        fields: map
+            .into_iter()
+            .map(|(key, value)| (key, json_to_value(value)))
+            .collect(),
+    }
+}
+
+fn json_to_value(value: Value) -> prost_types::Value {
+    let kind = match value {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        Value::String(s) => Kind::StringValue(s),
+        Value::Array(values) => Kind::ListValue(prost_types::ListValue {
+            values: values.into_iter().map(json_to_value).collect(),
+        }),
+        Value::Object(map) => Kind::StructValue(json_to_struct(map)),
+    };
+    prost_types::Value { kind: Some(kind) }
 }
 
 fn value_to_json(value: prost_types::Value) -> Value {
@@ -765,5 +906,136 @@ mod tests {
         let mut request = control(pb::control_request::Action::Compact(pb::CompactAction {}));
         request.delivery = 9;
         assert!(control_from_pb(request).is_err());
+    }
+
+    /// Decoding what a forwarding replica encoded gives what it decoded: the owner acts on the
+    /// very request the caller sent.
+    fn forwards_unchanged(request: pb::ControlRequest) {
+        let decoded = control_from_pb(request).expect("valid");
+        let again = control_from_pb(pb::ControlRequest::from(decoded.clone())).expect("valid");
+        assert_eq!(format!("{decoded:?}"), format!("{again:?}"));
+    }
+
+    #[test]
+    fn every_control_action_is_forwarded_unchanged() {
+        use pb::control_request::Action as A;
+        let id = Some(pb::JsonRpcId {
+            id: Some(pb::json_rpc_id::Id::Text("r-1".into())),
+        });
+        let context = Struct {
+            fields: [(
+                "nested".to_owned(),
+                json_to_value(serde_json::json!({"a": [1, 2.5, "x", null, true]})),
+            )]
+            .into_iter()
+            .collect(),
+        };
+        let actions = [
+            A::Prompt(pb::PromptAction {
+                prompt: "hello".into(),
+                attachments: vec![pb::PromptAttachment {
+                    uri: "file:///a.txt".into(),
+                    name: "a.txt".into(),
+                    mime_type: Some("text/plain".into()),
+                    size: Some(3),
+                }],
+            }),
+            A::SetModel(pb::SetModelAction { model: "m".into() }),
+            A::SetConfigOption(pb::SetConfigOptionAction {
+                config_id: "mode".into(),
+                value: "ask".into(),
+            }),
+            A::Compact(pb::CompactAction {}),
+            A::Stop(pb::StopAction { clear_queue: true }),
+            A::RespondElicitation(pb::RespondElicitationAction {
+                request_id: id.clone(),
+                answer: Some(pb::respond_elicitation_action::Answer::Accept(
+                    pb::ElicitationAccept {
+                        content: [
+                            ("t", pb::elicitation_value::Kind::Text("x".into())),
+                            ("f", pb::elicitation_value::Kind::Flag(true)),
+                            ("i", pb::elicitation_value::Kind::Integer(-4)),
+                            ("n", pb::elicitation_value::Kind::Number(0.25)),
+                            (
+                                "s",
+                                pb::elicitation_value::Kind::Strings(pb::StringList {
+                                    values: vec!["a".into(), "b".into()],
+                                }),
+                            ),
+                        ]
+                        .into_iter()
+                        .map(|(k, kind)| (k.to_owned(), pb::ElicitationValue { kind: Some(kind) }))
+                        .collect(),
+                    },
+                )),
+            }),
+            A::RespondElicitation(pb::RespondElicitationAction {
+                request_id: id.clone(),
+                answer: Some(pb::respond_elicitation_action::Answer::Decline(
+                    pb::ElicitationDecline {},
+                )),
+            }),
+            A::RespondToPermission(pb::RespondToPermissionAction {
+                request_id: Some(pb::JsonRpcId {
+                    id: Some(pb::json_rpc_id::Id::Number(7)),
+                }),
+                outcome: Some(pb::respond_to_permission_action::Outcome::SelectedOptionId(
+                    "allow".into(),
+                )),
+            }),
+            A::RespondToPermission(pb::RespondToPermissionAction {
+                request_id: id,
+                outcome: Some(pb::respond_to_permission_action::Outcome::Cancelled(
+                    pb::PermissionCancelled {},
+                )),
+            }),
+        ];
+        for action in actions {
+            let mut request = control(action);
+            request.action_id = Some(ActionId::mint().to_string());
+            request.context = Some(context.clone());
+            request.delivery = pb::Delivery::Interrupt as i32;
+            request.expect = pb::Expect::Idle as i32;
+            forwards_unchanged(request);
+        }
+    }
+
+    #[test]
+    fn a_create_request_is_forwarded_unchanged() {
+        let request = pb::CreateSessionRequest {
+            session_id: Some(uuid::Uuid::now_v7().to_string()),
+            profile: "remote".into(),
+            cwd: "/work".into(),
+            model: Some("m".into()),
+            name: Some("n".into()),
+            origin: Some(pb::create_session_request::Origin::Mention(
+                pb::ChannelMessage {
+                    message_id: "1".into(),
+                    channel_id: "c".into(),
+                    thread_id: "t".into(),
+                    sender_id: "u".into(),
+                    content: "hi".into(),
+                    attachments: vec![pb::ChannelAttachment {
+                        entity_type: "file".into(),
+                        entity_id: "f".into(),
+                    }],
+                },
+            )),
+            labels: [("team".to_owned(), "a".to_owned())].into_iter().collect(),
+            editors: vec!["bob".into()],
+        };
+        let again = pb::CreateSessionRequest::from(CreateInput::from(request.clone()));
+        assert_eq!(again, request);
+        let task = pb::CreateSessionRequest {
+            origin: Some(pb::create_session_request::Origin::TaskAssignment(
+                pb::TaskAssignment {
+                    prompt: "do".into(),
+                    assigned_by: "boss".into(),
+                },
+            )),
+            ..request
+        };
+        let again = pb::CreateSessionRequest::from(CreateInput::from(task.clone()));
+        assert_eq!(again, task);
     }
 }

@@ -1,20 +1,20 @@
-//! Forwarding between replicas. Every `AgentSessionService` call runs here first; a
-//! call for a session another live replica owns comes back from the registry as "owned
-//! elsewhere" (with the owner's advertised address) and is sent on to that replica over gRPC,
-//! as the caller's principal. The hop authenticates with this replica's `replica` token and
-//! names the caller in `x-forwarded-principal` / `x-forwarded-principal-kind` (plus
-//! `x-acting-user` as given), which the owner accepts from a `replica` principal only. Clients
-//! never see which replica owns what: the owner's answer is returned as it is. A replica that
-//! serves TLS dials its peers over TLS (trusting `replica_tls_ca`, presenting its own
-//! certificate when they require client certificates).
+//! Forwarding between replicas. A call about a session that another live replica runs (or
+//! that must be created where a matching bridge is connected) is located before it is
+//! dispatched (`Sessions::locate`); when the answer is "the replica at this address", the
+//! handler hands the decoded request, encoded again, to [`Forwarder`], which sends it there as
+//! the caller's principal. The hop authenticates with this replica's `replica` token and names
+//! the caller in `x-forwarded-principal` / `x-forwarded-principal-kind` (plus `x-acting-user` as
+//! given), which the owner accepts from a `replica` principal only. Clients never see which
+//! replica owns what: the owner's answer is returned as it is. A replica that serves TLS dials
+//! its peers over TLS (trusting `replica_tls_ca`, presenting its own certificate when they
+//! require client certificates).
 //!
-//! Reads (GetSession, ListSessions, ReadLog, GetTranscript, GetQueue) are never forwarded: any
-//! replica answers them from the store, so they still answer while the owner is paused or
-//! partitioned and its lease has not expired yet.
+//! Reads (GetSession, ListSessions, ReadLog, GetTranscript, GetQueue, Subscribe) are never
+//! forwarded: any replica answers them from the store, so they still answer while the owner is
+//! paused or partitioned and its lease has not expired yet.
 
-use std::{collections::HashMap, pin::Pin, sync::Mutex, time::Duration};
+use std::{collections::HashMap, sync::Mutex, time::Duration};
 
-use futures::{Stream, StreamExt};
 use tonic::{
     Code, Request, Response, Status,
     metadata::{MetadataMap, MetadataValue},
@@ -24,38 +24,33 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use super::{
     auth::{self, ACTING_USER_HEADER, FORWARDED_KIND_HEADER, FORWARDED_PRINCIPAL_HEADER},
-    frame::SubscribeFrame,
-    framed::agent_session_service_server::AgentSessionService,
-    sessions::SessionsService,
     status::ERROR_DOMAIN,
 };
 use crate::{
     domain::{Principal, PrincipalKind},
-    pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient},
-    session::manager::owners::OwnedElsewhere,
+    pb::v1::agent_session_service_client::AgentSessionServiceClient,
 };
 
 type Reply<T> = Result<Response<T>, Status>;
-type Client = AgentSessionServiceClient<Channel>;
+pub(crate) type Client = AgentSessionServiceClient<Channel>;
 
 /// How long to wait for a connection to the owner replica.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long the owner may take to answer a forwarded call (for Subscribe: to open the stream).
-/// A paused owner accepts connections but never answers; after this the caller is told to retry,
-/// by which time its lease has usually expired and the session is claimed elsewhere.
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the owner may take to answer a forwarded call. A paused owner accepts connections
+/// but never answers; after this the caller is told to retry, by which time its lease has
+/// usually expired and the session is claimed elsewhere.
+pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a create handed to the replica holding the bridge may take: it includes starting
 /// the agent there, which a profile may allow much longer than a forwarded call's usual bound.
-const CREATE_FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const CREATE_FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest message accepted from the owner (its own responses are bounded by its limits).
 const MAX_FORWARDED_MESSAGE: usize = 64 * 1024 * 1024;
 /// Reason of the status when the owner replica cannot be reached (the lease has not expired
 /// yet; the session is claimed here once it does).
 const REPLICA_UNAVAILABLE: &str = "REPLICA_UNAVAILABLE";
 
-/// The session service, with calls for sessions owned elsewhere forwarded to their owner.
-pub(crate) struct RoutedSessions {
-    inner: SessionsService,
+/// Sends calls on to the replica that runs their session, over one pooled channel per peer.
+pub(crate) struct Forwarder {
     /// The token this replica presents to its peers (`None`: no tokens configured).
     replica_token: Option<String>,
     /// How peers are dialed when replicas serve TLS (`None`: plaintext, like this one).
@@ -63,14 +58,9 @@ pub(crate) struct RoutedSessions {
     channels: Mutex<HashMap<String, Channel>>,
 }
 
-impl RoutedSessions {
-    pub(crate) fn new(
-        inner: SessionsService,
-        replica_token: Option<String>,
-        peer_tls: Option<ClientTlsConfig>,
-    ) -> Self {
+impl Forwarder {
+    pub(crate) fn new(replica_token: Option<String>, peer_tls: Option<ClientTlsConfig>) -> Self {
         Self {
-            inner,
             replica_token,
             peer_tls,
             channels: Mutex::new(HashMap::new()),
@@ -97,7 +87,7 @@ impl RoutedSessions {
                 }
                 let channel = endpoint
                     .connect_timeout(CONNECT_TIMEOUT)
-                    // A relayed stream learns that the owner died or stalled.
+                    // A hop learns that the owner died or stalled.
                     .http2_keep_alive_interval(Duration::from_secs(5))
                     .keep_alive_timeout(Duration::from_secs(5))
                     .keep_alive_while_idle(true)
@@ -137,84 +127,50 @@ impl RoutedSessions {
         Ok(request)
     }
 
-    /// After a local attempt: the owner's address when the call must go there.
-    fn route<T>(&self, caller: &Caller, reply: &Reply<T>) -> Result<Option<String>, Status> {
-        let Err(status) = reply else {
-            return Ok(None);
-        };
-        let Some(address) = owner_of(status) else {
-            return Ok(None);
-        };
+    /// Sends `message` to the replica at `address` with `call`, waiting up to `timeout` for its
+    /// answer, which is returned as it is. `unanswered` is the status when the owner did not
+    /// answer in time (it may or may not have acted).
+    pub(crate) async fn call<Req, Resp, Call, CallFut>(
+        &self,
+        caller: &Caller,
+        address: &str,
+        timeout: Duration,
+        message: Req,
+        call: Call,
+        unanswered: impl FnOnce() -> Status,
+    ) -> Reply<Resp>
+    where
+        Call: FnOnce(Client, Request<Req>) -> CallFut,
+        CallFut: Future<Output = Reply<Resp>>,
+    {
         if caller.forwarded {
             // Forwarded here, yet owned elsewhere: the lease moved under the hop. One hop only,
             // so a call never circles; the caller retries.
             return Err(unavailable("the session is moving between replicas"));
         }
-        Ok(Some(address))
-    }
-
-    async fn unary<Req, Resp, Here, HereFut, There, ThereFut>(
-        &self,
-        request: Request<Req>,
-        here: Here,
-        there: There,
-    ) -> Reply<Resp>
-    where
-        Req: Clone,
-        Here: FnOnce(Request<Req>) -> HereFut,
-        HereFut: Future<Output = Reply<Resp>>,
-        There: FnOnce(Client, Request<Req>) -> ThereFut,
-        ThereFut: Future<Output = Reply<Resp>>,
-    {
-        self.unary_within(FORWARD_TIMEOUT, request, here, there)
-            .await
-    }
-
-    /// [`Self::unary`], waiting up to `timeout` for the owner's answer.
-    async fn unary_within<Req, Resp, Here, HereFut, There, ThereFut>(
-        &self,
-        timeout: Duration,
-        request: Request<Req>,
-        here: Here,
-        there: There,
-    ) -> Reply<Resp>
-    where
-        Req: Clone,
-        Here: FnOnce(Request<Req>) -> HereFut,
-        HereFut: Future<Output = Reply<Resp>>,
-        There: FnOnce(Client, Request<Req>) -> ThereFut,
-        ThereFut: Future<Output = Reply<Resp>>,
-    {
-        let caller = Caller::of(&request)?;
-        let message = request.get_ref().clone();
-        let reply = here(request).await;
-        let Some(address) = self.route(&caller, &reply)? else {
-            return reply;
-        };
         tracing::debug!(owner = %address, "forwarding a call to the session's owner");
-        let client = self.client(&address)?;
-        match tokio::time::timeout(timeout, there(client, self.hop(&caller, message)?)).await {
-            Ok(reply) => reply.map_err(|status| unreachable_owner(status, &address)),
+        let client = self.client(address)?;
+        let request = self.hop(caller, message)?;
+        match tokio::time::timeout(timeout, call(client, request)).await {
+            Ok(reply) => reply.map_err(|status| unreachable_owner(status, address)),
             Err(_) => {
                 tracing::warn!(owner = %address, "the session's owner replica did not answer in time");
-                Err(unavailable(
-                    "the replica that runs this session did not answer; retry shortly",
-                ))
+                Err(unanswered())
             }
         }
     }
 }
 
 /// Who made a call, as the owner must see it.
-struct Caller {
-    principal: Principal,
-    traceparent: Option<String>,
+pub(crate) struct Caller {
+    pub(crate) principal: Principal,
+    pub(crate) traceparent: Option<String>,
     /// The call was itself forwarded by a peer.
     forwarded: bool,
 }
 
 impl Caller {
-    fn of<T>(request: &Request<T>) -> Result<Self, Status> {
+    pub(crate) fn of<T>(request: &Request<T>) -> Result<Self, Status> {
         Ok(Self {
             principal: auth::principal(request)?,
             traceparent: auth::traceparent(request),
@@ -231,17 +187,8 @@ fn insert(metadata: &mut MetadataMap, key: &'static str, value: &str) -> Result<
     Ok(())
 }
 
-/// The owner's address of an "owned elsewhere" refusal of the registry: its typed source, set
-/// in process (a status from the wire never has one).
-fn owner_of(status: &Status) -> Option<String> {
-    let source = std::error::Error::source(status)?;
-    source
-        .downcast_ref::<OwnedElsewhere>()
-        .map(|owned| owned.address.clone())
-}
-
 /// UNAVAILABLE, retryable: the owner cannot be reached now.
-fn unavailable(message: &str) -> Status {
+pub(crate) fn unavailable(message: &str) -> Status {
     let mut details = ErrorDetails::with_error_info(
         REPLICA_UNAVAILABLE,
         ERROR_DOMAIN,
@@ -263,149 +210,4 @@ fn unreachable_owner(status: Status, address: &str) -> Status {
     }
     tracing::warn!(owner = %address, %status, "could not reach the session's owner replica");
     unavailable("the replica that runs this session cannot be reached; retry shortly")
-}
-
-#[tonic::async_trait]
-impl AgentSessionService for RoutedSessions {
-    type SubscribeStream = Pin<Box<dyn Stream<Item = Result<SubscribeFrame, Status>> + Send>>;
-
-    async fn create_session(
-        &self,
-        request: Request<pb::CreateSessionRequest>,
-    ) -> Reply<pb::CreateSessionResponse> {
-        // Created here, owned here; but a remote profile's session is created on the replica
-        // holding a matching bridge's stream, which also starts its runtime.
-        self.unary_within(
-            CREATE_FORWARD_TIMEOUT,
-            request,
-            |r| self.inner.create_session(r),
-            |mut c, r| async move { c.create_session(r).await },
-        )
-        .await
-    }
-
-    async fn get_session(
-        &self,
-        request: Request<pb::GetSessionRequest>,
-    ) -> Reply<pb::GetSessionResponse> {
-        // A read: served from the store here, whoever owns the session.
-        self.inner.get_session(request).await
-    }
-
-    async fn list_sessions(
-        &self,
-        request: Request<pb::ListSessionsRequest>,
-    ) -> Reply<pb::ListSessionsResponse> {
-        self.inner.list_sessions(request).await
-    }
-
-    async fn fork_session(
-        &self,
-        request: Request<pb::ForkSessionRequest>,
-    ) -> Reply<pb::ForkSessionResponse> {
-        // Forked where the parent runs: the new session's runtime forks the parent's context.
-        self.unary(
-            request,
-            |r| self.inner.fork_session(r),
-            |mut c, r| async move { c.fork_session(r).await },
-        )
-        .await
-    }
-
-    async fn close_session(
-        &self,
-        request: Request<pb::CloseSessionRequest>,
-    ) -> Reply<pb::CloseSessionResponse> {
-        self.unary(
-            request,
-            |r| self.inner.close_session(r),
-            |mut c, r| async move { c.close_session(r).await },
-        )
-        .await
-    }
-
-    async fn delete_session(
-        &self,
-        request: Request<pb::DeleteSessionRequest>,
-    ) -> Reply<pb::DeleteSessionResponse> {
-        self.unary(
-            request,
-            |r| self.inner.delete_session(r),
-            |mut c, r| async move { c.delete_session(r).await },
-        )
-        .await
-    }
-
-    async fn control(&self, request: Request<pb::ControlRequest>) -> Reply<pb::ControlResponse> {
-        self.unary(
-            request,
-            |r| self.inner.control(r),
-            |mut c, r| async move { c.control(r).await },
-        )
-        .await
-    }
-
-    async fn get_queue(
-        &self,
-        request: Request<pb::GetQueueRequest>,
-    ) -> Reply<pb::GetQueueResponse> {
-        // A read: served from the store here, whoever owns the session.
-        self.inner.get_queue(request).await
-    }
-
-    async fn edit_queued_prompt(
-        &self,
-        request: Request<pb::EditQueuedPromptRequest>,
-    ) -> Reply<pb::EditQueuedPromptResponse> {
-        self.unary(
-            request,
-            |r| self.inner.edit_queued_prompt(r),
-            |mut c, r| async move { c.edit_queued_prompt(r).await },
-        )
-        .await
-    }
-
-    async fn remove_queued_action(
-        &self,
-        request: Request<pb::RemoveQueuedActionRequest>,
-    ) -> Reply<pb::RemoveQueuedActionResponse> {
-        self.unary(
-            request,
-            |r| self.inner.remove_queued_action(r),
-            |mut c, r| async move { c.remove_queued_action(r).await },
-        )
-        .await
-    }
-
-    async fn read_log(&self, request: Request<pb::ReadLogRequest>) -> Reply<pb::ReadLogResponse> {
-        // A read: served from the store here, whoever owns the session.
-        self.inner.read_log(request).await
-    }
-
-    async fn get_transcript(
-        &self,
-        request: Request<pb::GetTranscriptRequest>,
-    ) -> Reply<pb::GetTranscriptResponse> {
-        // A read: served from the store here, whoever owns the session.
-        self.inner.get_transcript(request).await
-    }
-
-    async fn subscribe(
-        &self,
-        request: Request<pb::SubscribeRequest>,
-    ) -> Reply<Self::SubscribeStream> {
-        let credential = auth::credential(&request);
-        self.unary(
-            request,
-            |r| self.inner.subscribe(r),
-            |mut c, r| async move {
-                let stream = c.subscribe(r).await?.into_inner();
-                let stream: Self::SubscribeStream =
-                    Box::pin(stream.map(|item| item.map(SubscribeFrame::from)));
-                // The caller's token still ends the relayed stream when it is revoked here.
-                Ok(Response::new(auth::end_when_revoked(stream, credential)))
-            },
-        )
-        .await
-    }
 }

@@ -1,5 +1,7 @@
-//! `AgentSessionService`: each handler authenticates, decodes, calls the session registry, and
-//! encodes. No behaviour lives here.
+//! `AgentSessionService`: each handler authenticates, decodes (so a bad request is refused
+//! before anything is located or claimed), locates the session, and either calls the session
+//! registry here or hands the decoded request to the replica that runs the session
+//! ([`Forwarder`]); then encodes. No behaviour lives here.
 
 use std::{pin::Pin, sync::Arc};
 
@@ -8,24 +10,34 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{
-    auth, convert, frame::SubscribeFrame, framed::agent_session_service_server::AgentSessionService,
+    auth, convert,
+    forward::{self, CREATE_FORWARD_TIMEOUT, Caller, FORWARD_TIMEOUT, Forwarder},
+    frame::SubscribeFrame,
+    framed::agent_session_service_server::AgentSessionService,
 };
 use crate::{
+    domain::ActionId,
     pb::v1 as pb,
     session::{
         ControlInput, ControlStatus, Sessions,
-        manager::{CreateInput, ListInput},
+        manager::{CreateInput, Creation, ListInput, Located, parse_queued_id},
     },
 };
 
 pub(crate) struct SessionsService {
     sessions: Arc<Sessions>,
+    forward: Forwarder,
 }
 
 impl SessionsService {
-    pub(crate) fn new(sessions: Arc<Sessions>) -> Self {
-        Self { sessions }
+    pub(crate) fn new(sessions: Arc<Sessions>, forward: Forwarder) -> Self {
+        Self { sessions, forward }
     }
+}
+
+/// The owner did not answer a forwarded call in time: it may or may not have acted.
+fn owner_did_not_answer() -> Status {
+    forward::unavailable("the replica that runs this session did not answer; retry shortly")
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -38,10 +50,30 @@ impl AgentSessionService for SessionsService {
         &self,
         request: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
-        let principal = auth::principal(&request)?;
-        let traceparent = auth::traceparent(&request);
+        let caller = Caller::of(&request)?;
         let input = CreateInput::from(request.into_inner());
-        let created = self.sessions.create(&principal, input, traceparent).await?;
+        let created = match self
+            .sessions
+            .create(&caller.principal, input, caller.traceparent.clone())
+            .await?
+        {
+            Creation::Here(created) => created,
+            // A remote profile's session is created on the replica holding a matching bridge's
+            // stream, which also starts its runtime.
+            Creation::Elsewhere { address, input } => {
+                return self
+                    .forward
+                    .call(
+                        &caller,
+                        &address,
+                        CREATE_FORWARD_TIMEOUT,
+                        pb::CreateSessionRequest::from(input),
+                        |mut c, r| async move { c.create_session(r).await },
+                        owner_did_not_answer,
+                    )
+                    .await;
+            }
+        };
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(convert::session_to_pb(&created.record, created.head)),
             first_action_id: created.first_action_id.map(|id| id.to_string()),
@@ -84,12 +116,34 @@ impl AgentSessionService for SessionsService {
         &self,
         request: Request<pb::ForkSessionRequest>,
     ) -> Reply<pb::ForkSessionResponse> {
-        let principal = auth::principal(&request)?;
-        let traceparent = auth::traceparent(&request);
-        let request = request.into_inner();
+        // Forked where the parent runs: the new session's runtime forks the parent's context.
+        let caller = Caller::of(&request)?;
+        self.sessions
+            .check_fork_name(request.get_ref().name.as_deref())?;
+        let handle = match self
+            .sessions
+            .locate(&caller.principal, &request.get_ref().session_id)
+            .await?
+        {
+            Located::Here(handle) => handle,
+            Located::Owner(address) => {
+                return self
+                    .forward
+                    .call(
+                        &caller,
+                        &address,
+                        FORWARD_TIMEOUT,
+                        request.into_inner(),
+                        |mut c, r| async move { c.fork_session(r).await },
+                        owner_did_not_answer,
+                    )
+                    .await;
+            }
+        };
+        let name = request.into_inner().name;
         let (record, head) = self
             .sessions
-            .fork(&principal, &request.session_id, request.name, traceparent)
+            .fork(&handle, &caller.principal, name, caller.traceparent)
             .await?;
         Ok(Response::new(pb::ForkSessionResponse {
             session: Some(convert::session_to_pb(&record, head)),
@@ -100,11 +154,28 @@ impl AgentSessionService for SessionsService {
         &self,
         request: Request<pb::CloseSessionRequest>,
     ) -> Reply<pb::CloseSessionResponse> {
-        let principal = auth::principal(&request)?;
-        let (record, head) = self
+        let caller = Caller::of(&request)?;
+        let handle = match self
             .sessions
-            .close(&principal, &request.get_ref().session_id)
-            .await?;
+            .locate(&caller.principal, &request.get_ref().session_id)
+            .await?
+        {
+            Located::Here(handle) => handle,
+            Located::Owner(address) => {
+                return self
+                    .forward
+                    .call(
+                        &caller,
+                        &address,
+                        FORWARD_TIMEOUT,
+                        request.into_inner(),
+                        |mut c, r| async move { c.close_session(r).await },
+                        owner_did_not_answer,
+                    )
+                    .await;
+            }
+        };
+        let (record, head) = self.sessions.close(&handle).await?;
         Ok(Response::new(pb::CloseSessionResponse {
             session: Some(convert::session_to_pb(&record, head)),
         }))
@@ -114,20 +185,66 @@ impl AgentSessionService for SessionsService {
         &self,
         request: Request<pb::DeleteSessionRequest>,
     ) -> Reply<pb::DeleteSessionResponse> {
-        let principal = auth::principal(&request)?;
-        self.sessions
-            .delete(&principal, &request.get_ref().session_id)
-            .await?;
+        let caller = Caller::of(&request)?;
+        let handle = match self
+            .sessions
+            .locate(&caller.principal, &request.get_ref().session_id)
+            .await?
+        {
+            Located::Here(handle) => handle,
+            Located::Owner(address) => {
+                return self
+                    .forward
+                    .call(
+                        &caller,
+                        &address,
+                        FORWARD_TIMEOUT,
+                        request.into_inner(),
+                        |mut c, r| async move { c.delete_session(r).await },
+                        owner_did_not_answer,
+                    )
+                    .await;
+            }
+        };
+        self.sessions.delete(&handle).await?;
         Ok(Response::new(pb::DeleteSessionResponse {}))
     }
 
     async fn control(&self, request: Request<pb::ControlRequest>) -> Reply<pb::ControlResponse> {
-        let principal = auth::principal(&request)?;
-        let traceparent = auth::traceparent(&request);
-        let input = ControlInput::try_from(request.into_inner())?;
+        let caller = Caller::of(&request)?;
+        let mut input = ControlInput::try_from(request.into_inner())?;
+        let handle = match self
+            .sessions
+            .locate(&caller.principal, &input.session_id)
+            .await?
+        {
+            Located::Here(handle) => handle,
+            Located::Owner(address) => {
+                // Named before the hop, so a caller that never hears back can retry with the
+                // same id without risking a second action.
+                let action_id = *input.action_id.get_or_insert_with(ActionId::mint);
+                return self
+                    .forward
+                    .call(
+                        &caller,
+                        &address,
+                        FORWARD_TIMEOUT,
+                        pb::ControlRequest::from(input),
+                        |mut c, r| async move { c.control(r).await },
+                        || {
+                            forward::unavailable(&format!(
+                                "the replica that runs this session did not answer; action \
+                                 {action_id} may or may not have been taken: retry with that \
+                                 action_id"
+                            ))
+                        },
+                    )
+                    .await;
+            }
+        };
         let outcome = self
             .sessions
-            .control(&principal, input, traceparent)
+            .control(&handle, &caller.principal, input, caller.traceparent)
             .await?;
         let (status, queue_position) = match outcome.status {
             ControlStatus::Sent => (pb::ControlStatus::Sent, 0),
@@ -156,16 +273,32 @@ impl AgentSessionService for SessionsService {
         &self,
         request: Request<pb::EditQueuedPromptRequest>,
     ) -> Reply<pb::EditQueuedPromptResponse> {
-        let principal = auth::principal(&request)?;
-        let request = request.into_inner();
+        let caller = Caller::of(&request)?;
+        let action_id = parse_queued_id(&request.get_ref().action_id)?;
+        let handle = match self
+            .sessions
+            .locate(&caller.principal, &request.get_ref().session_id)
+            .await?
+        {
+            Located::Here(handle) => handle,
+            Located::Owner(address) => {
+                return self
+                    .forward
+                    .call(
+                        &caller,
+                        &address,
+                        FORWARD_TIMEOUT,
+                        request.into_inner(),
+                        |mut c, r| async move { c.edit_queued_prompt(r).await },
+                        owner_did_not_answer,
+                    )
+                    .await;
+            }
+        };
+        let text = request.into_inner().prompt;
         let entry = self
             .sessions
-            .edit_queued(
-                &principal,
-                &request.session_id,
-                &request.action_id,
-                request.prompt,
-            )
+            .edit_queued(&handle, &caller.principal, action_id, text)
             .await?;
         Ok(Response::new(pb::EditQueuedPromptResponse {
             entry: Some(pb::QueuedAction::from(&entry)),
@@ -176,11 +309,29 @@ impl AgentSessionService for SessionsService {
         &self,
         request: Request<pb::RemoveQueuedActionRequest>,
     ) -> Reply<pb::RemoveQueuedActionResponse> {
-        let principal = auth::principal(&request)?;
-        let request = request.get_ref();
-        self.sessions
-            .remove_queued(&principal, &request.session_id, &request.action_id)
-            .await?;
+        let caller = Caller::of(&request)?;
+        let action_id = parse_queued_id(&request.get_ref().action_id)?;
+        let handle = match self
+            .sessions
+            .locate(&caller.principal, &request.get_ref().session_id)
+            .await?
+        {
+            Located::Here(handle) => handle,
+            Located::Owner(address) => {
+                return self
+                    .forward
+                    .call(
+                        &caller,
+                        &address,
+                        FORWARD_TIMEOUT,
+                        request.into_inner(),
+                        |mut c, r| async move { c.remove_queued_action(r).await },
+                        owner_did_not_answer,
+                    )
+                    .await;
+            }
+        };
+        self.sessions.remove_queued(&handle, action_id).await?;
         Ok(Response::new(pb::RemoveQueuedActionResponse {}))
     }
 

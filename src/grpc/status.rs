@@ -90,8 +90,7 @@ pub(crate) fn to_status(error: &Error) -> Status {
         bounded_message(&error.message),
         details,
     );
-    // The typed cause stays with the status in process (the forwarding layer reads a typed
-    // "owned elsewhere" from it); tonic never encodes a source.
+    // The cause stays with the status in process, for logs; tonic never encodes a source.
     if let Some(source) = &error.source {
         status.set_source(source.clone());
     }
@@ -220,20 +219,6 @@ mod tests {
                 "{file}: ErrorInfo metadata key {key:?} is not one clients may see"
             );
         }
-    }
-
-    #[test]
-    fn a_call_owned_elsewhere_names_its_owner_in_process_only() {
-        let error =
-            crate::session::manager::owners::owned_elsewhere(uuid::Uuid::nil(), "127.0.0.1:7001");
-        let status = to_status(&error);
-        let info = status.get_details_error_info().expect("ErrorInfo detail");
-        assert!(info.metadata.is_empty(), "{:?}", info.metadata);
-        assert!(!status.details().is_empty());
-        let owned = std::error::Error::source(&status)
-            .and_then(|s| s.downcast_ref::<crate::session::manager::owners::OwnedElsewhere>())
-            .expect("the typed owner");
-        assert_eq!(owned.address, "127.0.0.1:7001");
     }
 
     #[test]

@@ -527,3 +527,97 @@ async fn a_cwd_missing_on_the_claiming_replica_is_a_runtime_start_failure_that_s
     drop(b);
     drop_schema(&url, &schema).await;
 }
+
+/// The replica holding the session's lease and whether the lease has expired, read from the
+/// database.
+async fn lease_of(url: &str, schema: &str, session_id: &str) -> (String, bool) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("the test database");
+    tokio::spawn(connection);
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT owner_replica, expires_at < now() FROM {schema}.leases \
+                 WHERE session_id = $1::text::uuid"
+            ),
+            &[&session_id],
+        )
+        .await
+        .expect("the session's lease");
+    (row.get(0), row.get(1))
+}
+
+/// A call is decoded before its session is located: a replica does not claim (and bring back)
+/// a session nobody holds for a call it refuses anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_calls_about_a_session_nobody_holds_are_refused_without_claiming_it() {
+    let Some((dir, url, schema, [a, b, c])) = three_replicas().await else {
+        return;
+    };
+    within(TEST_BOUND, async {
+        let session = create_on(&a, dir.path()).await;
+        let id = session.id.clone();
+        let (holder, _) = lease_of(&url, &schema, &id).await;
+        a.kill_9();
+        // Nobody holds it now: a call that is served claims it.
+        while !lease_of(&url, &schema, &id).await.1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut client = b.client().await;
+        let refusals = [
+            client
+                .control(pb::ControlRequest {
+                    session_id: id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+            client
+                .edit_queued_prompt(pb::EditQueuedPromptRequest {
+                    session_id: id.clone(),
+                    action_id: "not-an-id".into(),
+                    prompt: "x".into(),
+                })
+                .await
+                .map(drop),
+            client
+                .remove_queued_action(pb::RemoveQueuedActionRequest {
+                    session_id: id.clone(),
+                    action_id: "not-an-id".into(),
+                })
+                .await
+                .map(drop),
+            client
+                .fork_session(pb::ForkSessionRequest {
+                    session_id: id.clone(),
+                    name: Some("n".repeat(100_000)),
+                })
+                .await
+                .map(drop),
+        ];
+        for refusal in refusals {
+            let status = refusal.expect_err("a malformed call is refused");
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        }
+        assert_eq!(
+            lease_of(&url, &schema, &id).await.0,
+            holder,
+            "the dead owner's lease was not claimed"
+        );
+        assert!(!b.logged("claimed the session's lease"));
+
+        // A well-formed call claims it and is served.
+        let mut via_b = Session::attach(b.client().await, &id);
+        let mut watch = watch_when_served(b.client().await, &id).await;
+        let reply = via_b.prompt("after the refusals").await;
+        assert_eq!(
+            watch.response_to(&reply.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        assert_ne!(lease_of(&url, &schema, &id).await.0, holder);
+    })
+    .await;
+    drop((b, c));
+    drop_schema(&url, &schema).await;
+}

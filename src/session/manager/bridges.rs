@@ -14,7 +14,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use super::{Sessions, owners::OwnedElsewhere};
+use super::Sessions;
 use crate::{
     acp::remote::{labels_match, labels_text, principal_allowed},
     domain::session::SessionStatus,
@@ -35,20 +35,6 @@ pub(super) enum Home {
         address: String,
         bridge_id: String,
     },
-}
-
-/// The call goes to the replica holding a matching bridge.
-fn bridge_elsewhere(labels: &BTreeMap<String, String>, bridge_id: &str, address: &str) -> Error {
-    Error::new(
-        ErrorCode::Internal,
-        format!(
-            "bridge {bridge_id} matching labels {} is connected to another replica ({address})",
-            labels_text(labels)
-        ),
-    )
-    .with_source(OwnedElsewhere {
-        address: address.to_owned(),
-    })
 }
 
 impl Sessions {
@@ -261,44 +247,45 @@ impl Sessions {
             .flatten()
     }
 
-    /// The error that sends a call to `home`, logged as a move.
-    pub(super) fn send_to(&self, session_id: Uuid, profile: &str, home: Home) -> Result<()> {
+    /// The replica a call goes to when the session's home is elsewhere (`None`: here), logged.
+    pub(super) fn moved_to(&self, session_id: Uuid, profile: &str, home: Home) -> Option<String> {
         match home {
-            Home::Here => Ok(()),
+            Home::Here => None,
             Home::Elsewhere { address, bridge_id } => {
                 let labels = self
                     .ctx
                     .profiles
                     .get(profile)
                     .and_then(|p| p.remote.as_ref())
-                    .map(|r| r.bridge_labels.clone())
+                    .map(|r| labels_text(&r.bridge_labels))
                     .unwrap_or_default();
-                tracing::debug!(session = %session_id, bridge = %bridge_id, to = %address,
+                tracing::debug!(session = %session_id, bridge = %bridge_id, %labels, to = %address,
                     "the session's bridge is connected to another replica: handing the call there");
-                Err(bridge_elsewhere(&labels, &bridge_id, &address))
+                Some(address)
             }
         }
     }
 
     /// A session held here without a runtime, whose bridge now is connected to another replica
-    /// only: this replica gives its lease up (the actor stops and never writes again), so the
-    /// replica holding the bridge claims it when the call is forwarded there.
-    pub(super) async fn hand_over_idle(&self, handle: &SessionHandle) -> Result<()> {
+    /// only: this replica gives its lease up (the actor stops and never writes again), and the
+    /// call goes to the replica holding the bridge, which claims it there. That replica's
+    /// address, or `None` when the session stays here.
+    pub(super) async fn hand_over_idle(&self, handle: &SessionHandle) -> Result<Option<String>> {
         if handle.shared.status().has_runtime() {
-            return Ok(());
+            return Ok(None);
         }
         let profile = handle.shared.snapshot().0.profile;
         let Some(home) = self.home_for_open(&profile).await? else {
-            return Ok(());
+            return Ok(None);
         };
         let Home::Elsewhere { address, bridge_id } = &home else {
-            return Ok(());
+            return Ok(None);
         };
         let replica = self.ctx.replica();
         tracing::info!(session = %handle.shared.id, bridge = %bridge_id, from = %replica.id,
             to = %address, "lease moved: the session's bridge is connected to another replica");
         metrics::counter!(crate::acp::remote::BRIDGE_LEASE_MOVES).increment(1);
         self.release_one(handle).await;
-        self.send_to(handle.shared.id, &profile, home)
+        Ok(self.moved_to(handle.shared.id, &profile, home))
     }
 }

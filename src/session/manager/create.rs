@@ -43,6 +43,15 @@ pub(crate) struct Created {
     pub first_action_id: Option<ActionId>,
 }
 
+/// What a create came to: the session created (or idempotently found) here, or the replica it
+/// must be created on (the one holding a bridge that matches its remote profile), with the
+/// decoded request handed back so the transport can send it there.
+#[derive(Debug)]
+pub(crate) enum Creation {
+    Here(Created),
+    Elsewhere { address: String, input: CreateInput },
+}
+
 /// What a fork starts from: the parent's ACP session, and the first log entry that
 /// carries the parent's log up to the fork point.
 pub(crate) struct ForkFrom {
@@ -56,7 +65,7 @@ impl Sessions {
         principal: &Principal,
         input: CreateInput,
         traceparent: Option<String>,
-    ) -> Result<Created> {
+    ) -> Result<Creation> {
         self.create_from(principal, input, traceparent, None).await
     }
 
@@ -66,7 +75,7 @@ impl Sessions {
         input: CreateInput,
         traceparent: Option<String>,
         fork: Option<ForkFrom>,
-    ) -> Result<Created> {
+    ) -> Result<Creation> {
         let ctx = &self.ctx;
         let limits = &ctx.limits;
         let profile = ctx.profiles.get(&input.profile).cloned().ok_or_else(|| {
@@ -116,11 +125,25 @@ impl Sessions {
         {
             return self
                 .idempotent(existing, &owner, &request_fingerprint)
-                .await;
+                .await
+                .map(Creation::Here);
         }
         // With several replicas a remote session runs where a matching bridge is connected.
         let home = self.home_for_new(&profile).await?;
-        self.send_to(session_id, &profile.name, home)?;
+        if let Some(address) = self.moved_to(session_id, &profile.name, home) {
+            if fork.is_some() {
+                // A fork starts from its parent's context, which lives here.
+                return Err(Error::new(
+                    ErrorCode::RuntimeStartFailed,
+                    format!(
+                        "cannot fork into profile {}: no bridge matching its labels is connected \
+                         to the replica running the parent session",
+                        profile.name
+                    ),
+                ));
+            }
+            return Ok(Creation::Elsewhere { address, input });
+        }
         let admission = self.admission.lock().await;
         if ctx.store.count_live_sessions(&owner).await? >= limits.sessions_per_principal as u64 {
             return Err(Error::new(
@@ -162,7 +185,8 @@ impl Sessions {
             {
                 return self
                     .idempotent(existing, &owner, &request_fingerprint)
-                    .await;
+                    .await
+                    .map(Creation::Here);
             }
             return Err(error);
         }
@@ -260,6 +284,7 @@ impl Sessions {
         finish
             .await
             .map_err(|e| Error::internal(format!("creating the session failed: {e}")))?
+            .map(Creation::Here)
     }
 
     async fn idempotent(

@@ -7,10 +7,11 @@
 
 use serde_json::Value;
 
-use super::{CreateInput, Sessions, create::ForkFrom, reads::PAGE_OVERHEAD_BYTES};
+use super::{CreateInput, Creation, Sessions, create::ForkFrom, reads::PAGE_OVERHEAD_BYTES};
 use crate::{
     acp::fold::{Fold, forked_event},
     domain::{Error, ErrorCode, Principal, Result, session::SessionRecord},
+    session::SessionHandle,
 };
 
 /// Log entries read per page while copying the parent's log.
@@ -19,17 +20,24 @@ const PAGE: usize = 1000;
 const FORK_SUFFIX: &str = " (fork)";
 
 impl Sessions {
+    /// A fork's name, checked before its parent is located.
+    pub(crate) fn check_fork_name(&self, name: Option<&str>) -> Result<()> {
+        match name {
+            Some(name) => self.ctx.limits.check_session_name(name),
+            None => Ok(()),
+        }
+    }
+
+    /// Forks the session of `handle`, located here (a caller checks the name with
+    /// [`Sessions::check_fork_name`] before locating, so a bad one claims nothing).
     pub(crate) async fn fork(
         &self,
+        handle: &SessionHandle,
         principal: &Principal,
-        session_id: &str,
         name: Option<String>,
         traceparent: Option<String>,
     ) -> Result<(SessionRecord, u64)> {
-        let handle = self.handle(principal, session_id).await?;
-        if let Some(name) = &name {
-            self.ctx.limits.check_session_name(name)?;
-        }
+        self.check_fork_name(name.as_deref())?;
         let (parent, _) = handle.shared.snapshot();
         // What the parent's agent advertised, from the log (the runtime may be suspended).
         let (capabilities, head) = {
@@ -117,9 +125,12 @@ impl Sessions {
             parent_acp_session_id: parent.acp_session_id.clone(),
             forked_event,
         };
-        let created = self
+        let Creation::Here(created) = self
             .create_from(principal, input, traceparent, Some(fork))
-            .await?;
+            .await?
+        else {
+            unreachable!("create_from refuses a fork whose home is another replica")
+        };
         tracing::info!(parent = %parent.id, session = %created.record.id, "session forked");
         Ok((created.record, created.head))
     }

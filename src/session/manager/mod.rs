@@ -18,7 +18,7 @@ use std::{
 
 use uuid::Uuid;
 
-pub(crate) use create::CreateInput;
+pub(crate) use create::{CreateInput, Creation};
 pub(crate) use reads::ListInput;
 
 use super::{
@@ -48,6 +48,15 @@ pub(crate) struct Sessions {
     admission: tokio::sync::Mutex<()>,
     /// Set once this replica gave its leases up (drained): they are renewed no more.
     released: std::sync::atomic::AtomicBool,
+}
+
+/// Where a call about a session runs, decided before the call is dispatched.
+pub(crate) enum Located {
+    /// Here: the session's actor.
+    Here(SessionHandle),
+    /// On the live replica at this advertised address: it owns the session, or holds the bridge
+    /// the session's runtime needs.
+    Owner(String),
 }
 
 impl Sessions {
@@ -137,17 +146,18 @@ impl Sessions {
         ))
     }
 
-    /// The handle of a session the caller may see; any other reads as SESSION_NOT_FOUND.
-    pub(crate) async fn handle(
-        &self,
-        principal: &Principal,
-        session_id: &str,
-    ) -> Result<SessionHandle> {
+    /// Where a call about a session the caller may see runs: here, with its actor's handle, or
+    /// on the replica that owns it (or holds the bridge its runtime needs), which the transport
+    /// forwards the call to. Any other session reads as SESSION_NOT_FOUND. A session nobody
+    /// holds is claimed here, so callers validate a request before they locate its session.
+    pub(crate) async fn locate(&self, principal: &Principal, session_id: &str) -> Result<Located> {
         let id = parse_session_id(session_id)?;
         let handle = match self.held(id) {
             Some(handle) => {
-                if principal.may_access(&handle.shared.owner, &handle.shared.editors) {
-                    self.hand_over_idle(&handle).await?;
+                if principal.may_access(&handle.shared.owner, &handle.shared.editors)
+                    && let Some(address) = self.hand_over_idle(&handle).await?
+                {
+                    return Ok(Located::Owner(address));
                 }
                 handle
             }
@@ -163,8 +173,10 @@ impl Sessions {
                 if !principal.may_access(&record.owner, &record.editors) {
                     return Err(Error::session_not_found(session_id));
                 }
-                if let Some(home) = self.home_for_open(&record.profile).await? {
-                    self.send_to(id, &record.profile, home)?;
+                if let Some(home) = self.home_for_open(&record.profile).await?
+                    && let Some(address) = self.moved_to(id, &record.profile, home)
+                {
+                    return Ok(Located::Owner(address));
                 }
                 let handle = match self.claim(id).await? {
                     owners::Claim::Here { fence, taken_over } => {
@@ -173,9 +185,7 @@ impl Sessions {
                         self.resume(record, fence.is_some(), fence, taken_over)
                             .await?
                     }
-                    owners::Claim::Elsewhere(address) => {
-                        return Err(owners::owned_elsewhere(id, &address));
-                    }
+                    owners::Claim::Elsewhere(address) => return Ok(Located::Owner(address)),
                 };
                 self.install(handle)
             }
@@ -183,16 +193,16 @@ impl Sessions {
         if !principal.may_access(&handle.shared.owner, &handle.shared.editors) {
             return Err(Error::session_not_found(session_id));
         }
-        Ok(handle)
+        Ok(Located::Here(handle))
     }
 
     pub(crate) async fn control(
         &self,
+        handle: &SessionHandle,
         principal: &Principal,
         input: ControlInput,
         traceparent: Option<String>,
     ) -> Result<ControlOutcome> {
-        let handle = self.handle(principal, &input.session_id).await?;
         let principal = principal.clone();
         handle
             .ask(|reply| Command::Control {
@@ -214,13 +224,11 @@ impl Sessions {
 
     pub(crate) async fn edit_queued(
         &self,
+        handle: &SessionHandle,
         principal: &Principal,
-        session_id: &str,
-        action_id: &str,
+        action_id: ActionId,
         text: String,
     ) -> Result<QueuedEntry> {
-        let handle = self.handle(principal, session_id).await?;
-        let action_id = parse_queued_id(action_id)?;
         let principal = principal.clone();
         handle
             .ask(|reply| Command::EditQueued {
@@ -234,30 +242,21 @@ impl Sessions {
 
     pub(crate) async fn remove_queued(
         &self,
-        principal: &Principal,
-        session_id: &str,
-        action_id: &str,
+        handle: &SessionHandle,
+        action_id: ActionId,
     ) -> Result<()> {
-        let handle = self.handle(principal, session_id).await?;
-        let action_id = parse_queued_id(action_id)?;
         handle
             .ask(|reply| Command::RemoveQueued { action_id, reply })
             .await
     }
 
-    pub(crate) async fn close(
-        &self,
-        principal: &Principal,
-        session_id: &str,
-    ) -> Result<(SessionRecord, u64)> {
-        let handle = self.handle(principal, session_id).await?;
+    pub(crate) async fn close(&self, handle: &SessionHandle) -> Result<(SessionRecord, u64)> {
         let record = handle.ask(|reply| Command::Close { reply }).await?;
         tracing::info!(session = %record.id, "session closed");
         Ok((record, handle.shared.head()))
     }
 
-    pub(crate) async fn delete(&self, principal: &Principal, session_id: &str) -> Result<()> {
-        let handle = self.handle(principal, session_id).await?;
+    pub(crate) async fn delete(&self, handle: &SessionHandle) -> Result<()> {
         handle.ask(|reply| Command::Delete { reply }).await?;
         self.handles
             .write()
@@ -354,7 +353,8 @@ impl Sessions {
     }
 }
 
-fn parse_queued_id(text: &str) -> Result<ActionId> {
+/// The id of a queued action, as a request names it.
+pub(crate) fn parse_queued_id(text: &str) -> Result<ActionId> {
     ActionId::from_stored(text)
         .ok_or_else(|| Error::invalid(format!("action_id {text:?} is not a UUID")))
 }

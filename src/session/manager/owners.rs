@@ -11,19 +11,10 @@ use uuid::Uuid;
 
 use super::Sessions;
 use crate::{
-    domain::{Error, ErrorCode, Result, session::SessionStatus},
+    domain::{Error, Result, session::SessionStatus},
     session::{ReplicaOptions, SessionHandle},
     store::LeaseClaim,
 };
-
-/// Why a call cannot run here: the session (or the bridge a session needs) is served by the
-/// replica at `address`, and the transport forwards the call there. It rides as the typed source
-/// of the domain error, in process only: nothing of it reaches the wire or a client.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("served by the replica at {address}")]
-pub(crate) struct OwnedElsewhere {
-    pub(crate) address: String,
-}
 
 /// Where a call for a session must run.
 pub(crate) enum Claim {
@@ -34,17 +25,6 @@ pub(crate) enum Claim {
     },
     /// On the live replica at this advertised address.
     Elsewhere(String),
-}
-
-/// A session is owned by another live replica: the call goes there.
-pub(crate) fn owned_elsewhere(session_id: Uuid, address: &str) -> Error {
-    Error::new(
-        ErrorCode::Internal,
-        format!("session {session_id} is served by another replica ({address})"),
-    )
-    .with_source(OwnedElsewhere {
-        address: address.to_owned(),
-    })
 }
 
 impl Sessions {
