@@ -52,6 +52,21 @@ pub(crate) enum Creation {
     Elsewhere { address: String, input: CreateInput },
 }
 
+/// A create request checked whole, before anything is stored.
+struct Checked {
+    profile: std::sync::Arc<crate::session::Profile>,
+    cwd: PathBuf,
+    session_id: Uuid,
+    first_prompt: Option<PromptAction>,
+}
+
+/// What storing a new session's record came to.
+enum Stored {
+    New(SessionRecord),
+    /// The id was taken meanwhile, by the same request: the session it made.
+    Found(Created),
+}
+
 /// What a fork starts from: the parent's ACP session, and the first log entry that
 /// carries the parent's log up to the fork point.
 pub(crate) struct ForkFrom {
@@ -69,6 +84,10 @@ impl Sessions {
         self.create_from(principal, input, traceparent, None).await
     }
 
+    /// Creates a session here, or finds that it belongs on another replica: the request is
+    /// checked whole ([`Self::check_new`]), an id already taken answers as the first create did,
+    /// then the record is stored ([`Self::store_new`]) and its runtime started
+    /// ([`Self::start_new`]).
     pub(crate) async fn create_from(
         &self,
         principal: &Principal,
@@ -76,6 +95,47 @@ impl Sessions {
         traceparent: Option<String>,
         fork: Option<ForkFrom>,
     ) -> Result<Creation> {
+        let checked = self.check_new(&input)?;
+        let owner = principal.actor().to_owned();
+        let request_fingerprint = request_fingerprint(&owner, &input);
+        if input.session_id.is_some()
+            && let Some(existing) = self.ctx.store.get_session(checked.session_id).await?
+        {
+            return self
+                .idempotent(existing, &owner, &request_fingerprint)
+                .await
+                .map(Creation::Here);
+        }
+        // With several replicas a remote session runs where a matching bridge is connected.
+        let home = self.home_for_new(&checked.profile).await?;
+        if let Some(address) = self.moved_to(checked.session_id, &checked.profile.name, home) {
+            if fork.is_some() {
+                // A fork starts from its parent's context, which lives here.
+                return Err(Error::new(
+                    ErrorCode::RuntimeStartFailed,
+                    format!(
+                        "cannot fork into profile {}: no bridge matching its labels is connected \
+                         to the replica running the parent session",
+                        checked.profile.name
+                    ),
+                ));
+            }
+            return Ok(Creation::Elsewhere { address, input });
+        }
+        let record = match self
+            .store_new(&checked, &input, owner, request_fingerprint)
+            .await?
+        {
+            Stored::New(record) => record,
+            Stored::Found(created) => return Ok(Creation::Here(created)),
+        };
+        self.start_new(record, checked, input.model, traceparent, fork)
+            .await
+            .map(Creation::Here)
+    }
+
+    /// Everything about a new session that can be checked before anything is stored.
+    fn check_new(&self, input: &CreateInput) -> Result<Checked> {
         let ctx = &self.ctx;
         let limits = &ctx.limits;
         let profile = ctx.profiles.get(&input.profile).cloned().ok_or_else(|| {
@@ -117,33 +177,25 @@ impl Sessions {
                 "the server is draining: create the session elsewhere",
             ));
         }
-        let owner = principal.actor().to_owned();
-        let request_fingerprint = request_fingerprint(&owner, &input);
+        Ok(Checked {
+            profile,
+            cwd,
+            session_id,
+            first_prompt,
+        })
+    }
 
-        if input.session_id.is_some()
-            && let Some(existing) = ctx.store.get_session(session_id).await?
-        {
-            return self
-                .idempotent(existing, &owner, &request_fingerprint)
-                .await
-                .map(Creation::Here);
-        }
-        // With several replicas a remote session runs where a matching bridge is connected.
-        let home = self.home_for_new(&profile).await?;
-        if let Some(address) = self.moved_to(session_id, &profile.name, home) {
-            if fork.is_some() {
-                // A fork starts from its parent's context, which lives here.
-                return Err(Error::new(
-                    ErrorCode::RuntimeStartFailed,
-                    format!(
-                        "cannot fork into profile {}: no bridge matching its labels is connected \
-                         to the replica running the parent session",
-                        profile.name
-                    ),
-                ));
-            }
-            return Ok(Creation::Elsewhere { address, input });
-        }
+    /// Stores the new session's record, within the principal's cap on live sessions; a
+    /// concurrent create with the same id finds the session the first one stored.
+    async fn store_new(
+        &self,
+        checked: &Checked,
+        input: &CreateInput,
+        owner: String,
+        request_fingerprint: String,
+    ) -> Result<Stored> {
+        let ctx = &self.ctx;
+        let limits = &ctx.limits;
         let admission = self.admission.lock().await;
         if ctx.store.count_live_sessions(&owner).await? >= limits.sessions_per_principal as u64 {
             return Err(Error::new(
@@ -155,14 +207,13 @@ impl Sessions {
             )
             .with("max", limits.sessions_per_principal));
         }
-
         let now = crate::domain::now();
         let record = SessionRecord {
-            id: session_id,
+            id: checked.session_id,
             name: input.name.clone().unwrap_or_default(),
             owner: owner.clone(),
-            profile: profile.name.clone(),
-            cwd: cwd.to_string_lossy().into_owned(),
+            profile: checked.profile.name.clone(),
+            cwd: checked.cwd.to_string_lossy().into_owned(),
             model: String::new(),
             acp_session_id: String::new(),
             status: SessionStatus::Starting,
@@ -170,27 +221,50 @@ impl Sessions {
             created_at: now,
             updated_at: now,
             labels: input.labels.clone(),
-            profile_fingerprint: profile.fingerprint(),
+            profile_fingerprint: checked.profile.fingerprint(),
             editors: input.editors.clone(),
             request_fingerprint: request_fingerprint.clone(),
             can_resume: false,
             can_load: false,
-            first_action_id: first_prompt.as_ref().map(|_| ActionId::mint()),
+            first_action_id: checked.first_prompt.as_ref().map(|_| ActionId::mint()),
         };
         let stored = ctx.store.create_session(&record).await;
         drop(admission);
-        if let Err(error) = stored {
-            if error.code == ErrorCode::SessionExists
-                && let Some(existing) = ctx.store.get_session(session_id).await?
-            {
-                return self
-                    .idempotent(existing, &owner, &request_fingerprint)
-                    .await
-                    .map(Creation::Here);
+        match stored {
+            Ok(()) => Ok(Stored::New(record)),
+            Err(error) => {
+                if error.code == ErrorCode::SessionExists
+                    && let Some(existing) = ctx.store.get_session(checked.session_id).await?
+                {
+                    return self
+                        .idempotent(existing, &owner, &request_fingerprint)
+                        .await
+                        .map(Stored::Found);
+                }
+                Err(error)
             }
-            return Err(error);
         }
+    }
 
+    /// Claims the stored session, writes a fork's first entry, and starts its actor and
+    /// runtime; answers once the runtime is up (or the start failed and nothing is left).
+    async fn start_new(
+        &self,
+        record: SessionRecord,
+        checked: Checked,
+        model: Option<String>,
+        traceparent: Option<String>,
+        fork: Option<ForkFrom>,
+    ) -> Result<Created> {
+        let ctx = &self.ctx;
+        let Checked {
+            profile,
+            session_id,
+            first_prompt,
+            ..
+        } = checked;
+        let owner = record.owner.clone();
+        let now = record.created_at;
         // The creating replica owns the new session.
         let fence = self.claim_new(session_id).await?;
         let mut head = 0;
@@ -240,7 +314,7 @@ impl Sessions {
             },
             Some(StartPurpose::Create {
                 ready: ready_tx,
-                model: input.model.clone(),
+                model,
                 first_prompt: first,
                 fork_of,
             }),
@@ -284,7 +358,6 @@ impl Sessions {
         finish
             .await
             .map_err(|e| Error::internal(format!("creating the session failed: {e}")))?
-            .map(Creation::Here)
     }
 
     async fn idempotent(
