@@ -20,7 +20,7 @@ use crate::{
     harness::within,
     postgres::{execute, test_schema, url_in_schema},
     process::{Serve, ServeProcess},
-    support::{Session, Watch, processes_with},
+    support::{Session, Watch, processes_with, prompt},
 };
 
 /// The lease TTL of the test replicas: short, so failover happens within the test's bound.
@@ -616,6 +616,90 @@ async fn malformed_calls_about_a_session_nobody_holds_are_refused_without_claimi
             "end_turn"
         );
         assert_ne!(lease_of(&url, &schema, &id).await.0, holder);
+    })
+    .await;
+    drop((b, c));
+    drop_schema(&url, &schema).await;
+}
+
+/// Single flight: many calls racing the failover tick for one orphaned session (its owner
+/// killed mid-turn with a prompt queued) bring back one actor and one runtime on the replica
+/// that claims it; every prompt is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_racing_the_failover_tick_for_an_orphaned_session_bring_back_one_actor() {
+    let Some((dir, url, schema, [a, b, c])) = three_replicas().await else {
+        return;
+    };
+    within(TEST_BOUND, async {
+        let mut session = create_on(&a, dir.path()).await;
+        let mut watch = session.watch().await;
+        let running = session.prompt("@wait-cancel").await;
+        watch.chunk("echo: @wait-cancel").await;
+        let queued = session.prompt("queued before the kill").await;
+        let id = session.id.clone();
+        drop(watch);
+        a.kill_9();
+
+        // Sampled throughout: B never runs two runtimes.
+        let sampling = {
+            let marker = b.marker.clone();
+            tokio::spawn(async move {
+                let mut most = 0;
+                loop {
+                    most = most.max(processes_with(&marker).len());
+                    if most > 1 {
+                        return most;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
+        let mut racers = Vec::new();
+        for i in 0..12 {
+            let mut racer = Session::attach(b.client().await, &id);
+            racers.push(tokio::spawn(async move {
+                loop {
+                    match racer.act(prompt(&format!("racer {i}"))).await {
+                        Ok(reply) => return reply.action_id,
+                        Err(status) if status.code() == Code::Unavailable => {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        Err(status) => panic!("racer {i}: {status:?}"),
+                    }
+                }
+            }));
+        }
+        let mut action_ids = vec![running.action_id.clone(), queued.action_id.clone()];
+        for racer in racers {
+            action_ids.push(racer.await.unwrap());
+        }
+        let mut watch = watch_when_served(b.client().await, &id).await;
+        for action_id in &action_ids[1..] {
+            assert_eq!(
+                watch.response_to(action_id).await["result"]["stopReason"],
+                "end_turn"
+            );
+        }
+        assert!(!sampling.is_finished(), "B ran two runtimes at once");
+        sampling.abort();
+        let log = Session::attach(c.client().await, &id).log().await;
+        let mut sent = prompts_sent(&log);
+        sent.sort();
+        let mut expected = action_ids.clone();
+        expected.sort();
+        assert_eq!(sent, expected, "every prompt sent exactly once");
+        let lost_events = log
+            .iter()
+            .filter(|e| e.json.contains("\"owner_replica_lost\""))
+            .count();
+        assert_eq!(lost_events, 1, "one actor recorded the lost owner");
+        let reopenings = b
+            .process
+            .log_lines()
+            .iter()
+            .filter(|line| line.contains("reopening after the restart") && line.contains(&id))
+            .count();
+        assert_eq!(reopenings, 1, "one actor reopened the session");
     })
     .await;
     drop((b, c));

@@ -5,6 +5,7 @@
 
 mod bridges;
 mod create;
+mod flight;
 mod fork;
 pub(crate) mod owners;
 mod reads;
@@ -48,6 +49,8 @@ pub(crate) struct Sessions {
     admission: tokio::sync::Mutex<()>,
     /// Set once this replica gave its leases up (drained): they are renewed no more.
     released: std::sync::atomic::AtomicBool,
+    /// At most one claim-and-reopen per session at a time.
+    flights: flight::Flights,
 }
 
 /// Where a call about a session runs, decided before the call is dispatched.
@@ -74,6 +77,7 @@ impl Sessions {
             handles: Arc::new(RwLock::new(HashMap::new())),
             admission: tokio::sync::Mutex::new(()),
             released: std::sync::atomic::AtomicBool::new(false),
+            flights: flight::Flights::default(),
         };
         // With other replicas on the database, a session is resumed by whoever claims it: the
         // failover task (queued work, a turn in flight) or its next call (see `owners`).
@@ -164,6 +168,14 @@ impl Sessions {
             None => {
                 // Not held here: closed sessions are not kept in memory, and with several
                 // replicas the session may be another's, or nobody's since its owner died.
+                let _flight = self.flights.enter(id).await;
+                if let Some(handle) = self.held(id) {
+                    // Brought back by the claim this call waited for.
+                    if !principal.may_access(&handle.shared.owner, &handle.shared.editors) {
+                        return Err(Error::session_not_found(session_id));
+                    }
+                    return Ok(Located::Here(handle));
+                }
                 let record = self
                     .ctx
                     .store

@@ -236,6 +236,10 @@ impl Sessions {
             if self.held(id).is_some() {
                 continue;
             }
+            let _flight = self.flights.enter(id).await;
+            if self.held(id).is_some() {
+                continue;
+            }
             let Some(record) = store.get_session(id).await? else {
                 continue;
             };
