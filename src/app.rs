@@ -14,7 +14,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 use tower::util::MapResponseLayer;
 
 use crate::{
-    acp::process::RuntimeRegistry,
+    acp::process::ProcessTable,
     auth::{Reloaded, TokenStore, tls},
     config::{BrowserConfig, ServeConfig},
     domain::{Error, ErrorCode},
@@ -239,7 +239,7 @@ async fn open_sessions(
             )
         }
     };
-    let registry = RuntimeRegistry::open(&config.data_dir).context("runtime registry")?;
+    let processes = ProcessTable::open(&config.data_dir).context("the runtime process table")?;
     let options = config.engine_options(bound);
     tracing::info!(
         replica = %options.replica.id,
@@ -247,7 +247,7 @@ async fn open_sessions(
         shared_store = options.replica.shared_store,
         "replica identity"
     );
-    let ctx = Arc::new(EngineContext::new(store.clone(), registry, options));
+    let ctx = Arc::new(EngineContext::new(store.clone(), processes, options));
     Ok((Sessions::open(ctx).await?, store))
 }
 
