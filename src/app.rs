@@ -7,21 +7,21 @@ use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use tonic::{
     server::NamedService,
     service::{RoutesBuilder, interceptor::InterceptedService},
-    transport::{Server, server::TcpIncoming},
+    transport::{Server, ServerTlsConfig, server::TcpIncoming},
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use tower::util::MapResponseLayer;
 
 use crate::{
-    acp::process::RuntimeRegistry,
+    acp::process::ProcessTable,
     auth::{Reloaded, TokenStore, tls},
     config::{BrowserConfig, ServeConfig},
     domain::{Error, ErrorCode},
     grpc::{
         auth::Authenticator, browser, forward::Forwarder,
         framed::agent_session_service_server::AgentSessionServiceServer, gateway::GatewayService,
-        loopback_only::LoopbackOnlyLayer, sessions::SessionsService, status,
+        loopback_only::LoopbackOnlyLayer, relay::Relay, sessions::SessionsService, status,
         translator::TranslatorService,
     },
     pb::{
@@ -239,7 +239,7 @@ async fn open_sessions(
             )
         }
     };
-    let registry = RuntimeRegistry::open(&config.data_dir).context("runtime registry")?;
+    let processes = ProcessTable::open(&config.data_dir).context("the runtime process table")?;
     let options = config.engine_options(bound);
     tracing::info!(
         replica = %options.replica.id,
@@ -247,7 +247,7 @@ async fn open_sessions(
         shared_store = options.replica.shared_store,
         "replica identity"
     );
-    let ctx = Arc::new(EngineContext::new(store.clone(), registry, options));
+    let ctx = Arc::new(EngineContext::new(store.clone(), processes, options));
     Ok((Sessions::open(ctx).await?, store))
 }
 
@@ -300,162 +300,26 @@ fn browser_options(config: &BrowserConfig) -> browser::BrowserOptions {
 /// Binds the listener, builds every part and starts serving in the background.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     refuses_insecure_listen(&config)?;
-    let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
-    let browser_options = browser_options(&config.browser);
-    let grpc_web = browser::grpc_web_layer(&browser_options)?;
+    let front = Front::new(&config)?;
     let (auth, tokens) = authenticator(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let local_addr = listener.local_addr()?;
 
-    let limits = Arc::new(config.limits.clone());
-    let (health, health_service) = tonic_health::server::health_reporter();
-    let mut routes = RoutesBuilder::default();
-    let mut served: Vec<&'static str> = Vec::new();
-    let max_message = config.limits.grpc_message_bytes;
-    // Requests are held to the limit; responses may carry one log entry as long as a runtime
-    // line may be (ReadLog pages stay under the limit otherwise), so nothing logged is unreadable.
-    let max_response = max_message.max(config.limits.runtime_line_bytes + 64 * 1024);
-
-    let (sessions, store) = if config.services.sessions {
-        let (sessions, store) = open_sessions(&config, local_addr).await?;
-        let sessions = Arc::new(sessions);
-        // The tasks hold the registry weakly and end with it.
-        drop(sessions.spawn_ownership());
-        (Some(sessions), Some(store))
-    } else {
-        (None, None)
-    };
-    let mut relay = None;
-    if let Some(sessions) = &sessions {
-        let replica_token = replica_token(&config)?;
-        // Peers exist only on a shared database.
-        let peer_tls = match (&config.tls, &config.database_url) {
-            (Some(files), Some(_)) => Some(tls::peer_client_config(
-                files,
-                config.replica_tls_ca.as_deref(),
-            )?),
-            _ => None,
-        };
-        if config.database_url.is_some() {
-            relay = Some(Arc::new(crate::grpc::relay::Relay {
-                sessions: sessions.clone(),
-                replica_token: replica_token.clone(),
-                peer_tls: peer_tls.clone(),
-            }));
-        }
-        let service = AgentSessionServiceServer::new(SessionsService::new(
-            sessions.clone(),
-            Forwarder::new(replica_token, peer_tls),
-        ))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_response);
-        routes.add_service(InterceptedService::new(service, auth.clone()));
-        served.push(<AgentSessionServiceServer<SessionsService> as NamedService>::NAME);
-    }
-    if config.services.translator {
-        let translator = Arc::new(Translator::new(config.static_files_base_url.as_deref()));
-        let service =
-            ChannelTranslatorServiceServer::new(TranslatorService::new(translator, limits.clone()))
-                .max_decoding_message_size(max_message)
-                .max_encoding_message_size(max_response);
-        routes.add_service(InterceptedService::new(service, auth.clone()));
-        served.push(<ChannelTranslatorServiceServer<TranslatorService> as NamedService>::NAME);
-    }
-    if config.services.gateway {
-        let gateway = sessions.as_ref().map(|s| s.context().gateway().clone());
-        let service = RuntimeGatewayServiceServer::new(GatewayService::new(gateway, relay))
-            .max_decoding_message_size(max_message)
-            .max_encoding_message_size(max_response);
-        routes.add_service(InterceptedService::new(service, auth.for_gateway()));
-        served.push(<RuntimeGatewayServiceServer<GatewayService> as NamedService>::NAME);
-    }
-    for name in &served {
-        health
-            .set_service_status(*name, ServingStatus::Serving)
-            .await;
-    }
-    let store_watch = store.clone().map(|store| {
-        let service = <AgentSessionServiceServer<SessionsService> as NamedService>::NAME;
-        watch_store(store, health.clone(), service)
-    });
-    routes.add_service(health_service);
-
-    let mut reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        // google.rpc error details, so grpcurl and buf curl decode ErrorInfo.
-        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
-    let mut reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
-    // List only what this process serves (plus health and reflection themselves).
-    for name in served.iter().copied().chain(["grpc.health.v1.Health"]) {
-        reflection_v1 = reflection_v1.with_service_name(name);
-        reflection_v1alpha = reflection_v1alpha.with_service_name(name);
-    }
-    routes.add_service(reflection_v1.build_v1().context("reflection v1")?);
-    routes.add_service(
-        reflection_v1alpha
-            .build_v1alpha()
-            .context("reflection v1alpha")?,
-    );
+    let Services {
+        mut routes,
+        served,
+        sessions,
+        store,
+    } = build_services(&config, local_addr, &auth).await?;
+    let (health, store_watch) = add_health(&mut routes, &served, store.clone()).await;
+    add_reflection(&mut routes, &served)?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let (metrics_addr, metrics_task) = match config.metrics_listen {
-        Some(addr) => {
-            telemetry::metrics::install();
-            let listener = telemetry::metrics::bind(addr)
-                .await
-                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
-            let bound = listener.local_addr()?;
-            let task = tokio::spawn(telemetry::metrics::serve(
-                listener,
-                sessions.clone(),
-                stopped(shutdown_rx.clone()),
-            ));
-            tracing::info!(metrics_addr = %bound, "serving Prometheus metrics on /metrics");
-            (Some(bound), Some(task))
-        }
-        None => (None, None),
-    };
-    let mut builder = Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls).context("TLS configuration")?;
-    }
-    let server = builder
-        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
-        // Browsers: HTTP/1.1, the console and gRPC-Web only when configured.
-        .accept_http1(config.browser.grpc_web_enabled())
-        // No DNS rebinding: with no tokens, browsers are served only from loopback pages.
-        .layer(tower::util::option_layer(
-            config
-                .tokens_file
-                .is_none()
-                .then(|| LoopbackOnlyLayer::new(&config.browser.cors_allow_origins)),
-        ))
-        .layer(browser::FrontLayer::new(&browser_options))
-        .layer(tower::util::option_layer(grpc_web))
-        .layer(RpcMetricsLayer)
-        .layer(MapResponseLayer::new(status::message_limit_mapper(
-            max_message,
-        )))
-        .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .add_routes(routes.routes())
-        // A custom incoming stream ignores `Server::tcp_nodelay`: it is set on each accepted
-        // socket here, or Nagle holds back small HTTP/2 frames (streams) behind delayed ACKs.
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stopped(shutdown_rx),
-        );
-    let task = tokio::spawn(server);
+    let (metrics_addr, metrics_task) =
+        serve_metrics(&config, sessions.clone(), shutdown_rx.clone()).await?;
+    let task = serve_grpc(&config, front, listener, routes, shutdown_rx)?;
     tracing::info!(%local_addr, services = ?served, tls = config.tls.is_some(), tokens = config.tokens_file.is_some(), "serving gRPC");
     if config.browser.grpc_web_enabled() {
         tracing::info!(
@@ -478,4 +342,240 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         metrics_task,
         store_watch,
     })
+}
+
+/// What faces the network besides the routes: TLS and the browser layers, built first so that a
+/// bad setting stops startup before the port is bound or the store opened.
+struct Front {
+    tls: Option<ServerTlsConfig>,
+    browser: browser::BrowserOptions,
+    grpc_web: Option<GrpcWebLayer>,
+}
+
+type GrpcWebLayer = tower::layer::util::Stack<tonic_web::GrpcWebLayer, tower_http::cors::CorsLayer>;
+
+impl Front {
+    fn new(config: &ServeConfig) -> anyhow::Result<Self> {
+        let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
+        let browser = browser_options(&config.browser);
+        let grpc_web = browser::grpc_web_layer(&browser)?;
+        Ok(Self {
+            tls,
+            browser,
+            grpc_web,
+        })
+    }
+}
+
+/// The configured services, built and routed but not served yet.
+struct Services {
+    routes: RoutesBuilder,
+    /// The names of the services configured (health and reflection aside).
+    served: Vec<&'static str>,
+    sessions: Option<Arc<Sessions>>,
+    store: Option<Arc<dyn Store>>,
+}
+
+/// Builds the configured services: the sessions over the store (with forwarding to and relaying
+/// for other replicas), the translator and the gateway, each behind authentication and the
+/// message limits.
+async fn build_services(
+    config: &ServeConfig,
+    local_addr: SocketAddr,
+    auth: &Authenticator,
+) -> anyhow::Result<Services> {
+    let mut routes = RoutesBuilder::default();
+    let mut served: Vec<&'static str> = Vec::new();
+    let max_message = config.limits.grpc_message_bytes;
+    // Requests are held to the limit; responses may carry one log entry as long as a runtime
+    // line may be (ReadLog pages stay under the limit otherwise), so nothing logged is unreadable.
+    let max_response = max_message.max(config.limits.runtime_line_bytes + 64 * 1024);
+
+    let (sessions, store) = if config.services.sessions {
+        let (sessions, store) = open_sessions(config, local_addr).await?;
+        let sessions = Arc::new(sessions);
+        // The tasks hold the registry weakly and end with it.
+        drop(sessions.spawn_ownership());
+        (Some(sessions), Some(store))
+    } else {
+        (None, None)
+    };
+    let mut relay = None;
+    if let Some(sessions) = &sessions {
+        let (service, relayed) = sessions_service(config, sessions)?;
+        relay = relayed;
+        let service = AgentSessionServiceServer::new(service)
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_response);
+        routes.add_service(InterceptedService::new(service, auth.clone()));
+        served.push(<AgentSessionServiceServer<SessionsService> as NamedService>::NAME);
+    }
+    if config.services.translator {
+        let limits = Arc::new(config.limits.clone());
+        let translator = Arc::new(Translator::new(config.static_files_base_url.as_deref()));
+        let service =
+            ChannelTranslatorServiceServer::new(TranslatorService::new(translator, limits))
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(max_response);
+        routes.add_service(InterceptedService::new(service, auth.clone()));
+        served.push(<ChannelTranslatorServiceServer<TranslatorService> as NamedService>::NAME);
+    }
+    if config.services.gateway {
+        let gateway = sessions.as_ref().map(|s| s.context().gateway().clone());
+        let service = RuntimeGatewayServiceServer::new(GatewayService::new(gateway, relay))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_response);
+        routes.add_service(InterceptedService::new(service, auth.for_gateway()));
+        served.push(<RuntimeGatewayServiceServer<GatewayService> as NamedService>::NAME);
+    }
+    Ok(Services {
+        routes,
+        served,
+        sessions,
+        store,
+    })
+}
+
+/// The sessions service, forwarding calls for sessions other replicas own, and the relay of
+/// bridges that redial this replica while another replica still owns their runtimes' sessions.
+fn sessions_service(
+    config: &ServeConfig,
+    sessions: &Arc<Sessions>,
+) -> anyhow::Result<(SessionsService, Option<Arc<Relay>>)> {
+    let replica_token = replica_token(config)?;
+    // Peers exist only on a shared database.
+    let peer_tls = match (&config.tls, &config.database_url) {
+        (Some(files), Some(_)) => Some(tls::peer_client_config(
+            files,
+            config.replica_tls_ca.as_deref(),
+        )?),
+        _ => None,
+    };
+    let relay = config.database_url.is_some().then(|| {
+        Arc::new(Relay {
+            sessions: sessions.clone(),
+            replica_token: replica_token.clone(),
+            peer_tls: peer_tls.clone(),
+        })
+    });
+    let service = SessionsService::new(sessions.clone(), Forwarder::new(replica_token, peer_tls));
+    Ok((service, relay))
+}
+
+/// Health: every service served is SERVING, and the sessions service's readiness follows the
+/// store from now on ([`watch_store`]).
+async fn add_health(
+    routes: &mut RoutesBuilder,
+    served: &[&'static str],
+    store: Option<Arc<dyn Store>>,
+) -> (HealthReporter, Option<JoinHandle<()>>) {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for name in served {
+        health
+            .set_service_status(*name, ServingStatus::Serving)
+            .await;
+    }
+    let store_watch = store.map(|store| {
+        let service = <AgentSessionServiceServer<SessionsService> as NamedService>::NAME;
+        watch_store(store, health.clone(), service)
+    });
+    routes.add_service(health_service);
+    (health, store_watch)
+}
+
+/// Server reflection, v1 and v1alpha, listing only what this process serves (plus health and
+/// reflection themselves).
+fn add_reflection(routes: &mut RoutesBuilder, served: &[&'static str]) -> anyhow::Result<()> {
+    let mut reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // google.rpc error details, so grpcurl and buf curl decode ErrorInfo.
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
+    let mut reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
+    for name in served.iter().copied().chain(["grpc.health.v1.Health"]) {
+        reflection_v1 = reflection_v1.with_service_name(name);
+        reflection_v1alpha = reflection_v1alpha.with_service_name(name);
+    }
+    routes.add_service(reflection_v1.build_v1().context("reflection v1")?);
+    routes.add_service(
+        reflection_v1alpha
+            .build_v1alpha()
+            .context("reflection v1alpha")?,
+    );
+    Ok(())
+}
+
+/// Resolves once `shutdown` says stop.
+async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Serves the Prometheus endpoint in the background when one is configured, until `shutdown`
+/// says stop: its bound address and its task.
+async fn serve_metrics(
+    config: &ServeConfig,
+    sessions: Option<Arc<Sessions>>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<(Option<SocketAddr>, Option<JoinHandle<()>>)> {
+    let Some(addr) = config.metrics_listen else {
+        return Ok((None, None));
+    };
+    telemetry::metrics::install();
+    let listener = telemetry::metrics::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(telemetry::metrics::serve(
+        listener,
+        sessions,
+        stopped(shutdown),
+    ));
+    tracing::info!(metrics_addr = %bound, "serving Prometheus metrics on /metrics");
+    Ok((Some(bound), Some(task)))
+}
+
+/// Serves `routes` on `listener` in the background until `shutdown` says stop, behind the
+/// front's layers, the RPC metrics and the message-limit mapping.
+fn serve_grpc(
+    config: &ServeConfig,
+    front: Front,
+    listener: TcpListener,
+    routes: RoutesBuilder,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
+    let mut builder = Server::builder();
+    if let Some(tls) = front.tls {
+        builder = builder.tls_config(tls).context("TLS configuration")?;
+    }
+    let server = builder
+        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // Browsers: HTTP/1.1, the console and gRPC-Web only when configured.
+        .accept_http1(config.browser.grpc_web_enabled())
+        // No DNS rebinding: with no tokens, browsers are served only from loopback pages.
+        .layer(tower::util::option_layer(
+            config
+                .tokens_file
+                .is_none()
+                .then(|| LoopbackOnlyLayer::new(&config.browser.cors_allow_origins)),
+        ))
+        .layer(browser::FrontLayer::new(&front.browser))
+        .layer(tower::util::option_layer(front.grpc_web))
+        .layer(RpcMetricsLayer)
+        .layer(MapResponseLayer::new(status::message_limit_mapper(
+            config.limits.grpc_message_bytes,
+        )))
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .add_routes(routes.routes())
+        // A custom incoming stream ignores `Server::tcp_nodelay`: it is set on each accepted
+        // socket here, or Nagle holds back small HTTP/2 frames (streams) behind delayed ACKs.
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stopped(shutdown),
+        );
+    Ok(tokio::spawn(server))
 }

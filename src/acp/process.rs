@@ -139,12 +139,13 @@ pub fn data_dir_marker(data_dir: &Path) -> io::Result<String> {
     Ok(format!("{hash:016x}"))
 }
 
-/// Bookkeeping of live runtimes: the marker they carry (module doc), the watchdog of this
-/// harness instance, and a record on disk (`<data_dir>/runtimes/<pid>` holding the process start
-/// time) of each group leader, so a restarted harness can kill what a crashed one left behind
-/// without ever killing an unrelated process that reused the pid.
+/// The table of the runtime processes this harness (or bridge) started: the marker they carry
+/// (module doc), the watchdog of this harness instance, and a record on disk
+/// (`<data_dir>/runtimes/<pid>` holding the process start time) of each group leader, so a
+/// restarted harness can kill what a crashed one left behind without ever killing an unrelated
+/// process that reused the pid.
 #[derive(Debug, Clone)]
-pub struct RuntimeRegistry {
+pub struct ProcessTable {
     dir: PathBuf,
     /// `<data dir id>/`: every runtime ever started on this data directory.
     data_dir_prefix: String,
@@ -155,7 +156,7 @@ pub struct RuntimeRegistry {
     _watchdog: Option<Arc<Watchdog>>,
 }
 
-impl RuntimeRegistry {
+impl ProcessTable {
     pub fn open(data_dir: &Path) -> io::Result<Self> {
         let dir = data_dir.join("runtimes");
         std::fs::create_dir_all(&dir)?;
@@ -442,9 +443,9 @@ impl Drop for RuntimeKiller {
 pub fn spawn(
     profile: RuntimeSpec<'_>,
     cwd: &Path,
-    registry: &RuntimeRegistry,
+    processes: &ProcessTable,
 ) -> io::Result<SpawnedRuntime> {
-    let marker = registry.next_marker();
+    let marker = processes.next_marker();
     let mut command = Command::new(profile.command);
     command
         .args(profile.args)
@@ -477,7 +478,7 @@ pub fn spawn(
     let pid = child
         .id()
         .ok_or_else(|| io::Error::other("runtime exited at once"))?;
-    registry.record(pid);
+    processes.record(pid);
 
     let stdin = child.stdin.take().expect("piped");
     let stdout = child.stdout.take().expect("piped");
@@ -497,7 +498,7 @@ pub fn spawn(
 
     let (kill_tx, kill_rx) = oneshot::channel();
     let (exit_tx, exit_rx) = oneshot::channel();
-    let registry = registry.clone();
+    let processes = processes.clone();
     let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(supervise(
         child,
@@ -505,7 +506,7 @@ pub fn spawn(
         marker,
         kill_rx,
         exit_tx,
-        registry,
+        processes,
         reaped.clone(),
     ));
     Ok(SpawnedRuntime {
@@ -530,7 +531,7 @@ async fn supervise(
     marker: String,
     kill: oneshot::Receiver<()>,
     exited: oneshot::Sender<io::Result<ExitStatus>>,
-    registry: RuntimeRegistry,
+    processes: ProcessTable,
     reaped: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let status = tokio::select! {
@@ -547,7 +548,7 @@ async fn supervise(
     reaped.store(true, std::sync::atomic::Ordering::Release);
     // Descendants that left the group (or outlived a wrapper) still carry the marker.
     let _ = tokio::task::spawn_blocking(move || sweep(|m| m == marker)).await;
-    registry.forget(pid);
+    processes.forget(pid);
     let _ = exited.send(status);
 }
 

@@ -36,7 +36,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use crate::{
     acp::{
         RuntimeSpec,
-        process::{self, RuntimeRegistry, StderrTail},
+        process::{self, ProcessTable, StderrTail},
         remote::DEFAULT_RECONNECT_GRACE,
     },
     pb::v1::{
@@ -168,7 +168,7 @@ struct Bridge {
     id: String,
     config: BridgeConfig,
     grace: Duration,
-    registry: RuntimeRegistry,
+    processes: ProcessTable,
     runtimes: Mutex<HashMap<String, Handle>>,
 }
 
@@ -192,8 +192,8 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
     });
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
-    let registry = RuntimeRegistry::open(&data_dir).context("runtime registry")?;
-    registry.reap_leftovers();
+    let processes = ProcessTable::open(&data_dir).context("the runtime process table")?;
+    processes.reap_leftovers();
     let token = match &args.token_file {
         Some(path) => {
             let token = std::fs::read_to_string(path)
@@ -236,7 +236,7 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
         id,
         config,
         grace,
-        registry,
+        processes,
         runtimes: Mutex::new(HashMap::new()),
     });
     let mut attempt: u32 = 0;
@@ -494,7 +494,7 @@ impl Bridge {
             args: &profile.args,
             env: &profile.env,
         };
-        process::spawn(spec, &canonical, &self.registry)
+        process::spawn(spec, &canonical, &self.processes)
             .map(|child| (child, spawn.profile.clone()))
             .map_err(|e| format!("could not start {:?}: {e}", profile.command))
     }

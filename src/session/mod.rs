@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, broadcast, mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::{
-    acp::process::RuntimeRegistry,
+    acp::process::ProcessTable,
     domain::{
         ActionId, Principal, Result,
         limits::Limits,
@@ -129,7 +129,8 @@ pub(crate) struct EngineContext {
     store: Arc<dyn Store>,
     limits: Arc<Limits>,
     profiles: BTreeMap<String, Arc<Profile>>,
-    registry: RuntimeRegistry,
+    /// The local runtime processes started here, marked and recorded so none outlives the harness.
+    processes: ProcessTable,
     /// Bridges that dialled in, and the remote runtimes placed on them.
     gateway: Arc<crate::acp::remote::Gateway>,
     /// One permit per live runtime process (the live-runtime cap).
@@ -154,7 +155,7 @@ pub(crate) struct EngineContext {
 impl EngineContext {
     pub(crate) fn new(
         store: Arc<dyn Store>,
-        registry: RuntimeRegistry,
+        processes: ProcessTable,
         options: EngineOptions,
     ) -> Self {
         let warm_pools = options
@@ -169,7 +170,7 @@ impl EngineContext {
             runtime_slots: Arc::new(Semaphore::new(options.limits.live_runtimes)),
             limits: Arc::new(options.limits),
             profiles: options.profiles,
-            registry,
+            processes,
             gateway: crate::acp::remote::Gateway::new(),
             meta_key: options.meta_key,
             translator: Translator::new(options.static_files_base_url.as_deref()),

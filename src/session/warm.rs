@@ -199,7 +199,7 @@ async fn start_one(pool: &Arc<WarmPool>, ctx: &EngineContext) -> Result<WarmRunt
         .try_acquire_owned()
         .map_err(|_| "the harness runs its maximum of live runtimes".to_owned())?;
     let cwd = warm_cwd(profile);
-    let mut spawned = process::spawn(profile.launch(), &cwd, &ctx.registry).map_err(|e| {
+    let mut spawned = process::spawn(profile.launch(), &cwd, &ctx.processes).map_err(|e| {
         format!(
             "could not start runtime {:?} in {}: {e}",
             profile.command,

@@ -245,7 +245,7 @@ impl Actor {
                     ),
                 ));
             }
-            return process::spawn(self.profile.launch(), &cwd, &self.ctx.registry)
+            return process::spawn(self.profile.launch(), &cwd, &self.ctx.processes)
                 .map(Link::Local)
                 .map_err(|e| {
                     Error::new(

@@ -65,7 +65,7 @@ pub(crate) enum Located {
 impl Sessions {
     /// Opens the registry over the store: every session that is not closed gets its actor back.
     pub(crate) async fn open(ctx: Arc<EngineContext>) -> Result<Self> {
-        let reaped = ctx.registry.reap_leftovers();
+        let reaped = ctx.processes.reap_leftovers();
         if reaped > 0 {
             tracing::warn!(
                 reaped,
