@@ -16,8 +16,8 @@ use agent_harness_testkit::{
 };
 
 use crate::kit::{
-    Agent, Outcome, ProfileSpec, Rig, agent_message, agents_dir, eventually, installed, scenario,
-    text_of, tools_of, turn_end, which,
+    Agent, Outcome, ProfileSpec, Rig, agent_message, agents_dir, eventually, installed, note,
+    scenario, text_of, tools_of, turn_end, which,
 };
 
 fn claude_0_23_1(test: &str) -> Option<Agent> {
@@ -273,7 +273,12 @@ async fn kill_9_then_reopen(agent: Agent) -> Outcome {
     })
     .await;
     let runtimes = runtime_pids(&rig.server);
+    assert!(!runtimes.is_empty(), "the agent runs under the harness");
+    note(&format!(
+        "killing the harness; its runtime's processes: {runtimes:?}"
+    ));
     rig.server.kill_9();
+    // No process of the runtime outlives the harness.
     agent_harness_testkit::support::exited(&runtimes).await;
 
     rig.server.restart();
@@ -363,10 +368,10 @@ async fn fork(agent: Agent) -> Outcome {
     Outcome::Pass(String::new())
 }
 
-/// Pids of the harness's runtimes: its child processes (the profile's command is the agent).
+/// Pids of the harness's runtimes and everything they started: the processes below it (the
+/// adapter runs the Claude Code CLI as a child process of its own).
 fn runtime_pids(server: &ServeProcess) -> Vec<u32> {
-    let parent = server.pid().to_string();
-    let mut children = Vec::new();
+    let mut parents = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
             .file_name()
@@ -378,11 +383,24 @@ fn runtime_pids(server: &ServeProcess) -> Vec<u32> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // The fields after the command's closing parenthesis: state, then the parent's pid.
         let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
-        if fields.nth(1) == Some(parent.as_str()) {
-            children.push(pid);
+        if let Some(parent) = fields.nth(1).and_then(|p| p.parse::<u32>().ok()) {
+            parents.push((pid, parent));
         }
     }
-    children
+    let mut below = vec![server.pid()];
+    let mut i = 0;
+    while i < below.len() {
+        let parent = below[i];
+        below.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(pid, _)| *pid),
+        );
+        i += 1;
+    }
+    below.remove(0);
+    below
 }
 
 fn session_files_contain(home: &Path, needle: &str) -> bool {
