@@ -1,0 +1,342 @@
+//! What every agent's scenarios share: which agent is under test and where it is installed, a
+//! rig (fake model server + real harness process + a profile running the agent), turn helpers,
+//! and the outcome of each scenario for the compatibility matrix.
+
+use std::{
+    future::Future,
+    io::Write,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use agent_harness::pb::v1 as pb;
+use agent_harness_model_fakes::{Api, FakeServer};
+use agent_harness_testkit::{
+    process::{Serve, ServeProcess},
+    support::{Session, Watch},
+};
+use serde_json::{Value, json};
+
+/// The folder the agents are installed in (`scripts/test agents` sets it to `.tools/agents`).
+pub const AGENTS_DIR_VAR: &str = "AGENT_HARNESS_AGENTS_DIR";
+/// Where each scenario's outcome is written, one JSON file per agent and scenario.
+pub const RESULTS_VAR: &str = "AGENT_HARNESS_AGENTS_RESULTS";
+
+/// How long one scenario may take: a real agent starts in a few seconds and a turn takes one or
+/// two more; the restart scenarios start it twice.
+pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// An installed agent under test.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    /// The matrix's row name, e.g. `claude-agent-acp`.
+    pub name: &'static str,
+    /// The npm package it is installed from.
+    pub package: &'static str,
+    pub version: &'static str,
+    /// The model API it calls.
+    pub api: Api,
+    /// The program and arguments that start it.
+    pub command: PathBuf,
+    pub args: Vec<String>,
+}
+
+/// An agent's known defect: the scenario it fails, and how.
+pub struct KnownDefect {
+    pub agent: &'static str,
+    pub version: &'static str,
+    pub scenario: &'static str,
+    pub defect: &'static str,
+}
+
+/// Scenarios the agents are known to get wrong. A listed scenario passes only while the agent
+/// still deviates as described, and fails once the agent gets it right.
+pub const KNOWN_DEFECTS: &[KnownDefect] = &[
+    KnownDefect {
+        agent: "claude-agent-acp",
+        version: "0.23.1",
+        scenario: "stop_then_next_prompt",
+        defect: "after a cancel, each later prompt in the same process gets the previous \
+                 prompt's reply (the first one ends at once with no text)",
+    },
+    KnownDefect {
+        agent: "claude-agent-acp",
+        version: "0.23.1",
+        scenario: "model_error_then_next_prompt",
+        defect: "after a turn that failed on a model API error, each later prompt in the same \
+                 process gets the previous prompt's reply (as after a cancel)",
+    },
+];
+
+/// The agents folder, or `None` (after saying so loudly) when the agents are not installed here.
+pub fn agents_dir(test: &str) -> Option<PathBuf> {
+    match std::env::var_os(AGENTS_DIR_VAR) {
+        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ => {
+            let banner = "!".repeat(78);
+            eprintln!(
+                "{banner}\n!! SKIPPED {test}: {AGENTS_DIR_VAR} is not set, so no real agent ran.\n\
+                 !! Run `scripts/test agents` (it installs the pinned agents and sets it).\n{banner}"
+            );
+            None
+        }
+    }
+}
+
+/// `program` on PATH.
+pub fn which(program: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on PATH"))
+}
+
+/// A file an installed agent must have; fails loudly when the folder lacks it.
+pub fn installed(dir: &Path, relative: &str) -> PathBuf {
+    let path = dir.join(relative);
+    assert!(
+        path.is_file(),
+        "{} is missing: {AGENTS_DIR_VAR}={} is set, so the agents must be installed there \
+         (scripts/test agents does it)",
+        path.display(),
+        dir.display()
+    );
+    path
+}
+
+/// What a scenario found.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The agent did what a user expects (a note for the matrix, e.g. how a session reopened).
+    Pass(String),
+    /// The agent did something else (evidence attached): a failure, unless it is a known defect.
+    Deviates(String),
+}
+
+/// Runs one scenario of `agent` under the scenario timeout and records its outcome: a panic or
+/// an unlisted deviation fails the test; a listed deviation passes as its known defect; a listed
+/// scenario that passes fails the test, so the list is corrected.
+pub async fn scenario<F>(agent: &Agent, name: &'static str, body: F)
+where
+    F: Future<Output = Outcome> + Send + 'static,
+{
+    let known = KNOWN_DEFECTS
+        .iter()
+        .find(|d| d.agent == agent.name && d.version == agent.version && d.scenario == name);
+    let outcome = tokio::spawn(async move {
+        match tokio::time::timeout(SCENARIO_TIMEOUT, body).await {
+            Ok(outcome) => outcome,
+            Err(_) => panic!("the scenario did not finish within {SCENARIO_TIMEOUT:?}"),
+        }
+    })
+    .await;
+    match (outcome, known) {
+        (Ok(Outcome::Pass(note)), None) => record(agent, name, "pass", &note),
+        (Ok(Outcome::Deviates(evidence)), Some(defect)) => {
+            record(
+                agent,
+                name,
+                "known-defect",
+                &format!("{}; seen: {evidence}", defect.defect),
+            );
+            eprintln!(
+                "known defect of {} {}: {evidence}",
+                agent.name, agent.version
+            );
+        }
+        (Ok(Outcome::Deviates(evidence)), None) => {
+            record(agent, name, "fail", &evidence);
+            panic!("{} {} failed {name}: {evidence}", agent.name, agent.version);
+        }
+        (Ok(Outcome::Pass(_)), Some(defect)) => {
+            record(
+                agent,
+                name,
+                "fail",
+                "the known defect no longer shows: remove it from KNOWN_DEFECTS",
+            );
+            panic!(
+                "{} {} now passes {name}, listed as a known defect ({}): remove it from \
+                 KNOWN_DEFECTS",
+                agent.name, agent.version, defect.defect
+            );
+        }
+        (Err(join), _) => {
+            let message = join
+                .into_panic()
+                .downcast::<String>()
+                .map(|s| *s)
+                .unwrap_or_else(|p| {
+                    p.downcast::<&str>()
+                        .map(|s| s.to_string())
+                        .unwrap_or_default()
+                });
+            record(agent, name, "fail", &message);
+            panic!("{message}");
+        }
+    }
+}
+
+fn record(agent: &Agent, scenario: &str, result: &str, detail: &str) {
+    let Some(dir) = std::env::var_os(RESULTS_VAR).filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).expect("the results folder");
+    let line = json!({
+        "agent": agent.name,
+        "package": agent.package,
+        "version": agent.version,
+        "scenario": scenario,
+        "result": result,
+        "detail": detail,
+    });
+    let path = dir.join(format!("{}@{}.{scenario}.json", agent.name, agent.version));
+    let mut file = std::fs::File::create(&path).expect("a result file");
+    writeln!(file, "{line}").expect("the result is written");
+}
+
+/// The profile the rig's harness runs the agent with: its env and any extra TOML.
+#[derive(Debug, Clone, Default)]
+pub struct ProfileSpec {
+    pub env: Vec<(String, String)>,
+    /// TOML appended after the profile's tables (e.g. `[[profiles.agent.permission_rules]]`).
+    pub extra_toml: String,
+}
+
+/// The name of the rig's profile.
+pub const PROFILE: &str = "agent";
+
+/// A fake model server, a real harness process and a profile that runs the agent against it,
+/// all in one temporary folder: `home/` (the agent's private HOME), `work/` (the sessions'
+/// working directory), `data/` (the harness's SQLite store).
+pub struct Rig {
+    pub dir: tempfile::TempDir,
+    pub fake: FakeServer,
+    pub server: ServeProcess,
+}
+
+impl Rig {
+    pub async fn start(agent: &Agent, spec: impl FnOnce(&FakeServer, &Path) -> ProfileSpec) -> Rig {
+        let dir = tempfile::Builder::new()
+            .prefix("agent-harness-agents-")
+            .tempdir()
+            .expect("a temporary folder");
+        for sub in ["home", "work"] {
+            std::fs::create_dir_all(dir.path().join(sub)).expect("a folder");
+        }
+        let fake = FakeServer::start(agent.api)
+            .await
+            .expect("the fake model server starts");
+        let spec = spec(&fake, &dir.path().join("home"));
+        let config = dir.path().join("config.toml");
+        std::fs::write(&config, profile_toml(agent, &spec)).expect("the config is written");
+        let server = Serve::on(dir.path().join("data"), &config).start();
+        Rig { dir, fake, server }
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    pub fn work(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    /// A new session on the agent's profile, in `work/`.
+    pub async fn session(&self) -> Session {
+        Session::create_with_client(
+            self.server.client().await,
+            pb::CreateSessionRequest {
+                profile: PROFILE.into(),
+                cwd: self.work().to_string_lossy().into_owned(),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+}
+
+fn toml_string(text: &str) -> String {
+    Value::String(text.to_owned()).to_string()
+}
+
+fn profile_toml(agent: &Agent, spec: &ProfileSpec) -> String {
+    let args: Vec<String> = agent.args.iter().map(|a| toml_string(a)).collect();
+    let mut toml = format!(
+        "[profiles.{PROFILE}]\ncommand = {}\nargs = [{}]\nstartup_timeout = \"60s\"\n\
+         cancel_grace = \"10s\"\n\n[profiles.{PROFILE}.env]\n",
+        toml_string(&agent.command.to_string_lossy()),
+        args.join(", "),
+    );
+    for (key, value) in &spec.env {
+        toml.push_str(&format!("{key} = {}\n", toml_string(value)));
+    }
+    toml.push('\n');
+    toml.push_str(&spec.extra_toml);
+    toml
+}
+
+/// Waits for the runtime's answer to the prompt `action_id`; its `stopReason`.
+pub async fn turn_end(watch: &mut Watch, action_id: &str) -> String {
+    let answer = watch.response_to(action_id).await;
+    note(&format!("turn {action_id} answered"));
+    answer["result"]["stopReason"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the prompt was answered without a stop reason: {answer}"))
+        .to_owned()
+}
+
+/// The transcript's agent message answering `action_id`.
+pub async fn agent_message(session: &mut Session, action_id: &str) -> pb::TranscriptMessage {
+    let transcript = session.transcript().await;
+    transcript
+        .messages
+        .into_iter()
+        .find(|m| {
+            m.role == pb::MessageRole::Agent as i32 && m.request_id.as_deref() == Some(action_id)
+        })
+        .unwrap_or_else(|| panic!("no agent message answers {action_id}"))
+}
+
+/// The visible text of a transcript message.
+pub fn text_of(message: &pb::TranscriptMessage) -> String {
+    message
+        .parts
+        .iter()
+        .filter_map(|p| match &p.kind {
+            Some(pb::message_part::Kind::Text(t)) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The tool calls of a transcript message.
+pub fn tools_of(message: &pb::TranscriptMessage) -> Vec<pb::ToolPart> {
+    message
+        .parts
+        .iter()
+        .filter_map(|p| match &p.kind {
+            Some(pb::message_part::Kind::Tool(t)) => Some(t.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A line in the test's output (shown when it fails), so a scenario that hangs shows how far it
+/// came.
+pub fn note(what: &str) {
+    eprintln!("[agents] {what}");
+}
+
+/// Waits (polling, bounded by the scenario's timeout) until `check` holds.
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let mut waited = Duration::ZERO;
+    while !check() {
+        assert!(waited < SCENARIO_TIMEOUT, "{what}: still not true");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+}
