@@ -47,11 +47,14 @@ pub enum ErrorCode {
     /// A request that does not decode: bad protobuf, a string that is not UTF-8, messages
     /// nested too deep. Refused before any handler runs.
     MalformedRequest,
+    /// The replica that runs the session cannot be reached or did not answer in time, or the
+    /// session is moving between replicas; retryable (a Control with the same action id).
+    ReplicaUnavailable,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 34] = [
+    pub const ALL: [ErrorCode; 35] = [
         Self::InvalidArgument,
         Self::LimitExceeded,
         Self::SessionNotFound,
@@ -86,6 +89,7 @@ impl ErrorCode {
         Self::NotSupported,
         Self::StoreUnavailable,
         Self::MalformedRequest,
+        Self::ReplicaUnavailable,
     ];
 
     /// The `ErrorInfo.reason` string.
@@ -125,6 +129,7 @@ impl ErrorCode {
             Self::NotSupported => "NOT_SUPPORTED",
             Self::StoreUnavailable => "STORE_UNAVAILABLE",
             Self::MalformedRequest => "MALFORMED_REQUEST",
+            Self::ReplicaUnavailable => "REPLICA_UNAVAILABLE",
         }
     }
 }

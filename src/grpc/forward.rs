@@ -20,14 +20,14 @@ use tonic::{
     metadata::{MetadataMap, MetadataValue},
     transport::{Channel, ClientTlsConfig, Endpoint},
 };
-use tonic_types::{ErrorDetails, StatusExt};
+use tonic_types::StatusExt;
 
 use super::{
     auth::{self, ACTING_USER_HEADER, FORWARDED_KIND_HEADER, FORWARDED_PRINCIPAL_HEADER},
     status::ERROR_DOMAIN,
 };
 use crate::{
-    domain::{Principal, PrincipalKind},
+    domain::{Error, ErrorCode, Principal, PrincipalKind},
     pb::v1::agent_session_service_client::AgentSessionServiceClient,
 };
 
@@ -45,9 +45,6 @@ pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) const CREATE_FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest message accepted from the owner (its own responses are bounded by its limits).
 const MAX_FORWARDED_MESSAGE: usize = 64 * 1024 * 1024;
-/// Reason of the status when the owner replica cannot be reached (the lease has not expired
-/// yet; the session is claimed here once it does).
-const REPLICA_UNAVAILABLE: &str = "REPLICA_UNAVAILABLE";
 
 /// Sends calls on to the replica that runs their session, over one pooled channel per peer.
 pub(crate) struct Forwarder {
@@ -187,15 +184,10 @@ fn insert(metadata: &mut MetadataMap, key: &'static str, value: &str) -> Result<
     Ok(())
 }
 
-/// UNAVAILABLE, retryable: the owner cannot be reached now.
+/// UNAVAILABLE (REPLICA_UNAVAILABLE), retryable: the owner cannot be reached now (its lease has
+/// not expired yet; the session is claimed here once it does).
 pub(crate) fn unavailable(message: &str) -> Status {
-    let mut details = ErrorDetails::with_error_info(
-        REPLICA_UNAVAILABLE,
-        ERROR_DOMAIN,
-        HashMap::<String, String>::new(),
-    );
-    details.set_retry_info(Some(Duration::from_secs(1)));
-    Status::with_error_details(Code::Unavailable, message, details)
+    Error::new(ErrorCode::ReplicaUnavailable, message).into()
 }
 
 /// The owner's answer as it is, unless the owner was not reached at all (a transport error has

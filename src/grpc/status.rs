@@ -43,7 +43,7 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes => {
             Code::ResourceExhausted
         }
-        RuntimeStartFailed | Draining | StoreUnavailable => Code::Unavailable,
+        RuntimeStartFailed | Draining | StoreUnavailable | ReplicaUnavailable => Code::Unavailable,
         Unauthenticated => Code::Unauthenticated,
         ContextNotAllowed | Forbidden => Code::PermissionDenied,
         OffsetOutOfRange => Code::OutOfRange,
@@ -80,7 +80,7 @@ pub(crate) fn to_status(error: &Error) -> Status {
         ErrorCode::Draining => {
             details.set_retry_info(Some(DRAINING_RETRY_DELAY));
         }
-        ErrorCode::StoreUnavailable => {
+        ErrorCode::StoreUnavailable | ErrorCode::ReplicaUnavailable => {
             details.set_retry_info(Some(STORE_RETRY_DELAY));
         }
         _ => {}
@@ -385,6 +385,11 @@ mod tests {
             ErrorCode::MalformedRequest,
             Code::InvalidArgument,
             "MALFORMED_REQUEST",
+        ),
+        (
+            ErrorCode::ReplicaUnavailable,
+            Code::Unavailable,
+            "REPLICA_UNAVAILABLE",
         ),
     ];
 

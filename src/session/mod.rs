@@ -289,6 +289,11 @@ impl Shared {
     }
 
     /// Tells the actor its lease is gone: it stops its runtime and never writes again.
+    /// Watches for the lease being lost (local streams then go on from the store).
+    pub(crate) fn watch_lost(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.lost.subscribe()
+    }
+
     pub(crate) fn mark_lost(&self) {
         self.lost.send_replace(true);
     }

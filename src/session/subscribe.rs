@@ -155,7 +155,11 @@ pub(crate) fn start(
     let id = shared.id;
     Ok(spawn(
         id,
-        Source::Local { handle, live },
+        Source::Local {
+            lost: handle.shared.watch_lost(),
+            handle,
+            live,
+        },
         StreamStart { after, head, view },
         store,
         meta_key,
@@ -289,6 +293,9 @@ enum Source {
     Local {
         handle: SessionHandle,
         live: broadcast::Receiver<SessionEvent>,
+        /// Turns true when this replica loses the session's lease: its actor stops and the
+        /// feed goes quiet, so the stream goes on from the store.
+        lost: watch::Receiver<bool>,
     },
     /// It does not: the store, read on each wake-up.
     Remote(Remote),
@@ -306,12 +313,19 @@ struct Remote {
 enum Woken {
     Event(std::result::Result<SessionEvent, broadcast::error::RecvError>),
     Store,
+    /// The session's lease moved to another replica: from now on the store is the source.
+    LeaseLost,
 }
 
 /// The next live event (local), or the next time to look at the store (remote).
 async fn next_live(source: &mut Source, id: Uuid) -> Woken {
     match source {
-        Source::Local { live, .. } => Woken::Event(live.recv().await),
+        Source::Local { live, lost, .. } => tokio::select! {
+            // Whatever the actor logged before it stopped is delivered first.
+            biased;
+            event = live.recv() => Woken::Event(event),
+            _ = lost.wait_for(|lost| *lost) => Woken::LeaseLost,
+        },
         Source::Remote(remote) => {
             let deadline = Instant::now() + REMOTE_POLL;
             loop {
@@ -649,6 +663,19 @@ impl Subscription {
                     Woken::Store => {
                         // Status and queue read before the log, so they never run ahead of the
                         // entries sent with them.
+                        let stored = self.read_stored().await?;
+                        self.catch_up().await?;
+                        self.send_stored_changes(stored).await?;
+                    }
+                    Woken::LeaseLost => {
+                        // Another replica runs the session now and writes its log: the stream
+                        // reads it from the store, as on any replica that does not own it.
+                        tracing::debug!(session = %self.id, "lease lost: the stream goes on from the store");
+                        self.source = Source::Remote(Remote {
+                            wakes: self.store.wake_ups(),
+                            status: None,
+                            queue: None,
+                        });
                         let stored = self.read_stored().await?;
                         self.catch_up().await?;
                         self.send_stored_changes(stored).await?;

@@ -705,3 +705,46 @@ async fn calls_racing_the_failover_tick_for_an_orphaned_session_bring_back_one_a
     drop((b, c));
     drop_schema(&url, &schema).await;
 }
+
+/// A lost lease is not a silent stream: a stream on the replica that lost the session goes on
+/// from the database, delivering what the new owner logs, with no offset missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_a_replica_that_lost_the_lease_goes_on_with_what_the_new_owner_logs() {
+    let Some((dir, url, schema, [a, b, c])) = three_replicas().await else {
+        return;
+    };
+    within(TEST_BOUND, async {
+        let mut session = create_on(&a, dir.path()).await;
+        let id = session.id.clone();
+        let mut on_a = session.watch().await;
+        let first = session.prompt("before the move").await;
+        assert_eq!(
+            on_a.response_to(&first.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        a.process.pause();
+        // B claims the session on the next call once A's lease has expired.
+        let mut via_b = Session::attach(b.client().await, &id);
+        let moved = loop {
+            match via_b.act(prompt("after the move")).await {
+                Ok(reply) => break reply,
+                Err(status) if status.code() == Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(status) => panic!("{status:?}"),
+            }
+        };
+        a.process.resume();
+        assert_eq!(
+            on_a.response_to(&moved.action_id).await["result"]["stopReason"],
+            "end_turn",
+            "A's stream delivers the turn B ran"
+        );
+        for (i, entry) in on_a.entries.iter().enumerate() {
+            assert_eq!(entry.offset, i as u64 + 1, "no offset missed");
+        }
+    })
+    .await;
+    drop((a, b, c));
+    drop_schema(&url, &schema).await;
+}

@@ -268,6 +268,15 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_MALFORMED_REQUEST = 34;
    */
   MALFORMED_REQUEST = 34,
+
+  /**
+   * The replica that runs the session cannot be reached or did not answer in time, or the
+   * session is moving between replicas (UNAVAILABLE, with a `google.rpc.RetryInfo` delay). A
+   * Control that got this may or may not have been taken: retry it with the same `action_id`.
+   *
+   * @generated from enum value: ERROR_REASON_REPLICA_UNAVAILABLE = 35;
+   */
+  REPLICA_UNAVAILABLE = 35,
 }
 
 /**
