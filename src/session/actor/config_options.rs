@@ -184,7 +184,7 @@ pub(super) fn check_config_option(
 pub(super) fn select_values(option: &Value) -> Vec<String> {
     acp_frames::select_choices(option)
         .into_iter()
-        .filter_map(|choice| choice.get("value").and_then(Value::as_str))
+        .filter_map(|choice| choice.value)
         .map(str::to_owned)
         .collect()
 }
