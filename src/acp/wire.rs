@@ -71,6 +71,81 @@ pub struct RpcError<'a> {
     pub message: Option<&'a str>,
 }
 
+// ---- replies the session reacts to -------------------------------------------------------------
+
+/// `session/prompt` → `result`.
+#[serde_as]
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub struct PromptResult<'a> {
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub stop_reason: Option<&'a str>,
+}
+
+/// The `result` of a handshake step (`initialize`, `session/new`, `fork`, `resume`, `load`) or
+/// of `session/set_config_option`.
+#[serde_as]
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub struct SessionResult<'a> {
+    #[serde(deserialize_with = "object")]
+    pub agent_capabilities: Option<AgentCapabilities>,
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub session_id: Option<&'a str>,
+    /// The advertised config options, when an array (each kept as it came).
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub config_options: Option<Vec<Value>>,
+}
+
+/// `initialize` → `agentCapabilities`, as far as sessions go.
+#[serde_as]
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AgentCapabilities {
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub load_session: Option<bool>,
+    #[serde(deserialize_with = "object")]
+    pub session_capabilities: Option<SessionCapabilities>,
+}
+
+/// `agentCapabilities.sessionCapabilities`: a capability is advertised by any value but `null`.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct SessionCapabilities {
+    pub resume: Option<IgnoredAny>,
+    pub fork: Option<IgnoredAny>,
+}
+
+/// `session/update` → `params`, for a `config_option_update`.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct UpdateParams<'a> {
+    #[serde(borrow, deserialize_with = "object")]
+    pub update: Option<ConfigOptionUpdate<'a>>,
+}
+
+/// One `session/update`, as far as the session reads it.
+#[serde_as]
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub struct ConfigOptionUpdate<'a> {
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub session_update: Option<&'a str>,
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub config_options: Option<Vec<Value>>,
+}
+
+/// `$/cancel_request` → `params`.
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub struct CancelParams {
+    #[serde(deserialize_with = "present")]
+    pub request_id: Option<Value>,
+}
+
 // ---- outbound frames read back -----------------------------------------------------------------
 
 /// `session/prompt` → `params`.
@@ -233,6 +308,34 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_field_counts_when_it_is_there_in_any_shape_and_reads_what_it_can() {
+        let frame = json!({"id": 1});
+        let missing: Reply<PromptResult> = view(&frame);
+        assert!(missing.result.is_none() && missing.error.is_none());
+        for odd in not_objects() {
+            let frame = json!({"id": 1, "result": odd, "error": odd});
+            let reply: Reply<PromptResult> = view(&frame);
+            let result = reply.result.expect("a result is there");
+            assert_eq!(result.stop_reason, None, "{frame}");
+            let error = reply.error.expect("an error is there");
+            assert_eq!((error.code, error.message), (None, None), "{frame}");
+        }
+        let frame = json!({"id": 1,
+            "result": {"stopReason": "cancelled", "extra": [1, 2]},
+            "error": {"code": -32603, "message": "internal", "data": {"x": 1}}});
+        let reply: Reply<PromptResult> = view(&frame);
+        assert_eq!(
+            reply.result.expect("a result").stop_reason,
+            Some("cancelled")
+        );
+        let error = reply.error.expect("an error");
+        assert_eq!(
+            (error.code, error.message),
+            (Some(-32603), Some("internal"))
+        );
+    }
+
+    #[test]
     fn an_error_object_of_odd_fields_reads_as_far_as_it_goes() {
         for (error, code, message) in [
             (json!({"code": "-1", "message": 5}), None, None),
@@ -247,6 +350,74 @@ mod tests {
             let read: RpcError = view(&error);
             assert_eq!((read.code, read.message), (code, message), "{error}");
         }
+    }
+
+    #[test]
+    fn a_session_result_keeps_config_options_only_when_an_array_and_each_as_it_came() {
+        let result = json!({"sessionId": "s-1", "configOptions": [{"id": "model"}, "odd", null]});
+        let read: SessionResult = view(&result);
+        assert_eq!(read.session_id, Some("s-1"));
+        assert_eq!(
+            read.config_options,
+            Some(vec![json!({"id": "model"}), json!("odd"), json!(null)])
+        );
+        for odd in [
+            json!(null),
+            json!({"id": "model"}),
+            json!("model"),
+            json!(3),
+        ] {
+            let result = json!({"sessionId": 7, "configOptions": odd});
+            let read: SessionResult = view(&result);
+            assert_eq!(read.session_id, None, "{result}");
+            assert_eq!(read.config_options, None, "{result}");
+        }
+    }
+
+    #[test]
+    fn an_update_is_read_only_when_params_and_update_are_objects() {
+        let frame = json!({"method": "session/update", "params": {"update":
+            {"sessionUpdate": "config_option_update", "configOptions": [{"id": "mode"}]}}});
+        let update = view::<Params<UpdateParams>>(&frame)
+            .params
+            .and_then(|p| p.update)
+            .expect("an update");
+        assert_eq!(update.session_update, Some("config_option_update"));
+        assert_eq!(update.config_options, Some(vec![json!({"id": "mode"})]));
+        for odd in [
+            json!({"params": [{"update": {}}]}),
+            json!({"params": "update"}),
+            json!({"params": {"update": [{"sessionUpdate": "config_option_update"}]}}),
+            json!({"params": {"update": null}}),
+        ] {
+            let update = view::<Params<UpdateParams>>(&odd)
+                .params
+                .and_then(|p| p.update);
+            assert!(update.is_none(), "{odd}");
+        }
+        let odd = json!({"params": {"update": {"sessionUpdate": 1, "configOptions": "x"}}});
+        let update = view::<Params<UpdateParams>>(&odd)
+            .params
+            .and_then(|p| p.update)
+            .expect("an update");
+        assert_eq!((update.session_update, update.config_options), (None, None));
+    }
+
+    #[test]
+    fn a_cancel_request_keeps_its_request_id_as_it_came() {
+        for id in [
+            json!(7),
+            json!("7"),
+            json!(null),
+            json!(1.5),
+            json!({"id": 1}),
+        ] {
+            let frame = json!({"method": "$/cancel_request", "params": {"requestId": id}});
+            let params = view::<Params<CancelParams>>(&frame).params.expect("params");
+            assert_eq!(params.request_id, Some(id.clone()), "{frame}");
+        }
+        let params = view::<Params<CancelParams>>(&json!({"params": {}})).params;
+        assert_eq!(params.expect("params").request_id, None);
     }
 
     #[test]
