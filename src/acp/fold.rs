@@ -26,7 +26,8 @@ use super::{
         Outcome, Part, PermissionOption, PermissionPart, PlanEntry, Role, StopReason, ToolPart,
         TurnEnd, Usage,
     },
-    wire::{ConfigOption, ContentBlock, Envelope, Params, RawParams, Reply, RpcError, view},
+    // The views shared with the session actor (`acp/views.rs`); the fold's own are `views::` below.
+    views::{ConfigOption, ContentBlock, Envelope, Params, RawParams, Reply, RpcError, view},
 };
 use crate::domain::text::cap_foreign;
 use crate::domain::{

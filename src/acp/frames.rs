@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::wire::{
+use super::views::{
     AnswerResult, Choice, ConfigOption, ContentBlock, Envelope, Params, PromptParams, RawResult,
     SetConfigParams, view,
 };

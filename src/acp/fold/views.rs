@@ -1,9 +1,9 @@
 //! What the fold reads of a logged frame, as small lenient serde views over its parsed JSON
 //! (built with `acp/lenient.rs`; the JSON-RPC envelope, content blocks and config options are
-//! the shared views of `acp/wire.rs`): a field that is missing or of another shape reads as absent,
-//! so a sloppy or hostile agent can make the fold skip a field, never fail a frame. Each view
-//! names only the fields the fold uses; everything else is ignored. JSON the transcript keeps
-//! as it came (content blocks, tool calls, capabilities…) is read as a [`Value`].
+//! the shared views of `acp/views.rs`): a field that is missing or of another shape reads as
+//! absent, so a sloppy or hostile agent can make the fold skip a field, never fail a frame. Each
+//! view names only the fields the fold uses; everything else is ignored. JSON the transcript
+//! keeps as it came (content blocks, tool calls, capabilities…) is read as a [`Value`].
 
 use serde::Deserialize;
 use serde_json::Value;

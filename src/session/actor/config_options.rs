@@ -10,7 +10,7 @@ use super::Actor;
 use crate::{
     acp::{
         frames::{self as acp_frames, ConfigValue},
-        wire::{ConfigOption, Envelope, Params, Reply, SetConfigParams, view},
+        views::{ConfigOption, Envelope, Params, Reply, SetConfigParams, view},
     },
     domain::{Error, ErrorCode, Result, log::Direction},
 };

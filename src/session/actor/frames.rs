@@ -14,7 +14,7 @@ use crate::{
     acp::{
         connection::{Inbound, InvalidLine, RuntimeEvent},
         frames::{self as acp_frames, PromptOptions, RpcErrorCode, rpc_code},
-        wire::{
+        views::{
             CancelParams, Envelope, Params, PromptResult, RawParams, Reply, SessionResult,
             UpdateParams, view,
         },

@@ -13,7 +13,7 @@ use super::{
 use crate::{
     acp::{
         frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
-        wire::{Reply, RpcError, SessionResult, view},
+        views::{Reply, RpcError, SessionResult, view},
     },
     domain::{
         Action, ActionId, Error, ErrorCode,

@@ -10,7 +10,7 @@ use super::config_options::{check_config_option, check_model};
 use crate::{
     acp::{
         frames::{self as acp_frames, ConfigValue},
-        wire::{ConfigOption, view},
+        views::{ConfigOption, view},
     },
     domain::Action,
 };
