@@ -21,12 +21,13 @@ use serde_json::Value;
 
 use super::{
     frames as acp_frames,
-    lenient::view,
     transcript::{
         AgentInfo, ControlKind, ControlPart, ElicitationPart, Message, Metadata, ModelOption,
         Outcome, Part, PermissionOption, PermissionPart, PlanEntry, Role, StopReason, ToolPart,
         TurnEnd, Usage,
     },
+    // The views shared with the session actor (`acp/views.rs`); the fold's own are `views::` below.
+    views::{ConfigOption, ContentBlock, Envelope, Params, RawParams, Reply, RpcError, view},
 };
 use crate::domain::text::cap_foreign;
 use crate::domain::{
@@ -35,8 +36,7 @@ use crate::domain::{
     log::{Direction, LogEntry},
 };
 use views::{
-    ContentBlock, ElicitationParams, Envelope, Event, Forked, ForkedEntry, Params,
-    PermissionParams, RawParams, Reply, ReplyResult, RpcError, SelectChoice, SelectOption, Update,
+    ElicitationParams, Event, Forked, ForkedEntry, PermissionParams, ReplyResult, Update,
     UpdateParams,
 };
 
@@ -295,7 +295,7 @@ impl Fold {
     fn outbound(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
         let model_id = acp_frames::model_config_id(&self.config_options).to_owned();
         let envelope: Envelope = view(frame);
-        if envelope.method == Some("session/load") {
+        if envelope.method.ok() == Some("session/load") {
             // Its reply replays history as updates: those add nothing.
             self.replaying = envelope.id.as_ref().map(Value::to_string);
             return;
@@ -449,7 +449,7 @@ impl Fold {
 
     fn inbound(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
         let envelope: Envelope = view(frame);
-        match (envelope.method, &envelope.id) {
+        match (envelope.method.ok(), &envelope.id) {
             (Some("session/update"), None) => {
                 if self.replaying.is_some() {
                     return; // a session/load replay: the log already holds this history
@@ -782,8 +782,8 @@ impl Fold {
         self.config_options = options;
         match acp_frames::model_option(&self.config_options) {
             Some(option) => {
-                let option_view: SelectOption = view(option);
-                self.metadata.model = option_view.current_value.unwrap_or_default().to_owned();
+                let option_view: ConfigOption = view(option);
+                self.metadata.model = option_view.current_id().unwrap_or_default().to_owned();
                 self.metadata.models = model_values(option);
             }
             None => {
@@ -945,13 +945,10 @@ fn push_content(parts: &mut Vec<Part>, content: &Value, thought: bool) {
 fn model_values(option: &Value) -> Vec<ModelOption> {
     acp_frames::select_choices(option)
         .into_iter()
-        .map(|choice| {
-            let choice: SelectChoice = view(choice);
-            ModelOption {
-                value: choice.value.unwrap_or_default().to_owned(),
-                name: choice.name.unwrap_or_default().to_owned(),
-                description: choice.description.map(str::to_owned),
-            }
+        .map(|choice| ModelOption {
+            value: choice.value.unwrap_or_default().to_owned(),
+            name: choice.name.unwrap_or_default().to_owned(),
+            description: choice.description.map(str::to_owned),
         })
         .collect()
 }

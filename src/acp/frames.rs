@@ -1,8 +1,13 @@
 //! Actions → exact ACP JSON-RPC frames, and the reverse: recognising the action a
 //! logged outbound frame carried. Also the harness's own handshake frames. Pure: no I/O.
 
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::views::{
+    AnswerResult, Choice, ConfigOption, ContentBlock, Envelope, Params, PromptParams, RawResult,
+    SetConfigParams, view,
+};
 use crate::domain::{
     action::{
         Action, ElicitationAnswer, JsonRpcId, PermissionAnswer, PromptAction, PromptAttachment,
@@ -94,17 +99,18 @@ pub fn resource_link(attachment: &PromptAttachment) -> Value {
 
 /// Reads an attachment back from a logged `resource_link` block; `None` for any other block.
 pub fn attachment_from_block(block: &Value) -> Option<PromptAttachment> {
-    if block.get("type")?.as_str()? != "resource_link" {
+    attachment(&view(block))
+}
+
+fn attachment(block: &ContentBlock) -> Option<PromptAttachment> {
+    if block.kind? != "resource_link" {
         return None;
     }
     Some(PromptAttachment {
-        uri: block.get("uri")?.as_str()?.to_owned(),
-        name: invocation::unescape_user_text(block.get("name")?.as_str()?).into_owned(),
-        mime_type: block
-            .get("mimeType")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        size: block.get("size").and_then(Value::as_i64),
+        uri: block.uri?.to_owned(),
+        name: invocation::unescape_user_text(block.name?).into_owned(),
+        mime_type: block.mime_type.map(str::to_owned),
+        size: block.size,
     })
 }
 
@@ -267,8 +273,9 @@ impl ReopenMethod {
 pub fn model_config_id(config_options: &[Value]) -> &str {
     config_options
         .iter()
-        .find(|option| option.get("category").and_then(Value::as_str) == Some("model"))
-        .and_then(|option| option.get("id").and_then(Value::as_str))
+        .map(view::<ConfigOption>)
+        .find(|option| option.category == Some("model"))
+        .and_then(|option| option.id)
         .unwrap_or(DEFAULT_MODEL_CONFIG_ID)
 }
 
@@ -276,7 +283,7 @@ pub fn model_config_id(config_options: &[Value]) -> &str {
 pub fn config_option<'a>(config_options: &'a [Value], id: &str) -> Option<&'a Value> {
     config_options
         .iter()
-        .find(|option| option.get("id").and_then(Value::as_str) == Some(id))
+        .find(|option| view::<ConfigOption>(option).id == Some(id))
 }
 
 /// The advertised option that selects the model (see [`model_config_id`]).
@@ -284,31 +291,35 @@ pub fn model_option(config_options: &[Value]) -> Option<&Value> {
     config_option(config_options, model_config_id(config_options))
 }
 
-/// The choices of a select config option, in order, with groups flattened: each is an object
-/// with a `value` (and perhaps a `name` and a `description`).
-pub fn select_choices(option: &Value) -> Vec<&Value> {
-    fn collect<'a>(options: &'a Value, out: &mut Vec<&'a Value>) {
-        for option in options.as_array().into_iter().flatten() {
-            if option.get("value").and_then(Value::as_str).is_some() {
-                out.push(option);
-            } else if let Some(group) = option.get("options") {
+/// The choices of a select config option, in order, with groups flattened: each has a `value`
+/// (and perhaps a `name` and a `description`).
+pub(crate) fn select_choices(option: &Value) -> Vec<Choice<'_>> {
+    fn collect<'a>(entries: Vec<Choice<'a>>, out: &mut Vec<Choice<'a>>) {
+        for entry in entries {
+            if entry.value.is_some() {
+                out.push(entry);
+            } else if let Some(group) = entry.options {
                 collect(group, out);
             }
         }
     }
     let mut choices = Vec::new();
-    if let Some(options) = option.get("options") {
-        collect(options, &mut choices);
+    if let Some(entries) = view::<Choice>(option).options {
+        collect(entries, &mut choices);
     }
     choices
 }
 
 /// Whether a prompt block is the hidden invocation block.
 pub fn is_invocation_block(block: &Value, meta_key: &str) -> bool {
+    is_invocation(&view(block), meta_key)
+}
+
+fn is_invocation(block: &ContentBlock, meta_key: &str) -> bool {
     block
-        .get("_meta")
-        .and_then(|meta| meta.get(meta_key))
-        .is_some()
+        .meta
+        .as_ref()
+        .is_some_and(|meta| meta.contains_key(meta_key))
 }
 
 /// Recognises the action a logged outbound frame carried (the reverse): set_config_option
@@ -317,16 +328,17 @@ pub fn is_invocation_block(block: &Value, meta_key: &str) -> bool {
 /// prompt → prompt with its user text and attachments read back; a response carrying a
 /// permission outcome or an elicitation action → the answer on the agent's id.
 pub fn recognise_outbound(frame: &Value, model_config_id: &str, meta_key: &str) -> Option<Action> {
-    match frame.get("method").and_then(Value::as_str) {
+    let envelope: Envelope = view(frame);
+    match envelope.method.ok() {
         Some("session/prompt") => {
-            let blocks = frame.pointer("/params/prompt")?.as_array()?;
-            Some(recognise_prompt(blocks, meta_key))
+            let blocks = view::<Params<PromptParams>>(frame).params?.prompt?;
+            Some(recognise_prompt(&blocks, meta_key))
         }
         Some("session/set_config_option") => {
-            let params = frame.get("params")?;
-            let config_id = params.get("configId")?.as_str()?;
-            let value = match params.get("value")? {
-                Value::String(value) => value.clone(),
+            let params = view::<Params<SetConfigParams>>(frame).params?;
+            let config_id = params.config_id?;
+            let value = match params.value? {
+                Value::String(value) => value,
                 Value::Bool(value) => value.to_string(),
                 _ => return None,
             };
@@ -342,13 +354,14 @@ pub fn recognise_outbound(frame: &Value, model_config_id: &str, meta_key: &str) 
         Some("session/cancel") => Some(Action::Stop { clear_queue: false }),
         Some(_) => None,
         None => {
-            let request_id = JsonRpcId::from_json(frame.get("id")?)?;
-            let result = frame.get("result")?;
-            if let Some(outcome) = result.get("outcome") {
-                let answer = serde_json::from_value(outcome.clone()).ok()?;
+            let request_id = JsonRpcId::from_json(envelope.id.as_ref()?)?;
+            let result = view::<RawResult>(frame).result?;
+            let answer: AnswerResult = view(&result);
+            if let Some(outcome) = answer.outcome {
+                let answer = PermissionAnswer::deserialize(&outcome).ok()?;
                 Some(Action::RespondToPermission { request_id, answer })
-            } else if result.get("action").is_some() {
-                let answer = serde_json::from_value(result.clone()).ok()?;
+            } else if !answer.action.is_missing() {
+                let answer = ElicitationAnswer::deserialize(&result).ok()?;
                 Some(Action::RespondElicitation { request_id, answer })
             } else {
                 None
@@ -357,27 +370,27 @@ pub fn recognise_outbound(frame: &Value, model_config_id: &str, meta_key: &str) 
     }
 }
 
-fn recognise_prompt(blocks: &[Value], meta_key: &str) -> Action {
-    let visible: Vec<&Value> = blocks
+fn recognise_prompt(blocks: &[ContentBlock], meta_key: &str) -> Action {
+    let visible: Vec<&ContentBlock> = blocks
         .iter()
-        .filter(|block| !is_invocation_block(block, meta_key))
+        .filter(|block| !is_invocation(block, meta_key))
         .collect();
     if let [only] = visible.as_slice()
-        && only.get("type").and_then(Value::as_str) == Some("text")
-        && only.get("text").and_then(Value::as_str).map(str::trim) == Some(COMPACT_COMMAND)
+        && only.kind == Some("text")
+        && only.text.map(str::trim) == Some(COMPACT_COMMAND)
     {
         return Action::Compact;
     }
     let mut text = String::new();
     let mut attachments = Vec::new();
     for block in visible {
-        match block.get("type").and_then(Value::as_str) {
+        match block.kind {
             Some("text") => {
-                if let Some(t) = block.get("text").and_then(Value::as_str) {
+                if let Some(t) = block.text {
                     text.push_str(&invocation::unescape_user_text(t));
                 }
             }
-            Some("resource_link") => attachments.extend(attachment_from_block(block)),
+            Some("resource_link") => attachments.extend(attachment(block)),
             _ => {}
         }
     }
@@ -386,7 +399,7 @@ fn recognise_prompt(blocks: &[Value], meta_key: &str) -> Action {
 
 /// Reads the action a dispatched request was for, by its JSON-RPC id.
 pub fn action_id_of(frame: &Value) -> Option<ActionId> {
-    ActionId::from_jsonrpc_id(frame.get("id")?)
+    ActionId::from_jsonrpc_id(view::<Envelope>(frame).id.as_ref()?)
 }
 
 #[cfg(test)]
@@ -496,7 +509,7 @@ mod tests {
             frame,
             json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": SESSION}})
         );
-        assert!(frame.get("id").is_none());
+        assert!(!frame.as_object().expect("an object").contains_key("id"));
         assert_eq!(recognise(&frame), Some(Action::Stop { clear_queue: false }));
     }
 
@@ -708,5 +721,141 @@ mod tests {
         assert_eq!(id, json!("harness:3:0"));
         assert_eq!(ActionId::from_jsonrpc_id(&id), None);
         assert_eq!(action_id_of(&initialize_request(id)), None);
+    }
+
+    #[test]
+    fn a_frame_of_garbage_is_recognised_as_no_action_and_never_panics() {
+        for frame in [
+            json!(null),
+            json!("session/cancel"),
+            json!([{"method": "session/cancel"}]),
+            json!({}),
+            json!({"method": 5}),
+            json!({"method": "session/prompt"}),
+            json!({"method": "session/prompt", "params": [{"prompt": []}]}),
+            json!({"method": "session/prompt", "params": {"prompt": "hi"}}),
+            json!({"method": "session/prompt", "params": {"prompt": {"0": {"type": "text"}}}}),
+            json!({"method": "session/set_config_option", "params": "x"}),
+            json!({"method": "session/set_config_option", "params": {"configId": 1, "value": "v"}}),
+            json!({"method": "session/set_config_option", "params": {"configId": "mode"}}),
+            json!({"method": "session/set_config_option", "params": {"configId": "mode", "value": null}}),
+            json!({"method": "session/set_config_option", "params": {"configId": "mode", "value": 3}}),
+            json!({"method": "session/unknown", "id": 1}),
+            json!({"id": 7}),
+            json!({"id": null, "result": {"outcome": {"outcome": "cancelled"}}}),
+            json!({"id": 1.5, "result": {"outcome": {"outcome": "cancelled"}}}),
+            json!({"id": 7, "result": null}),
+            json!({"id": 7, "result": "ok"}),
+            json!({"id": 7, "result": {"stopReason": "end_turn"}}),
+            json!({"id": 7, "result": {"outcome": {"outcome": "maybe"}}}),
+            json!({"id": 7, "result": {"outcome": null, "action": "decline"}}),
+            json!({"id": 7, "result": {"action": null}}),
+            json!({"id": 7, "result": {"action": "accept"}}),
+        ] {
+            assert_eq!(recognise(&frame), None, "{frame}");
+        }
+    }
+
+    #[test]
+    fn a_method_of_another_shape_reads_the_frame_as_a_reply() {
+        let frame = json!({"id": 7, "method": ["session/cancel"],
+                           "result": {"outcome": {"outcome": "cancelled"}}});
+        assert_eq!(
+            recognise(&frame),
+            Some(Action::RespondToPermission {
+                request_id: JsonRpcId::Number(7),
+                answer: PermissionAnswer::Cancelled
+            })
+        );
+    }
+
+    #[test]
+    fn a_prompt_reads_back_what_it_can_of_odd_blocks() {
+        let frame = json!({"method": "session/prompt", "params": {"prompt": [
+            "loose text",
+            {"type": "text", "text": "a"},
+            {"type": "text", "text": 5},
+            {"type": "text", "text": "b", "_meta": ["agent-harness/invocation"]},
+            {"type": "resource_link", "uri": "u", "name": "n", "mimeType": 1, "size": 1.5},
+            {"type": "resource_link", "uri": "u"},
+            {"type": 3, "text": "c"},
+            {"type": "text", "text": "hidden", "_meta": {(invocation::DEFAULT_META_KEY): null}},
+        ]}});
+        assert_eq!(
+            recognise(&frame),
+            Some(Action::Prompt(PromptAction::with_attachments(
+                "ab",
+                vec![PromptAttachment::new("u", "n")]
+            )))
+        );
+        let compact = json!({"method": "session/prompt", "params": {"prompt": [
+            {"type": "text", "text": "  /compact "}, 7,
+        ]}});
+        assert_eq!(
+            recognise(&compact),
+            Some(Action::Prompt(PromptAction::text("  /compact "))),
+            "a second block, even garbage, makes it a plain prompt"
+        );
+    }
+
+    #[test]
+    fn an_attachment_needs_its_type_uri_and_name_and_reads_the_rest_if_it_can() {
+        for block in [
+            json!({"uri": "u", "name": "n"}),
+            json!({"type": "text", "uri": "u", "name": "n"}),
+            json!({"type": "resource_link", "name": "n"}),
+            json!({"type": "resource_link", "uri": "u", "name": 1}),
+            json!(["resource_link", "u", "n"]),
+            json!("resource_link"),
+        ] {
+            assert_eq!(attachment_from_block(&block), None, "{block}");
+        }
+        let odd = json!({"type": "resource_link", "uri": "u", "name": "n", "mimeType": null,
+                         "size": 18446744073709551615_u64});
+        assert_eq!(
+            attachment_from_block(&odd),
+            Some(PromptAttachment::new("u", "n"))
+        );
+    }
+
+    #[test]
+    fn the_first_option_of_category_model_names_the_model_option_even_without_a_usable_id() {
+        let options = [
+            json!("model"),
+            json!({"id": ["x"], "category": "model"}),
+            json!({"id": "llm", "category": "model"}),
+        ];
+        assert_eq!(model_config_id(&options), DEFAULT_MODEL_CONFIG_ID);
+        assert_eq!(model_option(&options), None);
+        let options = [json!({"id": 1}), json!({"id": "llm", "category": "model"})];
+        assert_eq!(model_config_id(&options), "llm");
+        assert_eq!(model_option(&options), Some(&options[1]));
+        assert_eq!(config_option(&options, "1"), None);
+    }
+
+    #[test]
+    fn the_choices_of_a_select_flatten_groups_and_skip_entries_without_a_value() {
+        let option = json!({"options": [
+            {"value": "a", "name": "A"},
+            {"value": 1, "options": [{"value": "b", "description": "B"}]},
+            "c",
+            {"group": "g", "options": {"value": "d"}},
+            {"value": "e", "options": [{"value": "not read"}]},
+        ]});
+        let choices: Vec<_> = select_choices(&option)
+            .into_iter()
+            .map(|c| (c.value, c.name, c.description))
+            .collect();
+        assert_eq!(
+            choices,
+            [
+                (Some("a"), Some("A"), None),
+                (Some("b"), None, Some("B")),
+                (Some("e"), None, None)
+            ]
+        );
+        for odd in [json!([]), json!({"options": "a"}), json!(null)] {
+            assert!(select_choices(&odd).is_empty(), "{odd}");
+        }
     }
 }

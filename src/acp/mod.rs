@@ -1,7 +1,7 @@
 //! ACP runtimes: starting the agent process ([`process`]), the JSON-RPC line connection over its
 //! stdio ([`connection`]), the wire format of the frames ([`frames`]) and the fold of a logged
-//! frame sequence ([`fold`]) into a transcript ([`transcript`]). What to do with the frames lives
-//! in the session actor.
+//! frame sequence ([`fold`]) into a transcript ([`transcript`]); what the harness reads of a frame,
+//! as lenient views (`views`). What to do with the frames lives in the session actor.
 
 pub mod connection;
 pub mod fold;
@@ -10,6 +10,7 @@ mod lenient;
 pub mod process;
 pub mod remote;
 pub mod transcript;
+pub(crate) mod views;
 
 use std::{collections::BTreeMap, path::Path};
 

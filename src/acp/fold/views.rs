@@ -1,63 +1,15 @@
 //! What the fold reads of a logged frame, as small lenient serde views over its parsed JSON
-//! (built with `acp/lenient.rs`): a field that is missing or of another shape reads as absent,
-//! so a sloppy or hostile agent can make the fold skip a field, never fail a frame. Each view
-//! names only the fields the fold uses; everything else is ignored. JSON the transcript keeps
-//! as it came (content blocks, tool calls, capabilities…) is read as a [`Value`].
+//! (built with `acp/lenient.rs`; the JSON-RPC envelope, content blocks and config options are
+//! the shared views of `acp/views.rs`): a field that is missing or of another shape reads as
+//! absent, so a sloppy or hostile agent can make the fold skip a field, never fail a frame. Each
+//! view names only the fields the fold uses; everything else is ignored. JSON the transcript
+//! keeps as it came (content blocks, tool calls, capabilities…) is read as a [`Value`].
 
 use serde::Deserialize;
 use serde_json::Value;
 use serde_with::{DefaultOnError, serde_as};
 
 use crate::acp::lenient::{object, objects, present};
-
-/// Any JSON-RPC frame: a request (`method` and `id`), a notification (`method`), a reply (`id`
-/// with `result` or `error`).
-#[serde_as]
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub(super) struct Envelope<'a> {
-    #[serde(borrow)]
-    #[serde_as(deserialize_as = "DefaultOnError")]
-    pub method: Option<&'a str>,
-    #[serde(deserialize_with = "present")]
-    pub id: Option<Value>,
-    #[serde(deserialize_with = "present")]
-    pub error: Option<Value>,
-}
-
-/// A request's or notification's `params`, when an object.
-#[derive(Deserialize, Default)]
-#[serde(default, bound(deserialize = "P: Deserialize<'de> + Default"))]
-pub(super) struct Params<P> {
-    #[serde(deserialize_with = "object")]
-    pub params: Option<P>,
-}
-
-/// A request's `params` as they came (`null` when missing).
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub(super) struct RawParams {
-    #[serde(deserialize_with = "present")]
-    pub params: Option<Value>,
-}
-
-/// A reply's `result`, when an object.
-#[derive(Deserialize, Default)]
-#[serde(default, bound(deserialize = "R: Deserialize<'de> + Default"))]
-pub(super) struct Reply<R> {
-    #[serde(deserialize_with = "object")]
-    pub result: Option<R>,
-}
-
-/// A JSON-RPC error object.
-#[serde_as]
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub(super) struct RpcError<'a> {
-    #[serde(borrow)]
-    #[serde_as(deserialize_as = "DefaultOnError")]
-    pub message: Option<&'a str>,
-}
 
 /// What any reply may say that the fold keeps: `session/new`/`load`/`set_config_option` give
 /// `configOptions`, `initialize` gives what the agent says about itself, `session/prompt` its
@@ -167,19 +119,6 @@ pub(super) struct PlanEntry<'a> {
     pub status: Option<&'a str>,
 }
 
-/// A content block: its type, and its text when it is text.
-#[serde_as]
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub(super) struct ContentBlock<'a> {
-    #[serde(borrow, rename = "type")]
-    #[serde_as(deserialize_as = "DefaultOnError")]
-    pub kind: Option<&'a str>,
-    #[serde(borrow)]
-    #[serde_as(deserialize_as = "DefaultOnError")]
-    pub text: Option<&'a str>,
-}
-
 /// `session/request_permission` → `params`.
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
@@ -217,32 +156,6 @@ pub(super) struct ElicitationParams<'a> {
     #[serde(borrow)]
     #[serde_as(deserialize_as = "DefaultOnError")]
     pub elicitation_id: Option<&'a str>,
-}
-
-/// A config option of `select` type (the model option), as the transcript's metadata shows it.
-#[serde_as]
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-pub(super) struct SelectOption<'a> {
-    #[serde(borrow)]
-    #[serde_as(deserialize_as = "DefaultOnError")]
-    pub current_value: Option<&'a str>,
-}
-
-/// One choice of a `select` config option.
-#[serde_as]
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub(super) struct SelectChoice<'a> {
-    #[serde(borrow)]
-    #[serde_as(deserialize_as = "DefaultOnError")]
-    pub value: Option<&'a str>,
-    #[serde(borrow)]
-    #[serde_as(deserialize_as = "DefaultOnError")]
-    pub name: Option<&'a str>,
-    #[serde(borrow)]
-    #[serde_as(deserialize_as = "DefaultOnError")]
-    pub description: Option<&'a str>,
 }
 
 /// A harness event (`{"event": …}`): what closes a turn, and a fork's inherited log.

@@ -3,11 +3,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use serde::de::IgnoredAny;
 use serde_json::Value;
 
 use super::Actor;
 use crate::{
-    acp::frames::{self as acp_frames, ConfigValue},
+    acp::{
+        frames::{self as acp_frames, ConfigValue},
+        views::{ConfigOption, Envelope, Params, Reply, SetConfigParams, view},
+    },
     domain::{Error, ErrorCode, Result, log::Direction},
 };
 
@@ -45,13 +49,14 @@ impl Actor {
                         let Ok(frame) = serde_json::from_str::<Value>(&entry.json) else {
                             continue;
                         };
-                        let params = &frame["params"];
-                        if let (Some(config_id), Some(value)) =
-                            (params["configId"].as_str(), params.get("value"))
+                        if let Some(SetConfigParams {
+                            config_id: Some(config_id),
+                            value: Some(value),
+                        }) = view::<Params<SetConfigParams>>(&frame).params
                         {
                             asked.insert(
-                                frame["id"].to_string(),
-                                (config_id.to_owned(), value.clone()),
+                                id_text(view::<Envelope>(&frame).id),
+                                (config_id.to_owned(), value),
                             );
                         }
                     }
@@ -62,8 +67,9 @@ impl Actor {
                         let Ok(frame) = serde_json::from_str::<Value>(&entry.json) else {
                             continue;
                         };
-                        if let Some((config_id, value)) = asked.remove(&frame["id"].to_string())
-                            && frame.get("result").is_some()
+                        let reply: Reply<IgnoredAny> = view(&frame);
+                        if let Some((config_id, value)) = asked.remove(&id_text(reply.id))
+                            && reply.result.is_some()
                         {
                             chosen.insert(config_id, value);
                         }
@@ -78,9 +84,10 @@ impl Actor {
         chosen
     }
 
-    pub(super) fn adopt_config_options(&mut self, result: &Value) {
-        if let Some(options) = result.get("configOptions").and_then(Value::as_array) {
-            self.runtime.config_options = options.clone();
+    /// Takes the config options an answer or an update advertised (when it held an array).
+    pub(super) fn adopt_config_options(&mut self, options: Option<Vec<Value>>) {
+        if let Some(options) = options {
+            self.runtime.config_options = options;
             match self.current_model() {
                 // A model id is stored and shown: one past the cap is not taken as the model.
                 Some(model) if model.len() > crate::domain::text::MAX_FOREIGN_TEXT_BYTES => {
@@ -98,9 +105,8 @@ impl Actor {
     }
 
     pub(super) fn current_model(&self) -> Option<String> {
-        self.model_option()?
-            .get("currentValue")
-            .and_then(Value::as_str)
+        view::<ConfigOption>(self.model_option()?)
+            .current_id()
             .map(str::to_owned)
     }
 
@@ -111,6 +117,12 @@ impl Actor {
     pub(super) fn check_config_option(&self, config_id: &str, value: &str) -> Result<ConfigValue> {
         check_config_option(&self.runtime.config_options, config_id, value)
     }
+}
+
+/// A JSON-RPC id as text, the key of a request awaiting its answer (a missing id reads as
+/// `null`, as a missing field reads in JSON).
+fn id_text(id: Option<Value>) -> String {
+    id.unwrap_or(Value::Null).to_string()
 }
 
 /// Whether the runtime advertises `model` among the values of its model option.
@@ -140,7 +152,7 @@ pub(super) fn check_config_option(
     let option = acp_frames::config_option(config_options, config_id).ok_or_else(|| {
         let ids: Vec<&str> = config_options
             .iter()
-            .filter_map(|o| o.get("id").and_then(Value::as_str))
+            .filter_map(|o| view::<ConfigOption>(o).id)
             .collect();
         Error::new(
             ErrorCode::ConfigOptionUnknown,
@@ -154,7 +166,7 @@ pub(super) fn check_config_option(
             ),
         )
     })?;
-    match option.get("type").and_then(Value::as_str) {
+    match view::<ConfigOption>(option).kind {
         Some("boolean") => match value {
             "true" => Ok(ConfigValue::Bool(true)),
             "false" => Ok(ConfigValue::Bool(false)),
@@ -184,7 +196,83 @@ pub(super) fn check_config_option(
 pub(super) fn select_values(option: &Value) -> Vec<String> {
     acp_frames::select_choices(option)
         .into_iter()
-        .filter_map(|choice| choice.get("value").and_then(Value::as_str))
+        .filter_map(|choice| choice.value)
         .map(str::to_owned)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// What a sloppy agent may advertise: odd entries around a usable model select and a
+    /// boolean.
+    fn sloppy() -> Vec<Value> {
+        vec![
+            json!("model"),
+            json!({"id": 7, "type": "boolean"}),
+            json!({"id": "llm", "category": "model", "type": 1, "currentValue": ["fast"],
+                   "options": [{"value": "fast"}, "smart", {"value": 2},
+                               {"options": [{"value": "smart"}]}]}),
+            json!({"id": "thinking", "type": "boolean", "currentValue": "yes"}),
+            json!({"id": "mode", "type": "select", "options": {"value": "ask"}}),
+        ]
+    }
+
+    #[test]
+    fn a_model_is_checked_against_the_values_that_can_be_read_of_the_model_option() {
+        let options = sloppy();
+        assert!(check_model(&options, "fast").is_ok());
+        assert!(check_model(&options, "smart").is_ok());
+        let error = check_model(&options, "2").expect_err("a number is no value");
+        assert_eq!(error.code, ErrorCode::ModelNotAdvertised);
+        assert_eq!(
+            error.message,
+            "model \"2\" is not advertised by the runtime; advertised: fast, smart"
+        );
+        let error = check_model(&[json!([1]), json!(null)], "fast").expect_err("no model option");
+        assert_eq!(
+            error.message,
+            "model \"fast\" is not advertised by the runtime; advertised: none"
+        );
+    }
+
+    #[test]
+    fn a_config_option_is_found_by_a_string_id_and_typed_by_a_string_type() {
+        let options = sloppy();
+        let error = check_config_option(&options, "7", "true").expect_err("7 is no id");
+        assert_eq!(error.code, ErrorCode::ConfigOptionUnknown);
+        assert_eq!(
+            error.message,
+            "config option \"7\" is not advertised; advertised: llm, thinking, mode"
+        );
+        assert_eq!(
+            check_config_option(&options, "thinking", "false").expect("a boolean"),
+            ConfigValue::Bool(false)
+        );
+        // A type that is not a string reads as a select.
+        assert_eq!(
+            check_config_option(&options, "llm", "smart").expect("a select value"),
+            ConfigValue::Id("smart".into())
+        );
+        let error = check_config_option(&options, "mode", "ask").expect_err("no choices");
+        assert_eq!(
+            error.message,
+            "value \"ask\" is not advertised for config option \"mode\"; advertised: "
+        );
+    }
+
+    #[test]
+    fn the_values_of_an_option_of_garbage_are_none() {
+        for option in [
+            json!(null),
+            json!("fast"),
+            json!([{"value": "fast"}]),
+            json!({}),
+        ] {
+            assert!(select_values(&option).is_empty(), "{option}");
+        }
+    }
 }

@@ -14,6 +14,10 @@ use crate::{
     acp::{
         connection::{Inbound, InvalidLine, RuntimeEvent},
         frames::{self as acp_frames, PromptOptions, RpcErrorCode, rpc_code},
+        views::{
+            CancelParams, Envelope, Params, PromptResult, RawParams, Reply, SessionResult,
+            UpdateParams, view,
+        },
     },
     domain::{
         ActionId, ElicitationAnswer, ErrorCode, JsonRpcId, PermissionAnswer, Result,
@@ -123,8 +127,10 @@ impl Actor {
 
     /// The action an inbound frame belongs to: the request it answers, else the running turn.
     pub(super) fn attribute(&self, frame: &Value) -> Option<ActionId> {
-        if frame.get("method").is_none()
-            && let Some(id) = frame.get("id")
+        let envelope: Envelope = view(frame);
+        // A reply has no `method` at all; one of another shape still makes it no reply.
+        if envelope.method.is_missing()
+            && let Some(id) = &envelope.id
         {
             if let Some(action_id) = ActionId::from_jsonrpc_id(id) {
                 return Some(action_id);
@@ -142,24 +148,14 @@ impl Actor {
     }
 
     pub(super) async fn react(&mut self, frame: Value) {
-        let method = frame
-            .get("method")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        match (method, frame.get("id")) {
+        let envelope: Envelope = view(&frame);
+        match (envelope.method.ok(), envelope.id) {
             (Some(method), Some(id)) => {
-                let id = id.clone();
-                self.on_agent_request(&id, &method, frame.get("params").unwrap_or(&Value::Null))
-                    .await
+                let params = view::<RawParams>(&frame).params.unwrap_or(Value::Null);
+                self.on_agent_request(&id, method, &params).await
             }
-            (Some(method), None) => {
-                self.on_agent_notification(&method, frame.get("params").unwrap_or(&Value::Null))
-                    .await
-            }
-            (None, Some(id)) => {
-                let id = id.clone();
-                self.on_response(&id, &frame).await
-            }
+            (Some(method), None) => self.on_agent_notification(method, &frame).await,
+            (None, Some(id)) => self.on_response(&id, &frame).await,
             (None, None) => {}
         }
     }
@@ -182,11 +178,9 @@ impl Actor {
             return;
         };
         if let Some(turn) = self.work.turn.as_ref().filter(|t| t.action_id == action_id) {
-            let stop_reason = match frame.get("result") {
-                Some(result) => result
-                    .get("stopReason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("end_turn"),
+            let reply: Reply<PromptResult> = view(frame);
+            let stop_reason = match reply.result {
+                Some(result) => result.stop_reason.unwrap_or("end_turn"),
                 None => "failed",
             };
             turn.ended(stop_reason);
@@ -196,18 +190,16 @@ impl Actor {
 
     pub(super) async fn on_set_config_response(&mut self, action_id: ActionId, frame: &Value) {
         let mut out = Out::default();
-        if let Some(result) = frame.get("result") {
-            self.adopt_config_options(result);
+        let reply: Reply<SessionResult> = view(frame);
+        if let Some(result) = reply.result {
+            self.adopt_config_options(result.config_options);
             self.touch(&mut out);
         } else {
             tracing::info!(session = %self.record.id, %action_id, "the runtime refused a config change");
         }
         if self.runtime.state.is_creating() {
-            if let Some(error) = frame.get("error") {
-                let message = error
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("refused");
+            if let Some(error) = reply.error {
+                let message = error.message.unwrap_or("refused");
                 return self
                     .startup_fault(
                         ErrorCode::ModelNotAdvertised,
@@ -327,24 +319,26 @@ impl Actor {
         }
     }
 
-    pub(super) async fn on_agent_notification(&mut self, method: &str, params: &Value) {
+    pub(super) async fn on_agent_notification(&mut self, method: &str, frame: &Value) {
         match method {
             "session/update" => {
-                let update = params.get("update");
-                if update
-                    .and_then(|u| u.get("sessionUpdate"))
-                    .and_then(Value::as_str)
-                    == Some("config_option_update")
-                    && let Some(update) = update
+                let params: Params<UpdateParams> = view(frame);
+                if let Some(update) = params.params.and_then(|p| p.update)
+                    && update.session_update == Some("config_option_update")
                 {
-                    self.adopt_config_options(update);
+                    self.adopt_config_options(update.config_options);
                     let mut out = Out::default();
                     self.touch(&mut out);
                     let _ = self.flush(out).await;
                 }
             }
             "$/cancel_request" => {
-                let Some(agent_id) = params.get("requestId").and_then(JsonRpcId::from_json) else {
+                let params: Params<CancelParams> = view(frame);
+                let Some(agent_id) = params
+                    .params
+                    .and_then(|p| p.request_id)
+                    .and_then(|id| JsonRpcId::from_json(&id))
+                else {
                     return;
                 };
                 // ACP: the original request still gets an answer; a cancelled one.

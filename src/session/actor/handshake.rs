@@ -11,7 +11,10 @@ use super::{
     reapply::{SettingRequest, plan_reapply},
 };
 use crate::{
-    acp::frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
+    acp::{
+        frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
+        views::{Reply, RpcError, SessionResult, view},
+    },
     domain::{
         Action, ActionId, Error, ErrorCode,
         queue::{QueuedEntry, QueuedWork},
@@ -29,23 +32,16 @@ pub(super) struct Capabilities {
 }
 
 impl Capabilities {
-    pub(super) fn from_initialize(result: &Value) -> Self {
-        let capabilities = result.get("agentCapabilities");
-        let advertised = |pointer: &str| {
-            capabilities
-                .and_then(|c| c.pointer(pointer))
-                .is_some_and(|v| !v.is_null())
-        };
+    pub(super) fn from_initialize(result: &SessionResult) -> Self {
+        let capabilities = result.agent_capabilities.as_ref();
+        let sessions = capabilities.and_then(|c| c.session_capabilities.as_ref());
         Self {
-            load: capabilities
-                .and_then(|c| c.get("loadSession"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            resume: advertised("/sessionCapabilities/resume"),
+            load: capabilities.and_then(|c| c.load_session).unwrap_or(false),
+            resume: sessions.is_some_and(|s| s.resume.is_some()),
             // `session/fork` is unstable in ACP 1.20 (`unstable_session_fork`): advertised as
             // `sessionCapabilities.fork`, asked with the parent's session id, answered like
             // `session/new`.
-            fork: advertised("/sessionCapabilities/fork"),
+            fork: sessions.is_some_and(|s| s.fork.is_some()),
         }
     }
 }
@@ -62,15 +58,9 @@ pub(super) fn reopen_method(can_resume: bool, can_load: bool) -> Option<ReopenMe
 }
 
 /// The failure of a start whose handshake request was answered with a JSON-RPC error.
-pub(super) fn handshake_failure(kind: &PendingKind, error: &Value) -> (ErrorCode, String) {
-    let code = error
-        .get("code")
-        .and_then(Value::as_i64)
-        .unwrap_or_default();
-    let message = error
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("no message");
+pub(super) fn handshake_failure(kind: &PendingKind, error: &RpcError) -> (ErrorCode, String) {
+    let code = error.code.unwrap_or_default();
+    let message = error.message.unwrap_or("no message");
     let step = match kind {
         PendingKind::Initialize => "initialize",
         PendingKind::NewSession => "session/new",
@@ -92,21 +82,22 @@ type OpenRequest = (Value, PendingKind, &'static str);
 impl Actor {
     /// A reply to a handshake request: the next step, or the failure of the start.
     pub(super) async fn on_handshake_response(&mut self, kind: PendingKind, response: &Value) {
-        if let Some(error) = response.get("error") {
+        let reply: Reply<SessionResult> = view(response);
+        if let Some(error) = &reply.error {
             let (code, reason) = handshake_failure(&kind, error);
             return self.startup_fault(code, reason).await;
         }
-        let result = response.get("result").cloned().unwrap_or(Value::Null);
+        let result = reply.result.unwrap_or_default();
         match kind {
             PendingKind::Initialize => self.on_initialized(&result).await,
-            PendingKind::NewSession => self.on_session_opened(&result).await,
-            PendingKind::Reopen(_) => self.on_session_reopened(&result).await,
+            PendingKind::NewSession => self.on_session_opened(result).await,
+            PendingKind::Reopen(_) => self.on_session_reopened(result).await,
             PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
         }
     }
 
     /// `initialize` answered: what the agent can do is recorded, and the session is opened.
-    async fn on_initialized(&mut self, result: &Value) {
+    async fn on_initialized(&mut self, result: &SessionResult<'_>) {
         let capabilities = Capabilities::from_initialize(result);
         self.record.can_load = capabilities.load;
         self.record.can_resume = capabilities.resume;
@@ -171,8 +162,8 @@ impl Actor {
 
     /// `session/new` (or `session/fork`) answered: the session has its ACP id; the model the
     /// caller asked for is set before the session is ready.
-    async fn on_session_opened(&mut self, result: &Value) {
-        let Some(session_id) = result.get("sessionId").and_then(Value::as_str) else {
+    async fn on_session_opened(&mut self, result: SessionResult<'_>) {
+        let Some(session_id) = result.session_id else {
             return self
                 .startup_fault(
                     ErrorCode::RuntimeStartFailed,
@@ -192,7 +183,7 @@ impl Actor {
                 .await;
         }
         self.record.acp_session_id = session_id.to_owned();
-        self.adopt_config_options(result);
+        self.adopt_config_options(result.config_options);
         let mut out = Out::default();
         self.touch(&mut out);
         let requested_model = match self.runtime.state.purpose_mut() {
@@ -224,10 +215,10 @@ impl Actor {
 
     /// `session/resume` (or `session/load`) answered: the settings chosen before are asked for
     /// again where the agent reports other values; ready once it has answered them all.
-    async fn on_session_reopened(&mut self, result: &Value) {
+    async fn on_session_reopened(&mut self, result: SessionResult<'_>) {
         let chosen_model = std::mem::take(&mut self.record.model);
         let chosen_options: BTreeMap<String, Value> = self.chosen_config_options().await;
-        self.adopt_config_options(result);
+        self.adopt_config_options(result.config_options);
         let reported_model = self.record.model.clone();
         if reported_model.is_empty() {
             self.record.model = chosen_model.clone();
@@ -339,22 +330,59 @@ mod tests {
 
     use super::*;
 
+    /// What an `initialize` answer's `result` says it can do.
+    fn capabilities(result: Value) -> Capabilities {
+        Capabilities::from_initialize(&view(&result))
+    }
+
+    /// The failure a handshake step's error reply (a whole frame) gives.
+    fn failure(kind: &PendingKind, reply: Value) -> (ErrorCode, String) {
+        let reply: Reply<SessionResult> = view(&reply);
+        handshake_failure(kind, reply.error.as_ref().expect("an error reply"))
+    }
+
     #[test]
     fn capabilities_are_read_from_the_initialize_answer_and_a_null_one_is_not_advertised() {
         let result = json!({"agentCapabilities": {"loadSession": true,
             "sessionCapabilities": {"resume": {}, "fork": null}}});
         assert_eq!(
-            Capabilities::from_initialize(&result),
+            capabilities(result),
             Capabilities {
                 load: true,
                 resume: true,
                 fork: false
             }
         );
+        assert_eq!(capabilities(json!({})), Capabilities::default());
+    }
+
+    #[test]
+    fn a_session_capability_is_advertised_by_any_value_but_null_and_garbage_advertises_nothing() {
+        // Any value but null advertises a session capability, even `false` (as before).
         assert_eq!(
-            Capabilities::from_initialize(&json!({})),
-            Capabilities::default()
+            capabilities(json!({"agentCapabilities": {"loadSession": "yes",
+                "sessionCapabilities": {"resume": false, "fork": 0}}})),
+            Capabilities {
+                load: false,
+                resume: true,
+                fork: true
+            }
         );
+        for garbage in [
+            json!(null),
+            json!("initialized"),
+            json!([{"agentCapabilities": {"loadSession": true}}]),
+            json!({"agentCapabilities": [true]}),
+            json!({"agentCapabilities": "all"}),
+            json!({"agentCapabilities": {"sessionCapabilities": [{"resume": {}}]}}),
+            json!({"agentCapabilities": {"loadSession": 1, "sessionCapabilities": "resume"}}),
+        ] {
+            assert_eq!(
+                capabilities(garbage.clone()),
+                Capabilities::default(),
+                "{garbage}"
+            );
+        }
     }
 
     #[test]
@@ -366,8 +394,9 @@ mod tests {
 
     #[test]
     fn an_error_answer_names_its_step_and_auth_required_is_told_apart() {
-        let auth = json!({"code": rpc_code(RpcErrorCode::AuthRequired), "message": "log in"});
-        let (code, reason) = handshake_failure(&PendingKind::Initialize, &auth);
+        let auth = json!({"jsonrpc": "2.0", "id": "harness:1:0", "error":
+            {"code": rpc_code(RpcErrorCode::AuthRequired), "message": "log in"}});
+        let (code, reason) = failure(&PendingKind::Initialize, auth);
         assert_eq!(code, ErrorCode::RuntimeAuthRequired);
         assert_eq!(
             reason,
@@ -376,11 +405,40 @@ mod tests {
                 rpc_code(RpcErrorCode::AuthRequired)
             )
         );
-        let (code, reason) = handshake_failure(
+        let (code, reason) = failure(
             &PendingKind::Reopen(ReopenMethod::Load),
-            &json!({"code": -1}),
+            json!({"id": 1, "error": {"code": -1}}),
         );
         assert_eq!(code, ErrorCode::RuntimeStartFailed);
         assert_eq!(reason, "session/load failed with error -1: no message");
+    }
+
+    #[test]
+    fn an_error_of_any_shape_fails_the_step_with_what_can_be_read_of_it() {
+        for (error, said) in [
+            (json!(null), "error 0: no message"),
+            (json!("boom"), "error 0: no message"),
+            (json!([-32603, "boom"]), "error 0: no message"),
+            (
+                json!({"code": "-32603", "message": 7}),
+                "error 0: no message",
+            ),
+            (json!({"code": 1.5, "message": "half"}), "error 0: half"),
+            (
+                json!({"code": 18446744073709551615_u64}),
+                "error 0: no message",
+            ),
+            (
+                json!({"code": -32603, "message": null}),
+                "error -32603: no message",
+            ),
+        ] {
+            let (code, reason) = failure(
+                &PendingKind::NewSession,
+                json!({"id": "harness:1:1", "error": error}),
+            );
+            assert_eq!(code, ErrorCode::RuntimeStartFailed, "{error}");
+            assert_eq!(reason, format!("session/new failed with {said}"), "{error}");
+        }
     }
 }

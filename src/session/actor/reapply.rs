@@ -8,7 +8,10 @@ use serde_json::{Map, Value, json};
 
 use super::config_options::{check_config_option, check_model};
 use crate::{
-    acp::frames::{self as acp_frames, ConfigValue},
+    acp::{
+        frames::{self as acp_frames, ConfigValue},
+        views::{ConfigOption, view},
+    },
     domain::Action,
 };
 
@@ -65,7 +68,7 @@ pub(super) fn plan_reapply(
             continue; // the model is handled above
         }
         let Some(reported) = acp_frames::config_option(offered, &config_id)
-            .and_then(|o| o.get("currentValue").cloned())
+            .and_then(|o| view::<ConfigOption>(o).current_value)
         else {
             skipped.push(json!({"config_id": config_id, "value": value,
                                 "reason": "no longer offered by the agent"}));
@@ -229,7 +232,12 @@ mod tests {
         assert!(plan.requests.is_empty());
         let event = plan.event.expect("an event");
         assert_eq!(event["event"], "settings_reapplied");
-        assert!(event.get("config_options").is_none());
+        assert!(
+            !event
+                .as_object()
+                .expect("an object")
+                .contains_key("config_options")
+        );
         let skipped = event["skipped"].as_array().expect("skipped");
         assert_eq!(skipped.len(), 2);
         assert_eq!(
