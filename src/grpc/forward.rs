@@ -16,7 +16,7 @@
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
 use tonic::{
-    Code, Request, Response, Status,
+    Request, Response, Status,
     metadata::{MetadataMap, MetadataValue},
     transport::{Channel, ClientTlsConfig, Endpoint},
 };
