@@ -774,6 +774,16 @@ pub(crate) fn session_with_reported_to_pb(
         available_commands_json: reported.available_commands_json.clone(),
         plan_json: reported.plan_json.clone(),
         usage: usage_to_pb(reported),
+        models: reported
+            .models
+            .iter()
+            .map(|m| pb::AgentModel {
+                value: m.value.clone(),
+                name: m.name.clone(),
+                description: m.description.clone(),
+            })
+            .collect(),
+        config_options_json: reported.config_options_json.clone(),
         ..session_to_pb(record, head)
     }
 }

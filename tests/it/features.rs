@@ -509,3 +509,36 @@ async fn a_config_option_chosen_before_a_restart_is_re_applied_after_the_reopen(
     })
     .await
 }
+
+#[tokio::test]
+async fn get_session_carries_the_models_and_config_options_a_model_picker_needs() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let got = session.get().await;
+        let models: Vec<&str> = got.models.iter().map(|m| m.value.as_str()).collect();
+        assert_eq!(models, ["mock-fast", "mock-smart"], "{:?}", got.models);
+        assert_eq!(got.model, "mock-fast");
+        let options: serde_json::Value = serde_json::from_str(&got.config_options_json).unwrap();
+        assert!(
+            options
+                .as_array()
+                .is_some_and(|o| o.iter().any(|o| o["category"] == "model")),
+            "{options}"
+        );
+
+        // A model change shows in the next GetSession, with the same choices.
+        let mut watch = session.watch().await;
+        let set = session
+            .act(Action::SetModel(pb::SetModelAction {
+                model: "mock-smart".into(),
+            }))
+            .await
+            .unwrap();
+        watch.response_to(&set.action_id).await;
+        let got = session.get().await;
+        assert_eq!(got.model, "mock-smart");
+        assert_eq!(got.models.len(), 2);
+    })
+    .await
+}

@@ -26,7 +26,7 @@ from agent_harness_client.v1 import actions_pb2 as agent__harness_dot_v1_dot_act
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61gent_harness/v1/session.proto\x12\x10\x61gent_harness.v1\x1a\x1e\x61gent_harness/v1/actions.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x05\n\x0c\x41gentSession\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\x12\x0b\n\x03\x63wd\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x16\n\x0e\x61\x63p_session_id\x18\x07 \x01(\t\x12/\n\x06status\x18\x08 \x01(\x0e\x32\x1f.agent_harness.v1.SessionStatus\x12\x15\n\rstatus_reason\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12:\n\x06labels\x18\x0c \x03(\x0b\x32*.agent_harness.v1.AgentSession.LabelsEntry\x12\x1b\n\x13profile_fingerprint\x18\r \x01(\t\x12\x0f\n\x07\x65\x64itors\x18\x0e \x03(\t\x12\x13\n\x0bhead_offset\x18\x0f \x01(\x04\x12/\n\nagent_info\x18\x10 \x01(\x0b\x32\x1b.agent_harness.v1.AgentInfo\x12\x1f\n\x17\x61gent_capabilities_json\x18\x11 \x01(\t\x12\x1f\n\x17\x61vailable_commands_json\x18\x12 \x01(\t\x12\x11\n\tplan_json\x18\x13 \x01(\t\x12&\n\x05usage\x18\x14 \x01(\x0b\x32\x17.agent_harness.v1.Usage\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"H\n\tAgentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\x05title\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_title\"f\n\x05Usage\x12\x13\n\x0bused_tokens\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontext_size\x18\x02 \x01(\x04\x12)\n\x04\x63ost\x18\x03 \x01(\x0b\x32\x16.agent_harness.v1.CostH\x00\x88\x01\x01\x42\x07\n\x05_cost\"(\n\x04\x43ost\x12\x0e\n\x06\x61mount\x18\x01 \x01(\x01\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\"\xeb\x01\n\x0cQueuedAction\x12\x11\n\taction_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".agent_harness.v1.QueuedActionKind\x12\x13\n\x06prompt\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x37\n\x0b\x61ttachments\x18\x04 \x03(\x0b\x32\".agent_harness.v1.PromptAttachment\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\t\n\x07_prompt*\xfe\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17SESSION_STATUS_STARTING\x10\x01\x12\x17\n\x13SESSION_STATUS_IDLE\x10\x02\x12\x1a\n\x16SESSION_STATUS_RUNNING\x10\x03\x12!\n\x1dSESSION_STATUS_AWAITING_INPUT\x10\x04\x12\x1c\n\x18SESSION_STATUS_SUSPENDED\x10\x05\x12\x1f\n\x1bSESSION_STATUS_DISCONNECTED\x10\x06\x12\x19\n\x15SESSION_STATUS_CLOSED\x10\x07*P\n\x08\x44\x65livery\x12\x18\n\x14\x44\x45LIVERY_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44\x45LIVERY_QUEUE\x10\x01\x12\x16\n\x12\x44\x45LIVERY_INTERRUPT\x10\x02*1\n\x06\x45xpect\x12\x16\n\x12\x45XPECT_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x45XPECT_IDLE\x10\x01*c\n\rControlStatus\x12\x1e\n\x1a\x43ONTROL_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43ONTROL_STATUS_SENT\x10\x01\x12\x19\n\x15\x43ONTROL_STATUS_QUEUED\x10\x02*u\n\x10QueuedActionKind\x12\"\n\x1eQUEUED_ACTION_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19QUEUED_ACTION_KIND_PROMPT\x10\x01\x12\x1e\n\x1aQUEUED_ACTION_KIND_COMPACT\x10\x02\x42\x96\x01\n\x17\x64\x65v.agentharness.api.v1B\x0cSessionProtoP\x01Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\xaa\x02\x0f\x41gentHarness.V1\xca\x02\x0f\x41gentHarness\\V1\xea\x02\x10\x41gentHarness::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61gent_harness/v1/session.proto\x12\x10\x61gent_harness.v1\x1a\x1e\x61gent_harness/v1/actions.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcb\x05\n\x0c\x41gentSession\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\x12\x0b\n\x03\x63wd\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x16\n\x0e\x61\x63p_session_id\x18\x07 \x01(\t\x12/\n\x06status\x18\x08 \x01(\x0e\x32\x1f.agent_harness.v1.SessionStatus\x12\x15\n\rstatus_reason\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12:\n\x06labels\x18\x0c \x03(\x0b\x32*.agent_harness.v1.AgentSession.LabelsEntry\x12\x1b\n\x13profile_fingerprint\x18\r \x01(\t\x12\x0f\n\x07\x65\x64itors\x18\x0e \x03(\t\x12\x13\n\x0bhead_offset\x18\x0f \x01(\x04\x12/\n\nagent_info\x18\x10 \x01(\x0b\x32\x1b.agent_harness.v1.AgentInfo\x12\x1f\n\x17\x61gent_capabilities_json\x18\x11 \x01(\t\x12\x1f\n\x17\x61vailable_commands_json\x18\x12 \x01(\t\x12\x11\n\tplan_json\x18\x13 \x01(\t\x12&\n\x05usage\x18\x14 \x01(\x0b\x32\x17.agent_harness.v1.Usage\x12,\n\x06models\x18\x15 \x03(\x0b\x32\x1c.agent_harness.v1.AgentModel\x12\x1b\n\x13\x63onfig_options_json\x18\x16 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\nAgentModel\x12\r\n\x05value\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x18\n\x0b\x64\x65scription\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x0e\n\x0c_description\"H\n\tAgentInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\x05title\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_title\"f\n\x05Usage\x12\x13\n\x0bused_tokens\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontext_size\x18\x02 \x01(\x04\x12)\n\x04\x63ost\x18\x03 \x01(\x0b\x32\x16.agent_harness.v1.CostH\x00\x88\x01\x01\x42\x07\n\x05_cost\"(\n\x04\x43ost\x12\x0e\n\x06\x61mount\x18\x01 \x01(\x01\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\"\xeb\x01\n\x0cQueuedAction\x12\x11\n\taction_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".agent_harness.v1.QueuedActionKind\x12\x13\n\x06prompt\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x37\n\x0b\x61ttachments\x18\x04 \x03(\x0b\x32\".agent_harness.v1.PromptAttachment\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\t\n\x07_prompt*\xfe\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17SESSION_STATUS_STARTING\x10\x01\x12\x17\n\x13SESSION_STATUS_IDLE\x10\x02\x12\x1a\n\x16SESSION_STATUS_RUNNING\x10\x03\x12!\n\x1dSESSION_STATUS_AWAITING_INPUT\x10\x04\x12\x1c\n\x18SESSION_STATUS_SUSPENDED\x10\x05\x12\x1f\n\x1bSESSION_STATUS_DISCONNECTED\x10\x06\x12\x19\n\x15SESSION_STATUS_CLOSED\x10\x07*P\n\x08\x44\x65livery\x12\x18\n\x14\x44\x45LIVERY_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44\x45LIVERY_QUEUE\x10\x01\x12\x16\n\x12\x44\x45LIVERY_INTERRUPT\x10\x02*1\n\x06\x45xpect\x12\x16\n\x12\x45XPECT_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x45XPECT_IDLE\x10\x01*c\n\rControlStatus\x12\x1e\n\x1a\x43ONTROL_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43ONTROL_STATUS_SENT\x10\x01\x12\x19\n\x15\x43ONTROL_STATUS_QUEUED\x10\x02*u\n\x10QueuedActionKind\x12\"\n\x1eQUEUED_ACTION_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19QUEUED_ACTION_KIND_PROMPT\x10\x01\x12\x1e\n\x1aQUEUED_ACTION_KIND_COMPACT\x10\x02\x42\x96\x01\n\x17\x64\x65v.agentharness.api.v1B\x0cSessionProtoP\x01Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\xaa\x02\x0f\x41gentHarness.V1\xca\x02\x0f\x41gentHarness\\V1\xea\x02\x10\x41gentHarness::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,26 +36,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'\n\027dev.agentharness.api.v1B\014SessionProtoP\001Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\252\002\017AgentHarness.V1\312\002\017AgentHarness\\V1\352\002\020AgentHarness::V1'
   _globals['_AGENTSESSION_LABELSENTRY']._loaded_options = None
   _globals['_AGENTSESSION_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_SESSIONSTATUS']._serialized_start=1219
-  _globals['_SESSIONSTATUS']._serialized_end=1473
-  _globals['_DELIVERY']._serialized_start=1475
-  _globals['_DELIVERY']._serialized_end=1555
-  _globals['_EXPECT']._serialized_start=1557
-  _globals['_EXPECT']._serialized_end=1606
-  _globals['_CONTROLSTATUS']._serialized_start=1608
-  _globals['_CONTROLSTATUS']._serialized_end=1707
-  _globals['_QUEUEDACTIONKIND']._serialized_start=1709
-  _globals['_QUEUEDACTIONKIND']._serialized_end=1826
+  _globals['_SESSIONSTATUS']._serialized_start=1379
+  _globals['_SESSIONSTATUS']._serialized_end=1633
+  _globals['_DELIVERY']._serialized_start=1635
+  _globals['_DELIVERY']._serialized_end=1715
+  _globals['_EXPECT']._serialized_start=1717
+  _globals['_EXPECT']._serialized_end=1766
+  _globals['_CONTROLSTATUS']._serialized_start=1768
+  _globals['_CONTROLSTATUS']._serialized_end=1867
+  _globals['_QUEUEDACTIONKIND']._serialized_start=1869
+  _globals['_QUEUEDACTIONKIND']._serialized_end=1986
   _globals['_AGENTSESSION']._serialized_start=118
-  _globals['_AGENTSESSION']._serialized_end=758
-  _globals['_AGENTSESSION_LABELSENTRY']._serialized_start=713
-  _globals['_AGENTSESSION_LABELSENTRY']._serialized_end=758
-  _globals['_AGENTINFO']._serialized_start=760
-  _globals['_AGENTINFO']._serialized_end=832
-  _globals['_USAGE']._serialized_start=834
-  _globals['_USAGE']._serialized_end=936
-  _globals['_COST']._serialized_start=938
-  _globals['_COST']._serialized_end=978
-  _globals['_QUEUEDACTION']._serialized_start=981
-  _globals['_QUEUEDACTION']._serialized_end=1216
+  _globals['_AGENTSESSION']._serialized_end=833
+  _globals['_AGENTSESSION_LABELSENTRY']._serialized_start=788
+  _globals['_AGENTSESSION_LABELSENTRY']._serialized_end=833
+  _globals['_AGENTMODEL']._serialized_start=835
+  _globals['_AGENTMODEL']._serialized_end=918
+  _globals['_AGENTINFO']._serialized_start=920
+  _globals['_AGENTINFO']._serialized_end=992
+  _globals['_USAGE']._serialized_start=994
+  _globals['_USAGE']._serialized_end=1096
+  _globals['_COST']._serialized_start=1098
+  _globals['_COST']._serialized_end=1138
+  _globals['_QUEUEDACTION']._serialized_start=1141
+  _globals['_QUEUEDACTION']._serialized_end=1376
 # @@protoc_insertion_point(module_scope)

@@ -65,7 +65,7 @@ QUEUED_ACTION_KIND_PROMPT: QueuedActionKind
 QUEUED_ACTION_KIND_COMPACT: QueuedActionKind
 
 class AgentSession(_message.Message):
-    __slots__ = ("id", "name", "owner", "profile", "cwd", "model", "acp_session_id", "status", "status_reason", "created_at", "updated_at", "labels", "profile_fingerprint", "editors", "head_offset", "agent_info", "agent_capabilities_json", "available_commands_json", "plan_json", "usage")
+    __slots__ = ("id", "name", "owner", "profile", "cwd", "model", "acp_session_id", "status", "status_reason", "created_at", "updated_at", "labels", "profile_fingerprint", "editors", "head_offset", "agent_info", "agent_capabilities_json", "available_commands_json", "plan_json", "usage", "models", "config_options_json")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,8 @@ class AgentSession(_message.Message):
     AVAILABLE_COMMANDS_JSON_FIELD_NUMBER: _ClassVar[int]
     PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     owner: str
@@ -113,7 +115,19 @@ class AgentSession(_message.Message):
     available_commands_json: str
     plan_json: str
     usage: Usage
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., profile: _Optional[str] = ..., cwd: _Optional[str] = ..., model: _Optional[str] = ..., acp_session_id: _Optional[str] = ..., status: _Optional[_Union[SessionStatus, str]] = ..., status_reason: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., profile_fingerprint: _Optional[str] = ..., editors: _Optional[_Iterable[str]] = ..., head_offset: _Optional[int] = ..., agent_info: _Optional[_Union[AgentInfo, _Mapping]] = ..., agent_capabilities_json: _Optional[str] = ..., available_commands_json: _Optional[str] = ..., plan_json: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+    models: _containers.RepeatedCompositeFieldContainer[AgentModel]
+    config_options_json: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., profile: _Optional[str] = ..., cwd: _Optional[str] = ..., model: _Optional[str] = ..., acp_session_id: _Optional[str] = ..., status: _Optional[_Union[SessionStatus, str]] = ..., status_reason: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., profile_fingerprint: _Optional[str] = ..., editors: _Optional[_Iterable[str]] = ..., head_offset: _Optional[int] = ..., agent_info: _Optional[_Union[AgentInfo, _Mapping]] = ..., agent_capabilities_json: _Optional[str] = ..., available_commands_json: _Optional[str] = ..., plan_json: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., models: _Optional[_Iterable[_Union[AgentModel, _Mapping]]] = ..., config_options_json: _Optional[str] = ...) -> None: ...
+
+class AgentModel(_message.Message):
+    __slots__ = ("value", "name", "description")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    value: str
+    name: str
+    description: str
+    def __init__(self, value: _Optional[str] = ..., name: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
     __slots__ = ("name", "version", "title")

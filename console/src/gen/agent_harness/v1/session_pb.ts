@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agent_harness/v1/session.proto.
  */
 export const file_agent_harness_v1_session: GenFile = /*@__PURE__*/
-  fileDesc("Ch5hZ2VudF9oYXJuZXNzL3YxL3Nlc3Npb24ucHJvdG8SEGFnZW50X2hhcm5lc3MudjEigAUKDEFnZW50U2Vzc2lvbhIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBW93bmVyGAMgASgJEg8KB3Byb2ZpbGUYBCABKAkSCwoDY3dkGAUgASgJEg0KBW1vZGVsGAYgASgJEhYKDmFjcF9zZXNzaW9uX2lkGAcgASgJEi8KBnN0YXR1cxgIIAEoDjIfLmFnZW50X2hhcm5lc3MudjEuU2Vzc2lvblN0YXR1cxIVCg1zdGF0dXNfcmVhc29uGAkgASgJEi4KCmNyZWF0ZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjoKBmxhYmVscxgMIAMoCzIqLmFnZW50X2hhcm5lc3MudjEuQWdlbnRTZXNzaW9uLkxhYmVsc0VudHJ5EhsKE3Byb2ZpbGVfZmluZ2VycHJpbnQYDSABKAkSDwoHZWRpdG9ycxgOIAMoCRITCgtoZWFkX29mZnNldBgPIAEoBBIvCgphZ2VudF9pbmZvGBAgASgLMhsuYWdlbnRfaGFybmVzcy52MS5BZ2VudEluZm8SHwoXYWdlbnRfY2FwYWJpbGl0aWVzX2pzb24YESABKAkSHwoXYXZhaWxhYmxlX2NvbW1hbmRzX2pzb24YEiABKAkSEQoJcGxhbl9qc29uGBMgASgJEiYKBXVzYWdlGBQgASgLMhcuYWdlbnRfaGFybmVzcy52MS5Vc2FnZRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkgKCUFnZW50SW5mbxIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSEgoFdGl0bGUYAyABKAlIAIgBAUIICgZfdGl0bGUiZgoFVXNhZ2USEwoLdXNlZF90b2tlbnMYASABKAQSFAoMY29udGV4dF9zaXplGAIgASgEEikKBGNvc3QYAyABKAsyFi5hZ2VudF9oYXJuZXNzLnYxLkNvc3RIAIgBAUIHCgVfY29zdCIoCgRDb3N0Eg4KBmFtb3VudBgBIAEoARIQCghjdXJyZW5jeRgCIAEoCSLrAQoMUXVldWVkQWN0aW9uEhEKCWFjdGlvbl9pZBgBIAEoCRIwCgRraW5kGAIgASgOMiIuYWdlbnRfaGFybmVzcy52MS5RdWV1ZWRBY3Rpb25LaW5kEhMKBnByb21wdBgDIAEoCUgAiAEBEjcKC2F0dGFjaG1lbnRzGAQgAygLMiIuYWdlbnRfaGFybmVzcy52MS5Qcm9tcHRBdHRhY2htZW50Eg0KBWFjdG9yGAUgASgJEi4KCmNyZWF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQgkKB19wcm9tcHQq/gEKDVNlc3Npb25TdGF0dXMSHgoaU0VTU0lPTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIbChdTRVNTSU9OX1NUQVRVU19TVEFSVElORxABEhcKE1NFU1NJT05fU1RBVFVTX0lETEUQAhIaChZTRVNTSU9OX1NUQVRVU19SVU5OSU5HEAMSIQodU0VTU0lPTl9TVEFUVVNfQVdBSVRJTkdfSU5QVVQQBBIcChhTRVNTSU9OX1NUQVRVU19TVVNQRU5ERUQQBRIfChtTRVNTSU9OX1NUQVRVU19ESVNDT05ORUNURUQQBhIZChVTRVNTSU9OX1NUQVRVU19DTE9TRUQQBypQCghEZWxpdmVyeRIYChRERUxJVkVSWV9VTlNQRUNJRklFRBAAEhIKDkRFTElWRVJZX1FVRVVFEAESFgoSREVMSVZFUllfSU5URVJSVVBUEAIqMQoGRXhwZWN0EhYKEkVYUEVDVF9VTlNQRUNJRklFRBAAEg8KC0VYUEVDVF9JRExFEAEqYwoNQ29udHJvbFN0YXR1cxIeChpDT05UUk9MX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE0NPTlRST0xfU1RBVFVTX1NFTlQQARIZChVDT05UUk9MX1NUQVRVU19RVUVVRUQQAip1ChBRdWV1ZWRBY3Rpb25LaW5kEiIKHlFVRVVFRF9BQ1RJT05fS0lORF9VTlNQRUNJRklFRBAAEh0KGVFVRVVFRF9BQ1RJT05fS0lORF9QUk9NUFQQARIeChpRVUVVRURfQUNUSU9OX0tJTkRfQ09NUEFDVBACQpYBChdkZXYuYWdlbnRoYXJuZXNzLmFwaS52MUIMU2Vzc2lvblByb3RvUAFaNGFnZW50aGFybmVzcy5kZXYvYXBpL2FnZW50X2hhcm5lc3MvdjE7YWdlbnRoYXJuZXNzdjGqAg9BZ2VudEhhcm5lc3MuVjHKAg9BZ2VudEhhcm5lc3NcVjHqAhBBZ2VudEhhcm5lc3M6OlYxYgZwcm90bzM", [file_agent_harness_v1_actions, file_google_protobuf_timestamp]);
+  fileDesc("Ch5hZ2VudF9oYXJuZXNzL3YxL3Nlc3Npb24ucHJvdG8SEGFnZW50X2hhcm5lc3MudjEiywUKDEFnZW50U2Vzc2lvbhIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg0KBW93bmVyGAMgASgJEg8KB3Byb2ZpbGUYBCABKAkSCwoDY3dkGAUgASgJEg0KBW1vZGVsGAYgASgJEhYKDmFjcF9zZXNzaW9uX2lkGAcgASgJEi8KBnN0YXR1cxgIIAEoDjIfLmFnZW50X2hhcm5lc3MudjEuU2Vzc2lvblN0YXR1cxIVCg1zdGF0dXNfcmVhc29uGAkgASgJEi4KCmNyZWF0ZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjoKBmxhYmVscxgMIAMoCzIqLmFnZW50X2hhcm5lc3MudjEuQWdlbnRTZXNzaW9uLkxhYmVsc0VudHJ5EhsKE3Byb2ZpbGVfZmluZ2VycHJpbnQYDSABKAkSDwoHZWRpdG9ycxgOIAMoCRITCgtoZWFkX29mZnNldBgPIAEoBBIvCgphZ2VudF9pbmZvGBAgASgLMhsuYWdlbnRfaGFybmVzcy52MS5BZ2VudEluZm8SHwoXYWdlbnRfY2FwYWJpbGl0aWVzX2pzb24YESABKAkSHwoXYXZhaWxhYmxlX2NvbW1hbmRzX2pzb24YEiABKAkSEQoJcGxhbl9qc29uGBMgASgJEiYKBXVzYWdlGBQgASgLMhcuYWdlbnRfaGFybmVzcy52MS5Vc2FnZRIsCgZtb2RlbHMYFSADKAsyHC5hZ2VudF9oYXJuZXNzLnYxLkFnZW50TW9kZWwSGwoTY29uZmlnX29wdGlvbnNfanNvbhgWIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlMKCkFnZW50TW9kZWwSDQoFdmFsdWUYASABKAkSDAoEbmFtZRgCIAEoCRIYCgtkZXNjcmlwdGlvbhgDIAEoCUgAiAEBQg4KDF9kZXNjcmlwdGlvbiJICglBZ2VudEluZm8SDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEhIKBXRpdGxlGAMgASgJSACIAQFCCAoGX3RpdGxlImYKBVVzYWdlEhMKC3VzZWRfdG9rZW5zGAEgASgEEhQKDGNvbnRleHRfc2l6ZRgCIAEoBBIpCgRjb3N0GAMgASgLMhYuYWdlbnRfaGFybmVzcy52MS5Db3N0SACIAQFCBwoFX2Nvc3QiKAoEQ29zdBIOCgZhbW91bnQYASABKAESEAoIY3VycmVuY3kYAiABKAki6wEKDFF1ZXVlZEFjdGlvbhIRCglhY3Rpb25faWQYASABKAkSMAoEa2luZBgCIAEoDjIiLmFnZW50X2hhcm5lc3MudjEuUXVldWVkQWN0aW9uS2luZBITCgZwcm9tcHQYAyABKAlIAIgBARI3CgthdHRhY2htZW50cxgEIAMoCzIiLmFnZW50X2hhcm5lc3MudjEuUHJvbXB0QXR0YWNobWVudBINCgVhY3RvchgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIJCgdfcHJvbXB0Kv4BCg1TZXNzaW9uU3RhdHVzEh4KGlNFU1NJT05fU1RBVFVTX1VOU1BFQ0lGSUVEEAASGwoXU0VTU0lPTl9TVEFUVVNfU1RBUlRJTkcQARIXChNTRVNTSU9OX1NUQVRVU19JRExFEAISGgoWU0VTU0lPTl9TVEFUVVNfUlVOTklORxADEiEKHVNFU1NJT05fU1RBVFVTX0FXQUlUSU5HX0lOUFVUEAQSHAoYU0VTU0lPTl9TVEFUVVNfU1VTUEVOREVEEAUSHwobU0VTU0lPTl9TVEFUVVNfRElTQ09OTkVDVEVEEAYSGQoVU0VTU0lPTl9TVEFUVVNfQ0xPU0VEEAcqUAoIRGVsaXZlcnkSGAoUREVMSVZFUllfVU5TUEVDSUZJRUQQABISCg5ERUxJVkVSWV9RVUVVRRABEhYKEkRFTElWRVJZX0lOVEVSUlVQVBACKjEKBkV4cGVjdBIWChJFWFBFQ1RfVU5TUEVDSUZJRUQQABIPCgtFWFBFQ1RfSURMRRABKmMKDUNvbnRyb2xTdGF0dXMSHgoaQ09OVFJPTF9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNDT05UUk9MX1NUQVRVU19TRU5UEAESGQoVQ09OVFJPTF9TVEFUVVNfUVVFVUVEEAIqdQoQUXVldWVkQWN0aW9uS2luZBIiCh5RVUVVRURfQUNUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIdChlRVUVVRURfQUNUSU9OX0tJTkRfUFJPTVBUEAESHgoaUVVFVUVEX0FDVElPTl9LSU5EX0NPTVBBQ1QQAkKWAQoXZGV2LmFnZW50aGFybmVzcy5hcGkudjFCDFNlc3Npb25Qcm90b1ABWjRhZ2VudGhhcm5lc3MuZGV2L2FwaS9hZ2VudF9oYXJuZXNzL3YxO2FnZW50aGFybmVzc3YxqgIPQWdlbnRIYXJuZXNzLlYxygIPQWdlbnRIYXJuZXNzXFYx6gIQQWdlbnRIYXJuZXNzOjpWMWIGcHJvdG8z", [file_agent_harness_v1_actions, file_google_protobuf_timestamp]);
 
 /**
  * An agent session: one runtime, its queue and its durable log.
@@ -161,6 +161,22 @@ export type AgentSession = Message<"agent_harness.v1.AgentSession"> & {
    * @generated from field: agent_harness.v1.Usage usage = 20;
    */
   usage?: Usage | undefined;
+
+  /**
+   * The models the runtime advertises (the choices of its model selector; empty when it has
+   * none), so one GetSession is enough to draw a model picker. `model` is the current one.
+   *
+   * @generated from field: repeated agent_harness.v1.AgentModel models = 21;
+   */
+  models: AgentModel[];
+
+  /**
+   * The runtime's advertised config options (modes, models and any other selector), as the ACP
+   * JSON array; empty before the runtime advertised any.
+   *
+   * @generated from field: string config_options_json = 22;
+   */
+  configOptionsJson: string;
 };
 
 /**
@@ -169,6 +185,41 @@ export type AgentSession = Message<"agent_harness.v1.AgentSession"> & {
  */
 export const AgentSessionSchema: GenMessage<AgentSession> = /*@__PURE__*/
   messageDesc(file_agent_harness_v1_session, 0);
+
+/**
+ * A model the runtime offers (the same choices as `SessionMetadata.models`).
+ *
+ * @generated from message agent_harness.v1.AgentModel
+ */
+export type AgentModel = Message<"agent_harness.v1.AgentModel"> & {
+  /**
+   * The value to pass as `SetModelAction.model`.
+   *
+   * @generated from field: string value = 1;
+   */
+  value: string;
+
+  /**
+   * Human-readable name.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * Optional description.
+   *
+   * @generated from field: optional string description = 3;
+   */
+  description?: string | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.AgentModel.
+ * Use `create(AgentModelSchema)` to create a new message.
+ */
+export const AgentModelSchema: GenMessage<AgentModel> = /*@__PURE__*/
+  messageDesc(file_agent_harness_v1_session, 1);
 
 /**
  * What an agent says about itself in the ACP handshake.
@@ -203,7 +254,7 @@ export type AgentInfo = Message<"agent_harness.v1.AgentInfo"> & {
  * Use `create(AgentInfoSchema)` to create a new message.
  */
 export const AgentInfoSchema: GenMessage<AgentInfo> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_session, 1);
+  messageDesc(file_agent_harness_v1_session, 2);
 
 /**
  * Context window and cost of a session, as the agent last reported them (ACP `usage_update`).
@@ -238,7 +289,7 @@ export type Usage = Message<"agent_harness.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_session, 2);
+  messageDesc(file_agent_harness_v1_session, 3);
 
 /**
  * An amount of money.
@@ -266,7 +317,7 @@ export type Cost = Message<"agent_harness.v1.Cost"> & {
  * Use `create(CostSchema)` to create a new message.
  */
 export const CostSchema: GenMessage<Cost> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_session, 3);
+  messageDesc(file_agent_harness_v1_session, 4);
 
 /**
  * One action waiting in a session's queue.
@@ -322,7 +373,7 @@ export type QueuedAction = Message<"agent_harness.v1.QueuedAction"> & {
  * Use `create(QueuedActionSchema)` to create a new message.
  */
 export const QueuedActionSchema: GenMessage<QueuedAction> = /*@__PURE__*/
-  messageDesc(file_agent_harness_v1_session, 4);
+  messageDesc(file_agent_harness_v1_session, 5);
 
 /**
  * Where a session stands.

@@ -157,6 +157,22 @@ export declare type AgentSession = Message<"agent_harness.v1.AgentSession"> & {
    * @generated from field: agent_harness.v1.Usage usage = 20;
    */
   usage?: Usage | undefined;
+
+  /**
+   * The models the runtime advertises (the choices of its model selector; empty when it has
+   * none), so one GetSession is enough to draw a model picker. `model` is the current one.
+   *
+   * @generated from field: repeated agent_harness.v1.AgentModel models = 21;
+   */
+  models: AgentModel[];
+
+  /**
+   * The runtime's advertised config options (modes, models and any other selector), as the ACP
+   * JSON array; empty before the runtime advertised any.
+   *
+   * @generated from field: string config_options_json = 22;
+   */
+  configOptionsJson: string;
 };
 
 /**
@@ -164,6 +180,40 @@ export declare type AgentSession = Message<"agent_harness.v1.AgentSession"> & {
  * Use `create(AgentSessionSchema)` to create a new message.
  */
 export declare const AgentSessionSchema: GenMessage<AgentSession>;
+
+/**
+ * A model the runtime offers (the same choices as `SessionMetadata.models`).
+ *
+ * @generated from message agent_harness.v1.AgentModel
+ */
+export declare type AgentModel = Message<"agent_harness.v1.AgentModel"> & {
+  /**
+   * The value to pass as `SetModelAction.model`.
+   *
+   * @generated from field: string value = 1;
+   */
+  value: string;
+
+  /**
+   * Human-readable name.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * Optional description.
+   *
+   * @generated from field: optional string description = 3;
+   */
+  description?: string | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.AgentModel.
+ * Use `create(AgentModelSchema)` to create a new message.
+ */
+export declare const AgentModelSchema: GenMessage<AgentModel>;
 
 /**
  * What an agent says about itself in the ACP handshake.
