@@ -30,15 +30,18 @@ pub enum Api {
     Anthropic,
     /// OpenAI Responses (`POST /v1/responses`), as Codex calls it.
     OpenAiResponses,
+    /// OpenAI Chat Completions (`POST /v1/chat/completions`), as opencode calls it.
+    OpenAiChat,
 }
 
 impl Api {
-    pub const ALL: [Api; 2] = [Api::Anthropic, Api::OpenAiResponses];
+    pub const ALL: [Api; 3] = [Api::Anthropic, Api::OpenAiResponses, Api::OpenAiChat];
 
     pub fn name(self) -> &'static str {
         match self {
             Api::Anthropic => "anthropic",
             Api::OpenAiResponses => "openai-responses",
+            Api::OpenAiChat => "openai-chat",
         }
     }
 }
@@ -177,6 +180,7 @@ async fn dispatch(api: Api, recorder: &Recorder, request: Request<Incoming>) -> 
     match api {
         Api::Anthropic => crate::anthropic::handle(incoming, recorder).await,
         Api::OpenAiResponses => crate::openai_responses::handle(incoming, recorder).await,
+        Api::OpenAiChat => crate::openai_chat::handle(incoming, recorder).await,
     }
 }
 
