@@ -79,6 +79,14 @@ pub const KNOWN_DEFECTS: &[KnownDefect] = &[
         defect: "after a turn that failed on a model API error, each later prompt in the same \
                  process gets the previous prompt's reply (as after a cancel)",
     },
+    KnownDefect {
+        agent: "opencode",
+        version: "1.18.33",
+        scenario: "model_error_then_next_prompt",
+        defect: "a model API error it deems retryable (429, 5xx) is retried without end, with \
+                 backoff (2 s, 4 s, 8 s, … up to 30 s between attempts): the turn never ends \
+                 with the error; only a stop ends it",
+    },
 ];
 
 /// The agents folder, or `None` (after saying so loudly) when the agents are not installed here.

@@ -21,3 +21,4 @@ mod scenarios;
 
 mod claude;
 mod codex;
+mod opencode;

@@ -183,7 +183,33 @@ pub async fn model_error_then_next_prompt(agent: Agent) -> Outcome {
     let mut session = rig.session(&agent).await;
     let mut watch = session.watch().await;
     let failing = session.prompt("failing [error 500]").await;
-    let answer = watch.response_to(&failing.action_id).await;
+    let Ok(answer) =
+        tokio::time::timeout(ERROR_TURN_LIMIT, watch.response_to(&failing.action_id)).await
+    else {
+        // The agent keeps retrying: how often the model API was asked shows it; a stop ends
+        // the turn, and the session must still answer the next prompt.
+        let asked = rig
+            .fake
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.is_turn_step() && r.last_user_text.as_deref() == Some("failing [error 500]")
+            })
+            .count();
+        session
+            .act(stop(false))
+            .await
+            .expect("the stop is accepted");
+        let ended = turn_end(&mut watch, &failing.action_id).await;
+        drop(watch);
+        let (reason, next) = plain_turn(&mut session, "after-error").await;
+        return Outcome::Deviates(format!(
+            "after {} s the turn had not ended: the agent asked the model API {asked} times \
+             (each answered 500); a stop ended it {ended}; the next prompt ended {reason} with \
+             text {next:?}",
+            ERROR_TURN_LIMIT.as_secs()
+        ));
+    };
     let error = answer["error"].to_string().to_lowercase();
     assert!(
         error.contains("500") || error.contains("server_error"),
@@ -214,6 +240,10 @@ pub async fn model_error_then_next_prompt(agent: Agent) -> Outcome {
          ended {third_reason} with text {third:?}"
     ))
 }
+
+/// How long a turn whose model API answers an error may take to end with that error (an agent
+/// that retries with backoff takes seconds, one that retries without end never ends it).
+const ERROR_TURN_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A model chosen through Control is the model of the next request to the model API.
 pub async fn model_switch(agent: Agent) -> Outcome {
@@ -425,7 +455,8 @@ fn runtime_pids(server: &ServeProcess) -> Vec<u32> {
     below
 }
 
-/// Whether a JSON-lines file under `dir` contains `needle`.
+/// Whether a file under `dir` contains `needle` (JSON lines, or a SQLite database and its
+/// write-ahead log).
 fn session_files_contain(dir: &Path, needle: &str) -> bool {
     fn walk(dir: &Path, needle: &str) -> bool {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -436,8 +467,8 @@ fn session_files_contain(dir: &Path, needle: &str) -> bool {
             if path.is_dir() {
                 walk(&path, needle)
             } else {
-                path.extension().is_some_and(|e| e == "jsonl")
-                    && std::fs::read_to_string(&path).is_ok_and(|t| t.contains(needle))
+                std::fs::read(&path)
+                    .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle.as_bytes()))
             }
         })
     }
