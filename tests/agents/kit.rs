@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use agent_harness::pb::v1 as pb;
+use agent_harness::pb::v1::{self as pb, control_request::Action};
 use agent_harness_model_fakes::{Api, FakeServer};
 use agent_harness_testkit::{
     process::{Serve, ServeProcess},
@@ -39,6 +39,19 @@ pub struct Agent {
     /// The program and arguments that start it.
     pub command: PathBuf,
     pub args: Vec<String>,
+    /// Its profile against a fake model server, given its private HOME (it may write files
+    /// there, e.g. a config file).
+    pub profile: fn(&FakeServer, &Path) -> ProfileSpec,
+    /// The config option (id, value) that makes the agent ask before it edits a file, set
+    /// through Control on every session the scenarios create (the agent's own default may not
+    /// ask at all).
+    pub asking_mode: Option<(&'static str, &'static str)>,
+    /// The model the model-switch scenario chooses, and a part of the name the model API then
+    /// sees.
+    pub switch_model: (&'static str, &'static str),
+    /// Where under HOME the agent keeps its session files (JSON lines): the kill -9 scenario
+    /// waits until the first turn is in them.
+    pub session_files: &'static str,
 }
 
 /// An agent's known defect: the scenario it fails, and how.
@@ -65,6 +78,14 @@ pub const KNOWN_DEFECTS: &[KnownDefect] = &[
         scenario: "model_error_then_next_prompt",
         defect: "after a turn that failed on a model API error, each later prompt in the same \
                  process gets the previous prompt's reply (as after a cancel)",
+    },
+    KnownDefect {
+        agent: "opencode",
+        version: "1.18.33",
+        scenario: "model_error_then_next_prompt",
+        defect: "a model API error it deems retryable (429, 5xx) is retried without end, with \
+                 backoff (2 s, 4 s, 8 s, … up to 30 s between attempts): the turn never ends \
+                 with the error; only a stop ends it",
     },
 ];
 
@@ -113,6 +134,8 @@ pub enum Outcome {
     Pass(String),
     /// The agent did something else (evidence attached): a failure, unless it is a known defect.
     Deviates(String),
+    /// The agent does not advertise what the scenario needs (what it advertises instead).
+    NotSupported(String),
 }
 
 /// Runs one scenario of `agent` under the scenario timeout and records its outcome: a panic or
@@ -134,6 +157,7 @@ where
     .await;
     match (outcome, known) {
         (Ok(Outcome::Pass(note)), None) => record(agent, name, "pass", &note),
+        (Ok(Outcome::NotSupported(note)), None) => record(agent, name, "not-supported", &note),
         (Ok(Outcome::Deviates(evidence)), Some(defect)) => {
             record(
                 agent,
@@ -150,7 +174,7 @@ where
             record(agent, name, "fail", &evidence);
             panic!("{} {} failed {name}: {evidence}", agent.name, agent.version);
         }
-        (Ok(Outcome::Pass(_)), Some(defect)) => {
+        (Ok(Outcome::Pass(_) | Outcome::NotSupported(_)), Some(defect)) => {
             record(
                 agent,
                 name,
@@ -219,7 +243,13 @@ pub struct Rig {
 }
 
 impl Rig {
-    pub async fn start(agent: &Agent, spec: impl FnOnce(&FakeServer, &Path) -> ProfileSpec) -> Rig {
+    /// A rig running the agent with its own profile.
+    pub async fn start(agent: &Agent) -> Rig {
+        Self::start_with(agent, |_| {}).await
+    }
+
+    /// A rig running the agent with its own profile, changed by `edit`.
+    pub async fn start_with(agent: &Agent, edit: impl FnOnce(&mut ProfileSpec)) -> Rig {
         let dir = tempfile::Builder::new()
             .prefix("agent-harness-agents-")
             .tempdir()
@@ -230,7 +260,8 @@ impl Rig {
         let fake = FakeServer::start(agent.api)
             .await
             .expect("the fake model server starts");
-        let spec = spec(&fake, &dir.path().join("home"));
+        let mut spec = (agent.profile)(&fake, &dir.path().join("home"));
+        edit(&mut spec);
         let config = dir.path().join("config.toml");
         std::fs::write(&config, profile_toml(agent, &spec)).expect("the config is written");
         let server = Serve::on(dir.path().join("data"), &config).start();
@@ -245,8 +276,29 @@ impl Rig {
         self.dir.path().join("work")
     }
 
-    /// A new session on the agent's profile, in `work/`.
-    pub async fn session(&self) -> Session {
+    /// A new session on the agent's profile, in `work/`, in the agent's asking mode.
+    pub async fn session(&self, agent: &Agent) -> Session {
+        let mut session = self.session_as_started().await;
+        if let Some((config_id, value)) = agent.asking_mode {
+            let mut watch = session.watch().await;
+            let chosen = session
+                .act(Action::SetConfigOption(pb::SetConfigOptionAction {
+                    config_id: config_id.to_owned(),
+                    value: value.to_owned(),
+                }))
+                .await
+                .expect("the asking mode is accepted");
+            let answer = watch.response_to(&chosen.action_id).await;
+            assert!(
+                answer.get("error").is_none(),
+                "the agent took {config_id} = {value}: {answer}"
+            );
+        }
+        session
+    }
+
+    /// A new session on the agent's profile, in `work/`, in the mode the agent starts in.
+    pub async fn session_as_started(&self) -> Session {
         Session::create_with_client(
             self.server.client().await,
             pb::CreateSessionRequest {

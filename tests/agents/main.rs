@@ -11,6 +11,14 @@
 //! stage's compatibility matrix. A scenario that an agent is known to get wrong is listed in
 //! [`kit::KNOWN_DEFECTS`]: its test still asserts the right behaviour, reports the deviation as
 //! that defect, and fails once the agent gets it right (so the list cannot go stale).
+//!
+//! The scenarios are written once (`scenarios.rs`); each agent's file says how to run it and
+//! makes its tests with `agent_scenarios!`.
+
+mod kit;
+#[macro_use]
+mod scenarios;
 
 mod claude;
-mod kit;
+mod codex;
+mod opencode;

@@ -16,6 +16,7 @@ import sys
 
 # The scenarios in the order of the matrix's columns, with their headings.
 SCENARIOS = [
+    ("default_mode", "the mode it starts in"),
     ("permission_turn", "permission held, answered"),
     ("permission_rule", "permission by rule"),
     ("stop_then_next_prompt", "stop, then next prompt"),
@@ -39,7 +40,7 @@ def cell(outcome):
     if result == "known-defect":
         return f"**fail** (known agent defect: {detail})"
     if result == "not-supported":
-        return "not supported by the agent"
+        return f"not supported by the agent ({detail})" if detail else "not supported by the agent"
     return f"**FAIL** ({detail})"
 
 

@@ -23,15 +23,20 @@
 //! - [`record`]: every request the server received, for assertions (also `GET /_requests`);
 //! - [`server`]: the HTTP/1.1 server, its shared routes (`HEAD /`, `GET /_requests`) and the
 //!   streaming body;
-//! - [`anthropic`]: the Anthropic Messages API (`POST /v1/messages`, SSE), as Claude Code calls it.
+//! - [`anthropic`]: the Anthropic Messages API (`POST /v1/messages`, SSE), as Claude Code calls it;
+//! - [`openai_responses`]: the OpenAI Responses API (`POST /v1/responses`, SSE), as Codex calls it;
+//! - [`openai_chat`]: the OpenAI Chat Completions API (`POST /v1/chat/completions`, SSE), as
+//!   opencode calls it.
 //!
-//! Another API (OpenAI Responses or Chat Completions, Gemini) is one more module beside
+//! Another API (e.g. Gemini) is one more module beside
 //! `anthropic`: it reads its request into a [`script::Conversation`], records it, and renders the
 //! [`script::Turn`] in its own wire format; plus a variant of [`Api`] and a line in
 //! `server::dispatch`.
 
 pub mod anthropic;
 pub mod directive;
+pub mod openai_chat;
+pub mod openai_responses;
 pub mod record;
 pub mod script;
 pub mod server;

@@ -1,6 +1,6 @@
-//! `model-fakes --api anthropic --port 0`: serves one fake model API on loopback, prints its base
-//! URL (`http://127.0.0.1:PORT`) as the first line of stdout, logs each request it answers as a
-//! JSON line on stderr, and runs until SIGINT or SIGTERM.
+//! `model-fakes --api anthropic|openai-responses|openai-chat --port 0`: serves one fake model API
+//! on loopback, prints its base URL (`http://127.0.0.1:PORT`) as the first line of stdout, logs
+//! each request it answers as a JSON line on stderr, and runs until SIGINT or SIGTERM.
 
 use std::{
     io::Write,

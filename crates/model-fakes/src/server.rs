@@ -28,14 +28,20 @@ pub type Body = BoxBody<Bytes, Infallible>;
 pub enum Api {
     /// Anthropic Messages (`POST /v1/messages`), as Claude Code calls it.
     Anthropic,
+    /// OpenAI Responses (`POST /v1/responses`), as Codex calls it.
+    OpenAiResponses,
+    /// OpenAI Chat Completions (`POST /v1/chat/completions`), as opencode calls it.
+    OpenAiChat,
 }
 
 impl Api {
-    pub const ALL: [Api; 1] = [Api::Anthropic];
+    pub const ALL: [Api; 3] = [Api::Anthropic, Api::OpenAiResponses, Api::OpenAiChat];
 
     pub fn name(self) -> &'static str {
         match self {
             Api::Anthropic => "anthropic",
+            Api::OpenAiResponses => "openai-responses",
+            Api::OpenAiChat => "openai-chat",
         }
     }
 }
@@ -173,6 +179,8 @@ async fn dispatch(api: Api, recorder: &Recorder, request: Request<Incoming>) -> 
     let incoming = ApiRequest { method, path, body };
     match api {
         Api::Anthropic => crate::anthropic::handle(incoming, recorder).await,
+        Api::OpenAiResponses => crate::openai_responses::handle(incoming, recorder).await,
+        Api::OpenAiChat => crate::openai_chat::handle(incoming, recorder).await,
     }
 }
 

@@ -250,12 +250,16 @@ pub fn permission_answer(id: pb::JsonRpcId, option: Option<&str>) -> Action {
     })
 }
 
-/// An answer to the permission request the agent sent as `request` (its frame), on its own id.
+/// An answer to the permission request the agent sent as `request` (its frame), on its own id
+/// (a number, or a string as some agents send).
 pub fn answer_request(request: &Value, option: Option<&str>) -> Action {
-    permission_answer(
-        number_id(request["id"].as_i64().expect("a numeric agent id")),
-        option,
-    )
+    let id = match &request["id"] {
+        Value::String(text) => pb::JsonRpcId {
+            id: Some(pb::json_rpc_id::Id::Text(text.clone())),
+        },
+        other => number_id(other.as_i64().expect("a numeric or string agent id")),
+    };
+    permission_answer(id, option)
 }
 
 /// How many sessions the harness lists for the (local) caller.

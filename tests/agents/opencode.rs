@@ -1,0 +1,82 @@
+//! opencode (`opencode-ai`, a native binary per platform) in ACP mode (`opencode acp`), against
+//! the fake OpenAI Chat Completions API.
+//!
+//! Its environment: a private `HOME` (its SQLite database lives in `~/.local/share/opencode`),
+//! the `OPENCODE_DISABLE_*` switches that keep it from fetching anything, and `XDG_CONFIG_HOME`
+//! holding `opencode/opencode.json`, which names a provider on the fake
+//! through `@ai-sdk/openai-compatible` (bundled in the binary, nothing is installed) with a
+//! dummy key, its two models, and `"permission": {"edit": "ask"}` (without it opencode edits
+//! inside the working directory without asking). No `authenticate` call is needed.
+
+use std::path::Path;
+
+use agent_harness_model_fakes::{Api, FakeServer};
+use serde_json::json;
+
+use crate::kit::{Agent, ProfileSpec, agents_dir, installed};
+
+fn opencode_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
+    let xdg_config = home.join(".config");
+    let dir = xdg_config.join("opencode");
+    std::fs::create_dir_all(&dir).expect("the config folder");
+    let config = json!({
+        "$schema": "https://opencode.ai/config.json",
+        "provider": { "fake": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "Fake",
+            "options": { "baseURL": format!("{}/v1", fake.base_url()), "apiKey": "dummy" },
+            "models": {
+                "fake-model": { "name": "Fake model" },
+                "fake-small": { "name": "Fake small" },
+            },
+        }},
+        "model": "fake/fake-model",
+        "permission": { "edit": "ask" },
+        "autoupdate": false,
+        "share": "disabled",
+    });
+    std::fs::write(
+        dir.join("opencode.json"),
+        serde_json::to_string_pretty(&config).expect("JSON"),
+    )
+    .expect("opencode.json");
+    // Its switches against calling home: offline each failed fetch of the models catalogue
+    // costs about a second at start and again at the first prompt.
+    let env = [
+        ("XDG_CONFIG_HOME", xdg_config.to_string_lossy().into_owned()),
+        ("HOME", home.to_string_lossy().into_owned()),
+        ("OPENCODE_DISABLE_MODELS_FETCH", "1".to_owned()),
+        ("OPENCODE_DISABLE_AUTOUPDATE", "1".to_owned()),
+        ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1".to_owned()),
+        ("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1".to_owned()),
+        ("OPENCODE_DISABLE_SHARE", "1".to_owned()),
+    ];
+    ProfileSpec {
+        env: env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        extra_toml: String::new(),
+    }
+}
+
+/// `opencode-ai` 1.18.33 (its Linux x64 binary package). Its modes (`build`, `plan`) say which
+/// tools it may use; asking is the config file's `permission`, so no mode is chosen.
+pub fn opencode_1_18_33(test: &str) -> Option<Agent> {
+    let dir = agents_dir(test)?;
+    let binary = installed(
+        &dir,
+        "opencode-1.18.33/node_modules/opencode-linux-x64/bin/opencode",
+    );
+    Some(Agent {
+        name: "opencode",
+        package: "opencode-ai",
+        version: "1.18.33",
+        api: Api::OpenAiChat,
+        command: binary,
+        args: vec!["acp".to_owned()],
+        profile: opencode_profile,
+        asking_mode: None,
+        switch_model: ("fake/fake-small", "fake-small"),
+        session_files: ".local/share/opencode",
+    })
+}
+
+agent_scenarios!(opencode_1_18_33, super::opencode_1_18_33);
