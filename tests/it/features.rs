@@ -536,8 +536,14 @@ async fn get_session_carries_the_models_and_config_options_a_model_picker_needs(
             .await
             .unwrap();
         watch.response_to(&set.action_id).await;
-        let got = session.get().await;
-        assert_eq!(got.model, "mock-smart");
+        // The actor takes the answer in just after it is logged (and streamed).
+        let got = loop {
+            let got = session.get().await;
+            if got.model == "mock-smart" {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         assert_eq!(got.models.len(), 2);
     })
     .await
