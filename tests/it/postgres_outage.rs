@@ -2,19 +2,10 @@
 //! (STORE_UNAVAILABLE) and nothing refused is stored; readiness is NOT_SERVING while the
 //! database cannot be reached and SERVING again once it can.
 //!
-//! The server reaches the test database through a TCP proxy written here, which the test cuts
-//! (every connection dropped, new ones closed at once) and restores. The shared database server
-//! itself is never touched.
+//! The server reaches the test database through the test kit's fault proxy, which the test
+//! resets (every connection dropped, new ones closed at once) and restores. The shared database
+//! server itself is never touched.
 
-use std::sync::{
-    Arc, Mutex,
-    atomic::{AtomicBool, Ordering},
-};
-
-use tokio::{
-    net::{TcpListener, TcpStream},
-    task::JoinHandle,
-};
 use tonic::Code;
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
 use tonic_types::StatusExt;
@@ -22,72 +13,9 @@ use tonic_types::StatusExt;
 use crate::{
     harness::{Harness, SESSIONS_SERVICE, assert_error, bounded},
     postgres::{execute, test_schema, url_in_schema},
+    proxy::FaultProxy,
     support::{Session, prompt},
 };
-
-/// A TCP proxy to the database that can be cut and restored.
-struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    links: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    acceptor: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let acceptor = tokio::spawn({
-            let (cut, links) = (cut.clone(), links.clone());
-            async move {
-                loop {
-                    let Ok((mut client, _)) = listener.accept().await else {
-                        return;
-                    };
-                    if cut.load(Ordering::SeqCst) {
-                        // Closed at once: the database is "unreachable".
-                        drop(client);
-                        continue;
-                    }
-                    let upstream = upstream.clone();
-                    let link = tokio::spawn(async move {
-                        if let Ok(mut server) = TcpStream::connect(&upstream).await {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        }
-                    });
-                    links.lock().unwrap().push(link);
-                }
-            }
-        });
-        Self {
-            port,
-            cut,
-            links,
-            acceptor,
-        }
-    }
-
-    /// Drops every open connection and closes new ones at once.
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        for link in self.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.acceptor.abort();
-        self.cut();
-    }
-}
 
 /// The test database's URL with its host and port replaced by the proxy's.
 fn through(url: &str, port: u16) -> (String, String) {
@@ -132,10 +60,10 @@ async fn readiness_becomes(h: &Harness, wanted: ServingStatus) {
 async fn serving_through_a_proxy(
     url: &str,
     schema: &str,
-) -> (Proxy, Harness, Session, tempfile::TempDir) {
+) -> (FaultProxy, Harness, Session, tempfile::TempDir) {
     let (_, upstream) = through(url, 0);
-    let proxy = Proxy::start(upstream).await;
-    let (proxied_url, _) = through(url, proxy.port);
+    let proxy = FaultProxy::start(upstream).await;
+    let (proxied_url, _) = through(url, proxy.port());
     let database_url = url_in_schema(&proxied_url, schema);
     let h = Harness::start_with(|c| c.database_url = Some(database_url.into())).await;
     let cwd = tempfile::TempDir::new().unwrap();
@@ -157,7 +85,7 @@ async fn a_prompt_sent_while_the_database_is_unreachable_is_refused_as_unavailab
     bounded(async {
         let (proxy, h, mut session, _cwd) = serving_through_a_proxy(&url, &schema).await;
 
-        proxy.cut();
+        proxy.reset();
         let refused = session
             .act(prompt("sent during the outage"))
             .await
@@ -196,7 +124,7 @@ async fn readiness_is_not_serving_while_the_database_is_unreachable_and_serving_
     bounded(async {
         let (proxy, h, _session, _cwd) = serving_through_a_proxy(&url, &schema).await;
         readiness_becomes(&h, ServingStatus::Serving).await;
-        proxy.cut();
+        proxy.reset();
         readiness_becomes(&h, ServingStatus::NotServing).await;
         // Liveness is not readiness: the process itself stays SERVING.
         let liveness = h
