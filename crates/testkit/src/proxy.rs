@@ -297,7 +297,10 @@ mod tests {
 
             proxy.reset();
             let mut buf = [0; 1];
-            assert!(matches!(open.read(&mut buf).await, Ok(0) | Err(_)), "closed");
+            assert!(
+                matches!(open.read(&mut buf).await, Ok(0) | Err(_)),
+                "closed"
+            );
             let mut refused = TcpStream::connect(proxy.addr()).await.unwrap();
             assert!(
                 matches!(refused.read(&mut buf).await, Ok(0) | Err(_)),
