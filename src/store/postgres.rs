@@ -851,8 +851,23 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn renew_leases(&self, replica: &str, ttl: Duration) -> Result<Vec<Lease>> {
+    async fn renew_leases(
+        &self,
+        replica: &str,
+        held: &[(Uuid, u64)],
+        ttl: Duration,
+    ) -> Result<Vec<Lease>> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sessions: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
+        let fences: Vec<i64> = held
+            .iter()
+            .map(|(_, fence)| i64::try_from(*fence).unwrap_or(i64::MAX))
+            .collect();
         let client = self.client().await?;
+        // Only the leases listed, with their fences: one the replica stopped (its time ran out
+        // while the database was out of reach) must lapse even once renewals get through again.
         // A released lease (expired to 'epoch') stays released: its session is another
         // replica's to claim, even if this replica's renewal races the claim.
         // The rows are locked in session order, as commit groups take them (see
@@ -861,17 +876,21 @@ impl Store for PostgresStore {
         let stmt = client
             .prepare_cached(&format!(
                 "UPDATE leases SET expires_at = now() + $2::bigint * interval '1 microsecond' \
-                 WHERE owner_replica = $1 AND expires_at <> 'epoch' AND session_id IN \
-                     (SELECT session_id FROM leases \
-                      WHERE owner_replica = $1 AND expires_at <> 'epoch' \
-                      ORDER BY session_id FOR UPDATE) \
+                 WHERE owner_replica = $1 AND expires_at <> 'epoch' \
+                 AND (session_id, fence) IN (SELECT * FROM unnest($3::uuid[], $4::bigint[])) \
+                 AND session_id IN \
+                     (SELECT l.session_id FROM leases l \
+                      JOIN unnest($3::uuid[], $4::bigint[]) AS h(session_id, fence) \
+                      ON h.session_id = l.session_id AND h.fence = l.fence \
+                      WHERE l.owner_replica = $1 AND l.expires_at <> 'epoch' \
+                      ORDER BY l.session_id FOR UPDATE OF l) \
                  RETURNING {}",
                 rows::LEASE_COLUMNS
             ))
             .await
             .context("renewing leases")?;
         client
-            .query(&stmt, &[&replica, &ttl_micros(ttl)])
+            .query(&stmt, &[&replica, &ttl_micros(ttl), &sessions, &fences])
             .await
             .context("renewing leases")?
             .iter()

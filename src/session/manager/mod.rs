@@ -48,6 +48,8 @@ pub(crate) struct Sessions {
     admission: tokio::sync::Mutex<()>,
     /// Set once this replica gave its leases up (drained): they are renewed no more.
     released: std::sync::atomic::AtomicBool,
+    /// The leases held here and until when their sessions may run (see `owners`).
+    clock: owners::LeaseClock,
 }
 
 /// Where a call about a session runs, decided before the call is dispatched.
@@ -74,6 +76,7 @@ impl Sessions {
             handles: Arc::new(RwLock::new(HashMap::new())),
             admission: tokio::sync::Mutex::new(()),
             released: std::sync::atomic::AtomicBool::new(false),
+            clock: owners::LeaseClock::default(),
         };
         // With other replicas on the database, a session is resumed by whoever claims it: the
         // failover task (queued work, a turn in flight) or its next call (see `owners`).

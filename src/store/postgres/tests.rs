@@ -278,10 +278,53 @@ async fn renewing_extends_only_the_leases_the_replica_still_holds() {
             .await
             .unwrap();
         store.claim_lease(two.id, "b", TTL).await.unwrap();
-        let renewed = store.renew_leases("a", TTL).await.unwrap();
+        let renewed = store
+            .renew_leases("a", &[(one.id, 1), (two.id, 1)], TTL)
+            .await
+            .unwrap();
         assert_eq!(
             renewed.iter().map(|l| l.session_id).collect::<Vec<_>>(),
             vec![one.id]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn renewing_extends_only_the_leases_listed_with_their_fences() {
+    with_store(|store, _| async move {
+        let (one, two, three) = (
+            session("user:alice", 1),
+            session("user:alice", 2),
+            session("user:alice", 3),
+        );
+        for record in [&one, &two, &three] {
+            store.create_session(record).await.unwrap();
+        }
+        // `two` was stopped here (its time ran out): not listed, it lapses.
+        store.claim_lease(one.id, "a", TTL).await.unwrap();
+        store
+            .claim_lease(two.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        // `three` listed with a fence it no longer has.
+        store
+            .claim_lease(three.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        store.claim_lease(three.id, "a", TTL).await.unwrap();
+        let renewed = store
+            .renew_leases("a", &[(one.id, 1), (three.id, 1)], TTL)
+            .await
+            .unwrap();
+        assert_eq!(
+            renewed.iter().map(|l| l.session_id).collect::<Vec<_>>(),
+            vec![one.id]
+        );
+        assert_eq!(store.orphaned_sessions().await.unwrap(), vec![two.id]);
+        assert!(
+            store.renew_leases("a", &[], TTL).await.unwrap().is_empty(),
+            "nothing listed, nothing renewed"
         );
     })
     .await;
@@ -294,7 +337,13 @@ async fn a_released_lease_is_not_renewed_by_its_former_holder() {
         store.create_session(&record).await.unwrap();
         store.claim_lease(record.id, "a", TTL).await.unwrap();
         assert!(store.release_lease(record.id, "a", 1).await.unwrap());
-        assert!(store.renew_leases("a", TTL).await.unwrap().is_empty());
+        assert!(
+            store
+                .renew_leases("a", &[(record.id, 1)], TTL)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(store.orphaned_sessions().await.unwrap(), vec![record.id]);
         let LeaseClaim::Granted(lease) = store.claim_lease(record.id, "b", TTL).await.unwrap()
         else {
