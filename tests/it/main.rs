@@ -38,6 +38,7 @@ mod replica_tls;
 mod replicas;
 mod resume;
 mod scale;
+mod self_fencing;
 mod services;
 mod sessions;
 mod signals;

@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// The test database's URL with its host and port replaced by the proxy's.
-fn through(url: &str, port: u16) -> (String, String) {
+pub(crate) fn through(url: &str, port: u16) -> (String, String) {
     let config: tokio_postgres::Config = url.parse().expect("the test URL parses");
     let host = match &config.get_hosts()[0] {
         tokio_postgres::config::Host::Tcp(host) => host.clone(),
