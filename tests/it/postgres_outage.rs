@@ -61,11 +61,24 @@ async fn serving_through_a_proxy(
     url: &str,
     schema: &str,
 ) -> (FaultProxy, Harness, Session, tempfile::TempDir) {
+    serving_through_a_proxy_with(url, schema, |_| {}).await
+}
+
+/// [`serving_through_a_proxy`] with the server's configuration edited.
+async fn serving_through_a_proxy_with(
+    url: &str,
+    schema: &str,
+    edit: impl FnOnce(&mut agent_harness::config::ServeConfig),
+) -> (FaultProxy, Harness, Session, tempfile::TempDir) {
     let (_, upstream) = through(url, 0);
     let proxy = FaultProxy::start(upstream).await;
     let (proxied_url, _) = through(url, proxy.port());
     let database_url = url_in_schema(&proxied_url, schema);
-    let h = Harness::start_with(|c| c.database_url = Some(database_url.into())).await;
+    let h = Harness::start_with(|c| {
+        c.database_url = Some(database_url.into());
+        edit(c);
+    })
+    .await;
     let cwd = tempfile::TempDir::new().unwrap();
     let mut request = crate::support::create_request(&h, "mock");
     request.cwd = cwd.path().to_string_lossy().into_owned();
@@ -138,6 +151,49 @@ async fn readiness_is_not_serving_while_the_database_is_unreachable_and_serving_
         assert_eq!(liveness.status(), ServingStatus::Serving);
         proxy.restore();
         readiness_becomes(&h, ServingStatus::Serving).await;
+        h.shutdown().await;
+    })
+    .await;
+    execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}
+
+/// Every store call has a deadline: with the database's packets dropped and its connections
+/// left open (a partition, not a refusal), a write is refused as UNAVAILABLE once the statement
+/// timeout and a short grace have passed, instead of waiting for an answer that never comes.
+#[tokio::test]
+async fn a_prompt_sent_while_the_database_is_black_holed_is_refused_as_unavailable_not_left_hanging()
+ {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    bounded(async {
+        let (proxy, h, mut session, _cwd) = serving_through_a_proxy_with(&url, &schema, |c| {
+            c.statement_timeout = std::time::Duration::from_secs(1);
+            // Long enough that the session is not stopped by the self-fencing clock meanwhile.
+            c.lease_ttl = std::time::Duration::from_secs(120);
+        })
+        .await;
+
+        proxy.black_hole();
+        let refused = session
+            .act(prompt("sent into the black hole"))
+            .await
+            .expect_err("a prompt the database never answers is refused");
+        assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+        readiness_becomes(&h, ServingStatus::NotServing).await;
+
+        proxy.restore();
+        readiness_becomes(&h, ServingStatus::Serving).await;
+        let log = session.log().await;
+        assert!(
+            log.iter()
+                .all(|entry| !entry.json.contains("sent into the black hole")),
+            "the refused prompt is not in the log"
+        );
+        assert!(session.queue().await.is_empty(), "nor in the queue");
+        let mut watch = session.watch().await;
+        let reply = session.prompt("after the black hole").await;
+        watch.response_to(&reply.action_id).await;
         h.shutdown().await;
     })
     .await;

@@ -613,7 +613,16 @@ async fn one_group_commits_every_batch_it_can_and_answers_each_refused_one_with_
                 queued(id, Batch { fence, ..batch })
             })
             .unzip();
-        super::group::commit_group(&store.pool, store.target(), jobs).await;
+        super::group::commit_group(
+            &store.pool,
+            store.target(),
+            super::group::Bounds {
+                pool_wait: store.pool_wait,
+                answer_within: store.answer_within,
+            },
+            jobs,
+        )
+        .await;
 
         let mut answers = futures::future::join_all(answers).await.into_iter();
         let mut answer = || answers.next().unwrap().expect("every batch is answered");
@@ -708,7 +717,16 @@ async fn a_statement_the_database_rejects_fails_only_the_batch_that_sent_it() {
                 )
             })
             .unzip();
-        super::group::commit_group(&store.pool, store.target(), jobs).await;
+        super::group::commit_group(
+            &store.pool,
+            store.target(),
+            super::group::Bounds {
+                pool_wait: store.pool_wait,
+                answer_within: store.answer_within,
+            },
+            jobs,
+        )
+        .await;
 
         for (record, answer) in records.iter().zip(futures::future::join_all(answers).await) {
             let answer = answer.expect("every batch is answered");
@@ -1075,7 +1093,15 @@ async fn a_group_blocked_past_the_statement_timeout_answers_every_batch_unavaila
     // Committed one by one after the group failed, the last answer would take ten timeouts.
     tokio::time::timeout(
         Duration::from_millis(1500),
-        super::group::commit_group(&store.pool, &store.target, jobs),
+        super::group::commit_group(
+            &store.pool,
+            &store.target,
+            super::group::Bounds {
+                pool_wait: store.pool_wait,
+                answer_within: store.answer_within,
+            },
+            jobs,
+        ),
     )
     .await
     .expect("every batch is answered within a few statement timeouts");
@@ -1094,4 +1120,40 @@ async fn a_group_blocked_past_the_statement_timeout_answers_every_batch_unavaila
     store.close().await.unwrap();
     drop(store);
     schema.drop_schema().await;
+}
+
+#[test]
+fn every_connection_gets_a_connect_timeout_keepalives_and_a_tcp_user_timeout_unless_the_url_sets_them()
+ {
+    let mut config: tokio_postgres::Config = "postgres://u@h/db".parse().unwrap();
+    super::bound_connections(&mut config);
+    assert_eq!(config.get_connect_timeout(), Some(&super::CONNECT_TIMEOUT));
+    assert!(config.get_keepalives());
+    assert_eq!(config.get_keepalives_idle(), super::KEEPALIVE_IDLE);
+    assert_eq!(
+        config.get_keepalives_interval(),
+        Some(super::KEEPALIVE_INTERVAL)
+    );
+    assert_eq!(
+        config.get_keepalives_retries(),
+        Some(super::KEEPALIVE_RETRIES)
+    );
+    assert_eq!(
+        config.get_tcp_user_timeout(),
+        Some(&super::TCP_USER_TIMEOUT)
+    );
+
+    let mut config: tokio_postgres::Config = "postgres://u@h/db?connect_timeout=3\
+        &keepalives_idle=30&keepalives_interval=7&keepalives_retries=9&tcp_user_timeout=4"
+        .parse()
+        .unwrap();
+    super::bound_connections(&mut config);
+    assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(3)));
+    assert_eq!(config.get_keepalives_idle(), Duration::from_secs(30));
+    assert_eq!(
+        config.get_keepalives_interval(),
+        Some(Duration::from_secs(7))
+    );
+    assert_eq!(config.get_keepalives_retries(), Some(9));
+    assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(4)));
 }
