@@ -267,9 +267,16 @@ pub trait Store: Send + Sync + 'static {
         }))
     }
 
-    /// Extends every lease `replica` still holds by `ttl` from now; the leases it holds. A lease
-    /// another replica has taken is not among them (the caller has lost it).
-    async fn renew_leases(&self, _replica: &str, _ttl: Duration) -> Result<Vec<Lease>> {
+    /// Extends by `ttl` from now each lease of `held` — `(session, fence)` — that `replica`
+    /// still holds with that fence; the leases renewed. A lease another replica has taken, or one
+    /// released, is not among them (the caller has lost it); a lease the caller does not list
+    /// is left to lapse (it has stopped that session).
+    async fn renew_leases(
+        &self,
+        _replica: &str,
+        _held: &[(Uuid, u64)],
+        _ttl: Duration,
+    ) -> Result<Vec<Lease>> {
         Ok(Vec::new())
     }
 

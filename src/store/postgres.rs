@@ -53,10 +53,28 @@ use crate::domain::{
 
 /// Connections kept open by one store, unless the options say otherwise.
 pub const DEFAULT_POOL_SIZE: usize = 16;
-/// How long opening one connection may take.
+/// How long opening one connection's socket may take (a URL's `connect_timeout` wins).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a caller waits for a free connection before failing.
-const POOL_WAIT: Duration = Duration::from_secs(30);
+/// How long a new connection may take to be ready, its startup and authentication included: a
+/// server that accepts but never answers must not hold a caller forever.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a caller waits for a connection at most — a free one, or a new one opened — the
+/// statement timeout when shorter.
+const POOL_WAIT: Duration = Duration::from_secs(10);
+/// How long after the statement timeout a call still waits for its answer: the server cancels
+/// a statement at its timeout and says so, so a call with no answer by then is on a connection
+/// that is gone (a partition, a black-holed route) and is given up.
+const ANSWER_GRACE: Duration = Duration::from_secs(2);
+/// TCP keepalive on every connection (a URL's own `keepalives_*` win): an idle connection whose
+/// peer is gone errors within about idle + interval × retries, instead of hours later.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// `TCP_USER_TIMEOUT` (Linux; a URL's `tcp_user_timeout` wins): a connection whose sent data
+/// stays unacknowledged this long errors.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+/// What `tokio-postgres` uses when a URL sets no `keepalives_idle`.
+const DEFAULT_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 pub use super::DEFAULT_STATEMENT_TIMEOUT;
 /// SQLSTATE of a statement cancelled by the server: its statement timeout, or a cancel request.
 const QUERY_CANCELED: &str = "57014";
@@ -103,6 +121,11 @@ pub struct PostgresStore {
     committer: group::Committer,
     /// Fair shares of the connections for list scans.
     lists: super::gate::ListGate,
+    /// How long a call waits for its answers once it has a connection: the statement timeout
+    /// and [`ANSWER_GRACE`].
+    answer_within: Duration,
+    /// How long a call waits for a connection.
+    pool_wait: Duration,
 }
 
 /// Turns a database error into a store error saying what the store was doing.
@@ -171,6 +194,19 @@ pub(super) fn is_unreachable(e: &tokio_postgres::Error) -> bool {
     false
 }
 
+/// A connection from the pool within `within`, whether it waits for a free one or opens one.
+pub(super) async fn pooled(
+    pool: &Pool,
+    within: Duration,
+) -> Result<Client, deadpool_postgres::PoolError> {
+    match tokio::time::timeout(within, pool.get()).await {
+        Ok(got) => got,
+        Err(_) => Err(deadpool_postgres::PoolError::Timeout(
+            deadpool_postgres::TimeoutType::Wait,
+        )),
+    }
+}
+
 /// A pool error as a store error: no connection in time, or none could be opened.
 fn from_pool(doing: &str, e: deadpool_postgres::PoolError) -> StoreError {
     use deadpool_postgres::PoolError;
@@ -217,6 +253,28 @@ fn target_of(config: &tokio_postgres::Config) -> String {
     let user = config.get_user().unwrap_or("(default user)");
     let database = config.get_dbname().unwrap_or(user);
     format!("{hosts}/{database} as {user}")
+}
+
+/// Gives every connection deadlines of its own, unless the URL set them: opening one, and
+/// noticing that its peer vanished (a partition drops packets and closes nothing) — an idle
+/// connection by TCP keepalive, a busy one by `TCP_USER_TIMEOUT` — so it errors instead of
+/// waiting forever.
+fn bound_connections(config: &mut tokio_postgres::Config) {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if config.get_keepalives() && config.get_keepalives_idle() == DEFAULT_KEEPALIVE_IDLE {
+        config.keepalives_idle(KEEPALIVE_IDLE);
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(KEEPALIVE_RETRIES);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
 }
 
 /// A schema name we put into a connection option unquoted: plain identifiers only.
@@ -282,13 +340,12 @@ impl PostgresStore {
                 format!("{connection_options} -c statement_timeout={millis}").trim_start(),
             );
         }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
+        bound_connections(&mut config);
         if config.get_application_name().is_none() {
             config.application_name("agent-harness");
         }
         let listen_config = config.clone();
+        let pool_wait = POOL_WAIT.min(options.statement_timeout);
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
@@ -299,17 +356,29 @@ impl PostgresStore {
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(POOL_WAIT))
-            .create_timeout(Some(CONNECT_TIMEOUT * 2))
+            .wait_timeout(Some(pool_wait))
+            .create_timeout(Some(CREATE_TIMEOUT))
             .build()
             .map_err(|e| StoreError::Config {
                 message: format!("postgres store: building the pool: {e}"),
                 source: Some(e.into()),
             })?;
         let store = Self {
-            lists: super::gate::ListGate::new(options.pool_size.max(2) / 2, POOL_WAIT),
-            notifier: notify::Notifier::start(pool.clone()),
-            committer: group::Committer::start(pool.clone(), target.clone()),
+            lists: super::gate::ListGate::new(options.pool_size.max(2) / 2, pool_wait),
+            answer_within: options.statement_timeout.saturating_add(ANSWER_GRACE),
+            pool_wait,
+            notifier: notify::Notifier::start(
+                pool.clone(),
+                options.statement_timeout.saturating_add(ANSWER_GRACE),
+            ),
+            committer: group::Committer::start(
+                pool.clone(),
+                target.clone(),
+                group::Bounds {
+                    pool_wait,
+                    answer_within: options.statement_timeout.saturating_add(ANSWER_GRACE),
+                },
+            ),
             pool,
             target,
             config: listen_config,
@@ -335,7 +404,7 @@ impl PostgresStore {
     }
 
     async fn client(&self) -> Result<Client> {
-        self.pool.get().await.map_err(|e| {
+        pooled(&self.pool, self.pool_wait).await.map_err(|e| {
             from_pool(
                 &format!("postgres store: no connection to {}", self.target),
                 e,
@@ -344,44 +413,57 @@ impl PostgresStore {
         })
     }
 
-    /// A connection for one read that is cancelled on the server if the caller gives up.
+    /// A connection for one call, which is given up — cancelled on the server, and closed unless
+    /// it settles — if the caller goes away or no answer comes in time.
     async fn reader(&self) -> Result<Reader> {
         Ok(Reader {
             client: Some(self.client().await?),
             tls: self.tls.clone(),
+            answer_within: self.answer_within,
         })
     }
 }
 
-/// A pooled connection running a read for a caller. Dropped before [`Reader::done`] — the
-/// caller's deadline passed or the caller went away, and its future was dropped mid-query — the
-/// statement is cancelled on the server (a dropped future alone would leave it running, holding
-/// the connection and whatever it locks). The connection rejoins the pool only once the
-/// cancelled statement has ended, so the cancel can never hit the next user's statement.
+/// A pooled connection running one call. Dropped before the call's answers came — the caller's
+/// deadline passed or the caller went away, and its future was dropped mid-query, or the
+/// database did not answer within `answer_within` — the statement is cancelled on the server (a
+/// dropped future alone would leave it running, holding the connection and whatever it locks).
+/// The connection rejoins the pool only once the cancelled statement has ended, so the cancel
+/// can never hit the next user's statement; one that does not settle is closed.
 struct Reader {
     client: Option<Client>,
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    answer_within: Duration,
 }
 
 /// How long a cancelled connection may take to become idle before it is closed instead.
 const CANCEL_SETTLE: Duration = Duration::from_secs(5);
 
-impl std::ops::Deref for Reader {
-    type Target = Client;
-
-    fn deref(&self) -> &Client {
-        self.client
-            .as_ref()
-            .expect("a reader keeps its client until done")
-    }
-}
-
 impl Reader {
-    /// Runs the read; once it has finished, the connection goes back to the pool as it is.
-    async fn read<T>(mut self, read: impl AsyncFnOnce(&Client) -> Result<T>) -> Result<T> {
-        let result = read(&self).await;
-        self.client.take();
-        result
+    /// Runs the call; once it has its answers, the connection goes back to the pool as it is.
+    async fn read<T>(self, read: impl AsyncFnOnce(&Client) -> Result<T>) -> Result<T> {
+        self.read_mut(async |client: &mut Client| read(client).await)
+            .await
+    }
+
+    /// [`Reader::read`] with the connection to itself (a transaction).
+    async fn read_mut<T>(mut self, read: impl AsyncFnOnce(&mut Client) -> Result<T>) -> Result<T> {
+        let within = self.answer_within;
+        let client = self
+            .client
+            .as_mut()
+            .expect("a reader keeps its client until done");
+        match tokio::time::timeout(within, read(client)).await {
+            Ok(result) => {
+                self.client.take();
+                result
+            }
+            Err(elapsed) => Err(StoreError::unavailable(
+                format!("postgres store: the database did not answer within {within:?}"),
+                elapsed,
+            )
+            .into()),
+        }
     }
 }
 
@@ -396,18 +478,19 @@ impl Drop for Reader {
         let token = client.cancel_token();
         let tls = self.tls.clone();
         runtime.spawn(async move {
+            // The cancel opens a connection of its own, which a partition may hold too.
             let cancelled = match tls {
-                Some(tls) => token.cancel_query(tls).await,
-                None => token.cancel_query(NoTls).await,
+                Some(tls) => tokio::time::timeout(CANCEL_SETTLE, token.cancel_query(tls)).await,
+                None => tokio::time::timeout(CANCEL_SETTLE, token.cancel_query(NoTls)).await,
             };
             // A query sent after the cancelled one answers only once that one has ended.
-            let settled = cancelled.is_ok()
+            let settled = matches!(cancelled, Ok(Ok(())))
                 && tokio::time::timeout(CANCEL_SETTLE, client.simple_query(""))
                     .await
-                    .is_ok();
+                    .is_ok_and(|answered| answered.is_ok());
             if !settled {
                 tracing::debug!(
-                    "postgres store: a cancelled read did not settle; closing its connection"
+                    "postgres store: a cancelled call did not settle; closing its connection"
                 );
                 drop(deadpool_postgres::Object::take(client));
             }
@@ -548,46 +631,51 @@ fn list_sql(query: &SessionQuery) -> (String, Vec<Box<dyn ToSql + Sync + Send>>)
 #[async_trait]
 impl Store for PostgresStore {
     async fn create_session(&self, record: &SessionRecord) -> Result<()> {
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
+        self.reader()
+            .await?
+            .read_mut(async |client: &mut Client| {
+                let tx = client
+                    .transaction()
+                    .await
+                    .context("starting a transaction")?;
+                let status = record.status.as_str();
+                let (created, updated) =
+                    (to_micros(record.created_at), to_micros(record.updated_at));
+                let stmt = tx
+                    .prepare_cached(
+                        "INSERT INTO sessions (id, name, owner, profile, cwd, model, \
+                         acp_session_id, status, status_reason, created_at, updated_at, \
+                         profile_fingerprint, request_fingerprint, can_resume, can_load) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+                         $15) ON CONFLICT (id) DO NOTHING RETURNING pk",
+                    )
+                    .await
+                    .context("storing a new session")?;
+                let mut params: Vec<&(dyn ToSql + Sync)> = vec![&record.id];
+                params.extend(record_params!(record, status, created, updated));
+                let Some(row) = tx
+                    .query_opt(&stmt, &params)
+                    .await
+                    .context("storing a new session")?
+                else {
+                    return Err(Error::new(
+                        ErrorCode::SessionExists,
+                        format!("session {} already exists", record.id),
+                    ));
+                };
+                let pk: i64 = row.get(0);
+                if let Some(first) = record.first_action_id {
+                    tx.execute(
+                        "UPDATE sessions SET first_action_id = $2 WHERE pk = $1",
+                        &[&pk, &first.as_uuid()],
+                    )
+                    .await
+                    .context("storing a new session")?;
+                }
+                write_side_rows(&tx, pk, record).await?;
+                tx.commit().await.context("committing a new session")
+            })
             .await
-            .context("starting a transaction")?;
-        let status = record.status.as_str();
-        let (created, updated) = (to_micros(record.created_at), to_micros(record.updated_at));
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO sessions (id, name, owner, profile, cwd, model, acp_session_id, \
-                 status, status_reason, created_at, updated_at, profile_fingerprint, \
-                 request_fingerprint, can_resume, can_load) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
-                 ON CONFLICT (id) DO NOTHING RETURNING pk",
-            )
-            .await
-            .context("storing a new session")?;
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&record.id];
-        params.extend(record_params!(record, status, created, updated));
-        let Some(row) = tx
-            .query_opt(&stmt, &params)
-            .await
-            .context("storing a new session")?
-        else {
-            return Err(Error::new(
-                ErrorCode::SessionExists,
-                format!("session {} already exists", record.id),
-            ));
-        };
-        let pk: i64 = row.get(0);
-        if let Some(first) = record.first_action_id {
-            tx.execute(
-                "UPDATE sessions SET first_action_id = $2 WHERE pk = $1",
-                &[&pk, &first.as_uuid()],
-            )
-            .await
-            .context("storing a new session")?;
-        }
-        write_side_rows(&tx, pk, record).await?;
-        tx.commit().await.context("committing a new session")
     }
 
     async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError> {
@@ -646,60 +734,76 @@ impl Store for PostgresStore {
     }
 
     async fn count_live_sessions(&self, owner: &str) -> Result<u64> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("SELECT count(*) FROM sessions WHERE owner = $1 AND status <> $2")
-            .await
-            .context("counting live sessions")?;
-        let count: i64 = client
-            .query_one(&stmt, &[&owner, &SessionStatus::Closed.as_str()])
-            .await
-            .context("counting live sessions")?
+        let count: i64 = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT count(*) FROM sessions WHERE owner = $1 AND status <> $2",
+                    )
+                    .await
+                    .context("counting live sessions")?;
+                client
+                    .query_one(&stmt, &[&owner, &SessionStatus::Closed.as_str()])
+                    .await
+                    .context("counting live sessions")
+            })
+            .await?
             .get(0);
         Ok(count as u64)
     }
 
     async fn open_sessions(&self) -> Result<Vec<SessionRecord>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&format!(
-                "SELECT {} FROM sessions s WHERE s.status <> $1 ORDER BY s.created_at, s.id",
-                rows::SESSION_COLUMNS
-            ))
-            .await
-            .context("listing open sessions")?;
-        client
-            .query(&stmt, &[&SessionStatus::Closed.as_str()])
-            .await
-            .context("listing open sessions")?
+        self.reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "SELECT {} FROM sessions s WHERE s.status <> $1 \
+                         ORDER BY s.created_at, s.id",
+                        rows::SESSION_COLUMNS
+                    ))
+                    .await
+                    .context("listing open sessions")?;
+                client
+                    .query(&stmt, &[&SessionStatus::Closed.as_str()])
+                    .await
+                    .context("listing open sessions")
+            })
+            .await?
             .iter()
             .map(rows::session)
             .collect()
     }
 
     async fn delete_session(&self, session_id: Uuid) -> Result<bool> {
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
+        self.reader()
+            .await?
+            .read_mut(async |client: &mut Client| {
+                let tx = client
+                    .transaction()
+                    .await
+                    .context("starting a transaction")?;
+                let stmt = tx
+                    .prepare_cached("DELETE FROM sessions WHERE id = $1")
+                    .await
+                    .context("deleting a session")?;
+                let deleted = tx
+                    .execute(&stmt, &[&session_id])
+                    .await
+                    .context("deleting a session")?;
+                // Subscribers on other replicas learn of it at once, not at their next poll.
+                tx.execute(
+                    "SELECT pg_notify($1, $2)",
+                    &[&notify::CHANNEL, &notify::payload(session_id, 0)],
+                )
+                .await
+                .context("deleting a session")?;
+                tx.commit().await.context("deleting a session")?;
+                Ok(deleted > 0)
+            })
             .await
-            .context("starting a transaction")?;
-        let stmt = tx
-            .prepare_cached("DELETE FROM sessions WHERE id = $1")
-            .await
-            .context("deleting a session")?;
-        let deleted = tx
-            .execute(&stmt, &[&session_id])
-            .await
-            .context("deleting a session")?;
-        // Subscribers on other replicas learn of it at once, not at their next poll.
-        tx.execute(
-            "SELECT pg_notify($1, $2)",
-            &[&notify::CHANNEL, &notify::payload(session_id, 0)],
-        )
-        .await
-        .context("deleting a session")?;
-        tx.commit().await.context("deleting a session")?;
-        Ok(deleted > 0)
     }
 
     fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<super::Wake>> {
@@ -795,19 +899,24 @@ impl Store for PostgresStore {
         session_id: Uuid,
         action_id: ActionId,
     ) -> Result<Option<ActionRecord>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&format!(
-                "SELECT {} FROM actions WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1) \
-                 AND action_id = $2",
-                rows::ACTION_COLUMNS
-            ))
-            .await
-            .context("reading an action id")?;
-        client
-            .query_opt(&stmt, &[&session_id, &action_id.as_uuid()])
-            .await
-            .context("reading an action id")?
+        self.reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "SELECT {} FROM actions \
+                         WHERE session_pk = (SELECT pk FROM sessions WHERE id = $1) \
+                         AND action_id = $2",
+                        rows::ACTION_COLUMNS
+                    ))
+                    .await
+                    .context("reading an action id")?;
+                client
+                    .query_opt(&stmt, &[&session_id, &action_id.as_uuid()])
+                    .await
+                    .context("reading an action id")
+            })
+            .await?
             .map(|row| rows::action_record(&row, session_id))
             .transpose()
     }
@@ -818,31 +927,37 @@ impl Store for PostgresStore {
         replica: &str,
         ttl: Duration,
     ) -> Result<LeaseClaim> {
-        let client = self.client().await?;
         // One statement: insert a first lease, or take over an expired or own one (a takeover
         // bumps the fence; a renewal by the holder keeps it). A live lease of another replica
         // is left alone and read back instead.
-        let stmt = client
-            .prepare_cached(&format!(
-                "INSERT INTO leases AS l (session_id, owner_replica, fence, expires_at) \
-                 SELECT $1, $2, 1, now() + $3::bigint * interval '1 microsecond' \
-                 FROM sessions WHERE id = $1 \
-                 ON CONFLICT (session_id) DO UPDATE SET \
-                     fence = CASE WHEN l.owner_replica = excluded.owner_replica \
-                                  AND l.expires_at > now() THEN l.fence ELSE l.fence + 1 END, \
-                     owner_replica = excluded.owner_replica, \
-                     expires_at = excluded.expires_at \
-                 WHERE l.owner_replica = excluded.owner_replica OR l.expires_at <= now() \
-                 RETURNING {}",
-                rows::LEASE_COLUMNS
-            ))
-            .await
-            .context("claiming a lease")?;
-        if let Some(row) = client
-            .query_opt(&stmt, &[&session_id, &replica, &ttl_micros(ttl)])
-            .await
-            .context("claiming a lease")?
-        {
+        let granted = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "INSERT INTO leases AS l (session_id, owner_replica, fence, expires_at) \
+                         SELECT $1, $2, 1, now() + $3::bigint * interval '1 microsecond' \
+                         FROM sessions WHERE id = $1 \
+                         ON CONFLICT (session_id) DO UPDATE SET \
+                             fence = CASE WHEN l.owner_replica = excluded.owner_replica \
+                                          AND l.expires_at > now() THEN l.fence \
+                                          ELSE l.fence + 1 END, \
+                             owner_replica = excluded.owner_replica, \
+                             expires_at = excluded.expires_at \
+                         WHERE l.owner_replica = excluded.owner_replica OR l.expires_at <= now() \
+                         RETURNING {}",
+                        rows::LEASE_COLUMNS
+                    ))
+                    .await
+                    .context("claiming a lease")?;
+                client
+                    .query_opt(&stmt, &[&session_id, &replica, &ttl_micros(ttl)])
+                    .await
+                    .context("claiming a lease")
+            })
+            .await?;
+        if let Some(row) = granted {
             return Ok(LeaseClaim::Granted(rows::lease(&row)?));
         }
         match self.get_lease(session_id).await? {
@@ -851,29 +966,54 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn renew_leases(&self, replica: &str, ttl: Duration) -> Result<Vec<Lease>> {
-        let client = self.client().await?;
+    async fn renew_leases(
+        &self,
+        replica: &str,
+        held: &[(Uuid, u64)],
+        ttl: Duration,
+    ) -> Result<Vec<Lease>> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sessions: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
+        let fences: Vec<i64> = held
+            .iter()
+            .map(|(_, fence)| i64::try_from(*fence).unwrap_or(i64::MAX))
+            .collect();
+        // Only the leases listed, with their fences: one the replica stopped (its time ran out
+        // while the database was out of reach) must lapse even once renewals get through again.
         // A released lease (expired to 'epoch') stays released: its session is another
         // replica's to claim, even if this replica's renewal races the claim.
         // The rows are locked in session order, as commit groups take them (see
         // `postgres/group.rs`): in any other order a renewal and a group could each hold a lease
         // the other waits for.
-        let stmt = client
-            .prepare_cached(&format!(
-                "UPDATE leases SET expires_at = now() + $2::bigint * interval '1 microsecond' \
-                 WHERE owner_replica = $1 AND expires_at <> 'epoch' AND session_id IN \
-                     (SELECT session_id FROM leases \
-                      WHERE owner_replica = $1 AND expires_at <> 'epoch' \
-                      ORDER BY session_id FOR UPDATE) \
-                 RETURNING {}",
-                rows::LEASE_COLUMNS
-            ))
-            .await
-            .context("renewing leases")?;
-        client
-            .query(&stmt, &[&replica, &ttl_micros(ttl)])
-            .await
-            .context("renewing leases")?
+        self.reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "UPDATE leases \
+                         SET expires_at = now() + $2::bigint * interval '1 microsecond' \
+                         WHERE owner_replica = $1 AND expires_at <> 'epoch' \
+                         AND (session_id, fence) IN \
+                             (SELECT * FROM unnest($3::uuid[], $4::bigint[])) \
+                         AND session_id IN \
+                             (SELECT l.session_id FROM leases l \
+                              JOIN unnest($3::uuid[], $4::bigint[]) AS h(session_id, fence) \
+                              ON h.session_id = l.session_id AND h.fence = l.fence \
+                              WHERE l.owner_replica = $1 AND l.expires_at <> 'epoch' \
+                              ORDER BY l.session_id FOR UPDATE OF l) \
+                         RETURNING {}",
+                        rows::LEASE_COLUMNS
+                    ))
+                    .await
+                    .context("renewing leases")?;
+                client
+                    .query(&stmt, &[&replica, &ttl_micros(ttl), &sessions, &fences])
+                    .await
+                    .context("renewing leases")
+            })
+            .await?
             .iter()
             .map(rows::lease)
             .collect()
@@ -883,53 +1023,68 @@ impl Store for PostgresStore {
         let Ok(fence) = i64::try_from(fence) else {
             return Ok(false);
         };
-        let client = self.client().await?;
         // Expired, not deleted: the fence must keep growing for the session's whole life.
-        let stmt = client
-            .prepare_cached(
-                "UPDATE leases SET expires_at = 'epoch' \
-                 WHERE session_id = $1 AND owner_replica = $2 AND fence = $3",
-            )
-            .await
-            .context("releasing a lease")?;
-        let released = client
-            .execute(&stmt, &[&session_id, &replica, &fence])
-            .await
-            .context("releasing a lease")?;
+        let released = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(
+                        "UPDATE leases SET expires_at = 'epoch' \
+                         WHERE session_id = $1 AND owner_replica = $2 AND fence = $3",
+                    )
+                    .await
+                    .context("releasing a lease")?;
+                client
+                    .execute(&stmt, &[&session_id, &replica, &fence])
+                    .await
+                    .context("releasing a lease")
+            })
+            .await?;
         Ok(released > 0)
     }
 
     async fn get_lease(&self, session_id: Uuid) -> Result<Option<Lease>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&format!(
-                "SELECT {} FROM leases WHERE session_id = $1",
-                rows::LEASE_COLUMNS
-            ))
-            .await
-            .context("reading a lease")?;
-        client
-            .query_opt(&stmt, &[&session_id])
-            .await
-            .context("reading a lease")?
+        self.reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "SELECT {} FROM leases WHERE session_id = $1",
+                        rows::LEASE_COLUMNS
+                    ))
+                    .await
+                    .context("reading a lease")?;
+                client
+                    .query_opt(&stmt, &[&session_id])
+                    .await
+                    .context("reading a lease")
+            })
+            .await?
             .map(|row| rows::lease(&row))
             .transpose()
     }
 
     async fn orphaned_sessions(&self) -> Result<Vec<Uuid>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT s.id FROM sessions s LEFT JOIN leases l ON l.session_id = s.id \
-                 WHERE s.status <> $1 AND (l.session_id IS NULL OR l.expires_at <= now()) \
-                 ORDER BY s.created_at, s.id",
-            )
-            .await
-            .context("listing orphaned sessions")?;
-        Ok(client
-            .query(&stmt, &[&SessionStatus::Closed.as_str()])
-            .await
-            .context("listing orphaned sessions")?
+        Ok(self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT s.id FROM sessions s LEFT JOIN leases l ON l.session_id = s.id \
+                         WHERE s.status <> $1 \
+                         AND (l.session_id IS NULL OR l.expires_at <= now()) \
+                         ORDER BY s.created_at, s.id",
+                    )
+                    .await
+                    .context("listing orphaned sessions")?;
+                client
+                    .query(&stmt, &[&SessionStatus::Closed.as_str()])
+                    .await
+                    .context("listing orphaned sessions")
+            })
+            .await?
             .iter()
             .map(|row| row.get(0))
             .collect())
@@ -941,61 +1096,71 @@ impl Store for PostgresStore {
         bridges: &[BridgeAd],
         ttl: Duration,
     ) -> Result<()> {
-        let mut client = self.client().await?;
-        let tx = client
-            .transaction()
+        self.reader()
+            .await?
+            .read_mut(async |client: &mut Client| {
+                let tx = client
+                    .transaction()
+                    .await
+                    .context("starting a transaction")?;
+                // Expired rows of any replica go too: a replica that died leaves none behind for
+                // long.
+                tx.execute(
+                    "DELETE FROM bridges WHERE replica = $1 OR expires_at <= now()",
+                    &[&replica],
+                )
+                .await
+                .context("publishing bridges")?;
+                let insert = tx
+                    .prepare_cached(
+                        "INSERT INTO bridges (replica, bridge_id, labels, profiles, runtimes, \
+                         expires_at, principal, connected) \
+                         VALUES ($1, $2, $3, $4, $5, \
+                         now() + $6::bigint * interval '1 microsecond', $7, $8)",
+                    )
+                    .await
+                    .context("publishing bridges")?;
+                for bridge in bridges {
+                    let labels = serde_json::to_string(&bridge.labels).unwrap_or_default();
+                    let profiles = serde_json::to_string(&bridge.profiles).unwrap_or_default();
+                    let runtimes = i64::try_from(bridge.runtimes).unwrap_or(i64::MAX);
+                    tx.execute(
+                        &insert,
+                        &[
+                            &replica,
+                            &bridge.bridge_id,
+                            &labels,
+                            &profiles,
+                            &runtimes,
+                            &ttl_micros(ttl),
+                            &bridge.principal,
+                            &bridge.connected,
+                        ],
+                    )
+                    .await
+                    .context("publishing bridges")?;
+                }
+                tx.commit().await.context("publishing bridges")
+            })
             .await
-            .context("starting a transaction")?;
-        // Expired rows of any replica go too: a replica that died leaves none behind for long.
-        tx.execute(
-            "DELETE FROM bridges WHERE replica = $1 OR expires_at <= now()",
-            &[&replica],
-        )
-        .await
-        .context("publishing bridges")?;
-        let insert = tx
-            .prepare_cached(
-                "INSERT INTO bridges (replica, bridge_id, labels, profiles, runtimes, expires_at, \
-                 principal, connected) \
-                 VALUES ($1, $2, $3, $4, $5, now() + $6::bigint * interval '1 microsecond', $7, \
-                 $8)",
-            )
-            .await
-            .context("publishing bridges")?;
-        for bridge in bridges {
-            let labels = serde_json::to_string(&bridge.labels).unwrap_or_default();
-            let profiles = serde_json::to_string(&bridge.profiles).unwrap_or_default();
-            let runtimes = i64::try_from(bridge.runtimes).unwrap_or(i64::MAX);
-            tx.execute(
-                &insert,
-                &[
-                    &replica,
-                    &bridge.bridge_id,
-                    &labels,
-                    &profiles,
-                    &runtimes,
-                    &ttl_micros(ttl),
-                    &bridge.principal,
-                    &bridge.connected,
-                ],
-            )
-            .await
-            .context("publishing bridges")?;
-        }
-        tx.commit().await.context("publishing bridges")
     }
 
     async fn bridge_ads(&self) -> Result<Vec<BridgeAd>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT replica, bridge_id, labels, profiles, runtimes, principal, connected \
-                 FROM bridges \
-                 WHERE expires_at > now() ORDER BY replica, bridge_id",
-            )
-            .await
-            .context("reading bridges")?;
-        let rows = client.query(&stmt, &[]).await.context("reading bridges")?;
+        let rows = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT replica, bridge_id, labels, profiles, runtimes, principal, \
+                         connected FROM bridges \
+                         WHERE expires_at > now() ORDER BY replica, bridge_id",
+                    )
+                    .await
+                    .context("reading bridges")?;
+                client.query(&stmt, &[]).await.context("reading bridges")
+            })
+            .await?;
         Ok(rows
             .iter()
             .map(|row| {
@@ -1016,11 +1181,15 @@ impl Store for PostgresStore {
     }
 
     async fn check(&self) -> Result<()> {
-        let client = self.client().await?;
-        client
-            .simple_query("SELECT 1")
-            .await
-            .context("checking the database")?;
+        self.reader()
+            .await?
+            .read(async |client| {
+                client
+                    .simple_query("SELECT 1")
+                    .await
+                    .context("checking the database")
+            })
+            .await?;
         Ok(())
     }
 

@@ -1,16 +1,13 @@
 //! Remote runtimes with real processes: the harness in this process, one or two
-//! `agent-harness bridge` processes dialling it on loopback (some through a TCP proxy of this
-//! test that can cut the connection), and agents the bridges start. Also a hostile bridge
+//! `agent-harness bridge` processes dialling it on loopback (some through the test kit's fault
+//! proxy, which can cut the connection), and agents the bridges start. Also a hostile bridge
 //! speaking the wire protocol directly.
 
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
     process::Stdio,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::atomic::{AtomicUsize, Ordering},
     time::Duration,
 };
 
@@ -26,10 +23,8 @@ use agent_harness_testkit::service_bin;
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::{
-    net::{TcpListener, TcpStream},
     process::{Child, Command},
     sync::mpsc,
-    task::JoinHandle,
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, transport::Channel};
@@ -37,6 +32,7 @@ use tonic::{Code, Request, transport::Channel};
 use crate::{
     auth::{Bearer, TokensFile, with_tokens},
     harness::{Harness, assert_error, error_reason, expect_err, within},
+    proxy::FaultProxy,
     support::{Session, create_request, mock_profile_with, number_id, permission_answer},
 };
 
@@ -157,59 +153,6 @@ impl Bridge {
 
     pub(crate) async fn kill(&mut self) {
         let _ = self.child.kill().await;
-    }
-}
-
-/// A TCP proxy in front of the harness that can cut every connection through it at once.
-struct Proxy {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    links: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    _accept: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let accept = tokio::spawn({
-            let accepted = accepted.clone();
-            let links = links.clone();
-            async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
-                    accepted.fetch_add(1, Ordering::SeqCst);
-                    let link = tokio::spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(target).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        }
-                    });
-                    links.lock().unwrap().push(link);
-                }
-            }
-        });
-        Self {
-            addr,
-            accepted,
-            links,
-            _accept: accept,
-        }
-    }
-
-    /// Drops every connection through the proxy (both sockets close).
-    fn cut(&self) {
-        for link in self.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-        self._accept.abort();
     }
 }
 
@@ -458,9 +401,9 @@ async fn a_connection_cut_mid_turn_is_redialled_and_the_turn_completes_with_ever
             )
         })
         .await;
-        let proxy = Proxy::start(h.addr()).await;
+        let proxy = FaultProxy::start(h.addr()).await;
         let _bridge = Bridge::start(
-            &url(proxy.addr),
+            &url(proxy.addr()),
             "b1",
             &[],
             &mock_bridge_profile("mock"),
@@ -472,7 +415,7 @@ async fn a_connection_cut_mid_turn_is_redialled_and_the_turn_completes_with_ever
             .prompt("before and after\n@chunks 20 30\n@permission\n@chunks 2000 31")
             .await;
         let request = watch.agent_request("session/request_permission").await;
-        proxy.cut();
+        proxy.close_connections();
         // The answer goes out while the stream is down; it is held and resent after the redial.
         let id = request["id"]
             .as_i64()
@@ -490,15 +433,12 @@ async fn a_connection_cut_mid_turn_is_redialled_and_the_turn_completes_with_ever
                     .is_some_and(|t| t.len() == 31 && t.starts_with("#10:"))
             })
             .await;
-        proxy.cut();
+        proxy.close_connections();
         assert_eq!(
             watch.response_to(&turn.action_id).await["result"]["stopReason"],
             "end_turn"
         );
-        assert!(
-            proxy.accepted.load(Ordering::SeqCst) >= 3,
-            "the bridge redialled twice"
-        );
+        assert!(proxy.accepted() >= 3, "the bridge redialled twice");
 
         let log = session.log().await;
         let offsets: Vec<u64> = log.iter().map(|e| e.offset).collect();

@@ -6,12 +6,7 @@
 //! Needs `AGENT_HARNESS_TEST_DATABASE_URL` like the other PostgreSQL tests (skipped without it,
 //! except under `CI=true`); each test works in a schema of its own and drops it at the end.
 
-use std::{
-    net::SocketAddr,
-    path::Path,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use agent_harness::pb::v1::{self as pb, agent_session_service_client::AgentSessionServiceClient};
 use serde_json::Value;
@@ -23,12 +18,9 @@ use crate::{
     harness::{assert_error, expect_err, within},
     postgres::{test_schema, url_in_schema},
     process::{Serve, ServeProcess},
+    proxy::FaultProxy,
     replica_ownership::{LEASE_TTL, drop_schema},
     support::{Session, Watch, number_id, permission_answer, processes_with, prompt},
-};
-use tokio::{
-    net::{TcpListener, TcpStream},
-    task::JoinHandle,
 };
 
 const TEST_BOUND: Duration = Duration::from_secs(90);
@@ -75,63 +67,6 @@ fn create_request(profile: &str, cwd: &Path) -> pb::CreateSessionRequest {
         profile: profile.into(),
         cwd: cwd.to_string_lossy().into_owned(),
         ..Default::default()
-    }
-}
-
-/// A TCP proxy standing for the Service in front of the replicas: it sends new connections to
-/// its current target, and can cut every connection through it and point elsewhere.
-struct Proxy {
-    addr: SocketAddr,
-    target: Arc<Mutex<SocketAddr>>,
-    links: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    accept: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        let target = Arc::new(Mutex::new(target));
-        let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let accept = tokio::spawn({
-            let target = target.clone();
-            let links = links.clone();
-            async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
-                    let to = *target.lock().unwrap();
-                    let link = tokio::spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(to).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        }
-                    });
-                    links.lock().unwrap().push(link);
-                }
-            }
-        });
-        Self {
-            addr,
-            target,
-            links,
-            accept,
-        }
-    }
-
-    /// Drops every connection through the proxy; new ones go to `target`.
-    fn cut_and_point_to(&self, target: SocketAddr) {
-        *self.target.lock().unwrap() = target;
-        for link in self.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        for link in self.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-        self.accept.abort();
     }
 }
 
@@ -364,9 +299,9 @@ async fn a_bridge_redialing_another_replica_finishes_the_turn_in_flight_without_
     let mut b = replica(dir.path(), "b", &database_url);
     let mut c = replica(dir.path(), "c", &database_url);
     within(TEST_BOUND, async {
-        let proxy = Proxy::start(b.addr()).await;
+        let proxy = FaultProxy::start(b.addr()).await;
         let _bridge = Bridge::start(
-            &format!("http://{}", proxy.addr),
+            &format!("http://{}", proxy.addr()),
             "b1",
             &[("pool", "far")],
             &mock_bridge_profile("mock"),
@@ -381,7 +316,8 @@ async fn a_bridge_redialing_another_replica_finishes_the_turn_in_flight_without_
         let request = watch.agent_request("session/request_permission").await;
         let fence_on_b = lease_fence(&url, &schema, &session.id).await;
         // The Service now sends the bridge to c.
-        proxy.cut_and_point_to(c.addr());
+        proxy.point_to(c.addr());
+        proxy.close_connections();
         let relayed = c
             .next_logged(
                 "bridge redialled here: relaying its runtimes to the replica owning their sessions",
@@ -487,9 +423,9 @@ async fn when_the_owner_dies_mid_turn_while_its_runtime_is_relayed_the_agent_is_
             "[profiles.mock]\ncommand = {:?}\nargs = [\"mock-agent\", \"--resume\", \"--stderr-at-start\", {marker:?}]\n",
             env!("CARGO_BIN_EXE_agent-harness")
         );
-        let proxy = Proxy::start(b.addr()).await;
+        let proxy = FaultProxy::start(b.addr()).await;
         let _bridge = Bridge::start(
-            &format!("http://{}", proxy.addr),
+            &format!("http://{}", proxy.addr()),
             "b1",
             &[("pool", "far")],
             &profile,
@@ -501,7 +437,8 @@ async fn when_the_owner_dies_mid_turn_while_its_runtime_is_relayed_the_agent_is_
         // A turn in flight (held on a permission request) keeps b from handing the session over.
         session.prompt("one\n@permission").await;
         watch.agent_request("session/request_permission").await;
-        proxy.cut_and_point_to(c.addr());
+        proxy.point_to(c.addr());
+        proxy.close_connections();
         c.next_logged(
             "bridge redialled here: relaying its runtimes to the replica owning their sessions",
         )
@@ -608,9 +545,9 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
     let mut b = start("b");
     let mut c = start("c");
     within(TEST_BOUND, async {
-        let proxy = Proxy::start(b.addr()).await;
+        let proxy = FaultProxy::start(b.addr()).await;
         let _bridge = Bridge::start(
-            &format!("http://{}", proxy.addr),
+            &format!("http://{}", proxy.addr()),
             "b1",
             &[("pool", "far")],
             &mock_bridge_profile("mock"),
@@ -656,7 +593,8 @@ async fn with_tokens_a_bridge_redialing_another_replica_is_relayed_as_itself_and
             .expect("the mock numbers its requests");
 
         // The Service sends the bridge to c, which relays it to b as the bridge itself.
-        proxy.cut_and_point_to(c.addr());
+        proxy.point_to(c.addr());
+        proxy.close_connections();
         c.next_logged(
             "bridge redialled here: relaying its runtimes to the replica owning their sessions",
         )
@@ -762,9 +700,9 @@ async fn an_impostors_hello_through_another_replica_is_refused_and_the_victims_t
     let b = start("b");
     let c = start("c");
     within(TEST_BOUND, async {
-        let proxy = Proxy::start(b.addr()).await;
+        let proxy = FaultProxy::start(b.addr()).await;
         let _bridge = Bridge::start(
-            &format!("http://{}", proxy.addr),
+            &format!("http://{}", proxy.addr()),
             "b1",
             &[("pool", "far")],
             &mock_bridge_profile("mock"),
@@ -830,10 +768,11 @@ async fn an_impostors_hello_through_another_replica_is_refused_and_the_victims_t
 
         // Ada's bridge loses its stream (its redials go nowhere for now): b waits for it and
         // publishes it as held, not connected. Mallory cannot take the id on c meanwhile.
-        let nowhere = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let nowhere = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let nowhere_addr = nowhere.local_addr().unwrap();
         drop(nowhere);
-        proxy.cut_and_point_to(nowhere_addr);
+        proxy.point_to(nowhere_addr);
+        proxy.close_connections();
         published_held(&url, &schema, "b1").await;
         let squat = pb::BridgeHello {
             running: Vec::new(),
@@ -859,7 +798,8 @@ async fn an_impostors_hello_through_another_replica_is_refused_and_the_victims_t
         }
 
         // Ada's bridge comes back to b; her turn completes there, as if nothing happened.
-        proxy.cut_and_point_to(b.addr());
+        proxy.point_to(b.addr());
+        proxy.close_connections();
         let id_number = request["id"]
             .as_i64()
             .expect("the mock numbers its requests");

@@ -4,7 +4,7 @@
 
 // The shared harness and session helpers live in the test kit (`crates/testkit`); imported here
 // so the modules below reach them as `crate::harness` and `crate::support`.
-use agent_harness_testkit::{harness, process, support};
+use agent_harness_testkit::{harness, process, proxy, support};
 
 mod auth;
 mod bridge;
@@ -38,6 +38,7 @@ mod replica_tls;
 mod replicas;
 mod resume;
 mod scale;
+mod self_fencing;
 mod services;
 mod sessions;
 mod signals;

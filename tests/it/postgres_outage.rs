@@ -2,19 +2,10 @@
 //! (STORE_UNAVAILABLE) and nothing refused is stored; readiness is NOT_SERVING while the
 //! database cannot be reached and SERVING again once it can.
 //!
-//! The server reaches the test database through a TCP proxy written here, which the test cuts
-//! (every connection dropped, new ones closed at once) and restores. The shared database server
-//! itself is never touched.
+//! The server reaches the test database through the test kit's fault proxy, which the test
+//! resets (every connection dropped, new ones closed at once) and restores. The shared database
+//! server itself is never touched.
 
-use std::sync::{
-    Arc, Mutex,
-    atomic::{AtomicBool, Ordering},
-};
-
-use tokio::{
-    net::{TcpListener, TcpStream},
-    task::JoinHandle,
-};
 use tonic::Code;
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
 use tonic_types::StatusExt;
@@ -22,75 +13,12 @@ use tonic_types::StatusExt;
 use crate::{
     harness::{Harness, SESSIONS_SERVICE, assert_error, bounded},
     postgres::{execute, test_schema, url_in_schema},
+    proxy::FaultProxy,
     support::{Session, prompt},
 };
 
-/// A TCP proxy to the database that can be cut and restored.
-struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    links: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    acceptor: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let acceptor = tokio::spawn({
-            let (cut, links) = (cut.clone(), links.clone());
-            async move {
-                loop {
-                    let Ok((mut client, _)) = listener.accept().await else {
-                        return;
-                    };
-                    if cut.load(Ordering::SeqCst) {
-                        // Closed at once: the database is "unreachable".
-                        drop(client);
-                        continue;
-                    }
-                    let upstream = upstream.clone();
-                    let link = tokio::spawn(async move {
-                        if let Ok(mut server) = TcpStream::connect(&upstream).await {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        }
-                    });
-                    links.lock().unwrap().push(link);
-                }
-            }
-        });
-        Self {
-            port,
-            cut,
-            links,
-            acceptor,
-        }
-    }
-
-    /// Drops every open connection and closes new ones at once.
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        for link in self.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.acceptor.abort();
-        self.cut();
-    }
-}
-
 /// The test database's URL with its host and port replaced by the proxy's.
-fn through(url: &str, port: u16) -> (String, String) {
+pub(crate) fn through(url: &str, port: u16) -> (String, String) {
     let config: tokio_postgres::Config = url.parse().expect("the test URL parses");
     let host = match &config.get_hosts()[0] {
         tokio_postgres::config::Host::Tcp(host) => host.clone(),
@@ -132,12 +60,25 @@ async fn readiness_becomes(h: &Harness, wanted: ServingStatus) {
 async fn serving_through_a_proxy(
     url: &str,
     schema: &str,
-) -> (Proxy, Harness, Session, tempfile::TempDir) {
+) -> (FaultProxy, Harness, Session, tempfile::TempDir) {
+    serving_through_a_proxy_with(url, schema, |_| {}).await
+}
+
+/// [`serving_through_a_proxy`] with the server's configuration edited.
+async fn serving_through_a_proxy_with(
+    url: &str,
+    schema: &str,
+    edit: impl FnOnce(&mut agent_harness::config::ServeConfig),
+) -> (FaultProxy, Harness, Session, tempfile::TempDir) {
     let (_, upstream) = through(url, 0);
-    let proxy = Proxy::start(upstream).await;
-    let (proxied_url, _) = through(url, proxy.port);
+    let proxy = FaultProxy::start(upstream).await;
+    let (proxied_url, _) = through(url, proxy.port());
     let database_url = url_in_schema(&proxied_url, schema);
-    let h = Harness::start_with(|c| c.database_url = Some(database_url.into())).await;
+    let h = Harness::start_with(|c| {
+        c.database_url = Some(database_url.into());
+        edit(c);
+    })
+    .await;
     let cwd = tempfile::TempDir::new().unwrap();
     let mut request = crate::support::create_request(&h, "mock");
     request.cwd = cwd.path().to_string_lossy().into_owned();
@@ -157,7 +98,7 @@ async fn a_prompt_sent_while_the_database_is_unreachable_is_refused_as_unavailab
     bounded(async {
         let (proxy, h, mut session, _cwd) = serving_through_a_proxy(&url, &schema).await;
 
-        proxy.cut();
+        proxy.reset();
         let refused = session
             .act(prompt("sent during the outage"))
             .await
@@ -196,7 +137,7 @@ async fn readiness_is_not_serving_while_the_database_is_unreachable_and_serving_
     bounded(async {
         let (proxy, h, _session, _cwd) = serving_through_a_proxy(&url, &schema).await;
         readiness_becomes(&h, ServingStatus::Serving).await;
-        proxy.cut();
+        proxy.reset();
         readiness_becomes(&h, ServingStatus::NotServing).await;
         // Liveness is not readiness: the process itself stays SERVING.
         let liveness = h
@@ -210,6 +151,49 @@ async fn readiness_is_not_serving_while_the_database_is_unreachable_and_serving_
         assert_eq!(liveness.status(), ServingStatus::Serving);
         proxy.restore();
         readiness_becomes(&h, ServingStatus::Serving).await;
+        h.shutdown().await;
+    })
+    .await;
+    execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}
+
+/// Every store call has a deadline: with the database's packets dropped and its connections
+/// left open (a partition, not a refusal), a write is refused as UNAVAILABLE once the statement
+/// timeout and a short grace have passed, instead of waiting for an answer that never comes.
+#[tokio::test]
+async fn a_prompt_sent_while_the_database_is_black_holed_is_refused_as_unavailable_not_left_hanging()
+ {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    bounded(async {
+        let (proxy, h, mut session, _cwd) = serving_through_a_proxy_with(&url, &schema, |c| {
+            c.statement_timeout = std::time::Duration::from_secs(1);
+            // Long enough that the session is not stopped by the self-fencing clock meanwhile.
+            c.lease_ttl = std::time::Duration::from_secs(120);
+        })
+        .await;
+
+        proxy.black_hole();
+        let refused = session
+            .act(prompt("sent into the black hole"))
+            .await
+            .expect_err("a prompt the database never answers is refused");
+        assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+        readiness_becomes(&h, ServingStatus::NotServing).await;
+
+        proxy.restore();
+        readiness_becomes(&h, ServingStatus::Serving).await;
+        let log = session.log().await;
+        assert!(
+            log.iter()
+                .all(|entry| !entry.json.contains("sent into the black hole")),
+            "the refused prompt is not in the log"
+        );
+        assert!(session.queue().await.is_empty(), "nor in the queue");
+        let mut watch = session.watch().await;
+        let reply = session.prompt("after the black hole").await;
+        watch.response_to(&reply.action_id).await;
         h.shutdown().await;
     })
     .await;

@@ -7,6 +7,8 @@
 //!   session's own stream (never on the clock);
 //! - [`process`]: a real `agent-harness serve` child process (kill -9, SIGSTOP, restart), for
 //!   the tests that need the binary itself;
+//! - [`proxy`]: a TCP proxy that black-holes, resets or delays connections, for the tests of
+//!   network faults;
 //! - [`fuzzing`]: the invariants of the code that reads hostile runtime output, driven by the
 //!   property tests and by `cargo fuzz`;
 //! - [`within`] / [`bounded`]: the one timeout every test body runs under, so a hang fails the
@@ -15,6 +17,7 @@
 pub mod fuzzing;
 pub mod harness;
 pub mod process;
+pub mod proxy;
 pub mod support;
 
 use std::{future::Future, path::PathBuf, time::Duration};

@@ -474,7 +474,32 @@ impl Actor {
         }
         let session_changed = batch.session.is_some();
         batch.fence = self.shared.fence;
-        let committed = self.ctx.store.commit(self.record.id, batch).await;
+        // A lease lost (its time ran out here while the database did not answer) ends the wait
+        // for a commit, and no commit starts after it: the runtime stops now, not when a
+        // database that may never answer does. A commit abandoned may still land, but only while
+        // the lease is still this replica's.
+        let session_id = self.record.id;
+        let gone = move || {
+            crate::domain::Error::internal(format!(
+                "session {session_id}: this replica no longer holds the session"
+            ))
+        };
+        if self.shared.is_lost() {
+            self.stop_lost("lease lost");
+            return Err(gone());
+        }
+        let mut lost = self.shared.lost.subscribe();
+        let committed = tokio::select! {
+            biased;
+            committed = self.ctx.store.commit(self.record.id, batch) => committed,
+            // The guard `wait_for` returns is dropped at once: marking the session lost needs
+            // the lock it holds.
+            _ = async { drop(lost.wait_for(|lost| *lost).await) } => {
+                let error = gone();
+                self.stop_lost("lease lost while a write was in flight");
+                return Err(error);
+            }
+        };
         if let Err(error) = committed {
             let error = match error {
                 fenced @ CommitError::Fenced { .. } => {

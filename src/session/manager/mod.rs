@@ -51,6 +51,8 @@ pub(crate) struct Sessions {
     released: std::sync::atomic::AtomicBool,
     /// At most one claim-and-reopen per session at a time.
     flights: flight::Flights,
+    /// The leases held here and until when their sessions may run (see `owners`).
+    clock: owners::LeaseClock,
 }
 
 /// Where a call about a session runs, decided before the call is dispatched.
@@ -78,6 +80,7 @@ impl Sessions {
             admission: tokio::sync::Mutex::new(()),
             released: std::sync::atomic::AtomicBool::new(false),
             flights: flight::Flights::default(),
+            clock: owners::LeaseClock::default(),
         };
         // With other replicas on the database, a session is resumed by whoever claims it: the
         // failover task (queued work, a turn in flight) or its next call (see `owners`).

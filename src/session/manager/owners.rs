@@ -3,18 +3,167 @@
 //! every held lease well within the TTL, claiming orphaned sessions with work left (failover),
 //! and releasing on drain. With one replica (SQLite) every claim is granted and nothing is
 //! fenced.
+//!
+//! **Self-fencing by the clock.** The database fences a replica's writes, but only the replica
+//! can stop its own runtimes. So each lease held here has a deadline on this replica's monotonic
+//! clock: the moment the request that granted or last renewed it was *sent*, plus the TTL, less
+//! [`SELF_FENCE_MARGIN_PERCENT`] of it. The database set the lease's expiry at least a TTL after
+//! that request arrived, so a replica that stops a session at its deadline has stopped it before
+//! any other replica may claim it — whether or not the database ever answers. A renewal is one
+//! statement for every lease held here, bounded by the deadline it could extend; renewals do not
+//! wait for one another, so one stuck connection does not stop the next attempt.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
-use tokio::task::JoinHandle;
+use tokio::{
+    task::{JoinHandle, JoinSet},
+    time::Instant,
+};
 use uuid::Uuid;
 
 use super::Sessions;
 use crate::{
-    domain::{Error, Result, session::SessionStatus},
+    domain::{Error, ErrorCode, Result, session::SessionStatus},
     session::{ReplicaOptions, SessionHandle},
-    store::LeaseClaim,
+    store::{Lease, LeaseClaim, Store},
 };
+
+/// The share of the lease TTL a replica keeps in hand: it stops a session whose lease it could
+/// not renew `lease_ttl` less this much after it sent the last renewal (7 s of the default
+/// 10 s). The margin covers stopping the runtime (a `SIGKILL` to its process group), a timer
+/// that fires late on a loaded machine, and clocks that run at slightly different rates; it
+/// must be at least 20 %.
+pub(crate) const SELF_FENCE_MARGIN_PERCENT: u32 = 30;
+
+/// How long after sending the request that granted or renewed a lease this replica may still
+/// run its session: the TTL less the margin.
+pub(crate) fn self_fence_after(ttl: Duration) -> Duration {
+    ttl - ttl * SELF_FENCE_MARGIN_PERCENT / 100
+}
+
+/// Renewals in flight at once at most: one per renewal period, each bounded by the deadline it
+/// could extend, so about two at a time when the database does not answer.
+const RENEWALS_IN_FLIGHT: usize = 4;
+
+/// The leases this replica holds and until when, on its monotonic clock, it may run their
+/// sessions.
+#[derive(Default)]
+pub(crate) struct LeaseClock {
+    held: Mutex<HashMap<Uuid, HeldLease>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HeldLease {
+    fence: u64,
+    until: Instant,
+}
+
+impl LeaseClock {
+    /// A lease granted by a claim: held until `until`.
+    fn granted(&self, session_id: Uuid, fence: u64, until: Instant) {
+        let mut held = self.held.lock().expect("not poisoned");
+        let lease = held.entry(session_id).or_insert(HeldLease { fence, until });
+        if lease.fence != fence {
+            *lease = HeldLease { fence, until };
+        }
+        lease.until = lease.until.max(until);
+    }
+
+    /// A lease renewed: held until `until`, unless it is no longer held here (its time ran out
+    /// meanwhile, and its session stopped: it stays stopped).
+    fn renewed(&self, session_id: Uuid, fence: u64, until: Instant) {
+        let mut held = self.held.lock().expect("not poisoned");
+        if let Some(lease) = held.get_mut(&session_id)
+            && lease.fence == fence
+        {
+            lease.until = lease.until.max(until);
+        }
+    }
+
+    fn forget(&self, session_id: Uuid, fence: u64) {
+        let mut held = self.held.lock().expect("not poisoned");
+        if held.get(&session_id).is_some_and(|l| l.fence == fence) {
+            held.remove(&session_id);
+        }
+    }
+
+    fn holds(&self, session_id: Uuid, fence: u64) -> bool {
+        self.held
+            .lock()
+            .expect("not poisoned")
+            .get(&session_id)
+            .is_some_and(|l| l.fence == fence)
+    }
+
+    /// Every lease held, as `(session, fence)`.
+    fn snapshot(&self) -> Vec<(Uuid, u64)> {
+        let held = self.held.lock().expect("not poisoned");
+        held.iter().map(|(id, l)| (*id, l.fence)).collect()
+    }
+
+    /// The first deadline to come.
+    fn earliest(&self) -> Option<Instant> {
+        let held = self.held.lock().expect("not poisoned");
+        held.values().map(|l| l.until).min()
+    }
+
+    /// Drops the leases whose time is up at `now`; which they were.
+    fn take_overdue(&self, now: Instant) -> Vec<(Uuid, u64)> {
+        let mut held = self.held.lock().expect("not poisoned");
+        let overdue: Vec<(Uuid, u64)> = held
+            .iter()
+            .filter(|(_, l)| l.until <= now)
+            .map(|(id, l)| (*id, l.fence))
+            .collect();
+        for (id, _) in &overdue {
+            held.remove(id);
+        }
+        overdue
+    }
+}
+
+/// The outcome of one renewal attempt: what it listed, and the leases renewed (`None`: no
+/// answer in time).
+struct Renewal {
+    listed: Vec<(Uuid, u64)>,
+    renewed: Option<Vec<Lease>>,
+    until: Instant,
+}
+
+/// Renews `listed`, bounded by the deadline a renewal sent now would give them: an answer later
+/// than that would extend nothing.
+async fn renew_once(
+    store: Arc<dyn Store>,
+    replica: String,
+    listed: Vec<(Uuid, u64)>,
+    ttl: Duration,
+) -> Renewal {
+    let until = Instant::now() + self_fence_after(ttl);
+    let renewed =
+        match tokio::time::timeout_at(until, store.renew_leases(&replica, &listed, ttl)).await {
+            Ok(Ok(leases)) => Some(leases),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "could not renew leases");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    leases = listed.len(),
+                    "the database did not answer a lease renewal in time"
+                );
+                None
+            }
+        };
+    Renewal {
+        listed,
+        renewed,
+        until,
+    }
+}
 
 /// Where a call for a session must run.
 pub(crate) enum Claim {
@@ -42,6 +191,7 @@ impl Sessions {
             });
         }
         let before = self.ctx.store.get_lease(session_id).await?;
+        let sent = Instant::now();
         match self
             .ctx
             .store
@@ -49,6 +199,19 @@ impl Sessions {
             .await?
         {
             LeaseClaim::Granted(lease) => {
+                let until = sent + self_fence_after(replica.lease_ttl);
+                if Instant::now() >= until {
+                    // Granted, but answered so late that the session would have to stop at
+                    // once: leave the lease to lapse.
+                    return Err(Error::new(
+                        ErrorCode::StoreUnavailable,
+                        format!(
+                            "session {session_id}: the database answered the claim of its lease \
+                             too late to run it here"
+                        ),
+                    ));
+                }
+                self.clock.granted(session_id, lease.fence, until);
                 // A takeover: the lease was someone else's (or ours before a fenced write).
                 let taken_over = before.is_some_and(|b| b.fence != lease.fence);
                 if taken_over {
@@ -125,8 +288,9 @@ impl Sessions {
         }
     }
 
-    /// Starts the tasks that keep this replica's leases (renewal) and take over the sessions of
-    /// replicas that died (failover). None with one replica.
+    /// Starts the tasks that keep this replica's leases (renewal, and stopping the sessions whose
+    /// leases ran out of time) and take over the sessions of replicas that died (failover). None
+    /// with one replica.
     pub(crate) fn spawn_ownership(self: &Arc<Self>) -> Vec<JoinHandle<()>> {
         if !self.replica().shared_store {
             return Vec::new();
@@ -134,22 +298,48 @@ impl Sessions {
         let ttl = self.replica().lease_ttl;
         let renew = {
             let sessions = Arc::downgrade(self);
+            let store = self.ctx.store.clone();
+            let replica = self.replica().id.clone();
             tokio::spawn(async move {
                 // Three renewals per TTL: one lost round trip still leaves time for the next.
                 let mut tick = tokio::time::interval(ttl / 3);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut last_renewed = tokio::time::Instant::now();
+                let mut renewals = JoinSet::new();
                 loop {
-                    tick.tick().await;
+                    let Some(earliest) = sessions.upgrade().map(|s| s.clock.earliest()) else {
+                        return;
+                    };
+                    let deadline = async {
+                        match earliest {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let Some(sessions) = sessions.upgrade() else {
+                                return;
+                            };
+                            let listed = sessions.clock.snapshot();
+                            if !listed.is_empty()
+                                && !sessions.released.load(std::sync::atomic::Ordering::SeqCst)
+                                && renewals.len() < RENEWALS_IN_FLIGHT
+                            {
+                                renewals.spawn(renew_once(store.clone(), replica.clone(), listed, ttl));
+                            }
+                        }
+                        Some(Ok(renewal)) = renewals.join_next() => {
+                            let Some(sessions) = sessions.upgrade() else {
+                                return;
+                            };
+                            sessions.renewed(renewal);
+                        }
+                        () = deadline => {}
+                    }
                     let Some(sessions) = sessions.upgrade() else {
                         return;
                     };
-                    if sessions.renew().await {
-                        last_renewed = tokio::time::Instant::now();
-                    } else if last_renewed.elapsed() >= ttl {
-                        // Unrenewed past the TTL, another replica may hold any of them now.
-                        sessions.lose_all("leases not renewed within the TTL");
-                    }
+                    sessions.stop_overdue();
                 }
             })
         };
@@ -176,55 +366,68 @@ impl Sessions {
         vec![renew, failover, self.spawn_bridge_publisher()]
     }
 
-    /// Renews every lease held here; a session whose lease another replica took stops. Whether
-    /// the renewal reached the database.
-    async fn renew(&self) -> bool {
-        if self.released.load(std::sync::atomic::Ordering::SeqCst) {
-            return true;
-        }
-        let replica = self.replica();
-        let renewed = match self
-            .ctx
-            .store
-            .renew_leases(&replica.id, replica.lease_ttl)
-            .await
-        {
-            Ok(leases) => leases,
-            Err(error) => {
-                tracing::warn!(%error, "could not renew leases");
-                return false;
-            }
+    /// Applies a renewal's answer: the leases renewed are held longer; a lease listed but not
+    /// renewed was taken by another replica (or released), so its session stops.
+    fn renewed(&self, renewal: Renewal) {
+        let Some(renewed) = renewal.renewed else {
+            return;
         };
-        let held: HashSet<(Uuid, u64)> = renewed.iter().map(|l| (l.session_id, l.fence)).collect();
+        let kept: HashSet<(Uuid, u64)> = renewed.iter().map(|l| (l.session_id, l.fence)).collect();
+        for &(session_id, fence) in &kept {
+            self.clock.renewed(session_id, fence, renewal.until);
+        }
+        for (session_id, fence) in renewal.listed {
+            if kept.contains(&(session_id, fence)) || !self.clock.holds(session_id, fence) {
+                continue;
+            }
+            self.clock.forget(session_id, fence);
+            if let Some(handle) = self.fenced_handle(session_id, fence) {
+                self.lose(&handle, "lease taken by another replica");
+            }
+        }
+    }
+
+    /// Stops every session whose lease's time is up here: it was not renewed within the TTL less
+    /// the margin, so another replica may soon claim it. Its actor stops its runtime and never
+    /// writes again.
+    fn stop_overdue(&self) {
+        let overdue = self.clock.take_overdue(Instant::now());
         for handle in self.all() {
             let Some(fence) = handle.shared.fence else {
                 continue;
             };
-            if held.contains(&(handle.shared.id, fence)) || handle.shared.is_lost() {
+            if handle.shared.is_lost() {
                 continue;
             }
-            // Not renewed: claimed after the renewal began, or lost. Ask the lease itself.
-            match self.ctx.store.get_lease(handle.shared.id).await {
-                Ok(Some(lease)) if lease.owner_replica == replica.id && lease.fence == fence => {}
-                Ok(_) => self.lose(&handle, "lease taken by another replica"),
-                Err(error) => tracing::warn!(%error, "could not read a lease"),
+            let id = handle.shared.id;
+            if overdue.contains(&(id, fence)) || !self.clock.holds(id, fence) {
+                let ttl = self.replica().lease_ttl;
+                tracing::warn!(
+                    session = %id,
+                    fence,
+                    lease_ttl = ?ttl,
+                    stop_after = ?self_fence_after(ttl),
+                    "lease not renewed in time; stopping the session"
+                );
+                handle.shared.mark_lost();
+                self.forget_lost(&handle);
             }
         }
-        true
+    }
+
+    /// The live handle of a session held here with `fence`.
+    fn fenced_handle(&self, session_id: Uuid, fence: u64) -> Option<SessionHandle> {
+        self.held(session_id)
+            .filter(|handle| handle.shared.fence == Some(fence))
     }
 
     fn lose(&self, handle: &SessionHandle, why: &str) {
         tracing::warn!(session = %handle.shared.id, why, "lost a session's lease");
+        if let Some(fence) = handle.shared.fence {
+            self.clock.forget(handle.shared.id, fence);
+        }
         handle.shared.mark_lost();
         self.forget_lost(handle);
-    }
-
-    fn lose_all(&self, why: &str) {
-        for handle in self.all() {
-            if handle.shared.fence.is_some() && !handle.shared.is_lost() {
-                self.lose(&handle, why);
-            }
-        }
     }
 
     /// Failover: claims every session no live replica holds that has queued work or a
@@ -279,6 +482,7 @@ impl Sessions {
         };
         handle.shared.mark_lost();
         self.forget_lost(handle);
+        self.clock.forget(handle.shared.id, fence);
         let replica = &self.replica().id;
         if let Err(error) = self
             .ctx
@@ -304,6 +508,7 @@ impl Sessions {
                 continue;
             };
             handle.shared.mark_lost();
+            self.clock.forget(handle.shared.id, fence);
             if let Err(error) = self
                 .ctx
                 .store
@@ -313,5 +518,66 @@ impl Sessions {
                 tracing::warn!(session = %handle.shared.id, %error, "could not release a lease");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_self_fencing_margin_is_at_least_a_fifth_of_the_ttl() {
+        for ttl in [500, 2_000, 10_000, 600_000].map(Duration::from_millis) {
+            let margin = ttl - self_fence_after(ttl);
+            assert!(margin >= ttl / 5, "{ttl:?}: {margin:?}");
+            assert!(
+                self_fence_after(ttl) > ttl / 3,
+                "renewals every ttl/3 still fit"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lease_runs_out_at_its_own_deadline_and_stays_out_once_taken_overdue() {
+        let clock = LeaseClock::default();
+        let now = Instant::now();
+        let (early, late) = (Uuid::now_v7(), Uuid::now_v7());
+        clock.granted(early, 1, now + Duration::from_secs(1));
+        // Claimed after the other's last renewal: its own, later deadline.
+        clock.granted(late, 4, now + Duration::from_secs(2));
+        assert_eq!(clock.earliest(), Some(now + Duration::from_secs(1)));
+        assert!(clock.take_overdue(now).is_empty());
+        assert_eq!(
+            clock.take_overdue(now + Duration::from_secs(1)),
+            [(early, 1)]
+        );
+        assert!(!clock.holds(early, 1) && clock.holds(late, 4));
+        // A renewal answered after the session stopped brings nothing back.
+        clock.renewed(early, 1, now + Duration::from_secs(5));
+        assert!(!clock.holds(early, 1));
+        clock.renewed(late, 4, now + Duration::from_secs(5));
+        assert_eq!(clock.earliest(), Some(now + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_renewal_never_shortens_a_lease_and_only_its_own_fence_counts() {
+        let clock = LeaseClock::default();
+        let now = Instant::now();
+        let id = Uuid::now_v7();
+        clock.granted(id, 2, now + Duration::from_secs(3));
+        // An older renewal answering late.
+        clock.renewed(id, 2, now + Duration::from_secs(1));
+        assert_eq!(clock.earliest(), Some(now + Duration::from_secs(3)));
+        // A renewal of a fence no longer held.
+        clock.renewed(id, 1, now + Duration::from_secs(9));
+        assert_eq!(clock.earliest(), Some(now + Duration::from_secs(3)));
+        // Claimed again with a new fence: the new lease's deadline alone.
+        clock.granted(id, 3, now + Duration::from_secs(2));
+        assert_eq!(clock.snapshot(), [(id, 3)]);
+        assert_eq!(clock.earliest(), Some(now + Duration::from_secs(2)));
+        clock.forget(id, 2);
+        assert!(clock.holds(id, 3), "forgetting another fence leaves it");
+        clock.forget(id, 3);
+        assert!(clock.snapshot().is_empty());
     }
 }

@@ -22,7 +22,7 @@
 //! session-id order (the session rows, then the leases; renewal its leases) and none waits on
 //! another in a cycle.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use deadpool_postgres::{Client, Pool};
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -40,6 +40,13 @@ const GROUPS: usize = 2;
 /// At most this many batches share one transaction.
 const MAX_GROUP: usize = 128;
 
+/// How long a group waits for a connection, and then for its transaction's answers.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bounds {
+    pub(super) pool_wait: Duration,
+    pub(super) answer_within: Duration,
+}
+
 /// One caller's batch and where its outcome goes.
 pub(super) struct Job {
     pub(super) session_id: Uuid,
@@ -54,10 +61,10 @@ pub(super) struct Committer {
 
 impl Committer {
     /// Starts the dispatcher; it ends once the committer is dropped. `target` names the database
-    /// in messages.
-    pub(super) fn start(pool: Pool, target: String) -> Self {
+    /// in messages; see [`commit_group`] for the `bounds`.
+    pub(super) fn start(pool: Pool, target: String, bounds: Bounds) -> Self {
         let (jobs, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(pool, Arc::from(target), waiting));
+        tokio::spawn(dispatch(pool, Arc::from(target), bounds, waiting));
         Self { jobs }
     }
 
@@ -79,7 +86,12 @@ impl Committer {
     }
 }
 
-async fn dispatch(pool: Pool, target: Arc<str>, mut waiting: mpsc::UnboundedReceiver<Job>) {
+async fn dispatch(
+    pool: Pool,
+    target: Arc<str>,
+    bounds: Bounds,
+    mut waiting: mpsc::UnboundedReceiver<Job>,
+) {
     let slots = Arc::new(Semaphore::new(GROUPS));
     while let Some(first) = waiting.recv().await {
         // A free slot first, then the group: while every slot is busy, batches gather.
@@ -94,16 +106,24 @@ async fn dispatch(pool: Pool, target: Arc<str>, mut waiting: mpsc::UnboundedRece
         }
         let (pool, target) = (pool.clone(), target.clone());
         tokio::spawn(async move {
-            commit_group(&pool, &target, group).await;
+            commit_group(&pool, &target, bounds, group).await;
             drop(slot);
         });
     }
 }
 
-/// Commits `jobs` in one transaction and answers each.
-pub(super) async fn commit_group(pool: &Pool, target: &str, mut jobs: Vec<Job>) {
+/// Commits `jobs` in one transaction and answers each. No connection within `pool_wait` fails
+/// them as unavailable. A transaction with no answer within `answer_within` is on a connection
+/// that is gone: its batches fail as unavailable (the database may or may not have committed
+/// them — as when a connection drops during `COMMIT`) and the connection is closed, never
+/// reused.
+pub(super) async fn commit_group(pool: &Pool, target: &str, bounds: Bounds, mut jobs: Vec<Job>) {
+    let Bounds {
+        pool_wait,
+        answer_within,
+    } = bounds;
     jobs.sort_by_key(|job| job.session_id);
-    let mut client = match pool.get().await {
+    let mut client = match super::pooled(pool, pool_wait).await {
         Ok(client) => client,
         Err(e) => {
             let error = from_pool(&format!("postgres store: no connection to {target}"), e).into();
@@ -112,7 +132,23 @@ pub(super) async fn commit_group(pool: &Pool, target: &str, mut jobs: Vec<Job>) 
     };
     let mut groups = vec![jobs];
     while let Some(group) = groups.pop() {
-        match attempt(&mut client, &group).await {
+        let Ok(attempted) = tokio::time::timeout(answer_within, attempt(&mut client, &group)).await
+        else {
+            drop(deadpool_postgres::Object::take(client));
+            let error = StoreError::Unavailable {
+                message: format!(
+                    "postgres store: {target} did not answer a commit within {answer_within:?}"
+                ),
+                source: None,
+            }
+            .into();
+            answer_all(group, &error);
+            for rest in groups {
+                answer_all(rest, &error);
+            }
+            return;
+        };
+        match attempted {
             Ok(verdicts) => {
                 for (job, verdict) in group.into_iter().zip(verdicts) {
                     // A caller that stopped waiting no longer cares; the batch stands either way.

@@ -80,10 +80,11 @@ pub(crate) struct Notifier {
 }
 
 impl Notifier {
-    /// Starts the sending task; it ends once the notifier is dropped.
-    pub(crate) fn start(pool: deadpool_postgres::Pool) -> Self {
+    /// Starts the sending task; it ends once the notifier is dropped. A notification not sent
+    /// within `within` is given up, and its connection closed.
+    pub(crate) fn start(pool: deadpool_postgres::Pool, within: std::time::Duration) -> Self {
         let (committed, pending) = mpsc::unbounded_channel();
-        tokio::spawn(send_coalesced(pool, pending));
+        tokio::spawn(send_coalesced(pool, within, pending));
         Self { committed }
     }
 
@@ -96,6 +97,7 @@ impl Notifier {
 
 async fn send_coalesced(
     pool: deadpool_postgres::Pool,
+    within: std::time::Duration,
     mut committed: mpsc::UnboundedReceiver<(Uuid, u64)>,
 ) {
     let mut pending: HashMap<Uuid, u64> = HashMap::new();
@@ -108,11 +110,15 @@ async fn send_coalesced(
             *known = (*known).max(head);
         }
         let sql = notify_sql(&payloads(pending.drain()));
-        let sent = match pool.get().await {
-            Ok(client) => client
-                .batch_execute(&sql)
-                .await
-                .map_err(|e| super::describe(&e)),
+        let sent = match super::pooled(&pool, within).await {
+            Ok(client) => match tokio::time::timeout(within, client.batch_execute(&sql)).await {
+                Ok(sent) => sent.map_err(|e| super::describe(&e)),
+                Err(_) => {
+                    // No answer: the connection is gone (its transaction ends on the server).
+                    drop(deadpool_postgres::Object::take(client));
+                    Err(format!("no answer within {within:?}"))
+                }
+            },
             Err(e) => Err(e.to_string()),
         };
         if let Err(error) = sent {

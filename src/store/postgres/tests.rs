@@ -278,10 +278,53 @@ async fn renewing_extends_only_the_leases_the_replica_still_holds() {
             .await
             .unwrap();
         store.claim_lease(two.id, "b", TTL).await.unwrap();
-        let renewed = store.renew_leases("a", TTL).await.unwrap();
+        let renewed = store
+            .renew_leases("a", &[(one.id, 1), (two.id, 1)], TTL)
+            .await
+            .unwrap();
         assert_eq!(
             renewed.iter().map(|l| l.session_id).collect::<Vec<_>>(),
             vec![one.id]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn renewing_extends_only_the_leases_listed_with_their_fences() {
+    with_store(|store, _| async move {
+        let (one, two, three) = (
+            session("user:alice", 1),
+            session("user:alice", 2),
+            session("user:alice", 3),
+        );
+        for record in [&one, &two, &three] {
+            store.create_session(record).await.unwrap();
+        }
+        // `two` was stopped here (its time ran out): not listed, it lapses.
+        store.claim_lease(one.id, "a", TTL).await.unwrap();
+        store
+            .claim_lease(two.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        // `three` listed with a fence it no longer has.
+        store
+            .claim_lease(three.id, "a", Duration::ZERO)
+            .await
+            .unwrap();
+        store.claim_lease(three.id, "a", TTL).await.unwrap();
+        let renewed = store
+            .renew_leases("a", &[(one.id, 1), (three.id, 1)], TTL)
+            .await
+            .unwrap();
+        assert_eq!(
+            renewed.iter().map(|l| l.session_id).collect::<Vec<_>>(),
+            vec![one.id]
+        );
+        assert_eq!(store.orphaned_sessions().await.unwrap(), vec![two.id]);
+        assert!(
+            store.renew_leases("a", &[], TTL).await.unwrap().is_empty(),
+            "nothing listed, nothing renewed"
         );
     })
     .await;
@@ -294,7 +337,13 @@ async fn a_released_lease_is_not_renewed_by_its_former_holder() {
         store.create_session(&record).await.unwrap();
         store.claim_lease(record.id, "a", TTL).await.unwrap();
         assert!(store.release_lease(record.id, "a", 1).await.unwrap());
-        assert!(store.renew_leases("a", TTL).await.unwrap().is_empty());
+        assert!(
+            store
+                .renew_leases("a", &[(record.id, 1)], TTL)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(store.orphaned_sessions().await.unwrap(), vec![record.id]);
         let LeaseClaim::Granted(lease) = store.claim_lease(record.id, "b", TTL).await.unwrap()
         else {
@@ -564,7 +613,16 @@ async fn one_group_commits_every_batch_it_can_and_answers_each_refused_one_with_
                 queued(id, Batch { fence, ..batch })
             })
             .unzip();
-        super::group::commit_group(&store.pool, store.target(), jobs).await;
+        super::group::commit_group(
+            &store.pool,
+            store.target(),
+            super::group::Bounds {
+                pool_wait: store.pool_wait,
+                answer_within: store.answer_within,
+            },
+            jobs,
+        )
+        .await;
 
         let mut answers = futures::future::join_all(answers).await.into_iter();
         let mut answer = || answers.next().unwrap().expect("every batch is answered");
@@ -659,7 +717,16 @@ async fn a_statement_the_database_rejects_fails_only_the_batch_that_sent_it() {
                 )
             })
             .unzip();
-        super::group::commit_group(&store.pool, store.target(), jobs).await;
+        super::group::commit_group(
+            &store.pool,
+            store.target(),
+            super::group::Bounds {
+                pool_wait: store.pool_wait,
+                answer_within: store.answer_within,
+            },
+            jobs,
+        )
+        .await;
 
         for (record, answer) in records.iter().zip(futures::future::join_all(answers).await) {
             let answer = answer.expect("every batch is answered");
@@ -1026,7 +1093,15 @@ async fn a_group_blocked_past_the_statement_timeout_answers_every_batch_unavaila
     // Committed one by one after the group failed, the last answer would take ten timeouts.
     tokio::time::timeout(
         Duration::from_millis(1500),
-        super::group::commit_group(&store.pool, &store.target, jobs),
+        super::group::commit_group(
+            &store.pool,
+            &store.target,
+            super::group::Bounds {
+                pool_wait: store.pool_wait,
+                answer_within: store.answer_within,
+            },
+            jobs,
+        ),
     )
     .await
     .expect("every batch is answered within a few statement timeouts");
@@ -1045,4 +1120,40 @@ async fn a_group_blocked_past_the_statement_timeout_answers_every_batch_unavaila
     store.close().await.unwrap();
     drop(store);
     schema.drop_schema().await;
+}
+
+#[test]
+fn every_connection_gets_a_connect_timeout_keepalives_and_a_tcp_user_timeout_unless_the_url_sets_them()
+ {
+    let mut config: tokio_postgres::Config = "postgres://u@h/db".parse().unwrap();
+    super::bound_connections(&mut config);
+    assert_eq!(config.get_connect_timeout(), Some(&super::CONNECT_TIMEOUT));
+    assert!(config.get_keepalives());
+    assert_eq!(config.get_keepalives_idle(), super::KEEPALIVE_IDLE);
+    assert_eq!(
+        config.get_keepalives_interval(),
+        Some(super::KEEPALIVE_INTERVAL)
+    );
+    assert_eq!(
+        config.get_keepalives_retries(),
+        Some(super::KEEPALIVE_RETRIES)
+    );
+    assert_eq!(
+        config.get_tcp_user_timeout(),
+        Some(&super::TCP_USER_TIMEOUT)
+    );
+
+    let mut config: tokio_postgres::Config = "postgres://u@h/db?connect_timeout=3\
+        &keepalives_idle=30&keepalives_interval=7&keepalives_retries=9&tcp_user_timeout=4"
+        .parse()
+        .unwrap();
+    super::bound_connections(&mut config);
+    assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(3)));
+    assert_eq!(config.get_keepalives_idle(), Duration::from_secs(30));
+    assert_eq!(
+        config.get_keepalives_interval(),
+        Some(Duration::from_secs(7))
+    );
+    assert_eq!(config.get_keepalives_retries(), Some(9));
+    assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(4)));
 }
