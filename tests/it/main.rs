@@ -18,6 +18,7 @@ mod faults;
 mod features;
 mod first_action;
 mod foreign_text;
+mod graceful_stop;
 mod health;
 mod held_answers;
 mod hostile;
