@@ -34,6 +34,7 @@ mod process_tree;
 mod queue;
 mod rebinding;
 mod reflection;
+mod reopen_defences;
 mod replica_ownership;
 mod replica_tls;
 mod replicas;
