@@ -3,6 +3,8 @@
 
 use serde_json::{Map, Value, json};
 
+use super::primer::ContextPrimer;
+
 use crate::domain::{
     action::{
         Action, ElicitationAnswer, JsonRpcId, PermissionAnswer, PromptAction, PromptAttachment,
@@ -35,6 +37,8 @@ pub struct PromptOptions<'a> {
     pub context: Option<&'a Map<String, Value>>,
     /// The caller's W3C trace context, forwarded as `params._meta.traceparent`.
     pub traceparent: Option<&'a str>,
+    /// The transcript a fresh session's first prompt carries, as a leading hidden block.
+    pub primer: Option<&'a ContextPrimer>,
 }
 
 impl Default for PromptOptions<'_> {
@@ -43,6 +47,7 @@ impl Default for PromptOptions<'_> {
             meta_key: invocation::DEFAULT_META_KEY,
             context: None,
             traceparent: None,
+            primer: None,
         }
     }
 }
@@ -116,7 +121,17 @@ pub fn prompt_request(
     prompt: &PromptAction,
     options: PromptOptions<'_>,
 ) -> Value {
-    let mut blocks = Vec::with_capacity(prompt.attachments.len() + 2);
+    let mut blocks = Vec::with_capacity(prompt.attachments.len() + 3);
+    if let Some(primer) = options.primer {
+        // Marked with the meta key (so the fold leaves it out of the user's text) and what it
+        // holds (so the transcript can say).
+        let mut meta = Map::new();
+        meta.insert(
+            options.meta_key.to_owned(),
+            json!({PRIMER_META: {"turns": primer.turns, "bytes": primer.text.len()}}),
+        );
+        blocks.push(json!({"type": "text", "text": primer.text, "_meta": meta}));
+    }
     // An empty text block reads as an empty prompt to some runtimes, and the fold would drop it,
     // so the wire and the transcript would disagree.
     if !prompt.prompt.is_empty() {
@@ -303,7 +318,21 @@ pub fn select_choices(option: &Value) -> Vec<&Value> {
     choices
 }
 
-/// Whether a prompt block is the hidden invocation block.
+/// What a prompt's leading primer block says it holds: the turns and bytes of transcript it
+/// carries (`None` when the prompt has no primer).
+pub fn primer_in(frame: &Value, meta_key: &str) -> Option<(u64, u64)> {
+    let blocks = frame.pointer("/params/prompt")?.as_array()?;
+    blocks.iter().find_map(|block| {
+        let held = block.get("_meta")?.get(meta_key)?.get(PRIMER_META)?;
+        let count = |key: &str| held.get(key).and_then(Value::as_u64).unwrap_or(0);
+        Some((count("turns"), count("bytes")))
+    })
+}
+
+/// The key, under the meta key, of a prompt's primer block.
+const PRIMER_META: &str = "context_rebuilt";
+
+/// Whether a prompt block is hidden: the invocation block, or a fresh session's primer.
 pub fn is_invocation_block(block: &Value, meta_key: &str) -> bool {
     block
         .get("_meta")
@@ -671,6 +700,39 @@ mod tests {
     }
 
     #[test]
+    fn a_primer_leads_the_prompt_hidden_from_its_text_and_says_what_it_holds() {
+        let primer = ContextPrimer {
+            text: "earlier".to_owned(),
+            turns: 2,
+        };
+        let frame = prompt_request(
+            &id(),
+            SESSION,
+            &PromptAction::text("now"),
+            PromptOptions {
+                primer: Some(&primer),
+                ..Default::default()
+            },
+        );
+        let blocks = frame["params"]["prompt"].as_array().unwrap();
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(blocks[0]["text"], "earlier");
+        assert_eq!(blocks[1]["text"], "now");
+        assert_eq!(
+            primer_in(&frame, invocation::DEFAULT_META_KEY),
+            Some((2, 7))
+        );
+        let Some(Action::Prompt(read)) =
+            recognise_outbound(&frame, "model", invocation::DEFAULT_META_KEY)
+        else {
+            panic!()
+        };
+        assert_eq!(read.prompt, "now", "the primer is not the user's text");
+        let plain = prompt_request(&id(), SESSION, &PromptAction::text("x"), Default::default());
+        assert_eq!(primer_in(&plain, invocation::DEFAULT_META_KEY), None);
+    }
+
+    #[test]
     fn a_context_and_a_traceparent_ride_in_the_hidden_block_and_meta() {
         let context = json!({"source": "channel"});
         let frame = prompt_request(
@@ -681,6 +743,7 @@ mod tests {
                 meta_key: "custom/key",
                 context: context.as_object(),
                 traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                primer: None,
             },
         );
         assert_eq!(

@@ -7,6 +7,7 @@ pub mod connection;
 pub mod fold;
 pub mod frames;
 mod lenient;
+pub mod primer;
 pub mod process;
 pub mod remote;
 pub mod transcript;

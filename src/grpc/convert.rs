@@ -648,6 +648,11 @@ impl From<&crate::acp::transcript::Part> for pb::MessagePart {
                 r#type: kind.clone(),
                 json: json.clone(),
             }),
+            Part::ContextRebuilt(c) => Kind::ContextRebuilt(pb::ContextRebuiltPart {
+                reason: c.reason.clone(),
+                turns: c.turns,
+                bytes: c.bytes,
+            }),
         };
         pb::MessagePart { kind: Some(kind) }
     }

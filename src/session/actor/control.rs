@@ -315,7 +315,10 @@ impl Actor {
         let action_id = entry.action_id;
         if !self.runtime.state.is_up() {
             // SUSPENDED or DISCONNECTED: reopen, with this action queued behind the reopen.
-            if !(self.record.can_resume || self.record.can_load) {
+            if !self
+                .profile
+                .can_come_back(self.record.can_resume, self.record.can_load)
+            {
                 return Err(Error::new(
                     ErrorCode::RuntimeDisconnected,
                     format!(

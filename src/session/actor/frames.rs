@@ -14,6 +14,7 @@ use crate::{
     acp::{
         connection::{Inbound, InvalidLine, RuntimeEvent},
         frames::{self as acp_frames, PromptOptions, RpcErrorCode, rpc_code},
+        primer::{self, ContextPrimer},
     },
     domain::{
         ActionId, ElicitationAnswer, ErrorCode, JsonRpcId, PermissionAnswer, Result,
@@ -422,6 +423,22 @@ impl Actor {
         }
     }
 
+    /// After a `context_rebuilt` (a fresh ACP session in place of one the agent lost), the
+    /// transcript the next prompt carries; the fold says whether one is due, so it survives a
+    /// restart of the harness.
+    async fn context_primer(&mut self) -> Result<Option<ContextPrimer>> {
+        let fold = match self.fold.take() {
+            Some(fold) => fold,
+            None => self.fold_log().await?,
+        };
+        let budget = self.profile.resilience.reopen_context_bytes;
+        let primer = fold
+            .context_rebuilt()
+            .and_then(|reason| primer::build(fold.messages(), budget, reason));
+        self.fold = Some(fold);
+        Ok(primer)
+    }
+
     /// Logs and sends a turn's `session/prompt`. `new_action`: the fingerprint when the action id
     /// is recorded by this very step (not yet queued); `from_queue`: it was the queue head.
     pub(super) async fn dispatch_entry(
@@ -430,6 +447,10 @@ impl Actor {
         new_action: Option<String>,
         from_queue: bool,
     ) -> Result<()> {
+        let primer = match &entry.work {
+            QueuedWork::Prompt(_) => self.context_primer().await?,
+            QueuedWork::Compact => None,
+        };
         let frame = match &entry.work {
             QueuedWork::Prompt(prompt) => acp_frames::prompt_request(
                 &entry.action_id,
@@ -439,6 +460,7 @@ impl Actor {
                     meta_key: &self.ctx.meta_key,
                     context: entry.context.as_ref(),
                     traceparent: entry.traceparent.as_deref(),
+                    primer: primer.as_ref(),
                 },
             ),
             QueuedWork::Compact => {

@@ -39,7 +39,10 @@ impl Actor {
     pub(super) async fn recover(&mut self, owner_lost: bool) {
         let plan = plan_recovery(
             self.record.status,
-            self.record.can_resume || self.record.can_load,
+            // With `on_reopen_failure = "fresh"` a session whose agent cannot reopen it still
+            // comes back, in a new ACP session.
+            self.profile
+                .can_come_back(self.record.can_resume, self.record.can_load),
             !self.work.queue.is_empty(),
             !self.record.acp_session_id.is_empty(),
         );
@@ -703,8 +706,8 @@ pub(super) struct Recovery {
 }
 
 /// The recovery of a session whose stored `status` says what it was doing when the harness
-/// stopped; `reopenable`: its agent advertised resume or load; `queued`: work waits in its
-/// queue; `opened`: it has an ACP session id.
+/// stopped; `reopenable`: its agent advertised resume or load (or a fresh session may take its
+/// place); `queued`: work waits in its queue; `opened`: it has an ACP session id.
 pub(super) fn plan_recovery(
     status: SessionStatus,
     reopenable: bool,

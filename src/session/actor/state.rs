@@ -144,7 +144,14 @@ pub(super) enum PendingKind {
     Initialize,
     NewSession,
     Reopen(ReopenMethod),
-    SetConfig { action_id: ActionId },
+    /// `session/new` in place of a session the agent could not reopen (`on_reopen_failure =
+    /// "fresh"`), and why it could not.
+    FreshSession {
+        why: String,
+    },
+    SetConfig {
+        action_id: ActionId,
+    },
 }
 
 pub(super) struct Pending {
