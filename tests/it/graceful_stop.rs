@@ -266,3 +266,36 @@ async fn a_bridge_stops_its_runtime_gracefully_so_a_lazily_written_session_reope
     })
     .await
 }
+
+#[tokio::test]
+async fn a_stopped_runtime_is_sent_sigterm_and_ends_long_before_a_long_grace() {
+    crate::harness::bounded(async {
+        let marker = uuid::Uuid::now_v7().to_string();
+        let h = crate::harness::Harness::start_with(|config| {
+            crate::support::mock_profile_with(
+                config,
+                "patient",
+                &["--resume", "--stderr-at-start", &marker],
+                |p| p.resilience.stop_grace = Duration::from_secs(600),
+            );
+        })
+        .await;
+        let mut session = Session::create(&h, "patient").await;
+        let mut watch = session.watch().await;
+        // A turn that needs no input: the end of its stdin alone would not end the agent.
+        session.prompt("@sleep 600000").await;
+        watch.chunk("echo: @sleep 600000").await;
+        let agent = processes_with(&marker);
+        assert_eq!(agent.len(), 1);
+        session
+            .client
+            .close_session(pb::CloseSessionRequest {
+                session_id: session.id.clone(),
+            })
+            .await
+            .unwrap();
+        // Only SIGTERM ends it before the test's own bound (far below the grace).
+        exited(&agent).await;
+    })
+    .await
+}
