@@ -334,6 +334,8 @@ function renderPart(part: MessagePart): HTMLElement | null {
       return el("p", { class: "control" }, `control: ${kind.value.value || "stop"} (${outcomeName(kind.value.outcome)})`);
     case "content":
       return el("p", { class: "content" }, `[${kind.value.type} content]`);
+    case "contextRebuilt":
+      return el("p", { class: "control" }, `context rebuilt: a new agent session, given the last ${kind.value.turns} turns (${kind.value.reason})`);
     default:
       return null;
   }

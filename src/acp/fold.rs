@@ -22,9 +22,9 @@ use serde_json::Value;
 use super::{
     frames as acp_frames,
     transcript::{
-        AgentInfo, ControlKind, ControlPart, ElicitationPart, Message, Metadata, ModelOption,
-        Outcome, Part, PermissionOption, PermissionPart, PlanEntry, Role, StopReason, ToolPart,
-        TurnEnd, Usage,
+        AgentInfo, CONTEXT_REBUILT_EVENT, ContextRebuiltPart, ControlKind, ControlPart,
+        ElicitationPart, Message, Metadata, ModelOption, Outcome, Part, PermissionOption,
+        PermissionPart, PlanEntry, Role, StopReason, ToolPart, TurnEnd, Usage,
     },
     // The views shared with the session actor (`acp/views.rs`); the fold's own are `views::` below.
     views::{ConfigOption, ContentBlock, Envelope, Params, RawParams, Reply, RpcError, view},
@@ -98,6 +98,9 @@ pub struct Fold {
     elicitations: HashMap<JsonRpcId, PartRef>,
     /// Requests the harness made whose replies replay history (`session/load`), by id text.
     replaying: Option<String>,
+    /// Why the agent's session was rebuilt, until the next prompt (which carries the transcript
+    /// and shows it).
+    context_rebuilt: Option<String>,
     config_options: Vec<Value>,
     metadata: Metadata,
     head: u64,
@@ -121,6 +124,7 @@ impl Fold {
             permissions: HashMap::new(),
             elicitations: HashMap::new(),
             replaying: None,
+            context_rebuilt: None,
             config_options: Vec::new(),
             metadata: Metadata::default(),
             head: 0,
@@ -136,6 +140,12 @@ impl Fold {
             fold.apply(entry);
         }
         fold
+    }
+
+    /// Why the agent's session was rebuilt, while the next prompt (which is to carry the
+    /// transcript) has not been sent.
+    pub fn context_rebuilt(&self) -> Option<&str> {
+        self.context_rebuilt.as_deref()
     }
 
     pub fn messages(&self) -> &[Message] {
@@ -307,7 +317,17 @@ impl Fold {
         match action {
             Some(Action::Prompt(prompt)) => {
                 let (turn, i) = self.new_turn(action_id, entry);
+                let rebuilt = self.context_rebuilt.take().map(|reason| {
+                    let (turns, bytes) =
+                        acp_frames::primer_in(frame, &self.meta_key).unwrap_or_default();
+                    ContextRebuiltPart {
+                        reason,
+                        turns: u32::try_from(turns).unwrap_or(u32::MAX),
+                        bytes,
+                    }
+                });
                 let message = &mut self.messages[i];
+                message.parts.extend(rebuilt.map(Part::ContextRebuilt));
                 if !prompt.prompt.is_empty() {
                     message.parts.push(Part::Text(prompt.prompt));
                 }
@@ -828,6 +848,10 @@ impl Fold {
         if event == FORKED_EVENT {
             return self.inherit(frame, changed);
         }
+        if event == CONTEXT_REBUILT_EVENT {
+            self.context_rebuilt = Some(cap_foreign(fields.reason.unwrap_or_default()));
+            return;
+        }
         if !closes_turn {
             if event == "runtime_started" {
                 // A new connection: nothing of the old one is pending any more.
@@ -1060,6 +1084,47 @@ mod tests {
             kept[..],
             commands[..kept.len()],
             "the leading commands, as sent"
+        );
+    }
+
+    #[test]
+    fn a_context_rebuilt_event_shows_in_the_next_prompts_user_message_and_only_there() {
+        let (first, second, third) = (ActionId::mint(), ActionId::mint(), ActionId::mint());
+        let mut log = Log::default();
+        log.prompt(first, &PromptAction::text("before"))
+            .chunk("echo: before")
+            .end(first, "end_turn")
+            .event(json!({"event": "context_rebuilt", "reason": "session/resume failed"}));
+        assert_eq!(log.fold().context_rebuilt(), Some("session/resume failed"));
+        let primer = crate::acp::primer::build(log.fold().messages(), 1000, "gone").unwrap();
+        let frame = acp_frames::prompt_request(
+            &second,
+            "s2",
+            &PromptAction::text("after"),
+            PromptOptions {
+                primer: Some(&primer),
+                ..Default::default()
+            },
+        );
+        log.out(frame, Some(second))
+            .end(second, "end_turn")
+            .prompt(third, &PromptAction::text("later"));
+        let fold = log.fold();
+        assert_eq!(fold.context_rebuilt(), None, "the prompt carried it");
+        assert_eq!(
+            fold.message("2:user").unwrap().parts,
+            vec![
+                Part::ContextRebuilt(ContextRebuiltPart {
+                    reason: "session/resume failed".into(),
+                    turns: 1,
+                    bytes: primer.text.len() as u64,
+                }),
+                Part::Text("after".into()),
+            ]
+        );
+        assert_eq!(
+            fold.message("3:user").unwrap().parts,
+            vec![Part::Text("later".into())]
         );
     }
 

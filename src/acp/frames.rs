@@ -4,10 +4,14 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::views::{
-    AnswerResult, Choice, ConfigOption, ContentBlock, Envelope, Params, PromptParams, RawResult,
-    SetConfigParams, view,
+use super::{
+    primer::ContextPrimer,
+    views::{
+        AnswerResult, Choice, ConfigOption, ContentBlock, Envelope, Params, PromptParams,
+        RawResult, SetConfigParams, view,
+    },
 };
+
 use crate::domain::{
     action::{
         Action, ElicitationAnswer, JsonRpcId, PermissionAnswer, PromptAction, PromptAttachment,
@@ -40,6 +44,8 @@ pub struct PromptOptions<'a> {
     pub context: Option<&'a Map<String, Value>>,
     /// The caller's W3C trace context, forwarded as `params._meta.traceparent`.
     pub traceparent: Option<&'a str>,
+    /// The transcript a fresh session's first prompt carries, as a leading hidden block.
+    pub primer: Option<&'a ContextPrimer>,
 }
 
 impl Default for PromptOptions<'_> {
@@ -48,6 +54,7 @@ impl Default for PromptOptions<'_> {
             meta_key: invocation::DEFAULT_META_KEY,
             context: None,
             traceparent: None,
+            primer: None,
         }
     }
 }
@@ -122,7 +129,17 @@ pub fn prompt_request(
     prompt: &PromptAction,
     options: PromptOptions<'_>,
 ) -> Value {
-    let mut blocks = Vec::with_capacity(prompt.attachments.len() + 2);
+    let mut blocks = Vec::with_capacity(prompt.attachments.len() + 3);
+    if let Some(primer) = options.primer {
+        // Marked with the meta key (so the fold leaves it out of the user's text) and what it
+        // holds (so the transcript can say).
+        let mut meta = Map::new();
+        meta.insert(
+            options.meta_key.to_owned(),
+            json!({PRIMER_META: {"turns": primer.turns, "bytes": primer.text.len()}}),
+        );
+        blocks.push(json!({"type": "text", "text": primer.text, "_meta": meta}));
+    }
     // An empty text block reads as an empty prompt to some runtimes, and the fold would drop it,
     // so the wire and the transcript would disagree.
     if !prompt.prompt.is_empty() {
@@ -310,7 +327,49 @@ pub(crate) fn select_choices(option: &Value) -> Vec<Choice<'_>> {
     choices
 }
 
-/// Whether a prompt block is the hidden invocation block.
+/// What a prompt's leading primer block says it holds: the turns and bytes of transcript it
+/// carries (`None` when the prompt has no primer).
+pub fn primer_in(frame: &Value, meta_key: &str) -> Option<(u64, u64)> {
+    let prompt = view::<Params<PrimerPrompt>>(frame).params?;
+    prompt.prompt.iter().find_map(|block| {
+        let held = block.meta.get(meta_key)?.context_rebuilt.as_ref()?;
+        Some((held.turns, held.bytes))
+    })
+}
+
+/// A prompt's blocks, as far as a primer goes (the harness wrote them: anything else reads as
+/// no primer).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PrimerPrompt {
+    prompt: Vec<PrimerBlock>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PrimerBlock {
+    #[serde(rename = "_meta")]
+    meta: std::collections::HashMap<String, PrimerMark>,
+}
+
+/// What the meta key holds on a primer block (the field is [`PRIMER_META`]).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PrimerMark {
+    context_rebuilt: Option<PrimerHeld>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PrimerHeld {
+    turns: u64,
+    bytes: u64,
+}
+
+/// The key, under the meta key, of a prompt's primer block.
+const PRIMER_META: &str = "context_rebuilt";
+
+/// Whether a prompt block is hidden: the invocation block, or a fresh session's primer.
 pub fn is_invocation_block(block: &Value, meta_key: &str) -> bool {
     is_invocation(&view(block), meta_key)
 }
@@ -684,6 +743,39 @@ mod tests {
     }
 
     #[test]
+    fn a_primer_leads_the_prompt_hidden_from_its_text_and_says_what_it_holds() {
+        let primer = ContextPrimer {
+            text: "earlier".to_owned(),
+            turns: 2,
+        };
+        let frame = prompt_request(
+            &id(),
+            SESSION,
+            &PromptAction::text("now"),
+            PromptOptions {
+                primer: Some(&primer),
+                ..Default::default()
+            },
+        );
+        let blocks = frame["params"]["prompt"].as_array().unwrap();
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(blocks[0]["text"], "earlier");
+        assert_eq!(blocks[1]["text"], "now");
+        assert_eq!(
+            primer_in(&frame, invocation::DEFAULT_META_KEY),
+            Some((2, 7))
+        );
+        let Some(Action::Prompt(read)) =
+            recognise_outbound(&frame, "model", invocation::DEFAULT_META_KEY)
+        else {
+            panic!()
+        };
+        assert_eq!(read.prompt, "now", "the primer is not the user's text");
+        let plain = prompt_request(&id(), SESSION, &PromptAction::text("x"), Default::default());
+        assert_eq!(primer_in(&plain, invocation::DEFAULT_META_KEY), None);
+    }
+
+    #[test]
     fn a_context_and_a_traceparent_ride_in_the_hidden_block_and_meta() {
         let context = json!({"source": "channel"});
         let frame = prompt_request(
@@ -694,6 +786,7 @@ mod tests {
                 meta_key: "custom/key",
                 context: context.as_object(),
                 traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                primer: None,
             },
         );
         assert_eq!(

@@ -7,18 +7,21 @@ pub mod connection;
 pub mod fold;
 pub mod frames;
 mod lenient;
+pub mod primer;
 pub mod process;
 pub mod remote;
 pub mod transcript;
 pub(crate) mod views;
 
-use std::{collections::BTreeMap, path::Path};
+use std::{collections::BTreeMap, path::Path, time::Duration};
 
-/// How to launch one runtime: the program, its arguments, and exactly the environment it gets
-/// besides `PATH`, `HOME` and `LANG`. Whoever owns the profile lends it for the spawn.
+/// How to launch one runtime: the program, its arguments, exactly the environment it gets
+/// besides `PATH`, `HOME` and `LANG`, and how long it has to exit once asked to stop (told to
+/// the watchdog through its environment). Whoever owns the profile lends it for the spawn.
 #[derive(Debug, Clone, Copy)]
 pub struct RuntimeSpec<'a> {
     pub command: &'a Path,
     pub args: &'a [String],
     pub env: &'a BTreeMap<String, String>,
+    pub stop_grace: Duration,
 }

@@ -13,15 +13,22 @@
 //! whatever became of the leader. Three sweeps use it:
 //!
 //! - **Stopping a runtime** (or its leader exiting) kills the process group and then every
-//!   process carrying that runtime's exact marker.
+//!   process carrying that runtime's exact marker. A stop on purpose is graceful
+//!   ([`RuntimeKiller::stop`]): the caller closes the runtime's stdin, the group and every marked
+//!   process get SIGTERM, and only what is still alive after the grace gets SIGKILL. Agents such
+//!   as Claude Code write their own session files lazily, and a bare SIGKILL loses them (and with
+//!   them the ability to reopen the session); a fault kill ([`RuntimeKiller::kill`]) is at once.
 //! - **A harness killed with `kill -9`** cannot clean up itself, and the parent-death signal only
 //!   reaches the leader. So each harness starts one tiny watchdog (`agent-harness
 //!   runtime-watchdog`, its own session, not a runtime) that holds the read end of a pipe whose
 //!   write end only the harness holds. When the harness dies, for whatever reason, the kernel
-//!   closes that end; the watchdog wakes on end of input, kills every process carrying this
-//!   harness instance's marker (again until none is left, as a dying wrapper may still fork),
-//!   and exits. It needs no signal handling and no polling, and it cannot mistake a later
-//!   harness's runtimes for this one's: the instance is part of the marker.
+//!   closes that end; the watchdog wakes on end of input, sends SIGTERM to every process carrying
+//!   this harness instance's marker, and SIGKILL to each one still alive once its grace (read
+//!   from [`STOP_GRACE_VAR`] in its environment) has passed — again until none is left, as a
+//!   dying wrapper may still fork — and exits. It needs no signal handling, and it cannot mistake
+//!   a later harness's runtimes for this one's: the instance is part of the marker. With a
+//!   watchdog running, the parent-death signal is SIGTERM too, so the leader hears of the
+//!   harness's death at once and the watchdog enforces the grace; without one it is SIGKILL.
 //! - **The next start** on the same data directory kills every process carrying the data
 //!   directory's marker from any other instance, in case the watchdog itself was killed too
 //!   (the older record of group leaders is still honoured as well).
@@ -40,6 +47,7 @@ use std::{
     path::{Path, PathBuf},
     process::{ExitStatus, Stdio},
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use tokio::{
@@ -116,6 +124,21 @@ pub fn runtime_env(profile_env: &BTreeMap<String, String>) -> Vec<(OsString, OsS
 /// The environment variable that marks a runtime and all its descendants (module doc).
 pub const MARKER_VAR: &str = "HARNESS_RUNTIME_MARKER";
 
+/// The environment variable holding a runtime's stop grace in milliseconds, for the watchdog
+/// (module doc).
+pub const STOP_GRACE_VAR: &str = "HARNESS_RUNTIME_STOP_GRACE_MS";
+
+/// The default of a profile's `stop_grace`: how long a runtime stopped on purpose has between
+/// SIGTERM and SIGKILL.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest grace the watchdog grants, whatever a process's environment says, so a bogus
+/// value cannot keep a runtime alive long after its harness died.
+pub const MAX_STOP_GRACE: Duration = Duration::from_secs(600);
+
+/// How often a graceful stop looks for what is left of a runtime's tree.
+const STOP_POLL: Duration = Duration::from_millis(25);
+
 /// The executable that can run `runtime-watchdog` (normally this very binary); unset in embedded
 /// uses, which then go without a watchdog.
 static WATCHDOG_PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -179,6 +202,12 @@ impl ProcessTable {
             next_runtime: Arc::default(),
             _watchdog: watchdog,
         })
+    }
+
+    /// Whether a watchdog guards this table's runtimes (then the parent-death signal is SIGTERM and
+    /// the watchdog enforces the grace).
+    fn has_watchdog(&self) -> bool {
+        self._watchdog.is_some()
     }
 
     /// A fresh marker value for the next runtime.
@@ -283,7 +312,8 @@ impl Drop for Watchdog {
 }
 
 /// `agent-harness runtime-watchdog`: waits for the end of its input (its harness is gone), then
-/// kills every process whose marker starts with `marker_prefix`. Returns the exit code.
+/// stops every process whose marker starts with `marker_prefix`: SIGTERM, and SIGKILL once its
+/// grace has passed. Returns the exit code.
 pub fn watchdog_main(marker_prefix: &str) -> i32 {
     use std::io::Read;
     if marker_prefix.is_empty() {
@@ -299,52 +329,116 @@ pub fn watchdog_main(marker_prefix: &str) -> i32 {
             Err(_) => break,
         }
     }
-    sweep(|marker| marker.starts_with(marker_prefix));
+    stop_marked(|marker| marker.starts_with(marker_prefix));
     0
 }
 
-/// The value of [`MARKER_VAR`] in a process's initial environment, if it has one we can read.
-fn marker_of(pid: u32) -> Option<String> {
+/// What a process's initial environment says of it: its [`MARKER_VAR`] and [`STOP_GRACE_VAR`]
+/// values, when it has a marker we can read (a zombie has no readable environment).
+fn marks_of(pid: u32) -> Option<(String, Option<Duration>)> {
     let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let key = MARKER_VAR.as_bytes();
-    environ.split(|b| *b == 0).find_map(|entry| {
-        let value = entry.strip_prefix(key)?.strip_prefix(b"=")?;
-        String::from_utf8(value.to_vec()).ok()
-    })
+    let value_of = |key: &str| {
+        environ.split(|b| *b == 0).find_map(|entry| {
+            let value = entry.strip_prefix(key.as_bytes())?.strip_prefix(b"=")?;
+            String::from_utf8(value.to_vec()).ok()
+        })
+    };
+    let marker = value_of(MARKER_VAR)?;
+    let grace = value_of(STOP_GRACE_VAR)
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map(Duration::from_millis);
+    Some((marker, grace))
+}
+
+/// Calls `visit` with the pid, a pidfd pinning it (when the kernel has them) and the grace of
+/// every other process whose marker matches. Returns how many there were.
+fn each_marked(
+    matches: &impl Fn(&str) -> bool,
+    mut visit: impl FnMut(u32, Option<&std::os::fd::OwnedFd>, Option<Duration>),
+) -> usize {
+    let own = std::process::id();
+    let mut found = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == own {
+            continue;
+        }
+        // The pidfd pins the process: if the pid is reused after this, signalling fails
+        // instead of hitting the newcomer.
+        let pidfd = pidfd_open(pid);
+        if let Some((marker, grace)) = marks_of(pid)
+            && matches(&marker)
+        {
+            found += 1;
+            visit(pid, pidfd.as_ref(), grace);
+        }
+    }
+    found
 }
 
 /// Kills every process whose marker matches, again and again until a pass finds none (a process
 /// being killed may still have forked), within a bound. Returns how many kills were sent.
 fn sweep(matches: impl Fn(&str) -> bool) -> usize {
-    let own = std::process::id();
     let mut killed = 0;
     for _ in 0..100 {
         let mut found = 0;
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if pid == own {
-                continue;
-            }
-            // The pidfd pins the process: if the pid is reused after this, signalling fails
-            // instead of hitting the newcomer.
-            let pidfd = pidfd_open(pid);
-            if marker_of(pid).is_some_and(|marker| matches(&marker)) && kill(pid, pidfd.as_ref()) {
+        each_marked(&matches, |pid, pidfd, _| {
+            if signal(pid, pidfd, libc::SIGKILL) {
                 found += 1;
             }
-        }
+        });
         if found == 0 {
             break;
         }
         killed += found;
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(10));
     }
     killed
+}
+
+/// Stops every process whose marker matches, gracefully: SIGTERM when first seen, SIGKILL once
+/// its own grace (from its environment, [`DEFAULT_STOP_GRACE`] when it names none, at most
+/// [`MAX_STOP_GRACE`]) has passed since the stop began; until a pass finds none.
+fn stop_marked(matches: impl Fn(&str) -> bool) {
+    let began = Instant::now();
+    let mut terminated = std::collections::HashSet::new();
+    // Past every grace, a pass SIGKILLs whatever it finds: the bound of `sweep` then applies.
+    let mut passes_past_grace = 0;
+    loop {
+        let mut waiting = false;
+        let found = each_marked(&matches, |pid, pidfd, grace| {
+            let grace = grace.unwrap_or(DEFAULT_STOP_GRACE).min(MAX_STOP_GRACE);
+            if began.elapsed() >= grace {
+                signal(pid, pidfd, libc::SIGKILL);
+            } else {
+                waiting = true;
+                if terminated.insert(pid) {
+                    signal(pid, pidfd, libc::SIGTERM);
+                }
+            }
+        });
+        if found == 0 {
+            return;
+        }
+        if !waiting {
+            passes_past_grace += 1;
+            if passes_past_grace > 100 {
+                return;
+            }
+        }
+        std::thread::sleep(STOP_POLL);
+    }
+}
+
+/// Whether any other process carries exactly this marker.
+fn any_marked(marker: &str) -> bool {
+    each_marked(&|m: &str| m == marker, |_, _, _| {}) > 0
 }
 
 fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
@@ -355,8 +449,9 @@ fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
     (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// SIGKILL through the pidfd when there is one (kernels before 5.3 have none: plain kill).
-fn kill(pid: u32, pidfd: Option<&std::os::fd::OwnedFd>) -> bool {
+/// Sends `signal` through the pidfd when there is one (kernels before 5.3 have none: plain
+/// kill).
+fn signal(pid: u32, pidfd: Option<&std::os::fd::OwnedFd>, signal: libc::c_int) -> bool {
     use std::os::fd::AsRawFd;
     // SAFETY: both calls only send a signal.
     let sent = unsafe {
@@ -364,11 +459,11 @@ fn kill(pid: u32, pidfd: Option<&std::os::fd::OwnedFd>) -> bool {
             Some(fd) => libc::syscall(
                 libc::SYS_pidfd_send_signal,
                 fd.as_raw_fd(),
-                libc::SIGKILL,
+                signal,
                 std::ptr::null::<libc::siginfo_t>(),
                 0,
             ),
-            None => libc::kill(pid as libc::pid_t, libc::SIGKILL) as libc::c_long,
+            None => libc::kill(pid as libc::pid_t, signal) as libc::c_long,
         }
     };
     sent == 0
@@ -383,9 +478,13 @@ fn process_start_time(pid: u32) -> Option<u64> {
 }
 
 fn kill_group(pgid: u32) {
+    signal_group(pgid, libc::SIGKILL);
+}
+
+fn signal_group(pgid: u32, signal: libc::c_int) {
     // SAFETY: killpg only sends a signal; a stale pgid yields ESRCH, which is fine.
     unsafe {
-        libc::killpg(pgid as libc::pid_t, libc::SIGKILL);
+        libc::killpg(pgid as libc::pid_t, signal);
     }
 }
 
@@ -400,27 +499,38 @@ pub struct SpawnedRuntime {
     pub exited: oneshot::Receiver<io::Result<ExitStatus>>,
 }
 
-/// Kills a runtime's whole process tree (agents launched through `npx` have children).
+/// How a runtime is to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopRequest {
+    /// SIGKILL to the whole tree at once (a fault, a fenced-off session).
+    Now,
+    /// SIGTERM to the whole tree, then SIGKILL to what is left after the grace.
+    Gracefully(Duration),
+}
+
+/// Ends a runtime's whole process tree (agents launched through `npx` have children): at once,
+/// or gracefully. Dropping it without either kills at once.
 pub struct RuntimeKiller {
-    kill: Option<oneshot::Sender<()>>,
-    /// `None` for a remote runtime: its bridge kills the tree.
+    stop: Option<oneshot::Sender<StopRequest>>,
+    /// `None` for a remote runtime: its bridge ends the tree.
     pgid: Option<u32>,
     /// Set once the leader is reaped: its pid (and so the group id) may then be reused.
     reaped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RuntimeKiller {
-    /// A killer of a remote runtime: `kill` tells its task to ask the bridge.
-    pub(crate) fn remote(kill: oneshot::Sender<()>) -> Self {
+    /// A killer of a remote runtime: its task is told how to end it, and asks the bridge.
+    pub(crate) fn remote(stop: oneshot::Sender<StopRequest>) -> Self {
         Self {
-            kill: Some(kill),
+            stop: Some(stop),
             pgid: None,
             reaped: Default::default(),
         }
     }
 
+    /// SIGKILL to the tree, at once.
     pub fn kill(&mut self) {
-        if let Some(kill) = self.kill.take() {
+        if let Some(stop) = self.stop.take() {
             // The group at once, so the runtime is dead by the time its fault is reported; the
             // supervisor then reaps it and sweeps descendants that left the group.
             if let Some(pgid) = self.pgid
@@ -428,7 +538,16 @@ impl RuntimeKiller {
             {
                 kill_group(pgid);
             }
-            let _ = kill.send(());
+            let _ = stop.send(StopRequest::Now);
+        }
+    }
+
+    /// SIGTERM to the tree, and SIGKILL to whatever is left of it after `grace`. The caller closes
+    /// the runtime's stdin (by dropping its writer) at the same time; the runtime's `exited`
+    /// resolves once nothing of it is left.
+    pub fn stop(&mut self, grace: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(StopRequest::Gracefully(grace));
         }
     }
 }
@@ -453,18 +572,27 @@ pub fn spawn(
         .env_clear()
         .envs(runtime_env(profile.env))
         .env(MARKER_VAR, &marker)
+        .env(STOP_GRACE_VAR, profile.stop_grace.as_millis().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true);
+        // With a watchdog, a harness going away without stopping its runtimes (its tasks
+        // dropped) leaves them to the watchdog's graceful stop rather than SIGKILL.
+        .kill_on_drop(!processes.has_watchdog());
     let parent = std::process::id();
+    // With a watchdog the leader hears of the harness's death by SIGTERM, and the watchdog
+    // SIGKILLs it after its grace; without one, SIGKILL is the only guarantee.
+    let parent_death = match processes.has_watchdog() {
+        true => libc::SIGTERM,
+        false => libc::SIGKILL,
+    };
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         command.pre_exec(move || {
             // Die with the harness. The signal is tied to the spawning thread, which is a
             // runtime worker living as long as the harness.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, parent_death as libc::c_ulong) != 0 {
                 return Err(io::Error::last_os_error());
             }
             // The harness may have died before prctl took effect.
@@ -515,7 +643,7 @@ pub fn spawn(
         stdout,
         stderr,
         killer: RuntimeKiller {
-            kill: Some(kill_tx),
+            stop: Some(kill_tx),
             pgid: Some(pid),
             reaped: reaped.clone(),
         },
@@ -523,13 +651,13 @@ pub fn spawn(
     })
 }
 
-/// Owns the child: reports its exit, or kills its tree when asked (or when the killer is
+/// Owns the child: reports its exit, or ends its tree when asked (at once when the killer is
 /// dropped), and always reaps it.
 async fn supervise(
     mut child: Child,
     pid: u32,
     marker: String,
-    kill: oneshot::Receiver<()>,
+    stop: oneshot::Receiver<StopRequest>,
     exited: oneshot::Sender<io::Result<ExitStatus>>,
     processes: ProcessTable,
     reaped: Arc<std::sync::atomic::AtomicBool>,
@@ -540,16 +668,65 @@ async fn supervise(
             kill_group(pid);
             status
         }
-        _ = kill => {
-            kill_group(pid);
-            child.wait().await
-        }
+        request = stop => match request {
+            Ok(StopRequest::Gracefully(grace)) => terminate(&mut child, pid, &marker, grace).await,
+            _ => {
+                kill_group(pid);
+                child.wait().await
+            }
+        },
     };
     reaped.store(true, std::sync::atomic::Ordering::Release);
     // Descendants that left the group (or outlived a wrapper) still carry the marker.
     let _ = tokio::task::spawn_blocking(move || sweep(|m| m == marker)).await;
     processes.forget(pid);
     let _ = exited.send(status);
+}
+
+/// A graceful stop of a local runtime whose stdin its owner has closed: SIGTERM to its group and
+/// to every process with its marker (a descendant that left the group), then wait — for the
+/// leader, then for the rest of the tree — until `grace` has passed, then SIGKILL to the group
+/// (the sweep after this catches the rest). The leader's exit status.
+async fn terminate(
+    child: &mut Child,
+    pid: u32,
+    marker: &str,
+    grace: Duration,
+) -> io::Result<ExitStatus> {
+    let deadline = tokio::time::Instant::now() + grace;
+    signal_group(pid, libc::SIGTERM);
+    let owned = marker.to_owned();
+    let _ = tokio::task::spawn_blocking(move || {
+        each_marked(&|m: &str| m == owned, |pid, pidfd, _| {
+            signal(pid, pidfd, libc::SIGTERM);
+        })
+    })
+    .await;
+    let exited = tokio::time::timeout_at(deadline, child.wait()).await.ok();
+    // The leader is gone, but a wrapper's children may still be writing their state.
+    let mut left = true;
+    while exited.is_some() && tokio::time::Instant::now() < deadline {
+        left = still_marked(marker).await;
+        if !left {
+            break;
+        }
+        tokio::time::sleep(STOP_POLL).await;
+    }
+    if exited.is_none() || (left && still_marked(marker).await) {
+        tracing::info!(pid, ?grace, "a runtime outlived its stop grace; killing it");
+    }
+    kill_group(pid);
+    match exited {
+        Some(status) => status,
+        None => child.wait().await,
+    }
+}
+
+async fn still_marked(marker: &str) -> bool {
+    let owned = marker.to_owned();
+    tokio::task::spawn_blocking(move || any_marked(&owned))
+        .await
+        .unwrap_or(false)
 }
 
 #[cfg(test)]

@@ -126,6 +126,21 @@ pub struct ControlPart {
     pub outcome: Outcome,
 }
 
+/// A session continued in a new ACP session because its agent could not reopen it
+/// (`on_reopen_failure = "fresh"`): why, and how much of the transcript the agent was given
+/// with the prompt whose message holds this part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextRebuiltPart {
+    pub reason: String,
+    pub turns: u32,
+    pub bytes: u64,
+}
+
+/// The `event` name of a session continued in a new ACP session (`on_reopen_failure =
+/// "fresh"`): `{"event": "context_rebuilt", "reason", "previous_acp_session_id",
+/// "acp_session_id", …}`. The next prompt carries the transcript and shows the part.
+pub const CONTEXT_REBUILT_EVENT: &str = "context_rebuilt";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
     Text(String),
@@ -136,6 +151,8 @@ pub enum Part {
     Permission(PermissionPart),
     Elicitation(ElicitationPart),
     Control(ControlPart),
+    /// The agent's session was rebuilt from the transcript before this prompt.
+    ContextRebuilt(ContextRebuiltPart),
     /// Any other ACP content block: its type and its whole JSON.
     Content {
         kind: String,

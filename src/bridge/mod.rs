@@ -56,6 +56,8 @@ const RUNTIME_EVENTS: usize = 64;
 /// A line longer than this is cut (the harness then refuses it as not JSON and faults the
 /// runtime) rather than sent as a message the harness's size limit would refuse over and over.
 const MAX_LINE_BYTES: usize = 4 * 1024 * 1024 - 64 * 1024;
+/// How long past a graceful stop's grace a runtime task waits to report the exit.
+const STOP_REPORT_MARGIN: Duration = Duration::from_secs(5);
 /// Redial backoff: from the first delay, doubling, up to the cap, each with jitter.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
@@ -89,6 +91,26 @@ pub struct BridgeProfile {
     pub env: BTreeMap<String, String>,
     /// `None`: any absolute directory.
     pub allowed_cwd_roots: Option<Vec<PathBuf>>,
+    /// How long its runtimes get between SIGTERM and SIGKILL when the bridge itself goes away
+    /// (its watchdog stops them; default "2s"). A stop the harness asks for carries its own grace.
+    pub stop_grace: Option<String>,
+}
+
+impl BridgeProfile {
+    fn stop_grace(&self) -> anyhow::Result<Duration> {
+        let Some(text) = &self.stop_grace else {
+            return Ok(process::DEFAULT_STOP_GRACE);
+        };
+        let grace = humantime::parse_duration(text)
+            .with_context(|| format!("stop_grace = {text:?} is not a duration"))?;
+        if grace > process::MAX_STOP_GRACE {
+            anyhow::bail!(
+                "stop_grace = {text:?} is over the maximum of {}",
+                humantime::format_duration(process::MAX_STOP_GRACE)
+            );
+        }
+        Ok(grace)
+    }
 }
 
 /// The bridge's config file.
@@ -118,6 +140,9 @@ impl BridgeConfig {
             if profile.command.trim().is_empty() {
                 anyhow::bail!("profiles.{name}.command is empty");
             }
+            profile
+                .stop_grace()
+                .with_context(|| format!("profiles.{name}"))?;
             for root in profile.allowed_cwd_roots.iter().flatten() {
                 if !root.is_absolute() {
                     anyhow::bail!(
@@ -143,9 +168,15 @@ fn host_name() -> String {
 
 /// What one runtime task is told.
 enum Event {
-    Stdin { seq: u64, line: Vec<u8> },
-    Ack { seq: u64 },
-    Kill,
+    Stdin {
+        seq: u64,
+        line: Vec<u8>,
+    },
+    Ack {
+        seq: u64,
+    },
+    /// Stop the runtime: gracefully with a grace, else at once.
+    Kill(Option<Duration>),
     Attached(mpsc::Sender<ConnectRequest>),
     Detached,
 }
@@ -369,7 +400,10 @@ impl Bridge {
                     .await
                 }
                 Some(Down::Ack(m)) => self.tell(&m.runtime_key, Event::Ack { seq: m.seq }).await,
-                Some(Down::Kill(m)) => self.tell(&m.runtime_key, Event::Kill).await,
+                Some(Down::Kill(m)) => {
+                    let grace = m.stop_grace.map(duration_from_pb);
+                    self.tell(&m.runtime_key, Event::Kill(grace)).await
+                }
                 None => tracing::warn!(bridge = %self.id, "a message without a frame was ignored"),
             }
         }
@@ -493,6 +527,8 @@ impl Bridge {
             command: &command,
             args: &profile.args,
             env: &profile.env,
+            // Checked when the config was loaded.
+            stop_grace: profile.stop_grace().unwrap_or(process::DEFAULT_STOP_GRACE),
         };
         process::spawn(spec, &canonical, &self.processes)
             .map(|child| (child, spawn.profile.clone()))
@@ -535,6 +571,8 @@ impl RuntimeTask {
         let mut line = Vec::new();
         let mut stdout_done = false;
         let mut exit_message: Option<ConnectRequest> = None;
+        // Set by a graceful stop: when to give up waiting for the runtime's exit to report.
+        let mut stop_deadline: Option<Instant> = None;
         loop {
             let can_read = self.out.is_some() && self.unacked.len() < MAX_UNACKED_LINES;
             let grace_end = self.detached_until;
@@ -542,7 +580,16 @@ impl RuntimeTask {
                 event = events.recv() => {
                     let Some(event) = event else { break };
                     match event {
-                        Event::Kill => break,
+                        Event::Kill(None) => break,
+                        Event::Kill(Some(grace)) => {
+                            if stop_deadline.is_none() {
+                                // Stdin closed and SIGTERM now; the exit is reported as any exit
+                                // is, once the runtime (SIGKILLed after the grace) is gone.
+                                stdin = None;
+                                killer.stop(grace);
+                                stop_deadline = Some(Instant::now() + grace + STOP_REPORT_MARGIN);
+                            }
+                        }
                         Event::Stdin { seq, line } => self.on_stdin(&mut stdin, seq, line).await,
                         Event::Ack { seq } => {
                             while self.unacked.front().is_some_and(|(s, _)| *s <= seq) {
@@ -594,8 +641,13 @@ impl RuntimeTask {
                     tracing::warn!(runtime = %self.key, "the harness did not come back within reconnect_grace: stopping the runtime");
                     break;
                 }
+                () = sleep_until(stop_deadline), if stop_deadline.is_some() => {
+                    tracing::warn!(runtime = %self.key, "no exit to report after a graceful stop; giving up on it");
+                    break;
+                }
             }
         }
+        // After a graceful stop this does nothing: the stop runs its course.
         killer.kill();
         drop(killer);
     }
@@ -629,6 +681,13 @@ impl RuntimeTask {
         })
         .await;
     }
+}
+
+/// A duration from the wire; a negative one is none.
+fn duration_from_pb(duration: prost_types::Duration) -> Duration {
+    let seconds = u64::try_from(duration.seconds).unwrap_or(0);
+    let nanos = u32::try_from(duration.nanos).unwrap_or(0).min(999_999_999);
+    Duration::new(seconds, nanos).min(process::MAX_STOP_GRACE)
 }
 
 fn stdout_message(key: &str, seq: u64, line: Vec<u8>) -> ConnectRequest {

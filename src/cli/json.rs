@@ -138,6 +138,12 @@ fn part(part: &pb::MessagePart) -> Value {
             "outcome": outcome_name(c.outcome()),
         }),
         Some(Kind::Content(c)) => json!({"type": c.r#type, "content": embedded(&c.json)}),
+        Some(Kind::ContextRebuilt(c)) => json!({
+            "type": "context_rebuilt",
+            "reason": c.reason,
+            "turns": c.turns,
+            "bytes": c.bytes,
+        }),
         None => json!({"type": "unknown"}),
     }
 }

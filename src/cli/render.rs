@@ -414,6 +414,15 @@ impl Transcript {
                     }
                     set(&mut shown, i, Shown::Once);
                 }
+                Kind::ContextRebuilt(c) => {
+                    if fresh {
+                        self.line(&style.dim(&format!(
+                            "· context rebuilt: a new agent session, given the last {} turns ({})",
+                            c.turns, c.reason
+                        )));
+                    }
+                    set(&mut shown, i, Shown::Once);
+                }
             }
         }
         if let Some(error) = &message.error

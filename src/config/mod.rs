@@ -19,8 +19,8 @@ pub use crate::auth::tls::TlsFiles;
 use crate::domain::{invocation, limits::Limits};
 pub use crate::telemetry::LogFormat;
 pub use profile::{
-    MOCK_PROFILE, PermissionPolicy, PermissionRule, Profile, ProfileFile, RemoteTarget,
-    RuleDecision,
+    MOCK_PROFILE, OnReopenFailure, PermissionPolicy, PermissionRule, Profile, ProfileFile,
+    RemoteTarget, Resilience, RuleDecision,
 };
 
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";

@@ -7,8 +7,9 @@ use anyhow::Context;
 use serde::Deserialize;
 
 pub use crate::session::profile::{
-    DEFAULT_CANCEL_GRACE, DEFAULT_STARTUP_TIMEOUT, MOCK_PROFILE, PermissionPolicy, PermissionRule,
-    Profile, RemoteTarget, RuleDecision,
+    DEFAULT_CANCEL_GRACE, DEFAULT_REOPEN_CONTEXT_BYTES, DEFAULT_STARTUP_TIMEOUT,
+    MAX_REOPEN_CONTEXT_BYTES, MOCK_PROFILE, OnReopenFailure, PermissionPolicy, PermissionRule,
+    Profile, RemoteTarget, Resilience, RuleDecision,
 };
 
 /// Where a profile's runtimes run.
@@ -57,6 +58,16 @@ pub struct ProfileFile {
     /// Local: runtimes kept started and initialized for new sessions.
     #[serde(default)]
     pub warm_pool: usize,
+    /// Between SIGTERM and SIGKILL when a runtime is stopped on purpose (default "2s").
+    pub stop_grace: Option<String>,
+    /// Stop the runtime after a cancelled turn; the next turn reopens it.
+    #[serde(default)]
+    pub restart_after_cancel: bool,
+    /// `"disconnect"` (default) or `"fresh"`.
+    #[serde(default)]
+    pub on_reopen_failure: OnReopenFailure,
+    /// Bytes of the transcript a fresh session is primed with (default 32768).
+    pub reopen_context_bytes: Option<usize>,
 }
 
 /// The most runtimes one profile may keep warm (each is a live process that counts against
@@ -202,6 +213,30 @@ impl ProfileFile {
                 decision,
             });
         }
+        let reopen_context_bytes = file
+            .reopen_context_bytes
+            .unwrap_or(DEFAULT_REOPEN_CONTEXT_BYTES);
+        if reopen_context_bytes > MAX_REOPEN_CONTEXT_BYTES {
+            anyhow::bail!(
+                "{} = {reopen_context_bytes} is over the maximum of {MAX_REOPEN_CONTEXT_BYTES}",
+                field("reopen_context_bytes")
+            );
+        }
+        let stop_grace =
+            duration("stop_grace", &file.stop_grace)?.unwrap_or(Resilience::default().stop_grace);
+        if stop_grace > crate::acp::process::MAX_STOP_GRACE {
+            anyhow::bail!(
+                "{} is over the maximum of {}",
+                field("stop_grace"),
+                humantime::format_duration(crate::acp::process::MAX_STOP_GRACE)
+            );
+        }
+        let resilience = Resilience {
+            stop_grace,
+            restart_after_cancel: file.restart_after_cancel,
+            on_reopen_failure: file.on_reopen_failure,
+            reopen_context_bytes,
+        };
         Ok(Profile {
             name: name.to_owned(),
             command: PathBuf::from(file.command),
@@ -218,6 +253,7 @@ impl ProfileFile {
             permission_timeout: duration("permission_timeout", &file.permission_timeout)?,
             remote,
             warm_pool: file.warm_pool,
+            resilience,
         })
     }
 }
@@ -365,6 +401,52 @@ mod tests {
         assert!(err.to_string().contains("profiles.p.warm_pool"), "{err}");
         let err = toml::from_str::<ProfileFile>("command = \"x\"\nwarm_pool = -1").unwrap_err();
         assert!(err.to_string().contains("warm_pool"), "{err}");
+    }
+
+    #[test]
+    fn stop_grace_restart_after_cancel_and_the_reopen_fallback_are_read_with_their_defaults() {
+        let profile = file(
+            r#"command = "x"
+               stop_grace = "5s"
+               restart_after_cancel = true
+               on_reopen_failure = "fresh"
+               reopen_context_bytes = 1000"#,
+        )
+        .resolve("p")
+        .unwrap();
+        assert_eq!(
+            profile.resilience,
+            Resilience {
+                stop_grace: Duration::from_secs(5),
+                restart_after_cancel: true,
+                on_reopen_failure: OnReopenFailure::Fresh,
+                reopen_context_bytes: 1000,
+            }
+        );
+        let defaults = file("command = \"x\"").resolve("p").unwrap().resilience;
+        assert_eq!(defaults.stop_grace, Duration::from_secs(2));
+        assert!(!defaults.restart_after_cancel);
+        assert_eq!(defaults.on_reopen_failure, OnReopenFailure::Disconnect);
+        assert_eq!(defaults.reopen_context_bytes, 32 * 1024);
+        for (text, needle) in [
+            ("stop_grace = \"soon\"", "profiles.p.stop_grace"),
+            ("stop_grace = \"11m\"", "profiles.p.stop_grace"),
+            (
+                "reopen_context_bytes = 2000000",
+                "profiles.p.reopen_context_bytes",
+            ),
+        ] {
+            let err = format!(
+                "{:#}",
+                file(&format!("command = \"x\"\n{text}"))
+                    .resolve("p")
+                    .unwrap_err()
+            );
+            assert!(err.contains(needle), "{text} → {err}");
+        }
+        let err = toml::from_str::<ProfileFile>("command = \"x\"\non_reopen_failure = \"retry\"")
+            .unwrap_err();
+        assert!(err.to_string().contains("on_reopen_failure"), "{err}");
     }
 
     #[test]

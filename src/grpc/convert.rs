@@ -27,6 +27,14 @@ fn missing(field: &str) -> Error {
     Error::invalid(format!("{field} is required"))
 }
 
+/// A duration on the wire (whole nanoseconds; anything past `i64` seconds is capped).
+pub(crate) fn duration_to_pb(duration: std::time::Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        nanos: duration.subsec_nanos() as i32,
+    }
+}
+
 pub(crate) fn timestamp(time: SystemTime) -> Timestamp {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     Timestamp {
@@ -639,6 +647,11 @@ impl From<&crate::acp::transcript::Part> for pb::MessagePart {
             Part::Content { kind, json } => Kind::Content(pb::ContentPart {
                 r#type: kind.clone(),
                 json: json.clone(),
+            }),
+            Part::ContextRebuilt(c) => Kind::ContextRebuilt(pb::ContextRebuiltPart {
+                reason: c.reason.clone(),
+                turns: c.turns,
+                bytes: c.bytes,
             }),
         };
         pb::MessagePart { kind: Some(kind) }

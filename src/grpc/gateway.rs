@@ -136,7 +136,10 @@ fn encode(message: ToBridge) -> ConnectResponse {
             seq,
             line,
         }),
-        ToBridge::Kill { key } => Out::Kill(KillRuntime { runtime_key: key }),
+        ToBridge::Kill { key, grace } => Out::Kill(KillRuntime {
+            runtime_key: key,
+            stop_grace: grace.map(super::convert::duration_to_pb),
+        }),
         ToBridge::Ack { key, seq } => Out::Ack(LineAck {
             runtime_key: key,
             seq,

@@ -229,7 +229,13 @@ impl Relay {
             for key in orphaned {
                 tracing::info!(runtime = %key, "the owner replica ended a relayed stream: stopping its runtime");
                 let kill = ConnectResponse {
-                    frame: Some(Down::Kill(KillRuntime { runtime_key: key })),
+                    // No session holds it any more: stopped as a harness stops a runtime.
+                    frame: Some(Down::Kill(KillRuntime {
+                        runtime_key: key,
+                        stop_grace: Some(super::convert::duration_to_pb(
+                            crate::acp::process::DEFAULT_STOP_GRACE,
+                        )),
+                    })),
                 };
                 if down.send(kill).await.is_err() {
                     break;

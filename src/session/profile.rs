@@ -100,7 +100,55 @@ pub struct Profile {
     /// profiles only. Not part of the fingerprint: it changes when a runtime starts, not what
     /// it is.
     pub warm_pool: usize,
+    /// How its runtimes are stopped and reopened. Not part of the fingerprint either: it changes
+    /// how the harness treats a runtime, not what runs.
+    pub resilience: Resilience,
 }
+
+/// How a profile's runtimes are stopped and reopened, and the defences of their sessions
+/// against an agent's own defects and lost state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resilience {
+    /// Between SIGTERM (stdin closed) and SIGKILL when the harness stops a runtime on purpose.
+    pub stop_grace: Duration,
+    /// After a cancelled turn the runtime is stopped, and the next turn reopens it: a defence
+    /// against agents that desync after a cancel.
+    pub restart_after_cancel: bool,
+    /// What happens when a session cannot be reopened in its agent.
+    pub on_reopen_failure: OnReopenFailure,
+    /// At most this many bytes of the transcript prime a fresh session (`on_reopen_failure =
+    /// "fresh"`).
+    pub reopen_context_bytes: usize,
+}
+
+impl Default for Resilience {
+    fn default() -> Self {
+        Self {
+            stop_grace: crate::acp::process::DEFAULT_STOP_GRACE,
+            restart_after_cancel: false,
+            on_reopen_failure: OnReopenFailure::Disconnect,
+            reopen_context_bytes: DEFAULT_REOPEN_CONTEXT_BYTES,
+        }
+    }
+}
+
+/// What a failed reopen (the agent advertises neither `session/resume` nor `session/load`, or
+/// refuses them: its session is gone) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnReopenFailure {
+    /// The session is DISCONNECTED (RUNTIME_CANNOT_REOPEN, or the agent's error).
+    #[default]
+    Disconnect,
+    /// A new ACP session is started and primed with the end of the transcript; a
+    /// `context_rebuilt` event says so.
+    Fresh,
+}
+
+/// The default of `reopen_context_bytes`.
+pub const DEFAULT_REOPEN_CONTEXT_BYTES: usize = 32 * 1024;
+/// The most `reopen_context_bytes` may be.
+pub const MAX_REOPEN_CONTEXT_BYTES: usize = 1024 * 1024;
 
 /// Where a remote profile's runtimes run: a bridge whose labels include `bridge_labels`, from
 /// its profile `bridge_profile`.
@@ -124,7 +172,14 @@ impl Profile {
             command: &self.command,
             args: &self.args,
             env: &self.env,
+            stop_grace: self.resilience.stop_grace,
         }
+    }
+
+    /// Whether a session of this profile can come back once its runtime is gone: its agent
+    /// reopens it (`can_resume`, `can_load`), or a fresh session takes its place.
+    pub(crate) fn can_come_back(&self, can_resume: bool, can_load: bool) -> bool {
+        can_resume || can_load || self.resilience.on_reopen_failure == OnReopenFailure::Fresh
     }
 
     /// The built-in `mock` profile: our own scripted agent (`agent-harness mock-agent`).
@@ -144,6 +199,7 @@ impl Profile {
             permission_timeout: None,
             remote: None,
             warm_pool: 0,
+            resilience: Resilience::default(),
         }
     }
 

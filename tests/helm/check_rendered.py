@@ -340,6 +340,10 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
             "cancel_grace": "15s",
             "idle_timeout": "30m",
             "warm_pool": 2,
+            "stop_grace": "5s",
+            "restart_after_cancel": True,
+            "on_reopen_failure": "fresh",
+            "reopen_context_bytes": 16384,
         },
         claude,
     )
@@ -529,6 +533,7 @@ def the_bridge_config_holds_its_labels_profiles_and_grace(r, _):
         expect(profile["args"] == given.get("args", []), profile)
         expect(profile.get("env", {}) == given.get("env", {}), profile)
         expect(profile["allowed_cwd_roots"] == given.get("allowedCwdRoots", [workspace]), profile)
+        expect(profile.get("stop_grace") == given.get("stopGrace"), profile)
     expect(not set(bridge) - {"labels", "reconnect_grace", "profiles"}, bridge)
     annotation = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     expect(annotation == hashlib.sha256(text.rstrip("\n").encode()).hexdigest() or

@@ -1407,13 +1407,14 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
         let env = env.as_object().expect("an object");
         let names: BTreeSet<&str> = env.keys().map(String::as_str).collect();
         // Besides the documented list: the marker that finds the runtime's descendants (a hash of
-        // the data directory and ids, nothing of the server's).
+        // the data directory and ids, nothing of the server's) and its stop grace (the profile's).
         let allowed: BTreeSet<&str> = [
             "PATH",
             "HOME",
             "LANG",
             "PROFILE_VISIBLE",
             agent_harness::acp::process::MARKER_VAR,
+            agent_harness::acp::process::STOP_GRACE_VAR,
         ]
         .into();
         assert!(

@@ -56,6 +56,7 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             permission_timeout: None,
             remote: None,
             warm_pool: 0,
+            resilience: Default::default(),
         }),
     );
 }

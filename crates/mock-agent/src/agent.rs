@@ -3,7 +3,13 @@
 //! directives that runs until it has to wait (for a reply, a timer or a cancel) and then yields
 //! to the next message or timer.
 
-use std::{collections::HashMap, io::Write, time::Duration};
+use std::{
+    collections::HashMap,
+    future::Future,
+    io::Write,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use serde_json::{Value, json};
 use tokio::{
@@ -18,6 +24,7 @@ use super::{
     args::MockAgentArgs,
     options::ConfigOptions,
     script::{Directive, ElicitKind, PromptView, Script, chunk_text},
+    store::SessionStore,
     wire::{self, ChunkKind},
 };
 
@@ -117,6 +124,14 @@ enum Step {
     Exit(i32),
 }
 
+/// How the agent's loop ended.
+enum Ending {
+    /// Stdin closed (and the running turn did what it could without it).
+    InputClosed,
+    /// A directive exited with this code.
+    Exit(i32),
+}
+
 pub struct Agent<W, E> {
     args: MockAgentArgs,
     out: Out<W>,
@@ -132,11 +147,17 @@ pub struct Agent<W, E> {
     silent: bool,
     /// Reused by `@chunks`.
     scratch: String,
+    /// `--session-dir`: the sessions' files (shared with whoever writes them on a stop).
+    store: Option<Arc<Mutex<SessionStore>>>,
 }
 
 impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
     pub fn new(args: MockAgentArgs, output: W, stderr: E) -> Self {
         let initial_options = ConfigOptions::from_args(&args);
+        let store = args.session_dir.as_deref().map(|dir| {
+            let delay = Duration::from_millis(args.save_delay.unwrap_or(0));
+            Arc::new(Mutex::new(SessionStore::new(dir, delay)))
+        });
         Self {
             args,
             out: Out {
@@ -152,19 +173,54 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             turn: None,
             silent: false,
             scratch: String::new(),
+            store,
         }
     }
 
-    /// Serves until stdin closes (0) or a directive exits (its code). Once stdin has closed, the
-    /// running turn still runs what needs no input (timers included), then the agent exits.
-    pub async fn serve(mut self, incoming: &mut UnboundedReceiver<Incoming>) -> i32 {
+    /// Serves until stdin closes (0), a directive exits (its code), or `terminate` resolves (0:
+    /// the process got SIGTERM). Once stdin has closed, the running turn still runs what needs no
+    /// input (timers included), then the agent exits. Sessions not yet written are written when
+    /// stdin closes and on `terminate`, never when a directive crashes the agent.
+    pub async fn serve(
+        mut self,
+        incoming: &mut UnboundedReceiver<Incoming>,
+        terminate: impl Future<Output = ()>,
+    ) -> i32 {
+        let store = self.store.clone();
+        let write_all = || {
+            if let Some(store) = &store {
+                store.lock().expect("not poisoned").write_all();
+            }
+        };
+        tokio::select! {
+            ending = self.serve_loop(incoming) => match ending {
+                Ending::Exit(code) => code,
+                Ending::InputClosed => {
+                    write_all();
+                    0
+                }
+            },
+            () = terminate => {
+                write_all();
+                0
+            }
+        }
+    }
+
+    fn store(&self) -> Option<std::sync::MutexGuard<'_, SessionStore>> {
+        self.store
+            .as_ref()
+            .map(|store| store.lock().expect("not poisoned"))
+    }
+
+    async fn serve_loop(&mut self, incoming: &mut UnboundedReceiver<Incoming>) -> Ending {
         let mut input_open = true;
         loop {
             if self.silent || self.out.sink.is_none() {
                 // Nothing can be written any more: keep the pipe drained until it closes.
                 self.out.buf.clear();
                 while incoming.recv().await.is_some() {}
-                return 0;
+                return Ending::InputClosed;
             }
             if input_open {
                 match incoming.try_recv() {
@@ -172,13 +228,19 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                         self.handle(message);
                         continue;
                     }
-                    Err(TryRecvError::Disconnected) => input_open = false,
+                    Err(TryRecvError::Disconnected) => {
+                        input_open = false;
+                        // Asked to stop: what is not written yet is written now.
+                        if let Some(mut store) = self.store() {
+                            store.write_all();
+                        }
+                    }
                     Err(TryRecvError::Empty) => {}
                 }
             }
             if self.turn.as_ref().is_some_and(|t| t.wait == Wait::Ready) {
                 if let Step::Exit(code) = self.step().await {
-                    return code;
+                    return Ending::Exit(code);
                 }
                 self.out.flush_if_large().await;
                 continue;
@@ -196,16 +258,27 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                         self.on_deadline();
                         continue;
                     }
-                    None => return 0,
+                    None => return Ending::InputClosed,
                 }
             }
+            let save_at = self.store().and_then(|store| store.next_due());
             tokio::select! {
                 message = incoming.recv() => match message {
                     Some(message) => self.handle(message),
-                    None => input_open = false,
+                    None => {
+                        input_open = false;
+                        if let Some(mut store) = self.store() {
+                            store.write_all();
+                        }
+                    }
                 },
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     self.on_deadline();
+                }
+                () = tokio::time::sleep_until(save_at.unwrap_or_else(Instant::now)), if save_at.is_some() => {
+                    if let Some(mut store) = self.store() {
+                        store.write_due();
+                    }
                 }
             }
         }
@@ -312,11 +385,13 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                         "mock agent: session/new failed (--fail-new-session)",
                     );
                 } else {
-                    let mut session_id = format!("mock-session-{}", self.next_session);
-                    self.next_session += 1;
+                    let mut session_id = self.new_session_id();
                     if let Some(bytes) = self.args.session_id_bytes {
                         let pad = bytes.saturating_sub(session_id.len());
                         session_id.push_str(&"x".repeat(pad));
+                    }
+                    if let Some(mut store) = self.store() {
+                        store.touch(&session_id, false);
                     }
                     let result = self.session_result(&session_id, true);
                     wire::response(self.buf(), id, &result);
@@ -326,6 +401,9 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
                     return self.invalid_params(id, "params.sessionId must be a string");
                 };
+                if !self.reopen(id, session_id) {
+                    return;
+                }
                 let buf = &mut self.out.buf;
                 wire::text_chunk(
                     buf,
@@ -346,6 +424,9 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
                     return self.invalid_params(id, "params.sessionId must be a string");
                 };
+                if !self.reopen(id, session_id) {
+                    return;
+                }
                 let result = self.session_result(session_id, false);
                 wire::response(self.buf(), id, &result);
             }
@@ -355,6 +436,9 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 };
                 let session_id = format!("{parent}-fork-{}", self.next_session);
                 self.next_session += 1;
+                if let Some(mut store) = self.store() {
+                    store.touch(&session_id, false);
+                }
                 let result = self.session_result(&session_id, true);
                 wire::response(self.buf(), id, &result);
             }
@@ -379,6 +463,41 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 &format!("Method not found: {method}"),
             ),
         }
+    }
+
+    /// A new session's id: `mock-session-<n>`, or with `--session-dir`, where ids must not
+    /// repeat across processes, `mock-session-<unique>-<n>`.
+    fn new_session_id(&mut self) -> String {
+        let n = self.next_session;
+        self.next_session += 1;
+        if self.store.is_none() {
+            return format!("mock-session-{n}");
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        format!("mock-session-{nanos:x}{:x}-{n}", std::process::id())
+    }
+
+    /// Checks a session to resume or load against `--session-dir`; answers the request with
+    /// -32002 "Resource not found" and says `false` when its file is gone.
+    fn reopen(&mut self, id: &Value, session_id: &str) -> bool {
+        let Some(mut store) = self.store() else {
+            return true;
+        };
+        if store.knows(session_id) {
+            store.touch(session_id, false);
+            return true;
+        }
+        drop(store);
+        wire::error(
+            self.buf(),
+            id,
+            ErrorCode::ResourceNotFound,
+            &format!("Resource not found: session {session_id}"),
+        );
+        false
     }
 
     fn invalid_params(&mut self, id: &Value, message: &str) {
@@ -512,6 +631,9 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
         let Some(blocks) = params.get("prompt").and_then(Value::as_array) else {
             return self.invalid_params(id, "params.prompt must be an array of content blocks");
         };
+        if let Some(mut store) = self.store() {
+            store.touch(session_id, true);
+        }
         let buf = &mut self.out.buf;
         let (user_text, has_user_text, links) = match PromptView::read(blocks) {
             PromptView::Compact => {

@@ -98,6 +98,17 @@ pub struct MockAgentArgs {
     /// of answering (one crash among several starts of the same command line)
     #[arg(long, value_name = "FILE")]
     pub crash_on_new_session_once: Option<std::path::PathBuf>,
+    /// Keep a file per session in DIR; `session/resume` and `session/load` of a session with no
+    /// file (and unknown to this process) fail -32002 "Resource not found"
+    #[arg(long, value_name = "DIR")]
+    pub session_dir: Option<std::path::PathBuf>,
+    /// With --session-dir: write a session's file only MS milliseconds after it changed, or at
+    /// once on SIGTERM or at the end of stdin (a lazily written session, as Claude Code's)
+    #[arg(long, value_name = "MS", requires = "session_dir")]
+    pub save_delay: Option<u64>,
+    /// Ignore SIGTERM (only SIGKILL ends the agent then; the end of stdin still does)
+    #[arg(long)]
+    pub ignore_sigterm: bool,
 }
 
 impl Default for MockAgentArgs {
@@ -121,6 +132,9 @@ impl Default for MockAgentArgs {
             ignore_cancel: false,
             session_id_bytes: None,
             crash_on_new_session_once: None,
+            session_dir: None,
+            save_delay: None,
+            ignore_sigterm: false,
         }
     }
 }
@@ -254,6 +268,19 @@ mod tests {
         assert!(dup.validate().is_err());
         let blank = MockAgentArgs::from_flags(["--models", ""]).unwrap();
         assert!(blank.validate().is_err());
+    }
+
+    #[test]
+    fn a_save_delay_needs_a_session_dir() {
+        assert!(MockAgentArgs::from_flags(["--save-delay", "100"]).is_err());
+        let args =
+            MockAgentArgs::from_flags(["--session-dir", "/tmp/x", "--save-delay", "100"]).unwrap();
+        assert_eq!(args.save_delay, Some(100));
+        assert!(
+            MockAgentArgs::from_flags(["--ignore-sigterm"])
+                .unwrap()
+                .ignore_sigterm
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod args;
 pub mod options;
 pub mod script;
 mod stdio;
+mod store;
 pub mod wire;
 
 #[cfg(test)]
@@ -47,7 +48,24 @@ pub async fn run_with_stderr<R, W, E>(
     args: &MockAgentArgs,
     input: R,
     output: W,
+    stderr: E,
+) -> io::Result<i32>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    E: Write,
+{
+    run_until(args, input, output, stderr, std::future::pending()).await
+}
+
+/// [`run_with_stderr`] that also ends (code 0, its sessions written) when `terminate` resolves:
+/// the process's SIGTERM, when it runs as a process.
+async fn run_until<R, W, E>(
+    args: &MockAgentArgs,
+    input: R,
+    output: W,
     mut stderr: E,
+    terminate: impl std::future::Future<Output = ()>,
 ) -> io::Result<i32>
 where
     R: AsyncRead + Unpin,
@@ -71,7 +89,7 @@ where
         read_messages(input, sender).await;
         std::future::pending::<()>().await;
     };
-    let agent = Agent::new(args.clone(), output, stderr).serve(&mut receiver);
+    let agent = Agent::new(args.clone(), output, stderr).serve(&mut receiver, terminate);
     tokio::select! {
         code = agent => Ok(code),
         () = reader => unreachable!("the reader never finishes"),
@@ -102,6 +120,23 @@ async fn read_messages<R: AsyncRead + Unpin>(input: R, sender: mpsc::UnboundedSe
     }
 }
 
+/// What SIGTERM does to the agent process: with `ignore`, nothing (the future never resolves);
+/// otherwise it ends the agent with code 0, once the sessions of `--session-dir` not yet written
+/// are (the returned future resolves).
+fn terminated(
+    ignore: bool,
+) -> io::Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>> {
+    if ignore {
+        // SAFETY: setting a signal's disposition to SIG_IGN has no other effect.
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+        return Ok(Box::pin(std::future::pending()));
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    Ok(Box::pin(async move {
+        term.recv().await;
+    }))
+}
+
 /// The `mock-agent` subcommand: runs on the process's stdin/stdout on a current-thread runtime
 /// and returns the exit code (2 for invalid flags, 1 for an I/O failure).
 pub fn main(args: MockAgentArgs) -> i32 {
@@ -118,7 +153,8 @@ pub fn main(args: MockAgentArgs) -> i32 {
     let outcome = runtime.block_on(async {
         let input = stdio::Input::stdin()?;
         let output = stdio::Output::stdout()?;
-        run(&args, input, output).await
+        let terminate = terminated(args.ignore_sigterm)?;
+        run_until(&args, input, output, io::stderr(), terminate).await
     });
     // Blocking stdin (not a pipe) may still be parked in a read: do not wait for it.
     runtime.shutdown_background();

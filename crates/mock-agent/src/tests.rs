@@ -486,6 +486,95 @@ async fn resume_is_advertised_and_accepts_any_session_with_the_resume_flag() {
     .await;
 }
 
+/// Asks `client` to resume (or load) `session`; its answer.
+async fn reopen(client: &mut Client, method: ReopenMethod, session: &str) -> Value {
+    let id = client.mint_id();
+    let frame = acp_frames::reopen_session_request(id.clone(), method, session, "/tmp");
+    client.send(&frame).await;
+    client.until_response(&id).await.1
+}
+
+#[tokio::test]
+async fn with_a_session_dir_a_session_reopens_in_another_process_only_once_its_file_is_written() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let dir_flag = dir.path().to_str().unwrap();
+        let lazy = [
+            "--resume",
+            "--load",
+            "--session-dir",
+            dir_flag,
+            "--save-delay",
+            "60000",
+        ];
+        let mut first = start(&lazy);
+        first.handshake().await;
+        let session = first.session.clone();
+        assert!(session.starts_with("mock-session-"), "{session}");
+        let (_, done) = first.turn("hi").await;
+        assert_eq!(stop_reason(&done), "end_turn");
+        // Still in memory only: another process does not find it.
+        let mut other = start(&lazy);
+        other.initialize().await;
+        for method in [ReopenMethod::Resume, ReopenMethod::Load] {
+            let refused = reopen(&mut other, method, &session).await;
+            assert_eq!(refused["error"]["code"], -32002, "{refused}");
+            assert!(
+                refused["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("Resource not found"),
+                "{refused}"
+            );
+        }
+        // The end of its input is a stop: the file is written before it exits.
+        let (_, code) = first.finish().await;
+        assert_eq!(code, 0);
+        let resumed = reopen(&mut other, ReopenMethod::Resume, &session).await;
+        assert!(resumed.get("result").is_some(), "{resumed}");
+        other.session = session;
+        let (updates, done) = other.turn("again").await;
+        assert_eq!(agent_texts(&updates), ["echo: again"]);
+        assert_eq!(stop_reason(&done), "end_turn");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_crash_loses_a_lazily_written_session_and_an_unknown_one_is_not_found() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let dir_flag = dir.path().to_str().unwrap();
+        let lazy = [
+            "--resume",
+            "--session-dir",
+            dir_flag,
+            "--save-delay",
+            "60000",
+        ];
+        let mut first = start(&lazy);
+        first.handshake().await;
+        let session = first.session.clone();
+        first.prompt("@crash 9").await;
+        // Its input stays open (its end would be a stop): the crash ends the output.
+        while first.next_line().await.is_some() {}
+        assert_eq!(first.agent.await.unwrap().unwrap(), 9);
+        let mut other = start(&lazy);
+        other.initialize().await;
+        let refused = reopen(&mut other, ReopenMethod::Resume, &session).await;
+        assert_eq!(refused["error"]["code"], -32002, "{refused}");
+        let never = reopen(&mut other, ReopenMethod::Resume, "never-created").await;
+        assert_eq!(never["error"]["code"], -32002, "{never}");
+        // Without a delay the file is written at once.
+        let mut eager = start(&["--resume", "--session-dir", dir_flag]);
+        eager.handshake().await;
+        let session = eager.session.clone();
+        let resumed = reopen(&mut other, ReopenMethod::Resume, &session).await;
+        assert!(resumed.get("result").is_some(), "{resumed}");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn loading_a_session_replays_a_user_and_an_agent_chunk_before_answering() {
     within(async {

@@ -43,6 +43,7 @@ pub fn mock_profile_with(
         permission_timeout: None,
         remote: None,
         warm_pool: 0,
+        resilience: Default::default(),
     };
     edit(&mut profile);
     config.profiles.insert(name.to_owned(), Arc::new(profile));

@@ -172,6 +172,10 @@ services, static_files_base_url and the insecure flag are passed as flags (see t
 {{- with $p.startupTimeout }}{{ $_ := set $profile "startup_timeout" . }}{{ end -}}
 {{- with $p.cancelGrace }}{{ $_ := set $profile "cancel_grace" . }}{{ end -}}
 {{- with $p.idleTimeout }}{{ $_ := set $profile "idle_timeout" . }}{{ end -}}
+{{- with $p.stopGrace }}{{ $_ := set $profile "stop_grace" . }}{{ end -}}
+{{- if $p.restartAfterCancel }}{{ $_ := set $profile "restart_after_cancel" true }}{{ end -}}
+{{- with $p.onReopenFailure }}{{ $_ := set $profile "on_reopen_failure" . }}{{ end -}}
+{{- if hasKey $p "reopenContextBytes" }}{{ $_ := set $profile "reopen_context_bytes" (int64 $p.reopenContextBytes) }}{{ end -}}
 {{- with $p.warmPool }}{{ $_ := set $profile "warm_pool" (int64 .) }}{{ end -}}
 {{- $_ := set $profiles $name $profile -}}
 {{- end -}}
@@ -232,6 +236,9 @@ reconnect_grace = {{ . | toJson }}
 command = {{ $profile.command | toJson }}
 args = {{ default list $profile.args | toJson }}
 allowed_cwd_roots = {{ default (list $.Values.workspace.mountPath) $profile.allowedCwdRoots | toJson }}
+{{- with $profile.stopGrace }}
+stop_grace = {{ . | toJson }}
+{{- end }}
 {{- with $profile.env }}
 [profiles.{{ $name | toJson }}.env]
 {{- range $key, $value := . }}

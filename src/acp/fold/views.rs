@@ -174,6 +174,10 @@ pub(super) struct Event<'a> {
     #[serde(borrow)]
     #[serde_as(deserialize_as = "DefaultOnError")]
     pub failed_turn: Option<&'a str>,
+    /// Why a `context_rebuilt` happened.
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub reason: Option<&'a str>,
 }
 
 /// A `forked` event's parent entries.

@@ -489,9 +489,11 @@ impl Gateway {
                 )))
                 .await;
         }
-        // Runtimes the harness does not know (it restarted, or gave up on them): stop them.
+        // Runtimes the harness does not know (it restarted, or gave up on them): stop them, as a
+        // harness stops a runtime (their sessions may reopen them by resume).
         for key in orphans {
-            let _ = out.send(ToBridge::Kill { key }).await;
+            let grace = Some(crate::acp::process::DEFAULT_STOP_GRACE);
+            let _ = out.send(ToBridge::Kill { key, grace }).await;
         }
 
         let result = loop {

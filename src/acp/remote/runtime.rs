@@ -18,7 +18,7 @@ use tokio::{
 
 use super::wire::{FromBridge, ToBridge};
 use crate::{
-    acp::process::{RuntimeKiller, StderrTail},
+    acp::process::{RuntimeKiller, StderrTail, StopRequest},
     domain::text::cap_foreign,
 };
 
@@ -32,6 +32,8 @@ const PIPE_BYTES: usize = 256 * 1024;
 const SEND_STALL: Duration = Duration::from_secs(10);
 /// The default of `reconnect_grace`.
 pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(30);
+/// How long past a graceful stop's grace the harness waits for the bridge to report the exit.
+const STOP_REPORT_MARGIN: Duration = Duration::from_secs(5);
 
 /// A started remote runtime, shaped like a local one for the session actor.
 pub struct SpawnedRemote {
@@ -123,7 +125,7 @@ impl RuntimeTask {
         mut self,
         pipe: DuplexStream,
         mut events: mpsc::Receiver<RuntimeEvent>,
-        mut kill: oneshot::Receiver<()>,
+        mut kill: oneshot::Receiver<StopRequest>,
         forget: impl FnOnce(),
     ) {
         let (from_actor, mut to_actor) = tokio::io::split(pipe);
@@ -134,10 +136,16 @@ impl RuntimeTask {
             let can_send = self.out.is_some() && self.unacked.len() < MAX_UNACKED_LINES;
             let grace_end = self.detached_until;
             tokio::select! {
-                _ = &mut kill => {
-                    self.send(ToBridge::Kill { key: self.key.clone() }).await;
-                    break None;
-                }
+                request = &mut kill => match request {
+                    Ok(StopRequest::Gracefully(grace)) => {
+                        self.send(ToBridge::Kill { key: self.key.clone(), grace: Some(grace) }).await;
+                        break self.stopped(&mut events, grace).await;
+                    }
+                    _ => {
+                        self.send(ToBridge::Kill { key: self.key.clone(), grace: None }).await;
+                        break None;
+                    }
+                },
                 read = from_actor.read_until(b'\n', &mut line), if can_send && !actor_closed => {
                     match read {
                         Ok(0) | Err(_) => actor_closed = true,
@@ -274,6 +282,7 @@ impl RuntimeTask {
                         // An acknowledgement of lines never sent: the bridge is confused.
                         self.send(ToBridge::Kill {
                             key: self.key.clone(),
+                            grace: None,
                         })
                         .await;
                         return lost(format!(
@@ -306,6 +315,7 @@ impl RuntimeTask {
                     if let Some(fault) = fault {
                         self.send(ToBridge::Kill {
                             key: self.key.clone(),
+                            grace: None,
                         })
                         .await;
                         return lost(fault);
@@ -332,16 +342,62 @@ impl RuntimeTask {
                     signal,
                     stderr_tail,
                     ..
-                } => {
-                    self.stderr.push(cap_foreign(&stderr_tail).as_bytes());
-                    let status = match (code, signal) {
-                        (Some(code), _) => ExitStatus::from_raw((code & 0xff) << 8),
-                        (None, Some(signal)) => ExitStatus::from_raw(signal & 0x7f),
-                        (None, None) => ExitStatus::from_raw(0),
-                    };
-                    Some(Ok(status))
-                }
+                } => Some(Ok(self.exit_status(code, signal, &stderr_tail))),
             },
+        }
+    }
+
+    fn exit_status(&self, code: Option<i32>, signal: Option<i32>, stderr_tail: &str) -> ExitStatus {
+        self.stderr.push(cap_foreign(stderr_tail).as_bytes());
+        match (code, signal) {
+            (Some(code), _) => ExitStatus::from_raw((code & 0xff) << 8),
+            (None, Some(signal)) => ExitStatus::from_raw(signal & 0x7f),
+            (None, None) => ExitStatus::from_raw(0),
+        }
+    }
+
+    /// After a graceful stop was asked of the bridge: waits for it to report the exit (so a
+    /// reopen starts only once the agent has written its state), at most the grace and a margin.
+    /// What the agent still writes is acknowledged and dropped: nobody reads it any more.
+    async fn stopped(
+        &mut self,
+        events: &mut mpsc::Receiver<RuntimeEvent>,
+        grace: Duration,
+    ) -> Option<io::Result<ExitStatus>> {
+        let deadline = Instant::now() + grace + STOP_REPORT_MARGIN;
+        loop {
+            let event = tokio::select! {
+                event = events.recv() => event?,
+                () = tokio::time::sleep_until(deadline) => return None,
+            };
+            match event {
+                RuntimeEvent::Bridge(FromBridge::Exited {
+                    code,
+                    signal,
+                    stderr_tail,
+                    ..
+                }) => return Some(Ok(self.exit_status(code, signal, &stderr_tail))),
+                RuntimeEvent::Bridge(FromBridge::Stdout { seq, .. })
+                    if seq > self.last_stdout_seq =>
+                {
+                    self.last_stdout_seq = seq;
+                    let key = self.key.clone();
+                    self.send(ToBridge::Ack { key, seq }).await;
+                }
+                RuntimeEvent::Gone(_) => return None,
+                RuntimeEvent::Attached { out, .. } => {
+                    // A redialled bridge may not have heard the stop: say it again.
+                    self.out = Some(out);
+                    let key = self.key.clone();
+                    self.send(ToBridge::Kill {
+                        key,
+                        grace: Some(grace),
+                    })
+                    .await;
+                }
+                RuntimeEvent::Detached => self.out = None,
+                RuntimeEvent::Bridge(_) => {}
+            }
         }
     }
 }

@@ -380,7 +380,7 @@ async fn a_gap_in_the_bridges_numbers_ends_the_runtime_as_lost() {
         .unwrap()
         .unwrap();
     assert!(exit.unwrap_err().to_string().contains("lost"));
-    assert_eq!(next(&mut out).await, ToBridge::Kill { key });
+    assert_eq!(next(&mut out).await, ToBridge::Kill { key, grace: None });
 }
 
 #[tokio::test]
@@ -432,4 +432,62 @@ async fn after_a_broken_stream_the_redialled_bridge_gets_what_it_had_not_receive
             line: b"{\"two\":2}".to_vec()
         }
     );
+}
+
+#[tokio::test]
+async fn a_graceful_stop_asks_the_bridge_with_its_grace_and_ends_once_the_bridge_reports_the_exit()
+{
+    let gateway = Gateway::new();
+    let (mut out, inbound) = connect(&gateway, hello("b1", &[]));
+    let spawning = tokio::spawn({
+        let gateway = gateway.clone();
+        async move { gateway.spawn(spec(&BTreeMap::new())).await }
+    });
+    let ToBridge::Spawn { key, .. } = next(&mut out).await else {
+        panic!()
+    };
+    inbound
+        .send(Ok(FromBridge::Spawned { key: key.clone() }))
+        .await
+        .unwrap();
+    let mut runtime = spawning.await.unwrap().unwrap();
+    runtime.killer.stop(Duration::from_secs(3));
+    let grace = Some(Duration::from_secs(3));
+    assert_eq!(
+        next(&mut out).await,
+        ToBridge::Kill {
+            key: key.clone(),
+            grace
+        }
+    );
+    // What the agent writes on its way out is taken (acknowledged), not faulted.
+    inbound
+        .send(Ok(FromBridge::Stdout {
+            key: key.clone(),
+            seq: 1,
+            line: b"{}".to_vec(),
+        }))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut out).await,
+        ToBridge::Ack {
+            key: key.clone(),
+            seq: 1
+        }
+    );
+    inbound
+        .send(Ok(FromBridge::Exited {
+            key,
+            code: Some(0),
+            signal: None,
+            stderr_tail: String::new(),
+        }))
+        .await
+        .unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(5), runtime.exited)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.unwrap().success());
 }

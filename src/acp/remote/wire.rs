@@ -73,8 +73,11 @@ pub enum ToBridge {
         seq: u64,
         line: Vec<u8>,
     },
+    /// Stop the runtime: gracefully with a grace (stdin closed, SIGTERM, SIGKILL after the
+    /// grace), else at once.
     Kill {
         key: String,
+        grace: Option<std::time::Duration>,
     },
     Ack {
         key: String,

@@ -315,7 +315,10 @@ impl Actor {
         let action_id = entry.action_id;
         if !self.runtime.state.is_up() {
             // SUSPENDED or DISCONNECTED: reopen, with this action queued behind the reopen.
-            if !(self.record.can_resume || self.record.can_load) {
+            if !self
+                .profile
+                .can_come_back(self.record.can_resume, self.record.can_load)
+            {
                 return Err(Error::new(
                     ErrorCode::RuntimeDisconnected,
                     format!(
@@ -558,7 +561,7 @@ impl Actor {
             return Ok(self.record.clone());
         }
         let had_runtime = self.runtime.state.is_up();
-        self.kill_runtime();
+        self.stop_runtime();
         let open_turn = self.fail_running_turn();
         let mut out = Out::default();
         self.clear_queue(&mut out);
@@ -578,7 +581,7 @@ impl Actor {
     }
 
     pub(super) async fn on_delete(&mut self) -> Result<()> {
-        self.kill_runtime();
+        self.stop_runtime();
         self.ctx.store.delete_session(self.record.id).await?;
         self.shared.publish(SessionEvent::Deleted);
         self.finished = true;

@@ -14,6 +14,7 @@ use crate::{
     acp::{
         connection::{Inbound, InvalidLine, RuntimeEvent},
         frames::{self as acp_frames, PromptOptions, RpcErrorCode, rpc_code},
+        primer::{self, ContextPrimer},
         views::{
             CancelParams, Envelope, Params, PromptResult, RawParams, Reply, SessionResult,
             UpdateParams, view,
@@ -26,6 +27,9 @@ use crate::{
     store::{ActionRecord, ActionState, Direction, QueueOp},
 };
 use std::time::Instant;
+
+/// Why a runtime was stopped after a cancelled turn (the event's reason and the status reason).
+const RESTARTED_AFTER_CANCEL: &str = "restarted after a cancelled turn (restart_after_cancel)";
 
 impl Actor {
     pub(super) async fn on_runtime_events(&mut self, events: Vec<RuntimeEvent>) {
@@ -184,7 +188,8 @@ impl Actor {
                 None => "failed",
             };
             turn.ended(stop_reason);
-            self.end_turn().await;
+            let cancelled = stop_reason == "cancelled" || turn.cancel_deadline.is_some();
+            self.end_turn(cancelled).await;
         }
     }
 
@@ -224,14 +229,46 @@ impl Actor {
         let _ = self.flush(out).await;
     }
 
-    pub(super) async fn end_turn(&mut self) {
+    /// The running turn ended (`cancelled`: by a stop, or the agent said so).
+    pub(super) async fn end_turn(&mut self, cancelled: bool) {
         self.work.turn = None;
         // Held requests of the turn are released: a later answer gets *_NOT_PENDING.
         self.work.held.clear();
+        if cancelled
+            && self.profile.resilience.restart_after_cancel
+            && self
+                .profile
+                .can_come_back(self.record.can_resume, self.record.can_load)
+        {
+            return self.restart_after_cancel().await;
+        }
         let mut out = Out::default();
         self.refresh_status(&mut out);
         let _ = self.flush(out).await;
         self.dispatch_next().await;
+    }
+
+    /// `restart_after_cancel`: some agents desync after a cancel (a later prompt gets the
+    /// earlier one's reply), so the runtime is stopped (gracefully) and the session SUSPENDED;
+    /// queued work reopens it at once, else the next turn does.
+    async fn restart_after_cancel(&mut self) {
+        self.stop_runtime();
+        let mut out = Out::default();
+        self.log_event(
+            &mut out,
+            json!({"event": "runtime_stopped", "epoch": self.runtime.epoch,
+                   "reason": RESTARTED_AFTER_CANCEL}),
+            None,
+        );
+        self.record.status = crate::domain::session::SessionStatus::Suspended;
+        self.record.status_reason = RESTARTED_AFTER_CANCEL.to_owned();
+        self.touch(&mut out);
+        if let Err(error) = self.flush(out).await {
+            tracing::error!(session = %self.record.id, %error, "could not record a restart after a cancel");
+        }
+        if !self.work.queue.is_empty() && !self.ctx.is_draining() {
+            Box::pin(self.start_runtime(super::StartPurpose::Reopen)).await;
+        }
     }
 
     pub(super) async fn on_agent_request(&mut self, id: &Value, method: &str, params: &Value) {
@@ -380,6 +417,22 @@ impl Actor {
         }
     }
 
+    /// After a `context_rebuilt` (a fresh ACP session in place of one the agent lost), the
+    /// transcript the next prompt carries; the fold says whether one is due, so it survives a
+    /// restart of the harness.
+    async fn context_primer(&mut self) -> Result<Option<ContextPrimer>> {
+        let fold = match self.fold.take() {
+            Some(fold) => fold,
+            None => self.fold_log().await?,
+        };
+        let budget = self.profile.resilience.reopen_context_bytes;
+        let primer = fold
+            .context_rebuilt()
+            .and_then(|reason| primer::build(fold.messages(), budget, reason));
+        self.fold = Some(fold);
+        Ok(primer)
+    }
+
     /// Logs and sends a turn's `session/prompt`. `new_action`: the fingerprint when the action id
     /// is recorded by this very step (not yet queued); `from_queue`: it was the queue head.
     pub(super) async fn dispatch_entry(
@@ -388,6 +441,10 @@ impl Actor {
         new_action: Option<String>,
         from_queue: bool,
     ) -> Result<()> {
+        let primer = match &entry.work {
+            QueuedWork::Prompt(_) => self.context_primer().await?,
+            QueuedWork::Compact => None,
+        };
         let frame = match &entry.work {
             QueuedWork::Prompt(prompt) => acp_frames::prompt_request(
                 &entry.action_id,
@@ -397,6 +454,7 @@ impl Actor {
                     meta_key: &self.ctx.meta_key,
                     context: entry.context.as_ref(),
                     traceparent: entry.traceparent.as_deref(),
+                    primer: primer.as_ref(),
                 },
             ),
             QueuedWork::Compact => {

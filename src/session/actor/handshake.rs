@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{
     Actor, HARNESS_ACTOR, Out, PendingKind, StartPurpose, fingerprint,
@@ -13,6 +13,7 @@ use super::{
 use crate::{
     acp::{
         frames::{self as acp_frames, ConfigValue, ReopenMethod, RpcErrorCode, rpc_code},
+        transcript::CONTEXT_REBUILT_EVENT,
         views::{Reply, RpcError, SessionResult, view},
     },
     domain::{
@@ -20,6 +21,7 @@ use crate::{
         queue::{QueuedEntry, QueuedWork},
         text::{MAX_FOREIGN_TEXT_BYTES, cap_foreign},
     },
+    session::profile::OnReopenFailure,
     store::ActionState,
 };
 
@@ -63,7 +65,7 @@ pub(super) fn handshake_failure(kind: &PendingKind, error: &RpcError) -> (ErrorC
     let message = error.message.unwrap_or("no message");
     let step = match kind {
         PendingKind::Initialize => "initialize",
-        PendingKind::NewSession => "session/new",
+        PendingKind::NewSession | PendingKind::FreshSession { .. } => "session/new",
         PendingKind::Reopen(method) => method.as_str(),
         PendingKind::SetConfig { .. } => "session/set_config_option",
     };
@@ -79,12 +81,32 @@ pub(super) fn handshake_failure(kind: &PendingKind, error: &RpcError) -> (ErrorC
 /// The request that opens the session once `initialize` is answered, with its kind and method.
 type OpenRequest = (Value, PendingKind, &'static str);
 
+/// The session id a `session/new` (or `session/fork`) answer names, or why it is not one.
+fn opened_session_id<'a>(result: &SessionResult<'a>) -> Result<&'a str, String> {
+    let Some(session_id) = result.session_id else {
+        return Err("session/new answered without a sessionId".into());
+    };
+    if session_id.len() > MAX_FOREIGN_TEXT_BYTES {
+        return Err(format!(
+            "session/new answered a sessionId of {} bytes (at most {MAX_FOREIGN_TEXT_BYTES})",
+            session_id.len()
+        ));
+    }
+    Ok(session_id)
+}
+
 impl Actor {
     /// A reply to a handshake request: the next step, or the failure of the start.
     pub(super) async fn on_handshake_response(&mut self, kind: PendingKind, response: &Value) {
         let reply: Reply<SessionResult> = view(response);
         if let Some(error) = &reply.error {
             let (code, reason) = handshake_failure(&kind, error);
+            // The agent refused to reopen its session (it is gone): a fresh one, if the profile
+            // says so.
+            if matches!(kind, PendingKind::Reopen(_)) && self.fresh_on_reopen_failure() {
+                let reason = cap_foreign(&reason);
+                return self.open_fresh_session(reason).await;
+            }
             return self.startup_fault(code, reason).await;
         }
         let result = reply.result.unwrap_or_default();
@@ -92,8 +114,53 @@ impl Actor {
             PendingKind::Initialize => self.on_initialized(&result).await,
             PendingKind::NewSession => self.on_session_opened(result).await,
             PendingKind::Reopen(_) => self.on_session_reopened(result).await,
+            PendingKind::FreshSession { why } => self.on_fresh_session_opened(result, why).await,
             PendingKind::SetConfig { .. } => unreachable!("handled as a control response"),
         }
+    }
+
+    fn fresh_on_reopen_failure(&self) -> bool {
+        self.profile.resilience.on_reopen_failure == OnReopenFailure::Fresh
+    }
+
+    /// `on_reopen_failure = "fresh"`: the session cannot be reopened in its agent (`why`), so a
+    /// new ACP session takes its place; its first prompt carries the transcript.
+    async fn open_fresh_session(&mut self, why: String) {
+        let id = self.harness_request_id();
+        let frame = acp_frames::new_session_request(id.clone(), &self.record.cwd);
+        self.expect(&id, PendingKind::FreshSession { why }, "session/new");
+        let mut out = Out::default();
+        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+        self.flush_or_fault(out).await;
+    }
+
+    /// The new ACP session in place of the lost one is open: `context_rebuilt` is logged (the
+    /// next prompt is primed with the transcript, as the fold tells), and the settings chosen
+    /// before are asked for again, as after a reopen.
+    async fn on_fresh_session_opened(&mut self, result: SessionResult<'_>, why: String) {
+        let session_id = match opened_session_id(&result) {
+            Ok(session_id) => session_id,
+            Err(reason) => {
+                return self
+                    .startup_fault(ErrorCode::RuntimeStartFailed, reason)
+                    .await;
+            }
+        };
+        let previous = std::mem::replace(&mut self.record.acp_session_id, session_id.to_owned());
+        let mut out = Out::default();
+        self.log_event(
+            &mut out,
+            json!({"event": CONTEXT_REBUILT_EVENT, "epoch": self.runtime.epoch, "reason": why,
+                   "previous_acp_session_id": previous, "acp_session_id": session_id,
+                   "context_bytes": self.profile.resilience.reopen_context_bytes}),
+            None,
+        );
+        self.touch(&mut out);
+        tracing::warn!(session = %self.record.id, reason = %why, "the agent could not reopen the session: continuing in a new one primed with the transcript");
+        if let Err(error) = self.flush(out).await {
+            return self.fault("storage", error.message).await;
+        }
+        self.on_session_reopened(result).await;
     }
 
     /// `initialize` answered: what the agent can do is recorded, and the session is opened.
@@ -144,11 +211,17 @@ impl Actor {
                 Ok((frame, PendingKind::NewSession, "session/new"))
             }
             _ => {
-                let method =
-                    reopen_method(self.record.can_resume, self.record.can_load).ok_or((
-                        ErrorCode::RuntimeDisconnected,
-                        "the runtime advertises neither session/resume nor session/load",
-                    ))?;
+                const NEITHER: &str =
+                    "the runtime advertises neither session/resume nor session/load";
+                let Some(method) = reopen_method(self.record.can_resume, self.record.can_load)
+                else {
+                    if self.fresh_on_reopen_failure() {
+                        let frame = acp_frames::new_session_request(id, cwd);
+                        let why = NEITHER.to_owned();
+                        return Ok((frame, PendingKind::FreshSession { why }, "session/new"));
+                    }
+                    return Err((ErrorCode::RuntimeDisconnected, NEITHER));
+                };
                 let frame = acp_frames::reopen_session_request(
                     id,
                     method,
@@ -163,25 +236,14 @@ impl Actor {
     /// `session/new` (or `session/fork`) answered: the session has its ACP id; the model the
     /// caller asked for is set before the session is ready.
     async fn on_session_opened(&mut self, result: SessionResult<'_>) {
-        let Some(session_id) = result.session_id else {
-            return self
-                .startup_fault(
-                    ErrorCode::RuntimeStartFailed,
-                    "session/new answered without a sessionId".into(),
-                )
-                .await;
+        let session_id = match opened_session_id(&result) {
+            Ok(session_id) => session_id,
+            Err(reason) => {
+                return self
+                    .startup_fault(ErrorCode::RuntimeStartFailed, reason)
+                    .await;
+            }
         };
-        if session_id.len() > MAX_FOREIGN_TEXT_BYTES {
-            return self
-                .startup_fault(
-                    ErrorCode::RuntimeStartFailed,
-                    format!(
-                        "session/new answered a sessionId of {} bytes (at most {MAX_FOREIGN_TEXT_BYTES})",
-                        session_id.len()
-                    ),
-                )
-                .await;
-        }
         self.record.acp_session_id = session_id.to_owned();
         self.adopt_config_options(result.config_options);
         let mut out = Out::default();

@@ -39,7 +39,10 @@ impl Actor {
     pub(super) async fn recover(&mut self, owner_lost: bool) {
         let plan = plan_recovery(
             self.record.status,
-            self.record.can_resume || self.record.can_load,
+            // With `on_reopen_failure = "fresh"` a session whose agent cannot reopen it still
+            // comes back, in a new ACP session.
+            self.profile
+                .can_come_back(self.record.can_resume, self.record.can_load),
             !self.work.queue.is_empty(),
             !self.record.acp_session_id.is_empty(),
         );
@@ -117,6 +120,9 @@ impl Actor {
         {
             return self.adopt_warm(purpose, runtime).await;
         }
+        // The runtime stopped last may still be writing its session on the way out: a reopen
+        // must find it written (at most its grace, usually far less).
+        self.wait_stopped().await;
         let permit = match self.ctx.runtime_slots.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
@@ -385,16 +391,40 @@ impl Actor {
         conn.stderr.text(STDERR_QUOTE_CHARS)
     }
 
-    /// Stops the runtime (down, its requests forgotten, nothing held); the purpose of the start
-    /// it interrupted, if any.
+    /// Kills the runtime at once (down, its requests forgotten, nothing held): for faults, where
+    /// the runtime is dying, garbled or stalled and waiting for it would be wrong. The purpose of
+    /// the start it interrupted, if any.
     pub(super) fn kill_runtime(&mut self) -> Option<StartPurpose> {
         let (conn, purpose) = self.runtime.state.stop();
         if let Some(mut conn) = conn {
             conn.killer.kill();
         }
+        self.runtime_gone();
+        purpose
+    }
+
+    /// Stops the runtime on purpose, gracefully: its stdin closes, its whole tree gets SIGTERM,
+    /// and SIGKILL after the profile's `stop_grace` (agents write their session files on the way
+    /// out). The next start waits for it to be gone.
+    pub(super) fn stop_runtime(&mut self) {
+        let (conn, _) = self.runtime.state.stop();
+        if let Some(conn) = conn {
+            let grace = self.profile.resilience.stop_grace;
+            self.runtime.stopping = Some(conn.stop_gracefully(grace));
+        }
+        self.runtime_gone();
+    }
+
+    fn runtime_gone(&mut self) {
         *self.shared.bridge.lock().expect("not poisoned") = None;
         self.work.held.clear();
-        purpose
+    }
+
+    /// Waits until the runtime stopped last is gone (at most its grace and a margin).
+    pub(super) async fn wait_stopped(&mut self) {
+        if let Some(stopping) = self.runtime.stopping.take() {
+            stopping.wait().await;
+        }
     }
 
     /// A runtime fault: log it, fail the running turn, release held interactions,
@@ -423,7 +453,15 @@ impl Actor {
             .state
             .conn()
             .and_then(|c| c.exit_status.clone());
-        self.kill_runtime();
+        match kind {
+            // The harness cannot log, the runtime did nothing wrong: stopped as on purpose, so its
+            // agent keeps its session for a reopen once the store is back.
+            "storage" => self.stop_runtime(),
+            // Exited, garbled, stalled or out of its cancel grace: at once.
+            _ => {
+                self.kill_runtime();
+            }
+        }
         let failed_turn = self.fail_running_turn();
         let mut reason = detail.clone();
         if !tail.is_empty() {
@@ -578,7 +616,7 @@ impl Actor {
         if !self.runtime.state.is_up() || self.work.turn.is_some() || !self.work.queue.is_empty() {
             return;
         }
-        self.kill_runtime();
+        self.stop_runtime();
         let mut out = Out::default();
         self.log_event(
             &mut out,
@@ -612,19 +650,23 @@ impl Actor {
         if self.runtime.state.is_up() {
             return false;
         }
+        // The other replica reopens it at once: its agent must have written its session first.
+        self.wait_stopped().await;
         self.finished = true;
         self.shared.mark_lost();
         true
     }
 
     /// The harness is stopping after its drain grace: a turn still running is closed as FAILED,
-    /// the runtime is stopped, and the session is SUSPENDED (queued work survives and reopens
+    /// the runtime is stopped gracefully and waited for (the harness exits only once its agents
+    /// have written their state), and the session is SUSPENDED (queued work survives and reopens
     /// when the harness starts again).
     pub(super) async fn on_drain(&mut self) -> Result<()> {
         if !self.runtime.state.is_up() {
+            self.wait_stopped().await;
             return Ok(());
         }
-        self.kill_runtime();
+        self.stop_runtime();
         let failed_turn = self.fail_running_turn();
         let mut out = Out::default();
         let mut event =
@@ -636,7 +678,9 @@ impl Actor {
         self.record.status = SessionStatus::Suspended;
         self.record.status_reason = "the harness stopped (drain)".to_owned();
         self.touch(&mut out);
-        self.flush(out).await
+        let flushed = self.flush(out).await;
+        self.wait_stopped().await;
+        flushed
     }
 }
 
@@ -662,8 +706,8 @@ pub(super) struct Recovery {
 }
 
 /// The recovery of a session whose stored `status` says what it was doing when the harness
-/// stopped; `reopenable`: its agent advertised resume or load; `queued`: work waits in its
-/// queue; `opened`: it has an ACP session id.
+/// stopped; `reopenable`: its agent advertised resume or load (or a fresh session may take its
+/// place); `queued`: work waits in its queue; `opened`: it has an ACP session id.
 pub(super) fn plan_recovery(
     status: SessionStatus,
     reopenable: bool,

@@ -32,7 +32,7 @@ use crate::{
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use state::{Conn, Pending, PendingKind, RuntimeState};
+use state::{Conn, Pending, PendingKind, RuntimeState, Stopping};
 use tokio::sync::{mpsc, oneshot};
 
 /// Actor of the log entries the runtime wrote.
@@ -157,6 +157,9 @@ struct RuntimeLink {
     events_rx: mpsc::Receiver<RuntimeEvent>,
     state: RuntimeState,
     config_options: Vec<Value>,
+    /// The runtime stopped last, while it is still going: the next start waits for it, so an
+    /// agent that writes its session on the way out is done before it is reopened.
+    stopping: Option<Stopping>,
 }
 
 /// What the session is doing for its callers: the running turn, the queue behind it, the
@@ -218,6 +221,7 @@ impl Actor {
                 events_rx: runtime_rx,
                 state: RuntimeState::Down,
                 config_options: Vec::new(),
+                stopping: None,
             },
             work: Work {
                 turn: None,
@@ -300,8 +304,10 @@ impl Actor {
                 }
             }
         }
-        if let (Some(mut conn), _) = self.runtime.state.stop() {
-            conn.killer.kill();
+        // The actor ends with its runtime up only when the harness lets go of the session (it is
+        // shutting down): a stop on purpose. Nobody waits for it.
+        if let (Some(conn), _) = self.runtime.state.stop() {
+            let _ = conn.stop_gracefully(self.profile.resilience.stop_grace);
         }
     }
 
@@ -569,8 +575,10 @@ impl Actor {
         }
     }
 
-    /// Another replica took the session: the runtime is stopped at once and the actor
-    /// ends; it never writes for the session again (the store refuses its fence anyway).
+    /// Another replica took the session: the runtime is killed at once and the actor ends; it
+    /// never writes for the session again (the store refuses its fence anyway). Not gracefully:
+    /// the new owner may already be reopening the agent's session, and a late flush of this
+    /// runtime's state could overwrite what the new one writes.
     fn stop_lost(&mut self, why: &str) {
         if !self.finished {
             tracing::warn!(session = %self.record.id, fence = ?self.shared.fence, why, "this replica no longer holds the session; stopping its actor and runtime");

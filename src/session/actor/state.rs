@@ -2,7 +2,13 @@
 //! A connection exists only in the last two, and a start purpose only while starting, so a
 //! half-started or half-stopped runtime cannot be represented.
 
-use std::{collections::HashMap, io, process::ExitStatus, sync::Arc, time::Instant};
+use std::{
+    collections::HashMap,
+    io,
+    process::ExitStatus,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
@@ -138,7 +144,14 @@ pub(super) enum PendingKind {
     Initialize,
     NewSession,
     Reopen(ReopenMethod),
-    SetConfig { action_id: ActionId },
+    /// `session/new` in place of a session the agent could not reopen (`on_reopen_failure =
+    /// "fresh"`), and why it could not.
+    FreshSession {
+        why: String,
+    },
+    SetConfig {
+        action_id: ActionId,
+    },
 }
 
 pub(super) struct Pending {
@@ -166,7 +179,49 @@ pub(super) struct Conn {
     _permit: OwnedSemaphorePermit,
 }
 
+/// A runtime being stopped gracefully: done once nothing of it is left.
+pub(super) struct Stopping {
+    done: oneshot::Receiver<()>,
+    /// When to stop waiting for it regardless (its grace, and a margin for a bridge to report).
+    until: Instant,
+}
+
+/// How long past its grace a stopping runtime is waited for (a bridge reports its exit late).
+const STOPPED_MARGIN: Duration = Duration::from_secs(6);
+
+impl Stopping {
+    /// Waits until the runtime is gone, or its time is up.
+    pub(super) async fn wait(self) {
+        let _ = tokio::time::timeout_at(self.until.into(), self.done).await;
+    }
+}
+
 impl Conn {
+    /// Ends the connection and stops its runtime gracefully: its stdin closes as the writer
+    /// goes, its tree gets SIGTERM, and SIGKILL after `grace`. Its runtime slot is given back at
+    /// once, as for any runtime the session no longer has.
+    pub(super) fn stop_gracefully(self, grace: Duration) -> Stopping {
+        let Conn {
+            mut killer,
+            exited,
+            writer,
+            ..
+        } = self;
+        drop(writer);
+        killer.stop(grace);
+        let (done_tx, done) = oneshot::channel();
+        tokio::spawn(async move {
+            if let Some(exited) = exited {
+                let _ = exited.await;
+            }
+            let _ = done_tx.send(());
+        });
+        Stopping {
+            done,
+            until: Instant::now() + grace + STOPPED_MARGIN,
+        }
+    }
+
     pub(super) fn new(
         epoch: u32,
         writer: LineWriter,

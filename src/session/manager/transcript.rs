@@ -179,6 +179,7 @@ fn part_bytes(part: &Part) -> usize {
         Part::Elicitation(e) => e.message.len() + e.request_json.len() + e.answer_json.len(),
         Part::Control(c) => c.value.len(),
         Part::Content { kind, json } => kind.len() + json.len(),
+        Part::ContextRebuilt(c) => 16 + c.reason.len(),
     }
 }
 
@@ -217,7 +218,9 @@ fn elide(messages: &mut [Message], budget: usize) {
             }
             Part::Elicitation(e) => e.request_json = serde_json::json!({"elided": marker}).to_string(),
             Part::Permission(p) => p.tool_call_json = serde_json::json!({"elided": marker}).to_string(),
-            Part::Attachment(_) | Part::Plan(_) | Part::Control(_) => continue,
+            Part::Attachment(_) | Part::Plan(_) | Part::Control(_) | Part::ContextRebuilt(_) => {
+                continue;
+            }
         }
         used = used - bytes + part_bytes(part);
     }

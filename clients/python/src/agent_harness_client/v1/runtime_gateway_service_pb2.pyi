@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -128,10 +131,12 @@ class RuntimeExited(_message.Message):
     def __init__(self, runtime_key: _Optional[str] = ..., code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ...) -> None: ...
 
 class KillRuntime(_message.Message):
-    __slots__ = ("runtime_key",)
+    __slots__ = ("runtime_key", "stop_grace")
     RUNTIME_KEY_FIELD_NUMBER: _ClassVar[int]
+    STOP_GRACE_FIELD_NUMBER: _ClassVar[int]
     runtime_key: str
-    def __init__(self, runtime_key: _Optional[str] = ...) -> None: ...
+    stop_grace: _duration_pb2.Duration
+    def __init__(self, runtime_key: _Optional[str] = ..., stop_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class LineAck(_message.Message):
     __slots__ = ("runtime_key", "seq")

@@ -27,7 +27,7 @@ from agent_harness_client.v1 import session_pb2 as agent__harness_dot_v1_dot_ses
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!agent_harness/v1/transcript.proto\x12\x10\x61gent_harness.v1\x1a\x1e\x61gent_harness/v1/actions.proto\x1a\x1e\x61gent_harness/v1/session.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x01\n\x08LogEntry\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x31\n\tdirection\x18\x02 \x01(\x0e\x32\x1e.agent_harness.v1.LogDirection\x12\x0c\n\x04json\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12\x16\n\taction_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05\x65poch\x18\x06 \x01(\r\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0c\n\n_action_id\"\xe3\x02\n\x11TranscriptMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\r\x12+\n\x04role\x18\x03 \x01(\x0e\x32\x1d.agent_harness.v1.MessageRole\x12\x17\n\nrequest_id\x18\x04 \x01(\tH\x00\x88\x01\x01\x12,\n\x05parts\x18\x05 \x03(\x0b\x32\x1d.agent_harness.v1.MessagePart\x12\x36\n\x0bstop_reason\x18\x06 \x01(\x0e\x32\x1c.agent_harness.v1.StopReasonH\x01\x88\x01\x01\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\r\n\x05\x61\x63tor\x18\x08 \x01(\t\x12\x14\n\x0c\x66irst_offset\x18\t \x01(\x04\x12\x13\n\x0blast_offset\x18\n \x01(\x04\x12\x11\n\tinherited\x18\x0b \x01(\x08\x42\r\n\x0b_request_idB\x0e\n\x0c_stop_reasonB\x08\n\x06_error\"\xd8\x03\n\x0bMessagePart\x12*\n\x04text\x18\x01 \x01(\x0b\x32\x1a.agent_harness.v1.TextPartH\x00\x12-\n\x07thought\x18\x02 \x01(\x0b\x32\x1a.agent_harness.v1.TextPartH\x00\x12\x38\n\nattachment\x18\x03 \x01(\x0b\x32\".agent_harness.v1.PromptAttachmentH\x00\x12*\n\x04tool\x18\x04 \x01(\x0b\x32\x1a.agent_harness.v1.ToolPartH\x00\x12*\n\x04plan\x18\x05 \x01(\x0b\x32\x1a.agent_harness.v1.PlanPartH\x00\x12\x36\n\npermission\x18\x06 \x01(\x0b\x32 .agent_harness.v1.PermissionPartH\x00\x12\x38\n\x0b\x65licitation\x18\x07 \x01(\x0b\x32!.agent_harness.v1.ElicitationPartH\x00\x12\x30\n\x07\x63ontrol\x18\x08 \x01(\x0b\x32\x1d.agent_harness.v1.ControlPartH\x00\x12\x30\n\x07\x63ontent\x18\t \x01(\x0b\x32\x1d.agent_harness.v1.ContentPartH\x00\x42\x06\n\x04kind\"\x18\n\x08TextPart\x12\x0c\n\x04text\x18\x01 \x01(\t\"c\n\x08ToolPart\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x14\n\x0c\x63ontent_json\x18\x05 \x01(\t\"8\n\x08PlanPart\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.agent_harness.v1.PlanEntry\">\n\tPlanEntry\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\"\xfd\x01\n\x0ePermissionPart\x12/\n\nrequest_id\x18\x01 \x01(\x0b\x32\x1b.agent_harness.v1.JsonRpcId\x12\x16\n\x0etool_call_json\x18\x02 \x01(\t\x12\x33\n\x07options\x18\x03 \x03(\x0b\x32\".agent_harness.v1.PermissionOption\x12\x35\n\x07outcome\x18\x04 \x01(\x0e\x32$.agent_harness.v1.InteractionOutcome\x12\x1f\n\x12selected_option_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x15\n\x13_selected_option_id\"A\n\x10PermissionOption\x12\x11\n\toption_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\"\xb5\x01\n\x0f\x45licitationPart\x12/\n\nrequest_id\x18\x01 \x01(\x0b\x32\x1b.agent_harness.v1.JsonRpcId\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x14\n\x0crequest_json\x18\x03 \x01(\t\x12\x35\n\x07outcome\x18\x04 \x01(\x0e\x32$.agent_harness.v1.InteractionOutcome\x12\x13\n\x0b\x61nswer_json\x18\x05 \x01(\t\"\x80\x01\n\x0b\x43ontrolPart\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.agent_harness.v1.ControlKind\x12\r\n\x05value\x18\x02 \x01(\t\x12\x35\n\x07outcome\x18\x03 \x01(\x0e\x32$.agent_harness.v1.InteractionOutcome\")\n\x0b\x43ontentPart\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\"~\n\tTurnEnded\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x31\n\x0bstop_reason\x18\x03 \x01(\x0e\x32\x1c.agent_harness.v1.StopReason\x12\x12\n\x05\x65rror\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x86\x03\n\x0fSessionMetadata\x12\r\n\x05model\x18\x01 \x01(\t\x12-\n\x06models\x18\x02 \x03(\x0b\x32\x1d.agent_harness.v1.ModelOption\x12\x1b\n\x13\x63onfig_options_json\x18\x03 \x01(\t\x12\x1f\n\x17\x61vailable_commands_json\x18\x04 \x01(\t\x12/\n\x06status\x18\x05 \x01(\x0e\x32\x1f.agent_harness.v1.SessionStatus\x12\x39\n\x14pending_interactions\x18\x06 \x03(\x0b\x32\x1b.agent_harness.v1.JsonRpcId\x12/\n\nagent_info\x18\x07 \x01(\x0b\x32\x1b.agent_harness.v1.AgentInfo\x12\x1f\n\x17\x61gent_capabilities_json\x18\x08 \x01(\t\x12\x11\n\tplan_json\x18\t \x01(\t\x12&\n\x05usage\x18\n \x01(\x0b\x32\x17.agent_harness.v1.Usage\"T\n\x0bModelOption\x12\r\n\x05value\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x18\n\x0b\x64\x65scription\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x0e\n\x0c_description*\x84\x01\n\x0cLogDirection\x12\x1d\n\x19LOG_DIRECTION_UNSPECIFIED\x10\x00\x12\x1c\n\x18LOG_DIRECTION_TO_RUNTIME\x10\x01\x12\x1e\n\x1aLOG_DIRECTION_FROM_RUNTIME\x10\x02\x12\x17\n\x13LOG_DIRECTION_EVENT\x10\x03*Z\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x01\x12\x16\n\x12MESSAGE_ROLE_AGENT\x10\x02*\xce\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14STOP_REASON_END_TURN\x10\x01\x12\x1a\n\x16STOP_REASON_MAX_TOKENS\x10\x02\x12!\n\x1dSTOP_REASON_MAX_TURN_REQUESTS\x10\x03\x12\x17\n\x13STOP_REASON_REFUSAL\x10\x04\x12\x19\n\x15STOP_REASON_CANCELLED\x10\x05\x12\x16\n\x12STOP_REASON_FAILED\x10\x06*\xc9\x02\n\x12InteractionOutcome\x12#\n\x1fINTERACTION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1f\n\x1bINTERACTION_OUTCOME_PENDING\x10\x01\x12 \n\x1cINTERACTION_OUTCOME_ACCEPTED\x10\x02\x12 \n\x1cINTERACTION_OUTCOME_REJECTED\x10\x03\x12 \n\x1cINTERACTION_OUTCOME_SELECTED\x10\x04\x12!\n\x1dINTERACTION_OUTCOME_CANCELLED\x10\x05\x12 \n\x1cINTERACTION_OUTCOME_DECLINED\x10\x06\x12!\n\x1dINTERACTION_OUTCOME_COMPLETED\x10\x07\x12\x1f\n\x1bINTERACTION_OUTCOME_ERRORED\x10\x08*\x9c\x01\n\x0b\x43ontrolKind\x12\x1c\n\x18\x43ONTROL_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43ONTROL_KIND_SET_MODEL\x10\x01\x12\"\n\x1e\x43ONTROL_KIND_SET_CONFIG_OPTION\x10\x02\x12\x18\n\x14\x43ONTROL_KIND_COMPACT\x10\x03\x12\x15\n\x11\x43ONTROL_KIND_STOP\x10\x04\x42\x99\x01\n\x17\x64\x65v.agentharness.api.v1B\x0fTranscriptProtoP\x01Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\xaa\x02\x0f\x41gentHarness.V1\xca\x02\x0f\x41gentHarness\\V1\xea\x02\x10\x41gentHarness::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!agent_harness/v1/transcript.proto\x12\x10\x61gent_harness.v1\x1a\x1e\x61gent_harness/v1/actions.proto\x1a\x1e\x61gent_harness/v1/session.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x01\n\x08LogEntry\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x31\n\tdirection\x18\x02 \x01(\x0e\x32\x1e.agent_harness.v1.LogDirection\x12\x0c\n\x04json\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12\x16\n\taction_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05\x65poch\x18\x06 \x01(\r\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0c\n\n_action_id\"\xe3\x02\n\x11TranscriptMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\r\x12+\n\x04role\x18\x03 \x01(\x0e\x32\x1d.agent_harness.v1.MessageRole\x12\x17\n\nrequest_id\x18\x04 \x01(\tH\x00\x88\x01\x01\x12,\n\x05parts\x18\x05 \x03(\x0b\x32\x1d.agent_harness.v1.MessagePart\x12\x36\n\x0bstop_reason\x18\x06 \x01(\x0e\x32\x1c.agent_harness.v1.StopReasonH\x01\x88\x01\x01\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\r\n\x05\x61\x63tor\x18\x08 \x01(\t\x12\x14\n\x0c\x66irst_offset\x18\t \x01(\x04\x12\x13\n\x0blast_offset\x18\n \x01(\x04\x12\x11\n\tinherited\x18\x0b \x01(\x08\x42\r\n\x0b_request_idB\x0e\n\x0c_stop_reasonB\x08\n\x06_error\"\x99\x04\n\x0bMessagePart\x12*\n\x04text\x18\x01 \x01(\x0b\x32\x1a.agent_harness.v1.TextPartH\x00\x12-\n\x07thought\x18\x02 \x01(\x0b\x32\x1a.agent_harness.v1.TextPartH\x00\x12\x38\n\nattachment\x18\x03 \x01(\x0b\x32\".agent_harness.v1.PromptAttachmentH\x00\x12*\n\x04tool\x18\x04 \x01(\x0b\x32\x1a.agent_harness.v1.ToolPartH\x00\x12*\n\x04plan\x18\x05 \x01(\x0b\x32\x1a.agent_harness.v1.PlanPartH\x00\x12\x36\n\npermission\x18\x06 \x01(\x0b\x32 .agent_harness.v1.PermissionPartH\x00\x12\x38\n\x0b\x65licitation\x18\x07 \x01(\x0b\x32!.agent_harness.v1.ElicitationPartH\x00\x12\x30\n\x07\x63ontrol\x18\x08 \x01(\x0b\x32\x1d.agent_harness.v1.ControlPartH\x00\x12\x30\n\x07\x63ontent\x18\t \x01(\x0b\x32\x1d.agent_harness.v1.ContentPartH\x00\x12?\n\x0f\x63ontext_rebuilt\x18\n \x01(\x0b\x32$.agent_harness.v1.ContextRebuiltPartH\x00\x42\x06\n\x04kind\"\x18\n\x08TextPart\x12\x0c\n\x04text\x18\x01 \x01(\t\"c\n\x08ToolPart\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x14\n\x0c\x63ontent_json\x18\x05 \x01(\t\"8\n\x08PlanPart\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.agent_harness.v1.PlanEntry\">\n\tPlanEntry\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\"\xfd\x01\n\x0ePermissionPart\x12/\n\nrequest_id\x18\x01 \x01(\x0b\x32\x1b.agent_harness.v1.JsonRpcId\x12\x16\n\x0etool_call_json\x18\x02 \x01(\t\x12\x33\n\x07options\x18\x03 \x03(\x0b\x32\".agent_harness.v1.PermissionOption\x12\x35\n\x07outcome\x18\x04 \x01(\x0e\x32$.agent_harness.v1.InteractionOutcome\x12\x1f\n\x12selected_option_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x15\n\x13_selected_option_id\"A\n\x10PermissionOption\x12\x11\n\toption_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\"\xb5\x01\n\x0f\x45licitationPart\x12/\n\nrequest_id\x18\x01 \x01(\x0b\x32\x1b.agent_harness.v1.JsonRpcId\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x14\n\x0crequest_json\x18\x03 \x01(\t\x12\x35\n\x07outcome\x18\x04 \x01(\x0e\x32$.agent_harness.v1.InteractionOutcome\x12\x13\n\x0b\x61nswer_json\x18\x05 \x01(\t\"\x80\x01\n\x0b\x43ontrolPart\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.agent_harness.v1.ControlKind\x12\r\n\x05value\x18\x02 \x01(\t\x12\x35\n\x07outcome\x18\x03 \x01(\x0e\x32$.agent_harness.v1.InteractionOutcome\"B\n\x12\x43ontextRebuiltPart\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05turns\x18\x02 \x01(\r\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\")\n\x0b\x43ontentPart\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\"~\n\tTurnEnded\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x31\n\x0bstop_reason\x18\x03 \x01(\x0e\x32\x1c.agent_harness.v1.StopReason\x12\x12\n\x05\x65rror\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x86\x03\n\x0fSessionMetadata\x12\r\n\x05model\x18\x01 \x01(\t\x12-\n\x06models\x18\x02 \x03(\x0b\x32\x1d.agent_harness.v1.ModelOption\x12\x1b\n\x13\x63onfig_options_json\x18\x03 \x01(\t\x12\x1f\n\x17\x61vailable_commands_json\x18\x04 \x01(\t\x12/\n\x06status\x18\x05 \x01(\x0e\x32\x1f.agent_harness.v1.SessionStatus\x12\x39\n\x14pending_interactions\x18\x06 \x03(\x0b\x32\x1b.agent_harness.v1.JsonRpcId\x12/\n\nagent_info\x18\x07 \x01(\x0b\x32\x1b.agent_harness.v1.AgentInfo\x12\x1f\n\x17\x61gent_capabilities_json\x18\x08 \x01(\t\x12\x11\n\tplan_json\x18\t \x01(\t\x12&\n\x05usage\x18\n \x01(\x0b\x32\x17.agent_harness.v1.Usage\"T\n\x0bModelOption\x12\r\n\x05value\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x18\n\x0b\x64\x65scription\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x0e\n\x0c_description*\x84\x01\n\x0cLogDirection\x12\x1d\n\x19LOG_DIRECTION_UNSPECIFIED\x10\x00\x12\x1c\n\x18LOG_DIRECTION_TO_RUNTIME\x10\x01\x12\x1e\n\x1aLOG_DIRECTION_FROM_RUNTIME\x10\x02\x12\x17\n\x13LOG_DIRECTION_EVENT\x10\x03*Z\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x01\x12\x16\n\x12MESSAGE_ROLE_AGENT\x10\x02*\xce\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14STOP_REASON_END_TURN\x10\x01\x12\x1a\n\x16STOP_REASON_MAX_TOKENS\x10\x02\x12!\n\x1dSTOP_REASON_MAX_TURN_REQUESTS\x10\x03\x12\x17\n\x13STOP_REASON_REFUSAL\x10\x04\x12\x19\n\x15STOP_REASON_CANCELLED\x10\x05\x12\x16\n\x12STOP_REASON_FAILED\x10\x06*\xc9\x02\n\x12InteractionOutcome\x12#\n\x1fINTERACTION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1f\n\x1bINTERACTION_OUTCOME_PENDING\x10\x01\x12 \n\x1cINTERACTION_OUTCOME_ACCEPTED\x10\x02\x12 \n\x1cINTERACTION_OUTCOME_REJECTED\x10\x03\x12 \n\x1cINTERACTION_OUTCOME_SELECTED\x10\x04\x12!\n\x1dINTERACTION_OUTCOME_CANCELLED\x10\x05\x12 \n\x1cINTERACTION_OUTCOME_DECLINED\x10\x06\x12!\n\x1dINTERACTION_OUTCOME_COMPLETED\x10\x07\x12\x1f\n\x1bINTERACTION_OUTCOME_ERRORED\x10\x08*\x9c\x01\n\x0b\x43ontrolKind\x12\x1c\n\x18\x43ONTROL_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43ONTROL_KIND_SET_MODEL\x10\x01\x12\"\n\x1e\x43ONTROL_KIND_SET_CONFIG_OPTION\x10\x02\x12\x18\n\x14\x43ONTROL_KIND_COMPACT\x10\x03\x12\x15\n\x11\x43ONTROL_KIND_STOP\x10\x04\x42\x99\x01\n\x17\x64\x65v.agentharness.api.v1B\x0fTranscriptProtoP\x01Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\xaa\x02\x0f\x41gentHarness.V1\xca\x02\x0f\x41gentHarness\\V1\xea\x02\x10\x41gentHarness::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,44 +35,46 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent_harness.v1.transcript
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\027dev.agentharness.api.v1B\017TranscriptProtoP\001Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\252\002\017AgentHarness.V1\312\002\017AgentHarness\\V1\352\002\020AgentHarness::V1'
-  _globals['_LOGDIRECTION']._serialized_start=2733
-  _globals['_LOGDIRECTION']._serialized_end=2865
-  _globals['_MESSAGEROLE']._serialized_start=2867
-  _globals['_MESSAGEROLE']._serialized_end=2957
-  _globals['_STOPREASON']._serialized_start=2960
-  _globals['_STOPREASON']._serialized_end=3166
-  _globals['_INTERACTIONOUTCOME']._serialized_start=3169
-  _globals['_INTERACTIONOUTCOME']._serialized_end=3498
-  _globals['_CONTROLKIND']._serialized_start=3501
-  _globals['_CONTROLKIND']._serialized_end=3657
+  _globals['_LOGDIRECTION']._serialized_start=2866
+  _globals['_LOGDIRECTION']._serialized_end=2998
+  _globals['_MESSAGEROLE']._serialized_start=3000
+  _globals['_MESSAGEROLE']._serialized_end=3090
+  _globals['_STOPREASON']._serialized_start=3093
+  _globals['_STOPREASON']._serialized_end=3299
+  _globals['_INTERACTIONOUTCOME']._serialized_start=3302
+  _globals['_INTERACTIONOUTCOME']._serialized_end=3631
+  _globals['_CONTROLKIND']._serialized_start=3634
+  _globals['_CONTROLKIND']._serialized_end=3790
   _globals['_LOGENTRY']._serialized_start=153
   _globals['_LOGENTRY']._serialized_end=360
   _globals['_TRANSCRIPTMESSAGE']._serialized_start=363
   _globals['_TRANSCRIPTMESSAGE']._serialized_end=718
   _globals['_MESSAGEPART']._serialized_start=721
-  _globals['_MESSAGEPART']._serialized_end=1193
-  _globals['_TEXTPART']._serialized_start=1195
-  _globals['_TEXTPART']._serialized_end=1219
-  _globals['_TOOLPART']._serialized_start=1221
-  _globals['_TOOLPART']._serialized_end=1320
-  _globals['_PLANPART']._serialized_start=1322
-  _globals['_PLANPART']._serialized_end=1378
-  _globals['_PLANENTRY']._serialized_start=1380
-  _globals['_PLANENTRY']._serialized_end=1442
-  _globals['_PERMISSIONPART']._serialized_start=1445
-  _globals['_PERMISSIONPART']._serialized_end=1698
-  _globals['_PERMISSIONOPTION']._serialized_start=1700
-  _globals['_PERMISSIONOPTION']._serialized_end=1765
-  _globals['_ELICITATIONPART']._serialized_start=1768
-  _globals['_ELICITATIONPART']._serialized_end=1949
-  _globals['_CONTROLPART']._serialized_start=1952
-  _globals['_CONTROLPART']._serialized_end=2080
-  _globals['_CONTENTPART']._serialized_start=2082
-  _globals['_CONTENTPART']._serialized_end=2123
-  _globals['_TURNENDED']._serialized_start=2125
-  _globals['_TURNENDED']._serialized_end=2251
-  _globals['_SESSIONMETADATA']._serialized_start=2254
-  _globals['_SESSIONMETADATA']._serialized_end=2644
-  _globals['_MODELOPTION']._serialized_start=2646
-  _globals['_MODELOPTION']._serialized_end=2730
+  _globals['_MESSAGEPART']._serialized_end=1258
+  _globals['_TEXTPART']._serialized_start=1260
+  _globals['_TEXTPART']._serialized_end=1284
+  _globals['_TOOLPART']._serialized_start=1286
+  _globals['_TOOLPART']._serialized_end=1385
+  _globals['_PLANPART']._serialized_start=1387
+  _globals['_PLANPART']._serialized_end=1443
+  _globals['_PLANENTRY']._serialized_start=1445
+  _globals['_PLANENTRY']._serialized_end=1507
+  _globals['_PERMISSIONPART']._serialized_start=1510
+  _globals['_PERMISSIONPART']._serialized_end=1763
+  _globals['_PERMISSIONOPTION']._serialized_start=1765
+  _globals['_PERMISSIONOPTION']._serialized_end=1830
+  _globals['_ELICITATIONPART']._serialized_start=1833
+  _globals['_ELICITATIONPART']._serialized_end=2014
+  _globals['_CONTROLPART']._serialized_start=2017
+  _globals['_CONTROLPART']._serialized_end=2145
+  _globals['_CONTEXTREBUILTPART']._serialized_start=2147
+  _globals['_CONTEXTREBUILTPART']._serialized_end=2213
+  _globals['_CONTENTPART']._serialized_start=2215
+  _globals['_CONTENTPART']._serialized_end=2256
+  _globals['_TURNENDED']._serialized_start=2258
+  _globals['_TURNENDED']._serialized_end=2384
+  _globals['_SESSIONMETADATA']._serialized_start=2387
+  _globals['_SESSIONMETADATA']._serialized_end=2777
+  _globals['_MODELOPTION']._serialized_start=2779
+  _globals['_MODELOPTION']._serialized_end=2863
 # @@protoc_insertion_point(module_scope)

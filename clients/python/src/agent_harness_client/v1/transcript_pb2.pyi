@@ -128,7 +128,7 @@ class TranscriptMessage(_message.Message):
     def __init__(self, id: _Optional[str] = ..., turn: _Optional[int] = ..., role: _Optional[_Union[MessageRole, str]] = ..., request_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[MessagePart, _Mapping]]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., error: _Optional[str] = ..., actor: _Optional[str] = ..., first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., inherited: _Optional[bool] = ...) -> None: ...
 
 class MessagePart(_message.Message):
-    __slots__ = ("text", "thought", "attachment", "tool", "plan", "permission", "elicitation", "control", "content")
+    __slots__ = ("text", "thought", "attachment", "tool", "plan", "permission", "elicitation", "control", "content", "context_rebuilt")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     THOUGHT_FIELD_NUMBER: _ClassVar[int]
     ATTACHMENT_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class MessagePart(_message.Message):
     ELICITATION_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_REBUILT_FIELD_NUMBER: _ClassVar[int]
     text: TextPart
     thought: TextPart
     attachment: _actions_pb2.PromptAttachment
@@ -147,7 +148,8 @@ class MessagePart(_message.Message):
     elicitation: ElicitationPart
     control: ControlPart
     content: ContentPart
-    def __init__(self, text: _Optional[_Union[TextPart, _Mapping]] = ..., thought: _Optional[_Union[TextPart, _Mapping]] = ..., attachment: _Optional[_Union[_actions_pb2.PromptAttachment, _Mapping]] = ..., tool: _Optional[_Union[ToolPart, _Mapping]] = ..., plan: _Optional[_Union[PlanPart, _Mapping]] = ..., permission: _Optional[_Union[PermissionPart, _Mapping]] = ..., elicitation: _Optional[_Union[ElicitationPart, _Mapping]] = ..., control: _Optional[_Union[ControlPart, _Mapping]] = ..., content: _Optional[_Union[ContentPart, _Mapping]] = ...) -> None: ...
+    context_rebuilt: ContextRebuiltPart
+    def __init__(self, text: _Optional[_Union[TextPart, _Mapping]] = ..., thought: _Optional[_Union[TextPart, _Mapping]] = ..., attachment: _Optional[_Union[_actions_pb2.PromptAttachment, _Mapping]] = ..., tool: _Optional[_Union[ToolPart, _Mapping]] = ..., plan: _Optional[_Union[PlanPart, _Mapping]] = ..., permission: _Optional[_Union[PermissionPart, _Mapping]] = ..., elicitation: _Optional[_Union[ElicitationPart, _Mapping]] = ..., control: _Optional[_Union[ControlPart, _Mapping]] = ..., content: _Optional[_Union[ContentPart, _Mapping]] = ..., context_rebuilt: _Optional[_Union[ContextRebuiltPart, _Mapping]] = ...) -> None: ...
 
 class TextPart(_message.Message):
     __slots__ = ("text",)
@@ -232,6 +234,16 @@ class ControlPart(_message.Message):
     value: str
     outcome: InteractionOutcome
     def __init__(self, kind: _Optional[_Union[ControlKind, str]] = ..., value: _Optional[str] = ..., outcome: _Optional[_Union[InteractionOutcome, str]] = ...) -> None: ...
+
+class ContextRebuiltPart(_message.Message):
+    __slots__ = ("reason", "turns", "bytes")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    turns: int
+    bytes: int
+    def __init__(self, reason: _Optional[str] = ..., turns: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ContentPart(_message.Message):
     __slots__ = ("type", "json")

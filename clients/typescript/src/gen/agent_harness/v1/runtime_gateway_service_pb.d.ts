@@ -4,6 +4,7 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
+import type { Duration } from "@bufbuild/protobuf/wkt";
 
 /**
  * Describes the file agent_harness/v1/runtime_gateway_service.proto.
@@ -107,7 +108,7 @@ export declare type ConnectResponse = Message<"agent_harness.v1.ConnectResponse"
     case: "stdin";
   } | {
     /**
-     * Stop a runtime and its whole process tree.
+     * Stop a runtime and its whole process tree (gracefully when it carries a grace).
      *
      * @generated from field: agent_harness.v1.KillRuntime kill = 3;
      */
@@ -436,6 +437,15 @@ export declare type KillRuntime = Message<"agent_harness.v1.KillRuntime"> & {
    * @generated from field: string runtime_key = 1;
    */
   runtimeKey: string;
+
+  /**
+   * Set: stop it gracefully — close its stdin and send SIGTERM to its whole process tree, then
+   * SIGKILL whatever is left of it after this long, and report its exit. Unset: SIGKILL at once
+   * (a fault). Agents write their session files lazily, and only a graceful stop keeps them.
+   *
+   * @generated from field: google.protobuf.Duration stop_grace = 2;
+   */
+  stopGrace?: Duration | undefined;
 };
 
 /**

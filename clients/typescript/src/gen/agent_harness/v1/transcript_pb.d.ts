@@ -250,6 +250,15 @@ export declare type MessagePart = Message<"agent_harness.v1.MessagePart"> & {
      */
     value: ContentPart;
     case: "content";
+  } | {
+    /**
+     * The agent could not reopen the session, so it goes on in a new ACP session primed with
+     * the transcript; first in the user message of the prompt that carried it.
+     *
+     * @generated from field: agent_harness.v1.ContextRebuiltPart context_rebuilt = 10;
+     */
+    value: ContextRebuiltPart;
+    case: "contextRebuilt";
   } | { case: undefined; value?: undefined };
 };
 
@@ -546,6 +555,41 @@ export declare type ControlPart = Message<"agent_harness.v1.ControlPart"> & {
  * Use `create(ControlPartSchema)` to create a new message.
  */
 export declare const ControlPartSchema: GenMessage<ControlPart>;
+
+/**
+ * A session that goes on in a new ACP session because its agent could not reopen it (a profile's
+ * `on_reopen_failure = "fresh"`; the log holds a `context_rebuilt` event).
+ *
+ * @generated from message agent_harness.v1.ContextRebuiltPart
+ */
+export declare type ContextRebuiltPart = Message<"agent_harness.v1.ContextRebuiltPart"> & {
+  /**
+   * Why the agent could not reopen it: it advertises neither resume nor load, or its error.
+   *
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+
+  /**
+   * How many of the latest turns of the transcript the prompt carried to the agent.
+   *
+   * @generated from field: uint32 turns = 2;
+   */
+  turns: number;
+
+  /**
+   * How many bytes of transcript text the prompt carried (at most `reopen_context_bytes`).
+   *
+   * @generated from field: uint64 bytes = 3;
+   */
+  bytes: bigint;
+};
+
+/**
+ * Describes the message agent_harness.v1.ContextRebuiltPart.
+ * Use `create(ContextRebuiltPartSchema)` to create a new message.
+ */
+export declare const ContextRebuiltPartSchema: GenMessage<ContextRebuiltPart>;
 
 /**
  * Any other ACP content block.
