@@ -330,32 +330,34 @@ pub(crate) fn select_choices(option: &Value) -> Vec<Choice<'_>> {
 /// What a prompt's leading primer block says it holds: the turns and bytes of transcript it
 /// carries (`None` when the prompt has no primer).
 pub fn primer_in(frame: &Value, meta_key: &str) -> Option<(u64, u64)> {
-    let prompt = view::<Params<PrimerPrompt>>(frame).params?;
-    prompt.prompt.iter().find_map(|block| {
-        let held = block.meta.get(meta_key)?.context_rebuilt.as_ref()?;
+    let blocks = view::<Params<PrimerPrompt>>(frame).params?.prompt?;
+    blocks.iter().find_map(|block| {
+        let held = view::<PrimerMark>(block.meta.as_ref()?.get(meta_key)?).context_rebuilt?;
         Some((held.turns, held.bytes))
     })
 }
 
-/// A prompt's blocks, as far as a primer goes (the harness wrote them: anything else reads as
-/// no primer).
+/// A prompt's blocks, as far as a primer goes.
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct PrimerPrompt {
-    prompt: Vec<PrimerBlock>,
+    #[serde(deserialize_with = "super::lenient::objects")]
+    prompt: Option<Vec<PrimerBlock>>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct PrimerBlock {
-    #[serde(rename = "_meta")]
-    meta: std::collections::HashMap<String, PrimerMark>,
+    /// Each key's value as it came: the invocation block marks itself with `true`.
+    #[serde(rename = "_meta", deserialize_with = "super::lenient::object")]
+    meta: Option<Map<String, Value>>,
 }
 
 /// What the meta key holds on a primer block (the field is [`PRIMER_META`]).
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct PrimerMark {
+    #[serde(deserialize_with = "super::lenient::object")]
     context_rebuilt: Option<PrimerHeld>,
 }
 
