@@ -19,7 +19,7 @@ use crate::{
     domain::ActionId,
     pb::v1 as pb,
     session::{
-        ControlInput, ControlStatus, Sessions,
+        ControlInput, ControlStatus, SessionHandle, Sessions,
         manager::{CreateInput, Creation, ListInput, Located, parse_queued_id},
     },
 };
@@ -32,6 +32,50 @@ pub(crate) struct SessionsService {
 impl SessionsService {
     pub(crate) fn new(sessions: Arc<Sessions>, forward: Forwarder) -> Self {
         Self { sessions, forward }
+    }
+}
+
+/// Where a call about one session goes on: here, with the session's actor, or nowhere (the
+/// replica that runs the session answered it, and that answer is the reply).
+enum Routed<Req, Resp> {
+    Here(SessionHandle, Req),
+    Answered(Reply<Resp>),
+}
+
+impl SessionsService {
+    /// Locates the session `message` is about; when another replica runs it, sends `message`
+    /// there with `call` and hands back that replica's answer. Call once the request decoded.
+    async fn route<Req, Resp, Call, CallFut>(
+        &self,
+        caller: &Caller,
+        message: Req,
+        session_id: fn(&Req) -> &str,
+        call: Call,
+    ) -> Routed<Req, Resp>
+    where
+        Call: FnOnce(forward::Client, Request<Req>) -> CallFut,
+        CallFut: Future<Output = Reply<Resp>>,
+    {
+        let located = self
+            .sessions
+            .locate(&caller.principal, session_id(&message))
+            .await;
+        match located {
+            Ok(Located::Here(handle)) => Routed::Here(handle, message),
+            Ok(Located::Owner(address)) => Routed::Answered(
+                self.forward
+                    .call(
+                        caller,
+                        &address,
+                        FORWARD_TIMEOUT,
+                        message,
+                        call,
+                        owner_did_not_answer,
+                    )
+                    .await,
+            ),
+            Err(error) => Routed::Answered(Err(error.into())),
+        }
     }
 }
 
@@ -120,27 +164,20 @@ impl AgentSessionService for SessionsService {
         let caller = Caller::of(&request)?;
         self.sessions
             .check_fork_name(request.get_ref().name.as_deref())?;
-        let handle = match self
-            .sessions
-            .locate(&caller.principal, &request.get_ref().session_id)
-            .await?
+        let message = request.into_inner();
+        let (handle, message) = match self
+            .route(
+                &caller,
+                message,
+                |m| &m.session_id,
+                |mut c, r| async move { c.fork_session(r).await },
+            )
+            .await
         {
-            Located::Here(handle) => handle,
-            Located::Owner(address) => {
-                return self
-                    .forward
-                    .call(
-                        &caller,
-                        &address,
-                        FORWARD_TIMEOUT,
-                        request.into_inner(),
-                        |mut c, r| async move { c.fork_session(r).await },
-                        owner_did_not_answer,
-                    )
-                    .await;
-            }
+            Routed::Here(handle, message) => (handle, message),
+            Routed::Answered(reply) => return reply,
         };
-        let name = request.into_inner().name;
+        let name = message.name;
         let (record, head) = self
             .sessions
             .fork(&handle, &caller.principal, name, caller.traceparent)
@@ -155,25 +192,18 @@ impl AgentSessionService for SessionsService {
         request: Request<pb::CloseSessionRequest>,
     ) -> Reply<pb::CloseSessionResponse> {
         let caller = Caller::of(&request)?;
+        let message = request.into_inner();
         let handle = match self
-            .sessions
-            .locate(&caller.principal, &request.get_ref().session_id)
-            .await?
+            .route(
+                &caller,
+                message,
+                |m| &m.session_id,
+                |mut c, r| async move { c.close_session(r).await },
+            )
+            .await
         {
-            Located::Here(handle) => handle,
-            Located::Owner(address) => {
-                return self
-                    .forward
-                    .call(
-                        &caller,
-                        &address,
-                        FORWARD_TIMEOUT,
-                        request.into_inner(),
-                        |mut c, r| async move { c.close_session(r).await },
-                        owner_did_not_answer,
-                    )
-                    .await;
-            }
+            Routed::Here(handle, _) => handle,
+            Routed::Answered(reply) => return reply,
         };
         let (record, head) = self.sessions.close(&handle).await?;
         Ok(Response::new(pb::CloseSessionResponse {
@@ -186,25 +216,18 @@ impl AgentSessionService for SessionsService {
         request: Request<pb::DeleteSessionRequest>,
     ) -> Reply<pb::DeleteSessionResponse> {
         let caller = Caller::of(&request)?;
+        let message = request.into_inner();
         let handle = match self
-            .sessions
-            .locate(&caller.principal, &request.get_ref().session_id)
-            .await?
+            .route(
+                &caller,
+                message,
+                |m| &m.session_id,
+                |mut c, r| async move { c.delete_session(r).await },
+            )
+            .await
         {
-            Located::Here(handle) => handle,
-            Located::Owner(address) => {
-                return self
-                    .forward
-                    .call(
-                        &caller,
-                        &address,
-                        FORWARD_TIMEOUT,
-                        request.into_inner(),
-                        |mut c, r| async move { c.delete_session(r).await },
-                        owner_did_not_answer,
-                    )
-                    .await;
-            }
+            Routed::Here(handle, _) => handle,
+            Routed::Answered(reply) => return reply,
         };
         self.sessions.delete(&handle).await?;
         Ok(Response::new(pb::DeleteSessionResponse {}))
@@ -275,27 +298,20 @@ impl AgentSessionService for SessionsService {
     ) -> Reply<pb::EditQueuedPromptResponse> {
         let caller = Caller::of(&request)?;
         let action_id = parse_queued_id(&request.get_ref().action_id)?;
-        let handle = match self
-            .sessions
-            .locate(&caller.principal, &request.get_ref().session_id)
-            .await?
+        let message = request.into_inner();
+        let (handle, message) = match self
+            .route(
+                &caller,
+                message,
+                |m| &m.session_id,
+                |mut c, r| async move { c.edit_queued_prompt(r).await },
+            )
+            .await
         {
-            Located::Here(handle) => handle,
-            Located::Owner(address) => {
-                return self
-                    .forward
-                    .call(
-                        &caller,
-                        &address,
-                        FORWARD_TIMEOUT,
-                        request.into_inner(),
-                        |mut c, r| async move { c.edit_queued_prompt(r).await },
-                        owner_did_not_answer,
-                    )
-                    .await;
-            }
+            Routed::Here(handle, message) => (handle, message),
+            Routed::Answered(reply) => return reply,
         };
-        let text = request.into_inner().prompt;
+        let text = message.prompt;
         let entry = self
             .sessions
             .edit_queued(&handle, &caller.principal, action_id, text)
@@ -311,25 +327,18 @@ impl AgentSessionService for SessionsService {
     ) -> Reply<pb::RemoveQueuedActionResponse> {
         let caller = Caller::of(&request)?;
         let action_id = parse_queued_id(&request.get_ref().action_id)?;
+        let message = request.into_inner();
         let handle = match self
-            .sessions
-            .locate(&caller.principal, &request.get_ref().session_id)
-            .await?
+            .route(
+                &caller,
+                message,
+                |m| &m.session_id,
+                |mut c, r| async move { c.remove_queued_action(r).await },
+            )
+            .await
         {
-            Located::Here(handle) => handle,
-            Located::Owner(address) => {
-                return self
-                    .forward
-                    .call(
-                        &caller,
-                        &address,
-                        FORWARD_TIMEOUT,
-                        request.into_inner(),
-                        |mut c, r| async move { c.remove_queued_action(r).await },
-                        owner_did_not_answer,
-                    )
-                    .await;
-            }
+            Routed::Here(handle, _) => handle,
+            Routed::Answered(reply) => return reply,
         };
         self.sessions.remove_queued(&handle, action_id).await?;
         Ok(Response::new(pb::RemoveQueuedActionResponse {}))
