@@ -231,6 +231,46 @@ async fn a_prompt_whose_commit_outcome_cannot_be_read_back_is_outcome_unknown_an
     drop_schema(&url, &schema).await;
 }
 
+#[tokio::test]
+async fn a_prompt_whose_commit_was_held_until_its_transaction_ended_is_outcome_unknown_then_taken_once()
+ {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    within(TEST_BOUND, async {
+        let (proxy, h, mut session, _cwd) = served(&url, &schema).await;
+        let text = marked("held");
+        let action_id = ActionId::mint().to_string();
+        // The COMMIT is held on its way; the database ends the idle transaction meanwhile, so
+        // when it finally arrives there is nothing left to commit.
+        proxy.trip(text.as_bytes(), COMMIT, Trip::BlackHoleBefore);
+
+        let unknown = session
+            .control(prompt_with_id(&session, &text, &action_id))
+            .await
+            .expect_err("the outcome cannot be told while the database is away");
+        assert_error(&unknown, Code::Unavailable, "OUTCOME_UNKNOWN");
+        assert_eq!(
+            error_info(&unknown).metadata.get("action_id"),
+            Some(&action_id)
+        );
+
+        proxy.restore();
+        let mut watch = session.watch().await;
+        let reply = session
+            .control(prompt_with_id(&session, &text, &action_id))
+            .await
+            .expect("once the database is back, the retry converges");
+        assert_eq!(reply.status(), pb::ControlStatus::Sent);
+        watch.response_to(&action_id).await;
+        let log = session.log().await;
+        assert_eq!(sent_and_answered(&log, &action_id), (1, 1), "once");
+        h.shutdown().await;
+    })
+    .await;
+    drop_schema(&url, &schema).await;
+}
+
 /// A session record for the bare store.
 fn record() -> SessionRecord {
     let now = agent_harness::domain::now();

@@ -62,6 +62,9 @@ pub enum Trip {
     /// The request goes on, then the proxy black-holes every connection, as
     /// [`FaultProxy::black_hole`] does: the request was served, its answer is held.
     BlackHoleAfter,
+    /// The proxy black-holes every connection before the request goes on: it is held, and
+    /// arrives only once restored (if its connection is still there to carry it).
+    BlackHoleBefore,
 }
 
 /// A trip waiting for its request.
@@ -334,9 +337,15 @@ async fn pump(
                         None
                     }
                 };
-                if let (Some(Trip::LoseRequest), Way::Request(_, this)) = (trip, way) {
-                    this.cut.notify_one();
-                    return;
+                match (trip, way) {
+                    (Some(Trip::LoseRequest), Way::Request(_, this)) => {
+                        this.cut.notify_one();
+                        return;
+                    }
+                    (Some(Trip::BlackHoleBefore), Way::Request(faults, _)) => {
+                        faults.mode.send_replace(Mode::BlackHole);
+                    }
+                    _ => {}
                 }
                 let delay = match *mode.borrow() {
                     Mode::Delay(by) => by,
@@ -366,7 +375,7 @@ async fn pump(
                         Trip::BlackHoleAfter => {
                             faults.mode.send_replace(Mode::BlackHole);
                         }
-                        Trip::LoseRequest => {}
+                        Trip::LoseRequest | Trip::BlackHoleBefore => {}
                     }
                 }
             }
@@ -478,6 +487,23 @@ mod tests {
             proxy.tripped().await;
             assert!(silent(&mut stream).await, "the answer is held");
             assert!(holds(&received, b"COMMIT"), "the request arrived");
+            proxy.restore();
+            assert_eq!(read_exactly(&mut stream, 6).await, b"COMMIT");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_trip_that_black_holes_before_the_request_holds_it_until_restored() {
+        crate::bounded(async {
+            let (upstream, received) = recording_echo_server().await;
+            let proxy = FaultProxy::start(upstream).await;
+            let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+            proxy.trip(b"", b"COMMIT", Trip::BlackHoleBefore);
+            stream.write_all(b"COMMIT").await.unwrap();
+            proxy.tripped().await;
+            assert!(silent(&mut stream).await, "nothing comes back");
+            assert!(!holds(&received, b"COMMIT"), "the request is held");
             proxy.restore();
             assert_eq!(read_exactly(&mut stream, 6).await, b"COMMIT");
         })
