@@ -271,6 +271,85 @@ async fn a_prompt_whose_commit_was_held_until_its_transaction_ended_is_outcome_u
     drop_schema(&url, &schema).await;
 }
 
+#[tokio::test]
+async fn a_prompt_in_flight_when_the_replica_fences_itself_off_is_outcome_unknown_and_a_retry_never_sends_it_twice()
+ {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    within(TEST_BOUND, async {
+        let (proxy, proxied) = proxied(&url).await;
+        let database_url = url_in_schema(&proxied, &schema);
+        // A short lease: the replica stops the session by its own clock while the commit hangs.
+        let h = Harness::start_with(|c| {
+            c.database_url = Some(database_url.into());
+            c.lease_ttl = Duration::from_secs(2);
+        })
+        .await;
+        let cwd = tempfile::TempDir::new().unwrap();
+        let mut request = create_request(&h, "mock");
+        request.cwd = cwd.path().to_string_lossy().into_owned();
+        let mut session = Session::create_with(&h, request).await;
+        let mut watch = session.watch().await;
+        let reply = session.prompt("before the fault").await;
+        watch.response_to(&reply.action_id).await;
+        // Idle, with nothing left to write: the Control below is the one write cut off.
+        watch.status(pb::SessionStatus::Idle).await;
+        let text = marked("in flight");
+        proxy.black_hole();
+
+        // No action id of the caller's: the server mints one and goes straight to the commit.
+        let unknown = session
+            .act(prompt(&text))
+            .await
+            .expect_err("the write cannot finish before the lease runs out");
+        assert_error(&unknown, Code::Unavailable, "OUTCOME_UNKNOWN");
+        let action_id = error_info(&unknown)
+            .metadata
+            .get("action_id")
+            .cloned()
+            .expect("the minted action id");
+
+        proxy.restore();
+        let reply = loop {
+            match session
+                .control(prompt_with_id(&session, &text, &action_id))
+                .await
+            {
+                Ok(reply) => break reply,
+                // The session comes back once the database answers again.
+                Err(status) if status.code() == Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(status) => panic!("the retry failed: {status:?}"),
+            }
+        };
+        assert_eq!(reply.action_id, action_id);
+        let log = session.log().await;
+        let (sent, answered) = sent_and_answered(&log, &action_id);
+        assert!(sent <= 1 && answered <= 1, "never twice: {sent} {answered}");
+        if sent > answered {
+            // Logged but never reached an agent: its turn says so, it is not left running.
+            let transcript = session.transcript().await;
+            let turn = transcript
+                .messages
+                .iter()
+                .find(|m| m.request_id.as_deref() == Some(action_id.as_str()))
+                .expect("the prompt")
+                .turn;
+            let answer = transcript
+                .messages
+                .iter()
+                .find(|m| m.turn == turn && m.role == pb::MessageRole::Agent as i32)
+                .expect("the turn's end");
+            assert_eq!(answer.stop_reason, Some(pb::StopReason::Failed as i32));
+        }
+        h.shutdown().await;
+    })
+    .await;
+    drop_schema(&url, &schema).await;
+}
+
 /// A session record for the bare store.
 fn record() -> SessionRecord {
     let now = agent_harness::domain::now();

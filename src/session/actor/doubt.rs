@@ -247,22 +247,37 @@ impl Actor {
 
 /// OUTCOME_UNKNOWN, naming the action when there is one.
 fn outcome_unknown(session_id: uuid::Uuid, action_id: Option<ActionId>) -> Error {
+    unknown_because(
+        session_id,
+        action_id,
+        "the database's answer to the write was lost and could not be read back; it is not sent \
+         to the agent before that is known",
+    )
+}
+
+/// OUTCOME_UNKNOWN for a write in flight when this replica lost the session: it may land (only
+/// while the lease is still this replica's), and the replica that holds the session now knows.
+pub(super) fn lost_in_flight(session_id: uuid::Uuid, action_id: Option<ActionId>) -> Error {
+    unknown_because(
+        session_id,
+        action_id,
+        "this replica lost the session while the write was in flight",
+    )
+}
+
+fn unknown_because(session_id: uuid::Uuid, action_id: Option<ActionId>, why: &str) -> Error {
     match action_id {
         Some(action_id) => Error::new(
             ErrorCode::OutcomeUnknown,
             format!(
-                "session {session_id}: the database's answer to the write of action {action_id} \
-                 was lost and could not be read back: it may or may not be stored, and is not \
-                 sent to the agent before that is known; retry with action_id {action_id}"
+                "session {session_id}: action {action_id} may or may not be stored ({why}); \
+                 retry with action_id {action_id}"
             ),
         )
         .with("action_id", action_id),
         None => Error::new(
             ErrorCode::OutcomeUnknown,
-            format!(
-                "session {session_id}: the database's answer to a write was lost and could not \
-                 be read back: it may or may not be stored"
-            ),
+            format!("session {session_id}: a write may or may not be stored ({why})"),
         ),
     }
 }

@@ -499,7 +499,7 @@ impl Actor {
         let session_changed = batch.session.is_some();
         batch.fence = self.shared.fence;
         let probe = Probe::of(&batch);
-        let committed = self.commit(batch).await?;
+        let committed = self.commit(batch, &probe).await?;
         if let Err(error) = committed {
             let error = match error {
                 fenced @ CommitError::Fenced { .. } => {
@@ -552,8 +552,9 @@ impl Actor {
     /// Sends `batch` to the store, unless the lease is lost: a lease lost (its time ran out
     /// here while the database did not answer) ends the wait for a commit, and no commit starts
     /// after it, so the runtime stops now, not when a database that may never answer does. A
-    /// commit abandoned may still land, but only while the lease is still this replica's.
-    async fn commit(&mut self, batch: Batch) -> Result<Result<(), CommitError>> {
+    /// commit abandoned may still land, but only while the lease is still this replica's: its
+    /// caller hears OUTCOME_UNKNOWN, and a retry reaches the replica that holds the session.
+    async fn commit(&mut self, batch: Batch, probe: &Probe) -> Result<Result<(), CommitError>> {
         let session_id = self.record.id;
         if self.shared.is_lost() {
             self.stop_lost("lease lost");
@@ -567,7 +568,7 @@ impl Actor {
             // the lock it holds.
             _ = async { drop(lost.wait_for(|lost| *lost).await) } => {
                 self.stop_lost("lease lost while a write was in flight");
-                Err(no_longer_held(session_id))
+                Err(doubt::lost_in_flight(session_id, probe.action_id()))
             }
         }
     }
