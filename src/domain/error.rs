@@ -50,11 +50,14 @@ pub enum ErrorCode {
     /// The replica that runs the session cannot be reached or did not answer in time, or the
     /// session is moving between replicas; retryable (a Control with the same action id).
     ReplicaUnavailable,
+    /// A write whose outcome is unknown: the answer to its commit (or to a forwarded Control) was
+    /// lost and could not be read back. Metadata `action_id`; retry with that action id.
+    OutcomeUnknown,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 35] = [
+    pub const ALL: [ErrorCode; 36] = [
         Self::InvalidArgument,
         Self::LimitExceeded,
         Self::SessionNotFound,
@@ -90,6 +93,7 @@ impl ErrorCode {
         Self::StoreUnavailable,
         Self::MalformedRequest,
         Self::ReplicaUnavailable,
+        Self::OutcomeUnknown,
     ];
 
     /// The `ErrorInfo.reason` string.
@@ -130,6 +134,7 @@ impl ErrorCode {
             Self::StoreUnavailable => "STORE_UNAVAILABLE",
             Self::MalformedRequest => "MALFORMED_REQUEST",
             Self::ReplicaUnavailable => "REPLICA_UNAVAILABLE",
+            Self::OutcomeUnknown => "OUTCOME_UNKNOWN",
         }
     }
 }

@@ -27,7 +27,7 @@ use super::{
     status::ERROR_DOMAIN,
 };
 use crate::{
-    domain::{Error, ErrorCode, Principal, PrincipalKind},
+    domain::{ActionId, Error, ErrorCode, Principal, PrincipalKind},
     pb::v1::agent_session_service_client::AgentSessionServiceClient,
 };
 
@@ -125,8 +125,9 @@ impl Forwarder {
     }
 
     /// Sends `message` to the replica at `address` with `call`, waiting up to `timeout` for its
-    /// answer, which is returned as it is. `unanswered` is the status when the owner did not
-    /// answer in time (it may or may not have acted).
+    /// answer, which is returned as it is. `unanswered` is the status when the call may have
+    /// reached the owner but no answer came back — none in time, or the connection failed after
+    /// the request went out: the owner may or may not have acted.
     pub(crate) async fn call<Req, Resp, Call, CallFut>(
         &self,
         caller: &Caller,
@@ -149,7 +150,13 @@ impl Forwarder {
         let client = self.client(address)?;
         let request = self.hop(caller, message)?;
         match tokio::time::timeout(timeout, call(client, request)).await {
-            Ok(reply) => reply.map_err(|status| unreachable_owner(status, address)),
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(status)) if is_ours(&status) => Err(status),
+            Ok(Err(status)) if never_connected(&status) => Err(unreachable_owner(status, address)),
+            Ok(Err(status)) => {
+                tracing::warn!(owner = %address, %status, "the connection to the session's owner replica failed during a call");
+                Err(unanswered())
+            }
             Err(_) => {
                 tracing::warn!(owner = %address, "the session's owner replica did not answer in time");
                 Err(unanswered())
@@ -190,16 +197,45 @@ pub(crate) fn unavailable(message: &str) -> Status {
     Error::new(ErrorCode::ReplicaUnavailable, message).into()
 }
 
-/// The owner's answer as it is, unless the owner was not reached at all (a transport error has
-/// no ErrorInfo of ours): then a retryable UNAVAILABLE that does not name the replica.
-fn unreachable_owner(status: Status, address: &str) -> Status {
-    let ours = status
+/// UNAVAILABLE (OUTCOME_UNKNOWN), retryable: a forwarded Control got no answer from the owner,
+/// which may or may not have taken it. The action id was minted before the hop, so a retry
+/// with it is answered with the action's status, or takes it.
+pub(crate) fn outcome_unknown(action_id: ActionId) -> Status {
+    Error::new(
+        ErrorCode::OutcomeUnknown,
+        format!(
+            "the replica that runs this session did not answer; action {action_id} may or may \
+             not have been taken: retry with that action_id"
+        ),
+    )
+    .with("action_id", action_id)
+    .into()
+}
+
+/// Whether a status is an answer of a replica (it carries our ErrorInfo), not a transport
+/// failure.
+fn is_ours(status: &Status) -> bool {
+    status
         .get_error_details()
         .error_info()
-        .is_some_and(|info| info.domain == ERROR_DOMAIN);
-    if ours {
-        return status;
+        .is_some_and(|info| info.domain == ERROR_DOMAIN)
+}
+
+/// Whether a transport failure happened while connecting, so the request never left.
+fn never_connected(status: &Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(status);
+    while let Some(error) = cause {
+        if error.is::<tonic::ConnectError>() {
+            return true;
+        }
+        cause = error.source();
     }
+    false
+}
+
+/// A retryable UNAVAILABLE for an owner that could not be reached at all, which does not name
+/// the replica.
+fn unreachable_owner(status: Status, address: &str) -> Status {
     tracing::warn!(owner = %address, %status, "could not reach the session's owner replica");
     unavailable("the replica that runs this session cannot be reached; retry shortly")
 }

@@ -254,13 +254,7 @@ impl AgentSessionService for SessionsService {
                         FORWARD_TIMEOUT,
                         pb::ControlRequest::from(input),
                         |mut c, r| async move { c.control(r).await },
-                        || {
-                            forward::unavailable(&format!(
-                                "the replica that runs this session did not answer; action \
-                                 {action_id} may or may not have been taken: retry with that \
-                                 action_id"
-                            ))
-                        },
+                        || forward::outcome_unknown(action_id),
                     )
                     .await;
             }

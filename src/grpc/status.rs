@@ -43,7 +43,9 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes => {
             Code::ResourceExhausted
         }
-        RuntimeStartFailed | Draining | StoreUnavailable | ReplicaUnavailable => Code::Unavailable,
+        RuntimeStartFailed | Draining | StoreUnavailable | ReplicaUnavailable | OutcomeUnknown => {
+            Code::Unavailable
+        }
         Unauthenticated => Code::Unauthenticated,
         ContextNotAllowed | Forbidden => Code::PermissionDenied,
         OffsetOutOfRange => Code::OutOfRange,
@@ -80,7 +82,7 @@ pub(crate) fn to_status(error: &Error) -> Status {
         ErrorCode::Draining => {
             details.set_retry_info(Some(DRAINING_RETRY_DELAY));
         }
-        ErrorCode::StoreUnavailable | ErrorCode::ReplicaUnavailable => {
+        ErrorCode::StoreUnavailable | ErrorCode::ReplicaUnavailable | ErrorCode::OutcomeUnknown => {
             details.set_retry_info(Some(STORE_RETRY_DELAY));
         }
         _ => {}
@@ -171,10 +173,12 @@ pub(crate) fn malformed(why: &str) -> Error {
 mod tests {
     use super::*;
 
-    /// The `ErrorInfo.metadata` keys a client may be sent: the limits a request ran into and
-    /// where a log ends. Control signals between this server's parts (which replica owns a
-    /// session, a fenced write) travel as typed values, never as metadata.
-    const CLIENT_METADATA_KEYS: &[&str] = &["advertised", "head_offset", "limit", "max"];
+    /// The `ErrorInfo.metadata` keys a client may be sent: the limits a request ran into, where
+    /// a log ends, and the action whose outcome is unknown. Control signals between this
+    /// server's parts (which replica owns a session, a fenced write) travel as typed values,
+    /// never as metadata.
+    const CLIENT_METADATA_KEYS: &[&str] =
+        &["action_id", "advertised", "head_offset", "limit", "max"];
 
     /// Every key given to `Error::with` in the server's code (test code aside), or the text of
     /// a key that is not a string literal.
@@ -391,6 +395,11 @@ mod tests {
             Code::Unavailable,
             "REPLICA_UNAVAILABLE",
         ),
+        (
+            ErrorCode::OutcomeUnknown,
+            Code::Unavailable,
+            "OUTCOME_UNKNOWN",
+        ),
     ];
 
     #[test]
@@ -447,11 +456,13 @@ mod tests {
     }
 
     #[test]
-    fn an_unreachable_store_tells_the_client_to_retry_after_one_second() {
-        let status = to_status(&Error::new(ErrorCode::StoreUnavailable, "down"));
-        assert_eq!(status.code(), Code::Unavailable);
-        let retry = status.get_details_retry_info().expect("RetryInfo detail");
-        assert_eq!(retry.retry_delay, Some(Duration::from_secs(1)));
+    fn an_unreachable_store_or_an_unknown_outcome_tells_the_client_to_retry_after_one_second() {
+        for code in [ErrorCode::StoreUnavailable, ErrorCode::OutcomeUnknown] {
+            let status = to_status(&Error::new(code, "down"));
+            assert_eq!(status.code(), Code::Unavailable);
+            let retry = status.get_details_retry_info().expect("RetryInfo detail");
+            assert_eq!(retry.retry_delay, Some(Duration::from_secs(1)), "{code}");
+        }
     }
 
     #[test]

@@ -424,6 +424,25 @@ pub(crate) enum Command {
     },
 }
 
+impl Command {
+    /// Answers the command with `error` without doing it.
+    pub(crate) fn refuse(self, error: crate::domain::Error) {
+        fn fail<T>(reply: Reply<T>, error: crate::domain::Error) {
+            let _ = reply.send(Err(error));
+        }
+        match self {
+            Self::Control { reply, .. } => fail(reply, error),
+            Self::GetQueue { reply } => fail(reply, error),
+            Self::EditQueued { reply, .. } => fail(reply, error),
+            Self::RemoveQueued { reply, .. } => fail(reply, error),
+            Self::Close { reply } => fail(reply, error),
+            Self::Delete { reply } => fail(reply, error),
+            Self::Drain { reply } => fail(reply, error),
+            Self::HandOff { reply } => fail(reply, error),
+        }
+    }
+}
+
 /// A cheap, cloneable way to reach one session.
 #[derive(Clone)]
 pub(crate) struct SessionHandle {

@@ -1345,6 +1345,53 @@ pub(crate) mod cases {
         store.commit(id, batch()).await.unwrap();
         assert_eq!(whole_log(&store, id).await, frames(1, 3));
     }
+
+    /// What a writer does after a commit whose answer was lost: each kind of batch is read back
+    /// as not stored before its commit and as stored after it.
+    pub(crate) async fn a_read_back_tells_a_stored_batch_from_one_never_committed(store: S) {
+        use crate::store::{Probe, landed};
+        let mut record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        let id = record.id;
+        let queued = prompt("read back");
+        let mut edited = queued.clone();
+        edited.actor = "user:bob".to_owned();
+        record.updated_at = at(99);
+        let batches = [
+            entries(frames(1, 2)),
+            Batch {
+                queue: vec![QueueOp::PushBack(queued.clone())],
+                new_actions: vec![action(queued.action_id, ActionState::Queued)],
+                ..Batch::default()
+            },
+            Batch {
+                queue: vec![QueueOp::Update(edited)],
+                ..Batch::default()
+            },
+            Batch {
+                queue: vec![QueueOp::Remove(queued.action_id)],
+                action_states: vec![(queued.action_id, ActionState::Removed)],
+                ..Batch::default()
+            },
+            Batch {
+                session: Some(record),
+                ..Batch::default()
+            },
+        ];
+        for batch in batches {
+            let probe = Probe::of(&batch);
+            assert_ne!(probe, Probe::Nothing);
+            assert!(
+                !landed(store.as_ref(), id, &probe).await.unwrap(),
+                "{probe:?} before its commit"
+            );
+            store.commit(id, batch).await.unwrap();
+            assert!(
+                landed(store.as_ref(), id, &probe).await.unwrap(),
+                "{probe:?} after its commit"
+            );
+        }
+    }
 }
 
 /// One `#[tokio::test]` per case for the backend `$backend`, opened by the async fn `$open`.
@@ -1383,6 +1430,7 @@ macro_rules! conformance_suite {
             list_sessions_ands_every_filter_together,
             count_live_sessions_and_open_sessions_ignore_closed_sessions,
             deleting_a_session_removes_its_log_queue_and_actions_and_reports_whether_it_existed,
+            a_read_back_tells_a_stored_batch_from_one_never_committed,
         );
     };
     (@cases $backend:ident, $open:path; $($case:ident),+ $(,)?) => {

@@ -85,7 +85,18 @@ pub enum CommitError {
         /// The session's current fence (`None`: never leased).
         current: Option<u64>,
     },
-    /// Anything else (unreachable database, a batch the store refuses, an unknown session...).
+    /// The batch was sent to be committed and the answer was lost — the connection dropped, or
+    /// no answer came in time, after `COMMIT` was sent: it may or may not be stored. The writer
+    /// reads back before it assumes either (see [`super::landed`]). As an [`Error`] it is
+    /// OUTCOME_UNKNOWN.
+    #[error("{message}")]
+    Ambiguous {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// Anything else, and nothing of the batch was stored (unreachable database, a batch the
+    /// store refuses, an unknown session...).
     #[error(transparent)]
     Failed(#[from] Error),
 }
@@ -105,6 +116,18 @@ impl From<CommitError> for Error {
             fenced @ CommitError::Fenced { .. } => {
                 Error::new(ErrorCode::Internal, fenced.to_string()).with_source(fenced)
             }
+            ambiguous @ CommitError::Ambiguous { .. } => {
+                Error::new(ErrorCode::OutcomeUnknown, ambiguous.to_string()).with_source(ambiguous)
+            }
+        }
+    }
+}
+
+impl CommitError {
+    pub fn ambiguous(message: impl Into<String>, source: Option<BoxError>) -> Self {
+        Self::Ambiguous {
+            message: message.into(),
+            source,
         }
     }
 }
@@ -157,10 +180,19 @@ impl StoreError {
         }
     }
 
-    /// The reason code callers see.
+    /// The reason code callers see: STORE_UNAVAILABLE (retry) when the database could not be
+    /// reached or refused for a reason of its own — full, read-only, shutting down, a lock or
+    /// serialization conflict, a trigger that raised — none of which is the caller's fault or a
+    /// fault of the harness; INTERNAL for the rest.
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Unavailable { .. } => ErrorCode::StoreUnavailable,
+            Self::Postgres { source, .. } if super::postgres::is_operational(source) => {
+                ErrorCode::StoreUnavailable
+            }
+            Self::Sqlite { source, .. } if super::sqlite::is_operational(source) => {
+                ErrorCode::StoreUnavailable
+            }
             _ => ErrorCode::Internal,
         }
     }
@@ -204,6 +236,33 @@ mod tests {
             error.message.contains("fence 3, current 4"),
             "{}",
             error.message
+        );
+    }
+
+    #[test]
+    fn a_commit_whose_answer_was_lost_becomes_outcome_unknown() {
+        let error: Error = CommitError::ambiguous("the answer to COMMIT was lost", None).into();
+        assert_eq!(error.code, ErrorCode::OutcomeUnknown);
+        assert_eq!(error.message, "the answer to COMMIT was lost");
+    }
+
+    #[test]
+    fn sqlite_failing_for_its_disk_is_store_unavailable_and_for_what_was_asked_internal() {
+        let failure = |code| StoreError::Sqlite {
+            message: "sqlite store: committing".to_owned(),
+            source: rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None),
+        };
+        for code in [
+            rusqlite::ffi::SQLITE_FULL,
+            rusqlite::ffi::SQLITE_READONLY,
+            rusqlite::ffi::SQLITE_IOERR,
+            rusqlite::ffi::SQLITE_BUSY,
+        ] {
+            assert_eq!(failure(code).code(), ErrorCode::StoreUnavailable, "{code}");
+        }
+        assert_eq!(
+            failure(rusqlite::ffi::SQLITE_CONSTRAINT).code(),
+            ErrorCode::Internal
         );
     }
 

@@ -14,6 +14,7 @@
 pub(crate) mod conformance;
 mod error;
 mod gate;
+mod landed;
 #[cfg(test)]
 mod memory;
 pub mod postgres;
@@ -35,6 +36,7 @@ use crate::domain::{
     session::{SessionRecord, SessionStatus},
 };
 pub use error::{BoxError, CommitError, StoreError};
+pub use landed::{Probe, landed};
 
 /// How long one statement may run before the store cancels it, unless configured
 /// otherwise: a PostgreSQL statement (`statement_timeout`), a SQLite read.
@@ -218,8 +220,16 @@ pub trait Store: Send + Sync + 'static {
     /// Applies a batch atomically and durably before returning. A batch whose first
     /// offset is not head + 1, or that records an existing action id, fails whole and changes
     /// nothing.
-    /// A fenced batch is [`CommitError::Fenced`], never a plain error.
+    /// A fenced batch is [`CommitError::Fenced`], never a plain error; one whose commit's answer
+    /// was lost is [`CommitError::Ambiguous`] (read back with [`landed`]).
     async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError>;
+
+    /// Waits until no transaction that may still write the session is open — one whose
+    /// `COMMIT` answer was lost may still be running on the database — so what is read next
+    /// stays true. A store serving one process has none (the default).
+    async fn settle(&self, _session_id: Uuid) -> Result<()> {
+        Ok(())
+    }
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>>;
 

@@ -194,6 +194,23 @@ pub(super) fn is_unreachable(e: &tokio_postgres::Error) -> bool {
     false
 }
 
+/// Whether an error the server answered with is the database's own state rather than a fault of
+/// the caller or of the harness, so the same request may succeed later: class 53 (disk full, out
+/// of memory, too many connections), 25006 (a read-only transaction: a standby, or
+/// `default_transaction_read_only`), 40 (serialization failure, deadlock), 55 (a lock not
+/// available), 57 (shutting down, cancelled), 58 (I/O), 42501 (a privilege revoked), and P0 (a
+/// trigger or function of the operator's that raised).
+pub(super) fn is_operational(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return false;
+    };
+    let code = db.code().code();
+    ["53", "40", "55", "57", "58", "P0"]
+        .iter()
+        .any(|class| code.starts_with(class))
+        || matches!(code, "25006" | "42501")
+}
+
 /// A connection from the pool within `within`, whether it waits for a free one or opens one.
 pub(super) async fn pooled(
     pool: &Pool,
@@ -683,6 +700,32 @@ impl Store for PostgresStore {
         self.committer.commit(session_id, batch).await?;
         self.notifier.committed(session_id, head);
         Ok(())
+    }
+
+    /// Takes the session row's share lock and lets go at once: every commit of the session holds
+    /// that row locked until it ends, so once the lock is granted no transaction that may still
+    /// write the session is open. One left open by a lost connection ends by itself: the server
+    /// rolls back a transaction idle past `idle_in_transaction_session_timeout`, or one whose
+    /// connection it finds closed.
+    async fn settle(&self, session_id: Uuid) -> Result<()> {
+        self.reader()
+            .await?
+            .read_mut(async |client| {
+                let tx = client
+                    .transaction()
+                    .await
+                    .context("waiting for a session's writes to end")?;
+                tx.query(
+                    "SELECT 1 FROM sessions WHERE id = $1 FOR SHARE",
+                    &[&session_id],
+                )
+                .await
+                .context("waiting for a session's writes to end")?;
+                tx.commit()
+                    .await
+                    .context("waiting for a session's writes to end")
+            })
+            .await
     }
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {

@@ -54,6 +54,17 @@ use crate::{
 /// The file name the server uses inside its data directory.
 pub const DB_FILE_NAME: &str = "agent-harness.sqlite3";
 
+/// Whether SQLite failed for the state of its file or disk rather than for what was asked, so
+/// the same request may succeed later: the disk is full, the file read-only, an I/O error, a
+/// lock held too long.
+pub(super) fn is_operational(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::*;
+    matches!(
+        e.sqlite_error_code(),
+        Some(DiskFull | ReadOnly | SystemIoFailure | DatabaseBusy | DatabaseLocked | CannotOpen)
+    )
+}
+
 /// Read connections kept open (and reads running at once).
 const READERS: usize = 4;
 /// How many SQLite VM steps a read runs between looks at its deadline.

@@ -24,6 +24,14 @@ const WAITING_CONFIGS: usize = 16;
 
 impl Actor {
     pub(super) async fn on_command(&mut self, command: Command) {
+        // A write's outcome still unknown: the actor's view of the session may be wrong, so it
+        // takes nothing on until the store has told (see `doubt`).
+        if self.doubt.is_some()
+            && let Err(error) = self.resolve_doubt().await
+        {
+            let error = self.refusal_in_doubt(&command).unwrap_or(error);
+            return command.refuse(error);
+        }
         match command {
             Command::Control {
                 principal,

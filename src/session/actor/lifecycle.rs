@@ -23,6 +23,30 @@ use crate::{
     },
 };
 
+/// What stopped a session's runtime behind the actor's back, as [`Actor::recover`] logs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Interruption {
+    HarnessRestarted,
+    /// Claimed from a replica that died.
+    OwnerLost,
+    /// A write's outcome was unknown for a while (see `doubt`); the runtime was stopped.
+    WriteInDoubt,
+}
+
+impl Interruption {
+    /// The log event's name and what it says happened.
+    fn event(self) -> (&'static str, &'static str) {
+        match self {
+            Self::HarnessRestarted => ("harness_restarted", "harness restarted"),
+            Self::OwnerLost => ("owner_replica_lost", "owner replica lost"),
+            Self::WriteInDoubt => (
+                "fault",
+                "the database's answer to a write was lost and the session was read back",
+            ),
+        }
+    }
+}
+
 /// A freshly started runtime, before the actor wraps it into its connection.
 enum Link {
     Local(process::SpawnedRuntime),
@@ -34,9 +58,10 @@ impl Actor {
     /// FAILED ("harness restarted") and never re-sent; a session with queued work or a turn in
     /// flight reopens at once (and drains); the rest are SUSPENDED and reopen on demand. A
     /// session that cannot be reopened is DISCONNECTED with [`CANNOT_REOPEN`] and its queue is
-    /// abandoned visibly, rather than waiting for a reopen that can never happen. `owner_lost`:
-    /// claimed from a replica that died, said so in the log ("owner replica lost").
-    pub(super) async fn recover(&mut self, owner_lost: bool) {
+    /// abandoned visibly, rather than waiting for a reopen that can never happen. `why` says in
+    /// the log what stopped the runtime: the harness restarted, the session was claimed from a
+    /// replica that died ("owner replica lost"), or a write's outcome was unknown for a while.
+    pub(super) async fn recover(&mut self, why: Interruption) {
         let plan = plan_recovery(
             self.record.status,
             // With `on_reopen_failure = "fresh"` a session whose agent cannot reopen it still
@@ -46,18 +71,15 @@ impl Actor {
             !self.work.queue.is_empty(),
             !self.record.acp_session_id.is_empty(),
         );
-        let (event, why) = match owner_lost {
-            true => ("owner_replica_lost", "owner replica lost"),
-            false => ("harness_restarted", "harness restarted"),
-        };
+        let (event, why) = why.event();
         let mut out = Out::default();
         if plan.turn_interrupted {
-            self.log_event(
-                &mut out,
-                json!({"event": event, "epoch": self.runtime.epoch,
-                       "detail": format!("{why} during the turn; it is not re-sent")}),
-                None,
-            );
+            let mut event = json!({"event": event, "epoch": self.runtime.epoch,
+                                   "detail": format!("{why} during the turn; it is not re-sent")});
+            if event["event"] == "fault" {
+                event["kind"] = "storage".into();
+            }
+            self.log_event(&mut out, event, None);
         }
         match plan.mark {
             None => {}
@@ -526,6 +548,11 @@ impl Actor {
     }
 
     pub(super) async fn on_deadline(&mut self) {
+        if self.doubt.is_some() {
+            // Not settled yet: it is tried again later, and on the next command.
+            let _ = self.resolve_doubt().await;
+            return;
+        }
         let now = Instant::now();
         if let Some(conn) = self.runtime.state.conn_mut() {
             if conn.exit_deadline.is_some_and(|d| d <= now) {

@@ -6,6 +6,7 @@
 
 mod config_options;
 mod control;
+mod doubt;
 mod frames;
 mod handshake;
 mod lifecycle;
@@ -28,7 +29,7 @@ use crate::{
         queue::{Queue, QueuedEntry},
         session::{SessionRecord, SessionStatus},
     },
-    store::{ActionRecord, ActionState, Batch, CommitError, Direction, LogEntry, QueueOp},
+    store::{ActionRecord, ActionState, Batch, CommitError, Direction, LogEntry, Probe, QueueOp},
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -146,6 +147,9 @@ pub(crate) struct Actor {
     fold: Option<Fold>,
     /// Set when the session was deleted (or its creation failed): the actor stops.
     finished: bool,
+    /// A commit whose answer was lost and could not be read back yet: until it is, the actor
+    /// commits, sends and takes in nothing (see `doubt`).
+    doubt: Option<doubt::Doubt>,
 }
 
 /// The actor's side of its runtime: the current epoch, where the runtime is (down, starting,
@@ -232,6 +236,7 @@ impl Actor {
             },
             fold: None,
             finished: false,
+            doubt: None,
         };
         actor.shared.set_queue_len(actor.work.queue.len());
         tokio::spawn(actor.run(after_restart, owner_lost, purpose));
@@ -244,7 +249,11 @@ impl Actor {
     async fn run(mut self, after_restart: bool, owner_lost: bool, purpose: Option<StartPurpose>) {
         let mut lost = self.shared.lost.subscribe();
         if after_restart {
-            Box::pin(self.recover(owner_lost)).await;
+            let why = match owner_lost {
+                true => lifecycle::Interruption::OwnerLost,
+                false => lifecycle::Interruption::HarnessRestarted,
+            };
+            Box::pin(self.recover(why)).await;
         }
         if let Some(purpose) = purpose {
             Box::pin(self.start_runtime(purpose)).await;
@@ -276,7 +285,9 @@ impl Actor {
                         self.stop_lost("lease lost");
                     }
                 }
-                Some(first) = self.runtime.events_rx.recv() => {
+                // In doubt, the runtime's frames wait: nothing can be logged, so nothing is
+                // taken in.
+                Some(first) = self.runtime.events_rx.recv(), if self.doubt.is_none() => {
                     let mut events = vec![first];
                     while events.len() < INBOUND_BATCH {
                         match self.runtime.events_rx.try_recv() {
@@ -286,7 +297,7 @@ impl Actor {
                     }
                     Box::pin(self.on_runtime_events(events)).await;
                 }
-                status = exited => Box::pin(self.on_exit(status)).await,
+                status = exited, if self.doubt.is_none() => Box::pin(self.on_exit(status)).await,
                 command = self.commands.recv() => match command {
                     Some(command) => Box::pin(self.on_command(command)).await,
                     None => {
@@ -316,6 +327,10 @@ impl Actor {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
+        if let Some(doubt) = &self.doubt {
+            // Nothing else is acted on until the doubt is settled.
+            return Some(doubt.retry_at);
+        }
         let conn = self.runtime.state.conn();
         let pending = conn
             .into_iter()
@@ -456,7 +471,9 @@ impl Actor {
     }
 
     /// Commits a step, then sends its frames and publishes its events. On a storage failure
-    /// nothing is sent and the error is returned.
+    /// nothing is sent and the error is returned. A commit whose answer was lost is read back
+    /// first: stored, it goes on as committed; not stored, it fails like any other; unknown,
+    /// it fails OUTCOME_UNKNOWN and the actor waits for the store to tell (see `doubt`).
     async fn flush(&mut self, out: Out) -> Result<()> {
         let Out {
             mut batch,
@@ -466,6 +483,7 @@ impl Actor {
         if batch.is_empty() {
             return Ok(());
         }
+        self.resolve_doubt().await?;
         self.log_turn_ends(&mut batch.entries).await?;
         // Entries are kept for the live feed when someone is subscribed now; a subscriber who
         // registers while the commit runs is caught below (see `publish_entries`).
@@ -480,51 +498,20 @@ impl Actor {
         }
         let session_changed = batch.session.is_some();
         batch.fence = self.shared.fence;
-        // A lease lost (its time ran out here while the database did not answer) ends the wait
-        // for a commit, and no commit starts after it: the runtime stops now, not when a
-        // database that may never answer does. A commit abandoned may still land, but only while
-        // the lease is still this replica's.
-        let session_id = self.record.id;
-        let gone = move || {
-            crate::domain::Error::internal(format!(
-                "session {session_id}: this replica no longer holds the session"
-            ))
-        };
-        if self.shared.is_lost() {
-            self.stop_lost("lease lost");
-            return Err(gone());
-        }
-        let mut lost = self.shared.lost.subscribe();
-        let committed = tokio::select! {
-            biased;
-            committed = self.ctx.store.commit(self.record.id, batch) => committed,
-            // The guard `wait_for` returns is dropped at once: marking the session lost needs
-            // the lock it holds.
-            _ = async { drop(lost.wait_for(|lost| *lost).await) } => {
-                let error = gone();
-                self.stop_lost("lease lost while a write was in flight");
-                return Err(error);
-            }
-        };
+        let probe = Probe::of(&batch);
+        let committed = self.commit(batch, &probe).await?;
         if let Err(error) = committed {
             let error = match error {
                 fenced @ CommitError::Fenced { .. } => {
                     self.stop_lost("write fenced off");
                     return Err(fenced.into());
                 }
-                CommitError::Failed(error) => error,
+                CommitError::Failed(error) => Some(error),
+                CommitError::Ambiguous { .. } => self.read_back_lost_commit(probe, &send).await?,
             };
-            tracing::error!(session = %self.record.id, %error, "log commit failed");
-            // The fold saw entries the log does not hold: fold the log again when next needed.
-            self.fold = None;
-            // Whatever the store holds is the truth; offsets continue from there.
-            self.head = self
-                .ctx
-                .store
-                .head_offset(self.record.id)
-                .await
-                .unwrap_or(self.head);
-            return Err(error);
+            if let Some(error) = error {
+                return Err(self.commit_failed(error).await);
+            }
         }
         self.head += appended;
         self.shared.set_head(self.head);
@@ -553,19 +540,69 @@ impl Actor {
         }
         self.publish_entries(entries, appended).await;
         if queue_changed {
-            self.shared.set_queue_len(self.work.queue.len());
-            let snapshot: Vec<QueuedEntry> = self.work.queue.entries().cloned().collect();
-            self.shared.publish(SessionEvent::Queue(Arc::new(snapshot)));
+            self.publish_queue();
         }
         if session_changed {
-            self.ctx.activity.notify_waiters();
-            self.shared.publish(SessionEvent::Status {
-                status: self.record.status,
-                reason: self.record.status_reason.clone(),
-            });
+            self.publish_status();
         }
         self.arm_idle_timer();
         Ok(())
+    }
+
+    /// Sends `batch` to the store, unless the lease is lost: a lease lost (its time ran out
+    /// here while the database did not answer) ends the wait for a commit, and no commit starts
+    /// after it, so the runtime stops now, not when a database that may never answer does. A
+    /// commit abandoned may still land, but only while the lease is still this replica's: its
+    /// caller hears OUTCOME_UNKNOWN, and a retry reaches the replica that holds the session.
+    async fn commit(&mut self, batch: Batch, probe: &Probe) -> Result<Result<(), CommitError>> {
+        let session_id = self.record.id;
+        if self.shared.is_lost() {
+            self.stop_lost("lease lost");
+            return Err(no_longer_held(session_id));
+        }
+        let mut lost = self.shared.lost.subscribe();
+        tokio::select! {
+            biased;
+            committed = self.ctx.store.commit(session_id, batch) => Ok(committed),
+            // The guard `wait_for` returns is dropped at once: marking the session lost needs
+            // the lock it holds.
+            _ = async { drop(lost.wait_for(|lost| *lost).await) } => {
+                self.stop_lost("lease lost while a write was in flight");
+                Err(doubt::lost_in_flight(session_id, probe.action_id()))
+            }
+        }
+    }
+
+    /// After a commit that stored nothing: the error to answer, once the actor's view of the
+    /// log is the store's again.
+    async fn commit_failed(&mut self, error: crate::domain::Error) -> crate::domain::Error {
+        tracing::error!(session = %self.record.id, %error, "log commit failed");
+        // The fold saw entries the log does not hold: fold the log again when next needed.
+        self.fold = None;
+        // Whatever the store holds is the truth; offsets continue from there.
+        self.head = self
+            .ctx
+            .store
+            .head_offset(self.record.id)
+            .await
+            .unwrap_or(self.head);
+        error
+    }
+
+    /// Publishes the queue as it stands now.
+    fn publish_queue(&self) {
+        self.shared.set_queue_len(self.work.queue.len());
+        let snapshot: Vec<QueuedEntry> = self.work.queue.entries().cloned().collect();
+        self.shared.publish(SessionEvent::Queue(Arc::new(snapshot)));
+    }
+
+    /// Publishes the record's status as it stands now.
+    fn publish_status(&self) {
+        self.ctx.activity.notify_waiters();
+        self.shared.publish(SessionEvent::Status {
+            status: self.record.status,
+            reason: self.record.status_reason.clone(),
+        });
     }
 
     /// Commits a step; a storage failure is a runtime fault (nothing unlogged may reach it).
@@ -648,6 +685,13 @@ impl Actor {
             _ => None,
         };
     }
+}
+
+/// The error of a write this replica may no longer make: the session's lease is lost.
+fn no_longer_held(session_id: uuid::Uuid) -> crate::domain::Error {
+    crate::domain::Error::internal(format!(
+        "session {session_id}: this replica no longer holds the session"
+    ))
 }
 
 /// A digest of an action as first received, telling a re-send from a different action.

@@ -285,10 +285,18 @@ impl Sessions {
                 ..Default::default()
             };
             if let Err(error) = ctx.store.commit(session_id, batch).await {
-                if let Err(e) = ctx.store.delete_session(session_id).await {
-                    tracing::error!(session = %session_id, error = %e, "could not remove a failed fork");
+                let mut error = crate::domain::Error::from(error);
+                match ctx.store.delete_session(session_id).await {
+                    // Gone whole, whether or not a commit whose answer was lost had landed.
+                    Ok(_) if error.code == crate::domain::ErrorCode::OutcomeUnknown => {
+                        error.code = crate::domain::ErrorCode::StoreUnavailable;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(session = %session_id, error = %e, "could not remove a failed fork");
+                    }
                 }
-                return Err(error.into());
+                return Err(error);
             }
             head = 1;
             fork_of = Some(fork.parent_acp_session_id);

@@ -116,6 +116,19 @@ impl Sessions {
         owner_lost: bool,
     ) -> Result<SessionHandle> {
         let store = &self.ctx.store;
+        // With several replicas, a commit of a former actor whose answer was lost (or that was
+        // abandoned when its lease ran out) may still be running on the database: the session
+        // is read once it has ended, so the new actor starts from what stays.
+        let record = match self.ctx.replica().shared_store {
+            true => {
+                store.settle(record.id).await?;
+                store
+                    .get_session(record.id)
+                    .await?
+                    .ok_or_else(|| Error::session_not_found(&record.id.to_string()))?
+            }
+            false => record,
+        };
         let head = store.head_offset(record.id).await?;
         let epoch = match head {
             0 => 0,

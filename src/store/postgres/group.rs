@@ -16,6 +16,11 @@
 //! gets its own error; the others commit. Should the database reject a statement, the group's
 //! batches are committed again one by one, so the error reaches the batch that caused it.
 //!
+//! Ambiguity: a failure before `COMMIT` was sent stored nothing (unavailable, as the error
+//! says). Once it was sent, a connection that fails, or stays silent past the deadline, leaves
+//! the outcome unknown: the accepted batches get [`CommitError::Ambiguous`], and their writers
+//! read back (`store::landed`) instead of assuming either.
+//!
 //! Order: batches are sorted by session id, stably, so one session's batches keep the order they
 //! were queued in and are judged one after another. Rows of several sessions are held at once — by
 //! groups of this replica and of others, and by lease renewal — so every such holder locks them in
@@ -80,9 +85,10 @@ impl Committer {
                 reply,
             })
             .map_err(|_| StoreError::closed("postgres store: the committer has stopped"))?;
-        answer
-            .await
-            .map_err(|_| StoreError::task("postgres store: a commit was dropped unanswered"))?
+        // The group's task ended without answering (it panicked) at a stage nobody knows.
+        answer.await.map_err(|_| {
+            CommitError::ambiguous("postgres store: a commit was dropped unanswered", None)
+        })?
     }
 }
 
@@ -114,9 +120,9 @@ async fn dispatch(
 
 /// Commits `jobs` in one transaction and answers each. No connection within `pool_wait` fails
 /// them as unavailable. A transaction with no answer within `answer_within` is on a connection
-/// that is gone: its batches fail as unavailable (the database may or may not have committed
-/// them — as when a connection drops during `COMMIT`) and the connection is closed, never
-/// reused.
+/// that is gone, which is closed, never reused: its batches fail as unavailable if `COMMIT` was
+/// not sent yet, or as ambiguous if it was (the database may or may not have committed them),
+/// as do batches whose connection dropped while `COMMIT` was awaited.
 pub(super) async fn commit_group(pool: &Pool, target: &str, bounds: Bounds, mut jobs: Vec<Job>) {
     let Bounds {
         pool_wait,
@@ -132,29 +138,8 @@ pub(super) async fn commit_group(pool: &Pool, target: &str, bounds: Bounds, mut 
     };
     let mut groups = vec![jobs];
     while let Some(group) = groups.pop() {
-        let Ok(attempted) = tokio::time::timeout(answer_within, attempt(&mut client, &group)).await
-        else {
-            drop(deadpool_postgres::Object::take(client));
-            let error = StoreError::Unavailable {
-                message: format!(
-                    "postgres store: {target} did not answer a commit within {answer_within:?}"
-                ),
-                source: None,
-            }
-            .into();
-            answer_all(group, &error);
-            for rest in groups {
-                answer_all(rest, &error);
-            }
-            return;
-        };
-        match attempted {
-            Ok(verdicts) => {
-                for (job, verdict) in group.into_iter().zip(verdicts) {
-                    // A caller that stopped waiting no longer cares; the batch stands either way.
-                    let _ = job.reply.send(verdict.map_or(Ok(()), Err));
-                }
-            }
+        match attempt(&mut client, &group, answer_within, target).await {
+            Ok(verdicts) => answer_each(group, verdicts),
             // A statement of a group of several failed: the statements serve many batches, so
             // which one it was is found by committing each alone.
             Err(Failure::Rejected(_)) if group.len() > 1 => {
@@ -163,7 +148,52 @@ pub(super) async fn commit_group(pool: &Pool, target: &str, bounds: Bounds, mut 
             Err(Failure::Rejected(error) | Failure::Unreachable(error)) => {
                 answer_all(group, &error)
             }
+            Err(Failure::Ambiguous { verdicts, message }) => {
+                let verdicts = verdicts.into_iter().map(|verdict| {
+                    Some(verdict.unwrap_or_else(|| CommitError::ambiguous(message.clone(), None)))
+                });
+                answer_each(group, verdicts.collect());
+            }
+            Err(Failure::Late { commit_sent }) => {
+                drop(deadpool_postgres::Object::take(client));
+                let late = format!(
+                    "postgres store: {target} did not answer a commit within {answer_within:?}"
+                );
+                if commit_sent {
+                    for job in group {
+                        let _ = job.reply.send(Err(CommitError::ambiguous(
+                            format!("{late}, after COMMIT was sent"),
+                            None,
+                        )));
+                    }
+                } else {
+                    let error = StoreError::Unavailable {
+                        message: late.clone(),
+                        source: None,
+                    }
+                    .into();
+                    answer_all(group, &error);
+                }
+                // Groups split off earlier were never attempted: nothing of them was sent.
+                let error = StoreError::Unavailable {
+                    message: late,
+                    source: None,
+                }
+                .into();
+                for rest in groups {
+                    answer_all(rest, &error);
+                }
+                return;
+            }
         }
+    }
+}
+
+/// Answers each job with its verdict (`None`: committed).
+fn answer_each(jobs: Vec<Job>, verdicts: Vec<Option<CommitError>>) {
+    for (job, verdict) in jobs.into_iter().zip(verdicts) {
+        // A caller that stopped waiting no longer cares; the batch stands either way.
+        let _ = job.reply.send(verdict.map_or(Ok(()), Err));
     }
 }
 
@@ -177,8 +207,16 @@ fn answer_all(jobs: Vec<Job>, error: &Error) {
 enum Failure {
     /// The database refused a statement (or the commit): the transaction is rolled back.
     Rejected(Error),
-    /// The database could not be reached, or the outcome of the commit is unknown.
+    /// The database could not be reached before `COMMIT` was sent: nothing was stored.
     Unreachable(Error),
+    /// The connection failed while the answer to `COMMIT` was awaited: the batches the checks
+    /// accepted may or may not be stored; the refused ones keep their verdicts.
+    Ambiguous {
+        verdicts: Vec<Option<CommitError>>,
+        message: String,
+    },
+    /// No answer within the deadline (the connection is gone); `COMMIT` was sent or not.
+    Late { commit_sent: bool },
 }
 
 impl Failure {
@@ -197,29 +235,63 @@ impl Failure {
     }
 }
 
-/// One transaction for `jobs`: each batch's verdict (`None`: committed) once it is durable.
-async fn attempt(client: &mut Client, jobs: &[Job]) -> Result<Vec<Option<CommitError>>, Failure> {
+/// One transaction for `jobs`, answered within `within`: each batch's verdict (`None`:
+/// committed) once it is durable.
+async fn attempt(
+    client: &mut Client,
+    jobs: &[Job],
+    within: Duration,
+    target: &str,
+) -> Result<Vec<Option<CommitError>>, Failure> {
+    let deadline = tokio::time::Instant::now() + within;
+    let late = |commit_sent| move |_| Failure::Late { commit_sent };
     let batches: Vec<(Uuid, &Batch)> = jobs
         .iter()
         .map(|job| (job.session_id, &job.batch))
         .collect();
-    let tx = client
-        .transaction()
+    let tx = tokio::time::timeout_at(deadline, client.transaction())
         .await
+        .map_err(late(false))?
         .map_err(Failure::of("starting a transaction"))?;
-    let mut found = commit::read(&tx, &batches)
+    let verdicts = tokio::time::timeout_at(deadline, statements(&tx, &batches))
+        .await
+        .map_err(late(false))??;
+    // From here on the database may commit whatever this process learns.
+    match tokio::time::timeout_at(deadline, tx.commit())
+        .await
+        .map_err(late(true))?
+    {
+        Ok(()) => Ok(verdicts),
+        // The server answered: it did not commit (a deferred check, a serialization failure).
+        Err(e) if e.as_db_error().is_some() && !is_cancelled(&e) => {
+            Err(Failure::of("committing a batch")(e))
+        }
+        // The connection failed (or the commit was cancelled) with the answer outstanding.
+        Err(e) => Err(Failure::Ambiguous {
+            verdicts,
+            message: format!(
+                "postgres store: the answer of {target} to a COMMIT was lost: {}",
+                super::describe(&e)
+            ),
+        }),
+    }
+}
+
+/// The group's reads, checks and writes inside `tx`: each batch's verdict.
+async fn statements(
+    tx: &commit::Tx<'_>,
+    batches: &[(Uuid, &Batch)],
+) -> Result<Vec<Option<CommitError>>, Failure> {
+    let mut found = commit::read(tx, batches)
         .await
         .map_err(Failure::of("locking the sessions"))?;
-    let verdicts = commit::judge(&batches, &mut found);
-    let writes = commit::Writes::of(&batches, &verdicts, &found);
+    let verdicts = commit::judge(batches, &mut found);
+    let writes = commit::Writes::of(batches, &verdicts, &found);
     if !writes.is_empty() {
         writes
-            .apply(&tx)
+            .apply(tx)
             .await
             .map_err(Failure::of("applying a batch"))?;
     }
-    tx.commit()
-        .await
-        .map_err(Failure::of("committing a batch"))?;
     Ok(verdicts)
 }

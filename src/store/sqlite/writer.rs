@@ -226,11 +226,14 @@ impl Writer {
             if !intact || self.conn.is_autocommit() {
                 // A hard failure (I/O, disk full) rolled the whole transaction back, or left it
                 // in a state that must not be committed.
+                // Not these changes' fault: nothing of them was stored, and they may be retried.
                 aborted = Some(
-                    StoreError::refused(
-                        "sqlite store: the write transaction was abandoned after a database \
-                         failure",
-                    )
+                    StoreError::Unavailable {
+                        message: "sqlite store: the write transaction was abandoned after a \
+                                  database failure"
+                            .to_owned(),
+                        source: None,
+                    }
                     .into(),
                 );
             }
