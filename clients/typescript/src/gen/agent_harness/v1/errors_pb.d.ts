@@ -277,6 +277,17 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_REPLICA_UNAVAILABLE = 35;
    */
   REPLICA_UNAVAILABLE = 35,
+
+  /**
+   * A write whose outcome is unknown: the answer to its commit was lost (the database connection
+   * dropped during COMMIT) and could not be read back, or a forwarded Control got no answer from
+   * the replica that runs the session (UNAVAILABLE, with a `google.rpc.RetryInfo` delay). The
+   * action may or may not have been taken, and is never dispatched before that is known. Metadata:
+   * `action_id`. Retry with that `action_id`: the retry reports the action's status, or takes it.
+   *
+   * @generated from enum value: ERROR_REASON_OUTCOME_UNKNOWN = 36;
+   */
+  OUTCOME_UNKNOWN = 36,
 }
 
 /**
