@@ -504,6 +504,19 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
         wire::error(self.buf(), id, ErrorCode::InvalidParams, message);
     }
 
+    /// `--auth-method ID[=NAME]`, each as ACP's `{id, name, description}`.
+    fn auth_methods(&self) -> Value {
+        self.args
+            .auth_methods
+            .iter()
+            .map(|method| {
+                let (id, name) = method.split_once('=').unwrap_or((method, method));
+                json!({"id": id, "name": name,
+                       "description": format!("mock sign-in method {id}")})
+            })
+            .collect()
+    }
+
     fn initialize_result(&self) -> Value {
         let mut session_capabilities = serde_json::Map::new();
         if self.args.resume {
@@ -520,7 +533,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 "mcpCapabilities": {"http": false, "sse": false},
                 "sessionCapabilities": session_capabilities,
             },
-            "authMethods": [],
+            "authMethods": self.auth_methods(),
             "agentInfo": {
                 "name": "agent-harness-mock",
                 "title": "agent-harness mock agent",
@@ -879,6 +892,10 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 let text = format!("env: {}", serde_json::to_string(&env).unwrap_or_default());
                 wire::text_chunk(self.buf(), session_id, ChunkKind::Agent, &text);
             }
+            Directive::EnvDigest(name) => {
+                let text = format!("env-digest {name}: {}", env_digest(&name));
+                wire::text_chunk(self.buf(), session_id, ChunkKind::Agent, &text);
+            }
             Directive::Cwd => {
                 let cwd = std::env::current_dir()
                     .map(|p| p.to_string_lossy().into_owned())
@@ -1035,4 +1052,20 @@ fn open_fds() -> std::collections::BTreeMap<u32, String> {
         }
     }
     fds
+}
+
+/// `set, N bytes, sha256 HEX` or `unset`: what `@env-digest` says of a variable.
+fn env_digest(name: &str) -> String {
+    use sha2::{Digest, Sha256};
+    match std::env::var_os(name) {
+        Some(value) => {
+            let bytes = value.as_encoded_bytes();
+            let digest: String = Sha256::digest(bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("set, {} bytes, sha256 {digest}", bytes.len())
+        }
+        None => "unset".to_owned(),
+    }
 }
