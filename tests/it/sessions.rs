@@ -185,6 +185,50 @@ async fn a_requested_model_is_selected_at_creation_and_an_unadvertised_one_is_re
 }
 
 #[tokio::test]
+async fn an_agent_that_wants_authentication_is_runtime_auth_required_naming_its_sign_in_methods() {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            mock_profile(
+                config,
+                "auth",
+                &[
+                    "--auth-required",
+                    "--auth-method",
+                    "agent-login=Log in with the agent",
+                    "--auth-method",
+                    "api-key",
+                ],
+            );
+        })
+        .await;
+        let status = expect_err(
+            h.sessions()
+                .create_session(create_request(&h, "auth"))
+                .await,
+        );
+        assert_error(&status, Code::FailedPrecondition, "RUNTIME_AUTH_REQUIRED");
+        let message = status.message();
+        assert!(
+            message.contains("session/new failed with error -32000: authentication required"),
+            "{message}"
+        );
+        assert!(
+            message.contains(
+                "the agent's sign-in methods: Log in with the agent (agent-login): mock sign-in \
+                 method agent-login; api-key: mock sign-in method api-key"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains("env_passthrough"),
+            "says what to do: {message}"
+        );
+        assert_eq!(session_count(&h).await, 0, "no session is left");
+    })
+    .await
+}
+
+#[tokio::test]
 async fn a_runtime_that_cannot_start_is_runtime_start_failed_and_leaves_nothing_behind() {
     bounded(async {
         let marker = uuid::Uuid::now_v7().to_string();

@@ -60,6 +60,9 @@ pub(crate) enum StartPurpose {
     Create {
         ready: oneshot::Sender<Result<Option<ActionId>>>,
         model: Option<String>,
+        /// The `session/set_config_option` asking for `model`, once sent: its refusal fails
+        /// the creation (a refused profile config option does not).
+        model_request: Option<ActionId>,
         first_prompt: Option<FirstPrompt>,
         /// A fork: the parent's ACP session id, opened with `session/fork` instead
         /// of `session/new`.
@@ -157,6 +160,9 @@ struct RuntimeLink {
     events_rx: mpsc::Receiver<RuntimeEvent>,
     state: RuntimeState,
     config_options: Vec<Value>,
+    /// The sign-in methods `initialize` advertised, for people (said when the agent asks for
+    /// authentication).
+    auth_methods: String,
     /// The runtime stopped last, while it is still going: the next start waits for it, so an
     /// agent that writes its session on the way out is done before it is reopened.
     stopping: Option<Stopping>,
@@ -221,6 +227,7 @@ impl Actor {
                 events_rx: runtime_rx,
                 state: RuntimeState::Down,
                 config_options: Vec::new(),
+                auth_methods: String::new(),
                 stopping: None,
             },
             work: Work {

@@ -277,6 +277,7 @@ mod tests {
         let purpose = StartPurpose::Create {
             ready,
             model: None,
+            model_request: None,
             first_prompt: None,
             fork_of: None,
         };

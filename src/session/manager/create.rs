@@ -315,6 +315,7 @@ impl Sessions {
             Some(StartPurpose::Create {
                 ready: ready_tx,
                 model,
+                model_request: None,
                 first_prompt: first,
                 fork_of,
             }),
