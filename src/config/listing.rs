@@ -175,13 +175,9 @@ fn render(entry: &Value) -> String {
         }
     };
     let command_line = || {
+        let args = entry["args"].as_array().into_iter().flatten();
         std::iter::once(text("command"))
-            .chain(
-                list("args")
-                    .split(", ")
-                    .filter(|a| *a != "-")
-                    .map(str::to_owned),
-            )
+            .chain(args.filter_map(|a| a.as_str()).map(str::to_owned))
             .collect::<Vec<_>>()
             .join(" ")
     };

@@ -119,3 +119,64 @@ async fn a_profiles_config_options_are_set_on_a_new_session_and_again_after_a_re
     })
     .await
 }
+
+/// Runs `agent-harness profiles` with these arguments: exit code, stdout, stderr.
+fn profiles(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_agent-harness"))
+        .arg("profiles")
+        .args(args)
+        .env_remove("AGENT_HARNESS_CONFIG")
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn agent_harness_profiles_lists_the_presets_and_what_each_profile_resolves_to_without_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        r#"
+[profiles.claude]
+preset = "claude"
+env = { ANTHROPIC_BASE_URL = "https://gateway.example/value-never-shown" }
+env_files = { ANTHROPIC_API_KEY = "/run/secrets/anthropic/key" }
+
+[profiles.old-claude]
+preset = "claude-0.23.1"
+command = "node"
+args = ["/opt/claude-agent-acp/dist/index.js"]
+"#,
+    )
+    .unwrap();
+    let (code, out, err) = profiles(&["--config".as_ref(), config.as_os_str()]);
+    assert_eq!(code, 0, "{err}");
+    for expected in [
+        "preset claude-0.101.0 (also: claude)",
+        "npx -y @agentclientprotocol/claude-agent-acp@0.101.0",
+        "preset claude-0.23.1",
+        "preset codex-0.16.0 (also: codex)",
+        "preset opencode-1.18.33 (also: opencode)",
+        "profile mock (built in)",
+        "profile claude (config file, preset claude)",
+        "@agentclientprotocol/claude-agent-acp 0.101.0",
+        "ANTHROPIC_API_KEY = /run/secrets/anthropic/key",
+        "mode = default",
+        "node /opt/claude-agent-acp/dist/index.js",
+        "restart_after_cancel true",
+    ] {
+        assert!(out.contains(expected), "{expected:?} in:\n{out}");
+    }
+    assert!(out.contains("ANTHROPIC_BASE_URL"), "the name is shown");
+    assert!(!out.contains("value-never-shown"), "never a value:\n{out}");
+
+    std::fs::write(&config, "[profiles.bad]\npreset = \"gemini\"\n").unwrap();
+    let (code, _, err) = profiles(&["--config".as_ref(), config.as_os_str()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("profiles.bad.preset = \"gemini\" is not a preset"), "{err}");
+}
