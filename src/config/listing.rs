@@ -96,6 +96,7 @@ fn preset_json(preset: &Preset) -> Value {
         "env": preset.env_map(),
         "env_passthrough": preset.env_passthrough,
         "config_options": preset.config_options_map(),
+        "auth_method": preset.auth_method,
         "restart_after_cancel": preset.restart_after_cancel,
         "restart_after_error": preset.restart_after_error,
         "startup_timeout": preset.startup_timeout,
@@ -121,6 +122,7 @@ fn profile_json(profile: &Profile, preset: Option<&Preset>, source: &str) -> Val
         "env_passthrough": passthrough,
         "env_files": profile.secrets.files,
         "config_options": profile.config_options,
+        "auth_method": profile.auth_method,
         "restart_after_cancel": profile.resilience.restart_after_cancel,
         "restart_after_error": profile.resilience.restart_after_error,
         "startup_timeout": humantime::format_duration(profile.startup_timeout).to_string(),
@@ -204,6 +206,10 @@ fn render(entry: &Value) -> String {
             list("env_passthrough")
         ));
         lines.push(format!("  config_options       {}", list("config_options")));
+        lines.push(format!(
+            "  auth_method          {}",
+            entry["auth_method"].as_str().unwrap_or("-")
+        ));
     } else {
         lines.push(format!("profile {} ({})", text("name"), text("source")));
         if !entry["package"].is_null() {
@@ -228,6 +234,10 @@ fn render(entry: &Value) -> String {
         ));
         lines.push(format!("  env_files            {}", list("env_files")));
         lines.push(format!("  config_options       {}", list("config_options")));
+        lines.push(format!(
+            "  auth_method          {}",
+            entry["auth_method"].as_str().unwrap_or("-")
+        ));
     }
     lines.push(format!(
         "  restart_after_cancel {}",

@@ -26,6 +26,8 @@ pub struct Preset {
     pub env_passthrough: &'static [&'static str],
     /// Config options asked for on every new session.
     pub config_options: &'static [(&'static str, &'static str)],
+    /// The sign-in method asked for with `authenticate` before a session is opened.
+    pub auth_method: Option<&'static str>,
     /// Stop the runtime after a cancelled turn (the agent desyncs after one).
     pub restart_after_cancel: bool,
     /// Stop the runtime after a turn the agent answered with an error (likewise).
@@ -56,6 +58,7 @@ pub const PRESETS: &[Preset] = &[
         env_passthrough: &["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"],
         // It starts sessions in `auto` (no permission is ever asked); `default` asks.
         config_options: &[("mode", "default")],
+        auth_method: None,
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",
@@ -73,6 +76,7 @@ pub const PRESETS: &[Preset] = &[
         config_options: &[],
         // After a cancel, or a turn that failed on a model API error, every later prompt in the
         // process gets the previous prompt's reply.
+        auth_method: None,
         restart_after_cancel: true,
         restart_after_error: true,
         startup_timeout: "120s",
@@ -86,8 +90,13 @@ pub const PRESETS: &[Preset] = &[
         command: "npx",
         args: &["-y", "@zed-industries/codex-acp@0.16.0"],
         env: &[],
-        env_passthrough: &["OPENAI_API_KEY", "CODEX_API_KEY"],
-        config_options: &[],
+        env_passthrough: &["OPENAI_API_KEY"],
+        // In a git repository it starts in `auto` (edits the workspace without asking);
+        // `read-only` asks before any edit.
+        config_options: &[("mode", "read-only")],
+        // It answers `session/new` with "Authentication required" until `authenticate` with
+        // this method (which reads OPENAI_API_KEY) — also when the key is set.
+        auth_method: Some("openai-api-key"),
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",
@@ -107,6 +116,7 @@ pub const PRESETS: &[Preset] = &[
         ],
         env_passthrough: &["ANTHROPIC_API_KEY", "OPENAI_API_KEY"],
         config_options: &[],
+        auth_method: None,
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",

@@ -51,6 +51,9 @@ pub struct ProfileFile {
     /// Config options asked for on every new session (e.g. `mode = "default"`).
     #[serde(default)]
     pub config_options: BTreeMap<String, String>,
+    /// A sign-in method of the agent asked for with ACP `authenticate` before each session is
+    /// opened (`""`: none, whatever the preset says).
+    pub auth_method: Option<String>,
     #[serde(default)]
     pub permission_policy: PermissionPolicy,
     pub allowed_cwd_roots: Option<Vec<PathBuf>>,
@@ -247,6 +250,10 @@ impl ProfileFile {
         };
         let mut config_options = preset.map(Preset::config_options_map).unwrap_or_default();
         config_options.extend(file.config_options);
+        let auth_method = match file.auth_method {
+            Some(method) => Some(method).filter(|m| !m.is_empty()),
+            None => preset.and_then(|p| p.auth_method).map(str::to_owned),
+        };
         Ok(Profile {
             name: name.to_owned(),
             command: PathBuf::from(launch.command),
@@ -254,6 +261,7 @@ impl ProfileFile {
             env: launch.env,
             secrets: launch.secrets,
             config_options,
+            auth_method,
             permission_policy: file.permission_policy,
             allowed_cwd_roots: file.allowed_cwd_roots,
             startup_timeout,
@@ -657,6 +665,12 @@ mod tests {
             .resolve("c")
             .unwrap();
         assert_eq!(auto.config_options["mode"], "auto");
+        let codex = file("preset = \"codex\"").resolve("c").unwrap();
+        assert_eq!(codex.auth_method.as_deref(), Some("openai-api-key"));
+        let custom = file("preset = \"codex\"\nauth_method = \"\"")
+            .resolve("c")
+            .unwrap();
+        assert_eq!(custom.auth_method, None);
     }
 
     #[test]

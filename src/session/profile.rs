@@ -89,6 +89,10 @@ pub struct Profile {
     /// Config options (id → value) asked for on every new session whose agent advertises the
     /// option with another value (e.g. the mode that asks before editing).
     pub config_options: BTreeMap<String, String>,
+    /// A sign-in method the agent advertises (`authMethods[].id`), asked for with ACP
+    /// `authenticate` before every session is opened (e.g. Codex's `openai-api-key`, which reads
+    /// its variable). `None`: the harness never calls `authenticate`.
+    pub auth_method: Option<String>,
     pub permission_policy: PermissionPolicy,
     /// `None`: any absolute path (allowed only in no-token mode).
     pub allowed_cwd_roots: Option<Vec<PathBuf>>,
@@ -203,6 +207,7 @@ impl Profile {
             env: BTreeMap::new(),
             secrets: EnvSources::default(),
             config_options: BTreeMap::new(),
+            auth_method: None,
             permission_policy: PermissionPolicy::Ask,
             allowed_cwd_roots: None,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
@@ -245,6 +250,9 @@ impl Profile {
         for (id, value) in &self.config_options {
             field("config_options.key", id.as_bytes());
             field("config_options.value", value.as_bytes());
+        }
+        if let Some(method) = &self.auth_method {
+            field("auth_method", method.as_bytes());
         }
         if let Some(remote) = &self.remote {
             for (key, value) in &remote.bridge_labels {

@@ -59,6 +59,7 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             resilience: Default::default(),
             secrets: Default::default(),
             config_options: Default::default(),
+            auth_method: None,
         }),
     );
 }

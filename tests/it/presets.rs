@@ -178,5 +178,8 @@ args = ["/opt/claude-agent-acp/dist/index.js"]
     std::fs::write(&config, "[profiles.bad]\npreset = \"gemini\"\n").unwrap();
     let (code, _, err) = profiles(&["--config".as_ref(), config.as_os_str()]);
     assert_eq!(code, 1);
-    assert!(err.contains("profiles.bad.preset = \"gemini\" is not a preset"), "{err}");
+    assert!(
+        err.contains("profiles.bad.preset = \"gemini\" is not a preset"),
+        "{err}"
+    );
 }

@@ -99,7 +99,9 @@ async fn with_restart_after_error_the_runtime_stops_after_a_turn_the_agent_faile
         // An answered turn changes nothing.
         let fine = session.prompt("fine").await;
         watch.response_to(&fine.action_id).await;
-        let failing = session.prompt("@error -32603 the model API answered 500").await;
+        let failing = session
+            .prompt("@error -32603 the model API answered 500")
+            .await;
         let answer = watch.response_to(&failing.action_id).await;
         assert_eq!(answer["error"]["code"], -32603, "{answer}");
         let stopped = watch.event("runtime_stopped").await;
@@ -119,7 +121,10 @@ async fn with_restart_after_error_the_runtime_stops_after_a_turn_the_agent_faile
             .count();
         assert_eq!(started, 2, "a second runtime took the next prompt");
         let methods = sent_methods(&log);
-        assert!(methods.contains(&"session/resume".to_owned()), "{methods:?}");
+        assert!(
+            methods.contains(&"session/resume".to_owned()),
+            "{methods:?}"
+        );
 
         let mut plain = Session::create(&h, "plain").await;
         let mut watch = plain.watch().await;

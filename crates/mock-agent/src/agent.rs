@@ -149,6 +149,9 @@ pub struct Agent<W, E> {
     scratch: String,
     /// `--session-dir`: the sessions' files (shared with whoever writes them on a stop).
     store: Option<Arc<Mutex<SessionStore>>>,
+    /// `authenticate` succeeded with one of the `--auth-method`s: `--auth-required` no longer
+    /// refuses `session/new`.
+    signed_in: bool,
 }
 
 impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
@@ -174,6 +177,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             silent: false,
             scratch: String::new(),
             store,
+            signed_in: false,
         }
     }
 
@@ -363,6 +367,24 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                     wire::response(self.buf(), id, &result);
                 }
             }
+            "authenticate" if !self.args.auth_methods.is_empty() => {
+                let wanted = params.get("methodId").and_then(Value::as_str);
+                let known =
+                    self.args.auth_methods.iter().any(|m| {
+                        Some(m.split_once('=').map_or(m.as_str(), |(id, _)| id)) == wanted
+                    });
+                if known {
+                    self.signed_in = true;
+                    wire::response(self.buf(), id, &json!({}));
+                } else {
+                    wire::error(
+                        self.buf(),
+                        id,
+                        ErrorCode::InvalidParams,
+                        &format!("unknown sign-in method {wanted:?}"),
+                    );
+                }
+            }
             "session/new" => {
                 if let Some(file) = &self.args.crash_on_new_session_once
                     && std::fs::remove_file(file).is_ok()
@@ -370,7 +392,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                     eprintln!("mock agent: crashing on session/new (--crash-on-new-session-once)");
                     std::process::exit(1);
                 }
-                if self.args.auth_required {
+                if self.args.auth_required && !self.signed_in {
                     wire::error(
                         self.buf(),
                         id,

@@ -46,6 +46,7 @@ pub fn mock_profile_with(
         resilience: Default::default(),
         secrets: Default::default(),
         config_options: Default::default(),
+        auth_method: None,
     };
     edit(&mut profile);
     config.profiles.insert(name.to_owned(), Arc::new(profile));

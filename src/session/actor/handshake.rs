@@ -71,14 +71,21 @@ pub(super) fn handshake_failure(
     let message = error.describe().unwrap_or_else(|| "no message".into());
     let step = match kind {
         PendingKind::Initialize => "initialize",
+        PendingKind::Authenticate => "authenticate",
         PendingKind::NewSession | PendingKind::FreshSession { .. } => "session/new",
         PendingKind::Reopen(method) => method.as_str(),
         PendingKind::SetConfig { .. } => "session/set_config_option",
     };
     let reason = format!("{step} failed with error {code}: {message}");
-    if code != rpc_code(RpcErrorCode::AuthRequired) {
+    // A refused `authenticate` is a sign-in problem whatever code the agent chose.
+    if code != rpc_code(RpcErrorCode::AuthRequired) && !matches!(kind, PendingKind::Authenticate) {
         return (ErrorCode::RuntimeStartFailed, reason);
     }
+    auth_required(reason, auth_methods)
+}
+
+/// RUNTIME_AUTH_REQUIRED: `reason`, the agent's sign-in methods, and what to do.
+fn auth_required(reason: String, auth_methods: &str) -> (ErrorCode, String) {
     let methods = match auth_methods {
         "" => "the agent advertises no sign-in method".to_owned(),
         methods => format!("the agent's sign-in methods: {methods}"),
@@ -143,7 +150,8 @@ impl Actor {
     pub(super) async fn on_handshake_response(&mut self, kind: PendingKind, response: &Value) {
         let reply: Reply<SessionResult> = view(response);
         if let Some(error) = &reply.error {
-            let (code, reason) = handshake_failure(&kind, error, &self.runtime.auth_methods);
+            let methods = describe_auth_methods(&self.runtime.auth_methods);
+            let (code, reason) = handshake_failure(&kind, error, &methods);
             // The agent refused to reopen its session (it is gone): a fresh one, if the profile
             // says so.
             if matches!(kind, PendingKind::Reopen(_)) && self.fresh_on_reopen_failure() {
@@ -155,6 +163,7 @@ impl Actor {
         let result = reply.result.unwrap_or_default();
         match kind {
             PendingKind::Initialize => self.on_initialized(&result).await,
+            PendingKind::Authenticate => self.open_session().await,
             PendingKind::NewSession => self.on_session_opened(result).await,
             PendingKind::Reopen(_) => self.on_session_reopened(result).await,
             PendingKind::FreshSession { why } => self.on_fresh_session_opened(result, why).await,
@@ -206,17 +215,47 @@ impl Actor {
         self.on_session_reopened(result).await;
     }
 
-    /// `initialize` answered: what the agent can do is recorded, and the session is opened.
+    /// `initialize` answered: what the agent can do is recorded, then the profile's sign-in
+    /// method is asked for (when it has one) and the session is opened.
     async fn on_initialized(&mut self, result: &SessionResult<'_>) {
         let capabilities = Capabilities::from_initialize(result);
-        self.runtime.auth_methods =
-            describe_auth_methods(result.auth_methods.as_deref().unwrap_or_default());
+        self.runtime.auth_methods = result.auth_methods.clone().unwrap_or_default();
         self.record.can_load = capabilities.load;
         self.record.can_resume = capabilities.resume;
+        self.runtime.can_fork = capabilities.fork;
+        let Some(method) = self.profile.auth_method.clone() else {
+            return self.open_session().await;
+        };
+        let mut out = Out::default();
+        self.touch(&mut out);
+        let advertised = self
+            .runtime
+            .auth_methods
+            .iter()
+            .any(|m| m.get("id").and_then(Value::as_str) == Some(method.as_str()));
+        if !advertised {
+            let _ = self.flush(out).await;
+            let (code, reason) = auth_required(
+                format!(
+                    "the profile's auth_method {method:?} is not a sign-in method of the agent"
+                ),
+                &describe_auth_methods(&self.runtime.auth_methods),
+            );
+            return self.startup_fault(code, reason).await;
+        }
+        let id = self.harness_request_id();
+        let frame = acp_frames::authenticate_request(id.clone(), &method);
+        self.expect(&id, PendingKind::Authenticate, "authenticate");
+        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+        self.flush_or_fault(out).await;
+    }
+
+    /// Opens the session (new, fork or reopen) once the runtime is initialized (and signed in).
+    async fn open_session(&mut self) {
         let mut out = Out::default();
         self.touch(&mut out);
         let id = self.harness_request_id();
-        match self.open_request(id.clone(), capabilities.fork) {
+        match self.open_request(id.clone(), self.runtime.can_fork) {
             Ok((frame, kind, method)) => {
                 self.expect(&id, kind, method);
                 self.log_send(&mut out, &frame, HARNESS_ACTOR, None);

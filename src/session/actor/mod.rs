@@ -160,9 +160,10 @@ struct RuntimeLink {
     events_rx: mpsc::Receiver<RuntimeEvent>,
     state: RuntimeState,
     config_options: Vec<Value>,
-    /// The sign-in methods `initialize` advertised, for people (said when the agent asks for
-    /// authentication).
-    auth_methods: String,
+    /// The sign-in methods `initialize` advertised (`authMethods`, each as it came).
+    auth_methods: Vec<Value>,
+    /// `initialize` advertised `session/fork`.
+    can_fork: bool,
     /// The runtime stopped last, while it is still going: the next start waits for it, so an
     /// agent that writes its session on the way out is done before it is reopened.
     stopping: Option<Stopping>,
@@ -227,7 +228,8 @@ impl Actor {
                 events_rx: runtime_rx,
                 state: RuntimeState::Down,
                 config_options: Vec::new(),
-                auth_methods: String::new(),
+                auth_methods: Vec::new(),
+                can_fork: false,
                 stopping: None,
             },
             work: Work {
