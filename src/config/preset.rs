@@ -184,6 +184,20 @@ mod tests {
             assert!(humantime::parse_duration(preset.startup_timeout).is_ok());
         }
         assert_eq!(find("claude").unwrap().version, "0.101.0");
+        // The Helm chart's schema lists the same names.
+        let schema: serde_json::Value = serde_json::from_str(include_str!(
+            "../../helm/agent-harness/values.schema.json"
+        ))
+        .unwrap();
+        let profile = &schema["properties"]["profiles"]["additionalProperties"];
+        let mut charted: Vec<&str> = profile["properties"]["preset"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        charted.sort();
+        assert_eq!(charted, names, "values.schema.json's preset enum");
         assert_eq!(
             find("claude-0.23.1").unwrap().package,
             "@zed-industries/claude-agent-acp"
