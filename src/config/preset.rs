@@ -185,10 +185,9 @@ mod tests {
         }
         assert_eq!(find("claude").unwrap().version, "0.101.0");
         // The Helm chart's schema lists the same names.
-        let schema: serde_json::Value = serde_json::from_str(include_str!(
-            "../../helm/agent-harness/values.schema.json"
-        ))
-        .unwrap();
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../../helm/agent-harness/values.schema.json"))
+                .unwrap();
         let profile = &schema["properties"]["profiles"]["additionalProperties"];
         let mut charted: Vec<&str> = profile["properties"]["preset"]["enum"]
             .as_array()

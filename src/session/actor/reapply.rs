@@ -125,7 +125,7 @@ pub(super) fn plan_profile_options(
             .and_then(|o| view::<ConfigOption>(o).current_value);
         let same = match &current {
             Some(Value::String(current)) => current == value,
-            Some(other) => other.to_string() == *value,
+            Some(other) => serde_json::from_str::<Value>(value).is_ok_and(|v| v == *other),
             None => false,
         };
         if same {
