@@ -298,6 +298,23 @@ fn browser_options(config: &BrowserConfig) -> browser::BrowserOptions {
 }
 
 /// Binds the listener, builds every part and starts serving in the background.
+/// A profile passing through variables the harness lacks starts its runtimes without them: said
+/// once at start (names only), a warning when none of them is set, so a forgotten API key shows
+/// before an agent complains. (Presets pass through alternatives: some are often unset.)
+fn warn_of_unset_passthrough(config: &ServeConfig) {
+    for (name, profile) in &config.profiles {
+        let unset = profile.secrets.unset_passthrough();
+        if unset.is_empty() {
+            continue;
+        }
+        if unset.len() == profile.secrets.passthrough.len() && profile.secrets.files.is_empty() {
+            tracing::warn!(profile = %name, unset = ?unset, "none of the variables env_passthrough names is set in the harness's environment; its runtimes start without them");
+        } else {
+            tracing::info!(profile = %name, unset = ?unset, "env_passthrough: these variables are not set here and are left out");
+        }
+    }
+}
+
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     refuses_insecure_listen(&config)?;
     let front = Front::new(&config)?;
@@ -321,6 +338,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         serve_metrics(&config, sessions.clone(), shutdown_rx.clone()).await?;
     let task = serve_grpc(&config, front, listener, routes, shutdown_rx)?;
     tracing::info!(%local_addr, services = ?served, tls = config.tls.is_some(), tokens = config.tokens_file.is_some(), "serving gRPC");
+    warn_of_unset_passthrough(&config);
     if config.browser.grpc_web_enabled() {
         tracing::info!(
             cors_allow_origins = ?config.browser.cors_allow_origins,

@@ -1,6 +1,6 @@
 //! The `agent-harness` command: `serve` runs the gRPC service; `mock-agent` runs the scripted
 //! ACP agent of the built-in `mock` profile on stdin/stdout (the `agent-harness-mock-agent`
-//! crate). The benchmark is a binary of its own (`crates/bench`).
+//! crate); `profiles` lists the presets and a config file's profiles. The benchmark is a binary of its own (`crates/bench`).
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +29,10 @@ enum Command {
     Bridge(agent_harness::bridge::BridgeArgs),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
+    /// List the built-in agent presets and a config file's profiles with what each resolves to
+    /// (command, pinned version, variable names; never values). Reads the file, asks no server.
+    #[command(after_help = agent_harness::config::listing::PROFILES_HELP)]
+    Profiles(agent_harness::config::listing::ProfilesArgs),
     /// The people's subcommands (`sessions`, `prompt`, `follow`, `answer`, `log`): a client of a
     /// running server.
     #[command(flatten)]
@@ -67,6 +71,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::MockAgent(args) => std::process::exit(mock_agent::main(args)),
+        Command::Profiles(args) => {
+            std::process::exit(agent_harness::config::listing::run(args).into())
+        }
         Command::People(command) => std::process::exit(agent_harness::cli::main(command).into()),
         Command::RuntimeWatchdog { marker_prefix } => {
             std::process::exit(agent_harness::acp::process::watchdog_main(&marker_prefix))

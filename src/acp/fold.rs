@@ -616,8 +616,7 @@ impl Fold {
         let error = envelope.error.as_ref().map(|e| {
             cap_foreign(
                 &view::<RpcError>(e)
-                    .message
-                    .map(str::to_owned)
+                    .describe()
                     .unwrap_or_else(|| e.to_string()),
             )
         });
@@ -1206,6 +1205,38 @@ mod tests {
         let agent = log.fold().message("1:agent").cloned().unwrap();
         assert_eq!(agent.stop_reason, Some(StopReason::Failed));
         assert_eq!(agent.error.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn an_error_responses_detail_in_data_is_part_of_the_turns_error() {
+        for (error, shown) in [
+            // Codex: the model API's answer is only in data.message.
+            (
+                json!({"code": -32603, "message": "Internal error",
+                       "data": {"message": "high demand", "codex_error_info": "x"}}),
+                "Internal error: high demand",
+            ),
+            (
+                json!({"code": -32603, "message": "m", "data": "the detail"}),
+                "m: the detail",
+            ),
+            // Already said in the message: not twice.
+            (
+                json!({"code": -32603, "message": "API Error: 500 boom", "data": {"message": "500 boom"}}),
+                "API Error: 500 boom",
+            ),
+            (
+                json!({"code": -32603, "data": {"message": "only here"}}),
+                "only here",
+            ),
+        ] {
+            let id = ActionId::mint();
+            let mut log = Log::default();
+            log.prompt(id, &PromptAction::text("hi"))
+                .inc(json!({"jsonrpc": "2.0", "id": id.to_string(), "error": error}));
+            let agent = log.fold().message("1:agent").cloned().unwrap();
+            assert_eq!(agent.error.as_deref(), Some(shown));
+        }
     }
 
     #[test]

@@ -251,6 +251,11 @@ pub fn fork_session_request(id: Value, parent: &str, cwd: &str) -> Value {
 }
 
 /// `session/new {cwd, mcpServers: []}`.
+/// `authenticate` with one of the sign-in methods the agent advertised.
+pub fn authenticate_request(id: Value, method_id: &str) -> Value {
+    request(id, "authenticate", json!({"methodId": method_id}))
+}
+
 pub fn new_session_request(id: Value, cwd: &str) -> Value {
     request(id, "session/new", json!({"cwd": cwd, "mcpServers": []}))
 }

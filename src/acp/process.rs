@@ -108,17 +108,26 @@ impl StderrTail {
 }
 
 /// The environment a runtime gets: `PATH`, `HOME` and `LANG` from the harness (when set), then
-/// exactly what the profile lists. Never anything else of the server's.
-pub fn runtime_env(profile_env: &BTreeMap<String, String>) -> Vec<(OsString, OsString)> {
+/// exactly what the profile lists: its written `env`, then the variables it passes through and
+/// reads from files (read now; an unreadable file is an error naming it, never a value). Never
+/// anything else of the server's.
+pub fn runtime_env(
+    profile_env: &BTreeMap<String, String>,
+    secrets: &super::env::EnvSources,
+) -> io::Result<Vec<(OsString, OsString)>> {
     let mut env: Vec<(OsString, OsString)> = INHERITED_ENV
         .iter()
         .filter_map(|key| std::env::var_os(key).map(|value| (OsString::from(key), value)))
         .collect();
-    for (key, value) in profile_env {
-        env.retain(|(k, _)| k != key.as_str());
-        env.push((key.into(), value.into()));
+    let written = profile_env
+        .iter()
+        .map(|(key, value)| (OsString::from(key), OsString::from(value)));
+    let secret = secrets.read().map_err(io::Error::other)?;
+    for (key, value) in written.chain(secret) {
+        env.retain(|(k, _)| *k != key);
+        env.push((key, value));
     }
-    env
+    Ok(env)
 }
 
 /// The environment variable that marks a runtime and all its descendants (module doc).
@@ -564,13 +573,14 @@ pub fn spawn(
     cwd: &Path,
     processes: &ProcessTable,
 ) -> io::Result<SpawnedRuntime> {
+    let env = runtime_env(profile.env, profile.secrets)?;
     let marker = processes.next_marker();
     let mut command = Command::new(profile.command);
     command
         .args(profile.args)
         .current_dir(cwd)
         .env_clear()
-        .envs(runtime_env(profile.env))
+        .envs(env)
         .env(MARKER_VAR, &marker)
         .env(STOP_GRACE_VAR, profile.stop_grace.as_millis().to_string())
         .stdin(Stdio::piped())
@@ -747,7 +757,7 @@ mod tests {
     fn a_runtime_gets_only_path_home_lang_and_its_profile_env() {
         let mut profile_env = BTreeMap::new();
         profile_env.insert("API_KEY".to_owned(), "k".to_owned());
-        let env = runtime_env(&profile_env);
+        let env = runtime_env(&profile_env, &Default::default()).unwrap();
         let keys: Vec<String> = env
             .iter()
             .map(|(k, _)| k.to_string_lossy().into_owned())

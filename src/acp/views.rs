@@ -69,6 +69,34 @@ pub struct RpcError<'a> {
     #[serde(borrow)]
     #[serde_as(deserialize_as = "DefaultOnError")]
     pub message: Option<&'a str>,
+    /// Agents put the detail here: Codex a `message` ("Internal error" says nothing, its
+    /// `data.message` says what the model API answered), others a string.
+    #[serde(deserialize_with = "present")]
+    pub data: Option<Value>,
+}
+
+impl RpcError<'_> {
+    /// The error as a person reads it: the message, and the detail from `data` (its
+    /// `message`, or `data` itself when a string) unless the message already says it.
+    pub fn describe(&self) -> Option<String> {
+        let detail = match &self.data {
+            Some(Value::String(text)) => Some(text.as_str()),
+            Some(data) => data.get("message").and_then(Value::as_str),
+            None => None,
+        }
+        .map(str::trim)
+        .filter(|d| !d.is_empty());
+        match (
+            self.message.map(str::trim).filter(|m| !m.is_empty()),
+            detail,
+        ) {
+            (Some(message), Some(detail)) if !message.contains(detail) => {
+                Some(format!("{message}: {detail}"))
+            }
+            (Some(message), _) => Some(message.to_owned()),
+            (None, detail) => detail.map(str::to_owned),
+        }
+    }
 }
 
 // ---- replies the session reacts to -------------------------------------------------------------
@@ -97,6 +125,9 @@ pub struct SessionResult<'a> {
     /// The advertised config options, when an array (each kept as it came).
     #[serde_as(deserialize_as = "DefaultOnError")]
     pub config_options: Option<Vec<Value>>,
+    /// `initialize` → the ways the agent can be signed in (each kept as it came).
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub auth_methods: Option<Vec<Value>>,
 }
 
 /// `initialize` → `agentCapabilities`, as far as sessions go.

@@ -80,15 +80,23 @@ pub struct BridgeArgs {
     pub tls_ca_file: Option<PathBuf>,
 }
 
-/// A bridge profile: what to run.
+/// A bridge profile: what to run (as a harness profile says it: a `preset`, or a command,
+/// with its environment).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BridgeProfile {
-    pub command: String,
-    #[serde(default)]
-    pub args: Vec<String>,
+    /// A tested agent whose command line and environment fill in what is left out.
+    pub preset: Option<String>,
+    pub command: Option<String>,
+    pub args: Option<Vec<String>>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The bridge's own variables the runtime gets, when set (API keys).
+    #[serde(default)]
+    pub env_passthrough: Vec<String>,
+    /// Variables read from files when a runtime starts.
+    #[serde(default)]
+    pub env_files: BTreeMap<String, PathBuf>,
     /// `None`: any absolute directory.
     pub allowed_cwd_roots: Option<Vec<PathBuf>>,
     /// How long its runtimes get between SIGTERM and SIGKILL when the bridge itself goes away
@@ -97,6 +105,20 @@ pub struct BridgeProfile {
 }
 
 impl BridgeProfile {
+    /// What it runs: its keys over its preset's.
+    pub fn launch(&self, name: &str) -> anyhow::Result<crate::config::Launch> {
+        let table = format!("profiles.{name}");
+        let preset = crate::config::named_preset(&table, self.preset.as_deref())?;
+        crate::config::LaunchKeys {
+            command: self.command.clone(),
+            args: self.args.clone(),
+            env: self.env.clone(),
+            env_passthrough: self.env_passthrough.clone(),
+            env_files: self.env_files.clone(),
+        }
+        .resolve(&table, preset)
+    }
+
     fn stop_grace(&self) -> anyhow::Result<Duration> {
         let Some(text) = &self.stop_grace else {
             return Ok(process::DEFAULT_STOP_GRACE);
@@ -137,8 +159,10 @@ impl BridgeConfig {
         let config: Self = toml::from_str(&text)
             .with_context(|| format!("parsing the bridge config {}", path.display()))?;
         for (name, profile) in &config.profiles {
-            if profile.command.trim().is_empty() {
-                anyhow::bail!("profiles.{name}.command is empty");
+            let launch = profile.launch(name)?;
+            let unset = launch.secrets.unset_passthrough();
+            if !unset.is_empty() {
+                tracing::info!(profile = %name, unset = ?unset, "env_passthrough: these variables are not set here and are left out");
             }
             profile
                 .stop_grace()
@@ -522,17 +546,22 @@ impl Bridge {
                 spawn.cwd, spawn.profile
             ));
         }
-        let command = PathBuf::from(&profile.command);
+        // Checked when the config was loaded.
+        let launch = profile
+            .launch(&spawn.profile)
+            .map_err(|e| format!("{e:#}"))?;
+        let command = PathBuf::from(&launch.command);
         let spec = RuntimeSpec {
             command: &command,
-            args: &profile.args,
-            env: &profile.env,
+            args: &launch.args,
+            env: &launch.env,
+            secrets: &launch.secrets,
             // Checked when the config was loaded.
             stop_grace: profile.stop_grace().unwrap_or(process::DEFAULT_STOP_GRACE),
         };
         process::spawn(spec, &canonical, &self.processes)
             .map(|child| (child, spawn.profile.clone()))
-            .map_err(|e| format!("could not start {:?}: {e}", profile.command))
+            .map_err(|e| format!("could not start {:?}: {e}", launch.command))
     }
 }
 
@@ -775,8 +804,39 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.labels["pool"], "sandbox");
-        assert_eq!(config.profiles["mock"].args.len(), 2);
+        assert_eq!(
+            config.profiles["mock"].launch("mock").unwrap().args.len(),
+            2
+        );
         let err = toml::from_str::<BridgeConfig>("bogus = 1").unwrap_err();
         assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn a_bridge_profile_may_name_a_preset_and_pass_secrets_through_or_read_them_from_files() {
+        let config: BridgeConfig = toml::from_str(
+            r#"[profiles.claude]
+               preset = "claude"
+               env_files = { ANTHROPIC_API_KEY = "/run/secrets/anthropic" }"#,
+        )
+        .unwrap();
+        let launch = config.profiles["claude"].launch("claude").unwrap();
+        assert_eq!(launch.command, "npx");
+        assert!(launch.args.iter().any(|a| a.ends_with("@0.101.0")));
+        assert_eq!(launch.env["DISABLE_AUTOUPDATER"], "1");
+        // The file replaces the preset's passthrough of the same variable.
+        assert!(
+            !launch
+                .secrets
+                .passthrough
+                .contains(&"ANTHROPIC_API_KEY".to_owned())
+        );
+        assert!(launch.secrets.files.contains_key("ANTHROPIC_API_KEY"));
+        let unknown: BridgeConfig = toml::from_str("[profiles.x]\npreset = \"nope\"").unwrap();
+        let err = unknown.profiles["x"].launch("x").unwrap_err().to_string();
+        assert!(
+            err.contains("profiles.x.preset") && err.contains("claude"),
+            "{err}"
+        );
     }
 }

@@ -2,6 +2,8 @@
 //! environment fallback, over a TOML config file whose top-level keys mirror the flags in
 //! snake_case, over defaults. Unknown keys in the file are an error naming the key.
 
+pub mod listing;
+pub mod preset;
 pub(crate) mod profile;
 
 use std::{
@@ -18,9 +20,10 @@ use serde::Deserialize;
 pub use crate::auth::tls::TlsFiles;
 use crate::domain::{invocation, limits::Limits};
 pub use crate::telemetry::LogFormat;
+pub use preset::Preset;
 pub use profile::{
-    MOCK_PROFILE, OnReopenFailure, PermissionPolicy, PermissionRule, Profile, ProfileFile,
-    RemoteTarget, Resilience, RuleDecision,
+    Launch, LaunchKeys, MOCK_PROFILE, OnReopenFailure, PermissionPolicy, PermissionRule, Profile,
+    ProfileFile, RemoteTarget, Resilience, RuleDecision, named_preset,
 };
 
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";

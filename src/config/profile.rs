@@ -6,6 +6,9 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 use anyhow::Context;
 use serde::Deserialize;
 
+use super::preset::{self, Preset};
+use crate::acp::env::EnvSources;
+
 pub use crate::session::profile::{
     DEFAULT_CANCEL_GRACE, DEFAULT_REOPEN_CONTEXT_BYTES, DEFAULT_STARTUP_TIMEOUT,
     MAX_REOPEN_CONTEXT_BYTES, MOCK_PROFILE, OnReopenFailure, PermissionPolicy, PermissionRule,
@@ -29,13 +32,28 @@ pub enum ProfileKind {
 pub struct ProfileFile {
     #[serde(default)]
     pub kind: ProfileKind,
-    /// Required for local profiles; remote ones name a `bridge_profile` instead.
-    #[serde(default)]
-    pub command: String,
-    #[serde(default)]
-    pub args: Vec<String>,
+    /// A tested agent (`claude`, `codex`, … — `agent-harness profiles` lists them) whose
+    /// command, environment and defences fill in what this table leaves out.
+    pub preset: Option<String>,
+    /// Required for local profiles without a preset; remote ones name a `bridge_profile`.
+    pub command: Option<String>,
+    /// With `command`: its arguments (none when unset); without: the preset's, or these.
+    pub args: Option<Vec<String>>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Variables of the harness's own environment the runtime gets, when set there (API keys
+    /// that must not sit in this file).
+    #[serde(default)]
+    pub env_passthrough: Vec<String>,
+    /// Variables whose value is read from a file when a runtime starts (a mounted Secret).
+    #[serde(default)]
+    pub env_files: BTreeMap<String, PathBuf>,
+    /// Config options asked for on every new session (e.g. `mode = "default"`).
+    #[serde(default)]
+    pub config_options: BTreeMap<String, String>,
+    /// A sign-in method of the agent asked for with ACP `authenticate` before each session is
+    /// opened (`""`: none, whatever the preset says).
+    pub auth_method: Option<String>,
     #[serde(default)]
     pub permission_policy: PermissionPolicy,
     pub allowed_cwd_roots: Option<Vec<PathBuf>>,
@@ -60,14 +78,116 @@ pub struct ProfileFile {
     pub warm_pool: usize,
     /// Between SIGTERM and SIGKILL when a runtime is stopped on purpose (default "2s").
     pub stop_grace: Option<String>,
-    /// Stop the runtime after a cancelled turn; the next turn reopens it.
-    #[serde(default)]
-    pub restart_after_cancel: bool,
+    /// Stop the runtime after a cancelled turn; the next turn reopens it (default: the
+    /// preset's, else false).
+    pub restart_after_cancel: Option<bool>,
+    /// Stop the runtime after a turn its agent answered with an error; the next turn reopens
+    /// it (default: the preset's, else false).
+    pub restart_after_error: Option<bool>,
     /// `"disconnect"` (default) or `"fresh"`.
     #[serde(default)]
     pub on_reopen_failure: OnReopenFailure,
     /// Bytes of the transcript a fresh session is primed with (default 32768).
     pub reopen_context_bytes: Option<usize>,
+}
+
+/// What a runtime runs, from a profile's keys over its preset's (a harness profile and a
+/// bridge profile alike).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Launch {
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub secrets: EnvSources,
+}
+
+/// The keys of a profile that say what runs, as written.
+#[derive(Debug, Clone, Default)]
+pub struct LaunchKeys {
+    pub command: Option<String>,
+    pub args: Option<Vec<String>>,
+    pub env: BTreeMap<String, String>,
+    pub env_passthrough: Vec<String>,
+    pub env_files: BTreeMap<String, PathBuf>,
+}
+
+impl LaunchKeys {
+    /// Whether any of them is written.
+    fn any(&self) -> bool {
+        self.command.is_some()
+            || self.args.is_some()
+            || !self.env.is_empty()
+            || !self.env_passthrough.is_empty()
+            || !self.env_files.is_empty()
+    }
+
+    /// The launch these keys say over `preset`'s. `table` prefixes the keys in errors
+    /// (`profiles.claude`). A variable is named once among `env`, `env_passthrough` and
+    /// `env_files`; naming it drops the preset's source of it.
+    pub fn resolve(self, table: &str, preset: Option<&Preset>) -> anyhow::Result<Launch> {
+        let mut sources: BTreeMap<&str, &str> = BTreeMap::new();
+        let names = self.env.keys().map(|n| (n, "env"));
+        let names = names.chain(self.env_passthrough.iter().map(|n| (n, "env_passthrough")));
+        for (name, key) in names.chain(self.env_files.keys().map(|n| (n, "env_files"))) {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                anyhow::bail!("{table}.{key} names {name:?}, which is not a variable name");
+            }
+            if let Some(other) = sources.insert(name, key) {
+                anyhow::bail!("{table}: {name} is in both {other} and {key}; name it once");
+            }
+        }
+        for (name, path) in &self.env_files {
+            if !path.is_absolute() {
+                anyhow::bail!("{table}.env_files.{name} = {path:?} is not an absolute path");
+            }
+        }
+        let (command, args) = match (self.command, preset) {
+            (Some(command), _) => (command, self.args.unwrap_or_default()),
+            (None, Some(preset)) => (
+                preset.command.to_owned(),
+                self.args
+                    .unwrap_or_else(|| preset.args.iter().map(|a| (*a).to_owned()).collect()),
+            ),
+            (None, None) => (String::new(), self.args.unwrap_or_default()),
+        };
+        if command.trim().is_empty() {
+            anyhow::bail!(
+                "{table}.command is empty (write one, or name a preset: {})",
+                preset::all_names().join(", ")
+            );
+        }
+        let mut env = preset.map(Preset::env_map).unwrap_or_default();
+        let mut passthrough: Vec<String> = preset
+            .iter()
+            .flat_map(|p| p.env_passthrough.iter().map(|n| (*n).to_owned()))
+            .collect();
+        env.retain(|name, _| !sources.contains_key(name.as_str()));
+        passthrough.retain(|name| !sources.contains_key(name.as_str()));
+        env.extend(self.env);
+        passthrough.extend(self.env_passthrough);
+        Ok(Launch {
+            command,
+            args,
+            env,
+            secrets: EnvSources {
+                passthrough,
+                files: self.env_files,
+            },
+        })
+    }
+}
+
+/// The preset a profile names, or an error listing the known ones.
+pub fn named_preset(table: &str, name: Option<&str>) -> anyhow::Result<Option<&'static Preset>> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    preset::find(name).map(Some).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{table}.preset = {name:?} is not a preset; known: {}",
+            preset::all_names().join(", ")
+        )
+    })
 }
 
 /// The most runtimes one profile may keep warm (each is a live process that counts against
@@ -91,85 +211,24 @@ pub(crate) fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration
 }
 
 impl ProfileFile {
-    /// The profile this table describes, named `name`; durations parsed, paths checked.
+    /// The profile this table describes, named `name`, over its preset; durations parsed,
+    /// paths checked.
     pub fn resolve(self, name: &str) -> anyhow::Result<Profile> {
         let file = self;
-        let field = |key: &str| format!("profiles.{name}.{key}");
+        let table = format!("profiles.{name}");
+        let field = |key: &str| format!("{table}.{key}");
         let duration = |key: &str, value: &Option<String>| {
             value
                 .as_deref()
                 .map(|text| parse_duration(&field(key), text))
                 .transpose()
         };
-        let remote = match file.kind {
-            ProfileKind::Local => {
-                if file.command.trim().is_empty() {
-                    anyhow::bail!("{} is empty", field("command"));
-                }
-                for key in ["bridge_profile", "reconnect_grace", "bridge_principals"] {
-                    let set = match key {
-                        "bridge_profile" => file.bridge_profile.is_some(),
-                        "bridge_principals" => file.bridge_principals.is_some(),
-                        _ => file.reconnect_grace.is_some(),
-                    };
-                    if set {
-                        anyhow::bail!("{} is only for kind = \"remote\"", field(key));
-                    }
-                }
-                if !file.bridge_labels.is_empty() {
-                    anyhow::bail!("{} is only for kind = \"remote\"", field("bridge_labels"));
-                }
-                None
-            }
-            ProfileKind::Remote => {
-                if !file.command.is_empty() || !file.args.is_empty() || !file.env.is_empty() {
-                    anyhow::bail!(
-                        "profiles.{name} is remote: the bridge's own profile holds command, args \
-                         and env"
-                    );
-                }
-                let Some(bridge_profile) = file.bridge_profile.clone().filter(|p| !p.is_empty())
-                else {
-                    anyhow::bail!(
-                        "{} is required for kind = \"remote\"",
-                        field("bridge_profile")
-                    );
-                };
-                if let Some(principals) = &file.bridge_principals {
-                    if principals.is_empty() {
-                        anyhow::bail!(
-                            "{} is empty: no bridge could run this profile (leave it out to allow \
-                             any)",
-                            field("bridge_principals")
-                        );
-                    }
-                    for (i, principal) in principals.iter().enumerate() {
-                        crate::auth::tokens::check_principal(principal)
-                            .with_context(|| format!("{}[{i}]", field("bridge_principals")))?;
-                    }
-                }
-                Some(RemoteTarget {
-                    bridge_labels: file.bridge_labels.clone(),
-                    bridge_principals: file.bridge_principals.clone(),
-                    bridge_profile,
-                    reconnect_grace: duration("reconnect_grace", &file.reconnect_grace)?
-                        .unwrap_or(crate::acp::remote::DEFAULT_RECONNECT_GRACE),
-                })
-            }
+        let preset = named_preset(&table, file.preset.as_deref())?;
+        let (launch, remote) = match file.kind {
+            ProfileKind::Local => (file.local_launch(&table, preset)?, None),
+            ProfileKind::Remote => (Launch::default(), Some(file.remote_target(&table)?)),
         };
-        if file.warm_pool > 0 && remote.is_some() {
-            anyhow::bail!(
-                "{} is only for local profiles: a remote runtime starts on a bridge when asked",
-                field("warm_pool")
-            );
-        }
-        if file.warm_pool > MAX_WARM_POOL {
-            anyhow::bail!(
-                "{} = {} is over the maximum of {MAX_WARM_POOL}",
-                field("warm_pool"),
-                file.warm_pool
-            );
-        }
+        file.check_warm_pool(&table, remote.is_some())?;
         if let Some(roots) = &file.allowed_cwd_roots {
             for root in roots {
                 if !root.is_absolute() {
@@ -180,9 +239,124 @@ impl ProfileFile {
                 }
             }
         }
-        let mut permission_rules = Vec::with_capacity(file.permission_rules.len());
-        for (i, rule) in file.permission_rules.iter().enumerate() {
-            let key = |k: &str| field(&format!("permission_rules[{i}].{k}"));
+        let permission_rules = file.permission_rules(&table)?;
+        let resilience = file.resilience(&table, preset)?;
+        let startup_timeout = match duration("startup_timeout", &file.startup_timeout)? {
+            Some(timeout) => timeout,
+            None => match preset {
+                Some(preset) => parse_duration(&field("preset"), preset.startup_timeout)?,
+                None => DEFAULT_STARTUP_TIMEOUT,
+            },
+        };
+        let mut config_options = preset.map(Preset::config_options_map).unwrap_or_default();
+        config_options.extend(file.config_options);
+        let auth_method = match file.auth_method {
+            Some(method) => Some(method).filter(|m| !m.is_empty()),
+            None => preset.and_then(|p| p.auth_method).map(str::to_owned),
+        };
+        Ok(Profile {
+            name: name.to_owned(),
+            command: PathBuf::from(launch.command),
+            args: launch.args,
+            env: launch.env,
+            secrets: launch.secrets,
+            config_options,
+            auth_method,
+            permission_policy: file.permission_policy,
+            allowed_cwd_roots: file.allowed_cwd_roots,
+            startup_timeout,
+            cancel_grace: duration("cancel_grace", &file.cancel_grace)?
+                .unwrap_or(DEFAULT_CANCEL_GRACE),
+            idle_timeout: duration("idle_timeout", &file.idle_timeout)?,
+            permission_rules,
+            permission_timeout: duration("permission_timeout", &file.permission_timeout)?,
+            remote,
+            warm_pool: file.warm_pool,
+            resilience,
+        })
+    }
+
+    /// What a local profile runs; the keys only remote profiles have are refused.
+    fn local_launch(&self, table: &str, preset: Option<&Preset>) -> anyhow::Result<Launch> {
+        for (key, set) in [
+            ("bridge_profile", self.bridge_profile.is_some()),
+            ("reconnect_grace", self.reconnect_grace.is_some()),
+            ("bridge_principals", self.bridge_principals.is_some()),
+            ("bridge_labels", !self.bridge_labels.is_empty()),
+        ] {
+            if set {
+                anyhow::bail!("{table}.{key} is only for kind = \"remote\"");
+            }
+        }
+        self.launch_keys().resolve(table, preset)
+    }
+
+    fn launch_keys(&self) -> LaunchKeys {
+        LaunchKeys {
+            command: self.command.clone(),
+            args: self.args.clone(),
+            env: self.env.clone(),
+            env_passthrough: self.env_passthrough.clone(),
+            env_files: self.env_files.clone(),
+        }
+    }
+
+    /// Where a remote profile's runtimes run. What runs there is the bridge's own profile's.
+    fn remote_target(&self, table: &str) -> anyhow::Result<RemoteTarget> {
+        if self.launch_keys().any() {
+            anyhow::bail!(
+                "{table} is remote: the bridge's own profile holds command, args, env, \
+                 env_passthrough and env_files"
+            );
+        }
+        let Some(bridge_profile) = self.bridge_profile.clone().filter(|p| !p.is_empty()) else {
+            anyhow::bail!("{table}.bridge_profile is required for kind = \"remote\"");
+        };
+        if let Some(principals) = &self.bridge_principals {
+            if principals.is_empty() {
+                anyhow::bail!(
+                    "{table}.bridge_principals is empty: no bridge could run this profile \
+                     (leave it out to allow any)"
+                );
+            }
+            for (i, principal) in principals.iter().enumerate() {
+                crate::auth::tokens::check_principal(principal)
+                    .with_context(|| format!("{table}.bridge_principals[{i}]"))?;
+            }
+        }
+        let reconnect_grace = match &self.reconnect_grace {
+            Some(text) => parse_duration(&format!("{table}.reconnect_grace"), text)?,
+            None => crate::acp::remote::DEFAULT_RECONNECT_GRACE,
+        };
+        Ok(RemoteTarget {
+            bridge_labels: self.bridge_labels.clone(),
+            bridge_principals: self.bridge_principals.clone(),
+            bridge_profile,
+            reconnect_grace,
+        })
+    }
+
+    fn check_warm_pool(&self, table: &str, remote: bool) -> anyhow::Result<()> {
+        if self.warm_pool > 0 && remote {
+            anyhow::bail!(
+                "{table}.warm_pool is only for local profiles: a remote runtime starts on a \
+                 bridge when asked"
+            );
+        }
+        if self.warm_pool > MAX_WARM_POOL {
+            anyhow::bail!(
+                "{table}.warm_pool = {} is over the maximum of {MAX_WARM_POOL}",
+                self.warm_pool
+            );
+        }
+        Ok(())
+    }
+
+    /// The rules in order; an unknown decision or a bad regex is refused with the rule's place.
+    fn permission_rules(&self, table: &str) -> anyhow::Result<Vec<PermissionRule>> {
+        let mut rules = Vec::with_capacity(self.permission_rules.len());
+        for (i, rule) in self.permission_rules.iter().enumerate() {
+            let key = |k: &str| format!("{table}.permission_rules[{i}].{k}");
             let decision: RuleDecision =
                 serde::Deserialize::deserialize(serde::de::value::StrDeserializer::<
                     serde::de::value::Error,
@@ -207,53 +381,45 @@ impl ProfileFile {
                     })
                 })
                 .transpose()?;
-            permission_rules.push(PermissionRule {
+            rules.push(PermissionRule {
                 kind: rule.kind.clone(),
                 title_regex,
                 decision,
             });
         }
-        let reopen_context_bytes = file
+        Ok(rules)
+    }
+
+    fn resilience(&self, table: &str, preset: Option<&Preset>) -> anyhow::Result<Resilience> {
+        let reopen_context_bytes = self
             .reopen_context_bytes
             .unwrap_or(DEFAULT_REOPEN_CONTEXT_BYTES);
         if reopen_context_bytes > MAX_REOPEN_CONTEXT_BYTES {
             anyhow::bail!(
-                "{} = {reopen_context_bytes} is over the maximum of {MAX_REOPEN_CONTEXT_BYTES}",
-                field("reopen_context_bytes")
+                "{table}.reopen_context_bytes = {reopen_context_bytes} is over the maximum of \
+                 {MAX_REOPEN_CONTEXT_BYTES}"
             );
         }
-        let stop_grace =
-            duration("stop_grace", &file.stop_grace)?.unwrap_or(Resilience::default().stop_grace);
+        let stop_grace = match &self.stop_grace {
+            Some(text) => parse_duration(&format!("{table}.stop_grace"), text)?,
+            None => Resilience::default().stop_grace,
+        };
         if stop_grace > crate::acp::process::MAX_STOP_GRACE {
             anyhow::bail!(
-                "{} is over the maximum of {}",
-                field("stop_grace"),
+                "{table}.stop_grace is over the maximum of {}",
                 humantime::format_duration(crate::acp::process::MAX_STOP_GRACE)
             );
         }
-        let resilience = Resilience {
+        Ok(Resilience {
             stop_grace,
-            restart_after_cancel: file.restart_after_cancel,
-            on_reopen_failure: file.on_reopen_failure,
+            restart_after_cancel: self
+                .restart_after_cancel
+                .unwrap_or(preset.is_some_and(|p| p.restart_after_cancel)),
+            restart_after_error: self
+                .restart_after_error
+                .unwrap_or(preset.is_some_and(|p| p.restart_after_error)),
+            on_reopen_failure: self.on_reopen_failure,
             reopen_context_bytes,
-        };
-        Ok(Profile {
-            name: name.to_owned(),
-            command: PathBuf::from(file.command),
-            args: file.args,
-            env: file.env,
-            permission_policy: file.permission_policy,
-            allowed_cwd_roots: file.allowed_cwd_roots,
-            startup_timeout: duration("startup_timeout", &file.startup_timeout)?
-                .unwrap_or(DEFAULT_STARTUP_TIMEOUT),
-            cancel_grace: duration("cancel_grace", &file.cancel_grace)?
-                .unwrap_or(DEFAULT_CANCEL_GRACE),
-            idle_timeout: duration("idle_timeout", &file.idle_timeout)?,
-            permission_rules,
-            permission_timeout: duration("permission_timeout", &file.permission_timeout)?,
-            remote,
-            warm_pool: file.warm_pool,
-            resilience,
         })
     }
 }
@@ -419,6 +585,7 @@ mod tests {
             Resilience {
                 stop_grace: Duration::from_secs(5),
                 restart_after_cancel: true,
+                restart_after_error: false,
                 on_reopen_failure: OnReopenFailure::Fresh,
                 reopen_context_bytes: 1000,
             }
@@ -447,6 +614,118 @@ mod tests {
         let err = toml::from_str::<ProfileFile>("command = \"x\"\non_reopen_failure = \"retry\"")
             .unwrap_err();
         assert!(err.to_string().contains("on_reopen_failure"), "{err}");
+    }
+
+    #[test]
+    fn a_preset_fills_in_what_the_profile_leaves_out_and_every_written_key_wins() {
+        let plain = file("preset = \"claude-0.23.1\"").resolve("c").unwrap();
+        assert_eq!(plain.command, PathBuf::from("npx"));
+        assert_eq!(
+            plain.args,
+            ["-y", "@zed-industries/claude-agent-acp@0.23.1"]
+        );
+        assert_eq!(plain.env["DISABLE_TELEMETRY"], "1");
+        assert_eq!(
+            plain.secrets.passthrough,
+            ["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"]
+        );
+        assert!(plain.resilience.restart_after_cancel && plain.resilience.restart_after_error);
+        assert_eq!(plain.startup_timeout, Duration::from_secs(120));
+        let newest = file("preset = \"claude\"").resolve("c").unwrap();
+        assert_eq!(newest.config_options["mode"], "default");
+        assert!(!newest.resilience.restart_after_cancel);
+
+        let own = file(
+            r#"preset = "claude-0.23.1"
+               command = "node"
+               args = ["/opt/claude/dist/index.js"]
+               env = { DISABLE_TELEMETRY = "0", ANTHROPIC_BASE_URL = "http://127.0.0.1:9" }
+               env_files = { ANTHROPIC_API_KEY = "/run/secrets/anthropic" }
+               config_options = { mode = "acceptEdits" }
+               restart_after_cancel = false
+               restart_after_error = false
+               startup_timeout = "5s""#,
+        )
+        .resolve("c")
+        .unwrap();
+        assert_eq!(own.command, PathBuf::from("node"));
+        assert_eq!(own.args, ["/opt/claude/dist/index.js"]);
+        assert_eq!(own.env["DISABLE_TELEMETRY"], "0");
+        assert_eq!(own.env["DISABLE_AUTOUPDATER"], "1");
+        // A variable the profile names itself is no longer the preset's to pass through.
+        assert!(own.secrets.passthrough.is_empty(), "{:?}", own.secrets);
+        assert_eq!(
+            own.secrets.files["ANTHROPIC_API_KEY"],
+            PathBuf::from("/run/secrets/anthropic")
+        );
+        assert_eq!(own.config_options["mode"], "acceptEdits");
+        assert!(!own.resilience.restart_after_cancel && !own.resilience.restart_after_error);
+        assert_eq!(own.startup_timeout, Duration::from_secs(5));
+        let auto = file("preset = \"claude\"\nconfig_options = { mode = \"auto\" }")
+            .resolve("c")
+            .unwrap();
+        assert_eq!(auto.config_options["mode"], "auto");
+        let codex = file("preset = \"codex\"").resolve("c").unwrap();
+        assert_eq!(codex.auth_method.as_deref(), Some("openai-api-key"));
+        let custom = file("preset = \"codex\"\nauth_method = \"\"")
+            .resolve("c")
+            .unwrap();
+        assert_eq!(custom.auth_method, None);
+    }
+
+    #[test]
+    fn secrets_are_named_once_files_are_absolute_and_an_unknown_preset_lists_the_known() {
+        for (text, needle) in [
+            (
+                "command = \"x\"\nenv = { K = \"v\" }\nenv_passthrough = [\"K\"]",
+                "K is in both env and env_passthrough",
+            ),
+            (
+                "command = \"x\"\nenv_passthrough = [\"K\"]\nenv_files = { K = \"/k\" }",
+                "K is in both env_passthrough and env_files",
+            ),
+            (
+                "command = \"x\"\nenv_files = { K = \"k.txt\" }",
+                "profiles.p.env_files.K",
+            ),
+            (
+                "command = \"x\"\nenv_passthrough = [\"A=B\"]",
+                "not a variable name",
+            ),
+            (
+                "preset = \"gemini\"",
+                "profiles.p.preset = \"gemini\" is not a preset",
+            ),
+            ("args = [\"x\"]", "profiles.p.command is empty"),
+        ] {
+            let err = format!("{:#}", file(text).resolve("p").unwrap_err());
+            assert!(err.contains(needle), "{text:?} → {err}");
+        }
+        let err = format!(
+            "{:#}",
+            file("preset = \"gemini\"").resolve("p").unwrap_err()
+        );
+        assert!(err.contains("claude") && err.contains("opencode"), "{err}");
+        let passed = file("command = \"x\"\nenv_passthrough = [\"OPENAI_API_KEY\"]")
+            .resolve("p")
+            .unwrap();
+        assert_eq!(passed.secrets.passthrough, ["OPENAI_API_KEY"]);
+    }
+
+    #[test]
+    fn a_remote_profile_takes_a_presets_defences_but_not_its_command_or_secrets() {
+        let remote =
+            file("kind = \"remote\"\nbridge_profile = \"claude\"\npreset = \"claude-0.23.1\"")
+                .resolve("far")
+                .unwrap();
+        assert!(remote.resilience.restart_after_cancel);
+        assert!(remote.env.is_empty() && remote.secrets.is_empty());
+        let err = file(
+            "kind = \"remote\"\nbridge_profile = \"b\"\nenv_passthrough = [\"ANTHROPIC_API_KEY\"]",
+        )
+        .resolve("far")
+        .unwrap_err();
+        assert!(err.to_string().contains("env_passthrough"), "{err}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::acp::RuntimeSpec;
+use crate::acp::{RuntimeSpec, env::EnvSources};
 
 /// The built-in profile's name.
 pub const MOCK_PROFILE: &str = "mock";
@@ -81,8 +81,18 @@ pub struct Profile {
     pub name: String,
     pub command: PathBuf,
     pub args: Vec<String>,
-    /// Exactly what the runtime gets besides `PATH`, `HOME` and `LANG`.
+    /// Exactly what the runtime gets besides `PATH`, `HOME` and `LANG`, with `secrets`.
     pub env: BTreeMap<String, String>,
+    /// Variables passed through from the harness's environment or read from files when a
+    /// runtime starts: names and paths only, never values.
+    pub secrets: EnvSources,
+    /// Config options (id → value) asked for on every new session whose agent advertises the
+    /// option with another value (e.g. the mode that asks before editing).
+    pub config_options: BTreeMap<String, String>,
+    /// A sign-in method the agent advertises (`authMethods[].id`), asked for with ACP
+    /// `authenticate` before every session is opened (e.g. Codex's `openai-api-key`, which reads
+    /// its variable). `None`: the harness never calls `authenticate`.
+    pub auth_method: Option<String>,
     pub permission_policy: PermissionPolicy,
     /// `None`: any absolute path (allowed only in no-token mode).
     pub allowed_cwd_roots: Option<Vec<PathBuf>>,
@@ -114,6 +124,9 @@ pub struct Resilience {
     /// After a cancelled turn the runtime is stopped, and the next turn reopens it: a defence
     /// against agents that desync after a cancel.
     pub restart_after_cancel: bool,
+    /// After a turn the agent answered with an error (e.g. its model API failed) the runtime
+    /// is stopped likewise: a defence against agents that desync after a failed turn.
+    pub restart_after_error: bool,
     /// What happens when a session cannot be reopened in its agent.
     pub on_reopen_failure: OnReopenFailure,
     /// At most this many bytes of the transcript prime a fresh session (`on_reopen_failure =
@@ -126,6 +139,7 @@ impl Default for Resilience {
         Self {
             stop_grace: crate::acp::process::DEFAULT_STOP_GRACE,
             restart_after_cancel: false,
+            restart_after_error: false,
             on_reopen_failure: OnReopenFailure::Disconnect,
             reopen_context_bytes: DEFAULT_REOPEN_CONTEXT_BYTES,
         }
@@ -172,6 +186,7 @@ impl Profile {
             command: &self.command,
             args: &self.args,
             env: &self.env,
+            secrets: &self.secrets,
             stop_grace: self.resilience.stop_grace,
         }
     }
@@ -190,6 +205,9 @@ impl Profile {
             // It advertises resume so sessions on the embedded default survive a restart.
             args: vec!["mock-agent".to_owned(), "--resume".to_owned()],
             env: BTreeMap::new(),
+            secrets: EnvSources::default(),
+            config_options: BTreeMap::new(),
+            auth_method: None,
             permission_policy: PermissionPolicy::Ask,
             allowed_cwd_roots: None,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
@@ -219,6 +237,22 @@ impl Profile {
         for (key, value) in &self.env {
             field("env.key", key.as_bytes());
             field("env.value", value.as_bytes());
+        }
+        // Names and paths only (the values are read at each start); only when set, so the
+        // fingerprints of profiles without them stay as they were.
+        for name in &self.secrets.passthrough {
+            field("env_passthrough", name.as_bytes());
+        }
+        for (name, path) in &self.secrets.files {
+            field("env_files.key", name.as_bytes());
+            field("env_files.path", path.as_os_str().as_encoded_bytes());
+        }
+        for (id, value) in &self.config_options {
+            field("config_options.key", id.as_bytes());
+            field("config_options.value", value.as_bytes());
+        }
+        if let Some(method) = &self.auth_method {
+            field("auth_method", method.as_bytes());
         }
         if let Some(remote) = &self.remote {
             for (key, value) in &remote.bridge_labels {

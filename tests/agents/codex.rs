@@ -1,10 +1,12 @@
-//! Codex through its ACP adapter (`@zed-industries/codex-acp`, a native binary), against the
-//! fake OpenAI Responses API.
+//! Codex through its ACP adapter (`@zed-industries/codex-acp`, a native binary; preset
+//! `codex`), against the fake OpenAI Responses API.
 //!
-//! The agent's environment: `CODEX_HOME` (its config and session files, under the private
+//! The preset signs the agent in (`authenticate` with `openai-api-key`, which reads
+//! `OPENAI_API_KEY`, passed through from the harness's environment) and asks for `mode =
+//! read-only`. The rig adds `CODEX_HOME` (its config and session files, under the private
 //! HOME) whose `config.toml` names a custom model provider on the fake (`wire_api =
-//! "responses"`, the key from an env var, no OpenAI login, no websockets, no retries) and a
-//! model slug Codex knows. No `authenticate` call is needed.
+//! "responses"`, no OpenAI login, no websockets, no retries) and a model slug Codex knows; the
+//! provider's key comes from a file (`env_files`), as from a mounted Secret.
 
 use std::path::Path;
 
@@ -27,20 +29,22 @@ fn codex_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
         fake.base_url()
     );
     std::fs::write(codex_home.join("config.toml"), config).expect("config.toml");
-    let env = [
-        ("CODEX_HOME", codex_home.to_string_lossy().into_owned()),
-        ("FAKE_OPENAI_API_KEY", "dummy".to_owned()),
-        ("HOME", home.to_string_lossy().into_owned()),
-    ];
+    let key_file = home.join("provider-key");
+    std::fs::write(&key_file, "dummy-key-from-a-file\n").expect("the key file");
     ProfileSpec {
-        env: env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-        extra_toml: String::new(),
+        env: ProfileSpec::pairs(&[
+            ("CODEX_HOME", codex_home.to_string_lossy().into_owned()),
+            ("HOME", home.to_string_lossy().into_owned()),
+        ]),
+        harness_env: ProfileSpec::pairs(&[("OPENAI_API_KEY", "dummy-key-passed-through".into())]),
+        env_files: vec![("FAKE_OPENAI_API_KEY".to_owned(), key_file)],
+        ..Default::default()
     }
 }
 
 /// `@zed-industries/codex-acp` 0.16.0 (its Linux x64 binary package). Its approval presets are
-/// the `mode` option: `read-only` asks before any edit, `auto` edits the workspace without
-/// asking, `full-access` never asks; the scenarios choose `read-only`.
+/// the `mode` option: `read-only` asks before any edit (the preset's), `auto` edits the
+/// workspace without asking, `full-access` never asks.
 pub fn codex_0_16_0(test: &str) -> Option<Agent> {
     let dir = agents_dir(test)?;
     let binary = installed(
@@ -51,11 +55,18 @@ pub fn codex_0_16_0(test: &str) -> Option<Agent> {
         name: "codex-acp",
         package: "@zed-industries/codex-acp",
         version: "0.16.0",
+        preset: "codex",
         api: Api::OpenAiResponses,
         command: binary,
         args: Vec::new(),
         profile: codex_profile,
-        asking_mode: Some(("mode", "read-only")),
+        // (`auto` still asks in a folder Codex does not trust, as the scenarios' is.)
+        unasked: ("config_options = { mode = \"full-access\" }", |spec| {
+            spec.keys
+                .push_str("config_options = { mode = \"full-access\" }\n")
+        }),
+        // Without the key it passes through, the preset's sign-in fails.
+        without_key: Some(|spec| spec.harness_env.retain(|(k, _)| k != "OPENAI_API_KEY")),
         switch_model: ("gpt-5.4-mini", "gpt-5.4-mini"),
         session_files: ".codex/sessions",
     })

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use agent_harness::pb::v1::{self as pb, control_request::Action};
+use agent_harness::pb::v1 as pb;
 use agent_harness_model_fakes::{Api, FakeServer};
 use agent_harness_testkit::{
     process::{Serve, ServeProcess},
@@ -23,8 +23,9 @@ pub const AGENTS_DIR_VAR: &str = "AGENT_HARNESS_AGENTS_DIR";
 pub const RESULTS_VAR: &str = "AGENT_HARNESS_AGENTS_RESULTS";
 
 /// How long one scenario may take: a real agent starts in a few seconds and a turn takes one or
-/// two more; the restart scenarios start it twice.
-pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(120);
+/// two more; some scenarios start it two or three times, and on a loaded machine opencode takes
+/// half a minute to start.
+pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// An installed agent under test.
 #[derive(Debug, Clone)]
@@ -34,24 +35,38 @@ pub struct Agent {
     /// The npm package it is installed from.
     pub package: &'static str,
     pub version: &'static str,
+    /// The harness preset for it (`agent-harness profiles`): every profile the scenarios run
+    /// names it, and writes only what the offline rig needs besides.
+    pub preset: &'static str,
     /// The model API it calls.
     pub api: Api,
-    /// The program and arguments that start it.
+    /// The installed copy's program and arguments, written over the preset's `npx` command
+    /// line (the `preset_command` scenario runs the preset's own command instead).
     pub command: PathBuf,
     pub args: Vec<String>,
     /// Its profile against a fake model server, given its private HOME (it may write files
     /// there, e.g. a config file).
     pub profile: fn(&FakeServer, &Path) -> ProfileSpec,
-    /// The config option (id, value) that makes the agent ask before it edits a file, set
-    /// through Control on every session the scenarios create (the agent's own default may not
-    /// ask at all).
-    pub asking_mode: Option<(&'static str, &'static str)>,
+    /// What a profile writes to have the agent edit without asking (undoing the preset's
+    /// asking choice), for the `modes` scenario: as the matrix says it, and the change.
+    pub unasked: (&'static str, fn(&mut ProfileSpec)),
+    /// Takes its API key away, for the `without_a_key` scenario; `None`: it asks for no
+    /// sign-in of its own (the key is the provider's business).
+    pub without_key: Option<fn(&mut ProfileSpec)>,
     /// The model the model-switch scenario chooses, and a part of the name the model API then
     /// sees.
     pub switch_model: (&'static str, &'static str),
     /// Where under HOME the agent keeps its session files (JSON lines): the kill -9 scenario
     /// waits until the first turn is in them.
     pub session_files: &'static str,
+}
+
+impl Agent {
+    /// Its preset, as the harness defines it.
+    pub fn preset(&self) -> &'static agent_harness::config::Preset {
+        agent_harness::config::preset::find(self.preset)
+            .unwrap_or_else(|| panic!("no preset {}", self.preset))
+    }
 }
 
 /// An agent's known defect: the scenario it fails, and how.
@@ -66,23 +81,17 @@ pub struct KnownDefect {
 /// still deviates as described, and fails once the agent gets it right.
 pub const KNOWN_DEFECTS: &[KnownDefect] = &[
     KnownDefect {
-        agent: "claude-agent-acp",
-        version: "0.23.1",
-        scenario: "stop_then_next_prompt",
-        defect: "after a cancel, each later prompt in the same process gets the previous \
-                 prompt's reply (the first one ends at once with no text)",
-    },
-    KnownDefect {
-        agent: "claude-agent-acp",
-        version: "0.23.1",
-        scenario: "model_error_then_next_prompt",
-        defect: "after a turn that failed on a model API error, each later prompt in the same \
-                 process gets the previous prompt's reply (as after a cancel)",
+        agent: "opencode",
+        version: "1.18.33",
+        scenario: "model_error_429",
+        defect: "a model API error it deems retryable (429, 5xx) is retried without end, with \
+                 backoff (2 s, 4 s, 8 s, … up to 30 s between attempts): the turn never ends \
+                 with the error; only a stop ends it",
     },
     KnownDefect {
         agent: "opencode",
         version: "1.18.33",
-        scenario: "model_error_then_next_prompt",
+        scenario: "model_error_500",
         defect: "a model API error it deems retryable (429, 5xx) is retried without end, with \
                  backoff (2 s, 4 s, 8 s, … up to 30 s between attempts): the turn never ends \
                  with the error; only a stop ends it",
@@ -222,13 +231,42 @@ fn record(agent: &Agent, scenario: &str, result: &str, detail: &str) {
     writeln!(file, "{line}").expect("the result is written");
 }
 
-/// The profile the rig's harness runs the agent with: its env and any extra TOML.
+/// The profile the rig's harness runs the agent with, over the agent's preset: what the
+/// offline rig needs besides (the fake's address, a private HOME, a key).
 #[derive(Debug, Clone, Default)]
 pub struct ProfileSpec {
+    /// The profile's `env` (values written in the config file).
     pub env: Vec<(String, String)>,
+    /// Variables of the harness's own environment (a key the preset passes through).
+    pub harness_env: Vec<(String, String)>,
+    /// The profile's `env_files` (a key read from a file, as from a mounted Secret).
+    pub env_files: Vec<(String, PathBuf)>,
+    /// Keys of the profile's table (TOML lines, e.g. `restart_after_cancel = false`).
+    pub keys: String,
     /// TOML appended after the profile's tables (e.g. `[[profiles.agent.permission_rules]]`).
     pub extra_toml: String,
+    /// Run the preset's own command line (`npx`, offline from the npm cache the stage filled)
+    /// instead of the installed copy.
+    pub preset_command: bool,
 }
+
+impl ProfileSpec {
+    /// `(key, value)` pairs as owned strings.
+    pub fn pairs(list: &[(&str, String)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect()
+    }
+}
+
+/// Variables that may carry real keys: the harness a rig starts never inherits them from the
+/// test's environment (only what a spec says reaches it).
+const KEY_VARIABLES: &[&str] = &[
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+    "OPENAI_API_KEY",
+    "CODEX_API_KEY",
+];
 
 /// The name of the rig's profile.
 pub const PROFILE: &str = "agent";
@@ -264,7 +302,14 @@ impl Rig {
         edit(&mut spec);
         let config = dir.path().join("config.toml");
         std::fs::write(&config, profile_toml(agent, &spec)).expect("the config is written");
-        let server = Serve::on(dir.path().join("data"), &config).start();
+        let mut serve = Serve::on(dir.path().join("data"), &config);
+        for key in KEY_VARIABLES {
+            serve = serve.env_remove(key);
+        }
+        for (key, value) in &spec.harness_env {
+            serve = serve.env(key, value);
+        }
+        let server = serve.start();
         Rig { dir, fake, server }
     }
 
@@ -276,28 +321,12 @@ impl Rig {
         self.dir.path().join("work")
     }
 
-    /// A new session on the agent's profile, in `work/`, in the agent's asking mode.
-    pub async fn session(&self, agent: &Agent) -> Session {
-        let mut session = self.session_as_started().await;
-        if let Some((config_id, value)) = agent.asking_mode {
-            let mut watch = session.watch().await;
-            let chosen = session
-                .act(Action::SetConfigOption(pb::SetConfigOptionAction {
-                    config_id: config_id.to_owned(),
-                    value: value.to_owned(),
-                }))
-                .await
-                .expect("the asking mode is accepted");
-            let answer = watch.response_to(&chosen.action_id).await;
-            assert!(
-                answer.get("error").is_none(),
-                "the agent took {config_id} = {value}: {answer}"
-            );
-        }
-        session
+    /// A new session on the agent's profile, in `work/` (in the mode its preset chooses).
+    pub async fn session(&self, _agent: &Agent) -> Session {
+        self.session_as_started().await
     }
 
-    /// A new session on the agent's profile, in `work/`, in the mode the agent starts in.
+    /// A new session on the agent's profile, in `work/`.
     pub async fn session_as_started(&self) -> Session {
         Session::create_with_client(
             self.server.client().await,
@@ -316,13 +345,28 @@ fn toml_string(text: &str) -> String {
 }
 
 fn profile_toml(agent: &Agent, spec: &ProfileSpec) -> String {
-    let args: Vec<String> = agent.args.iter().map(|a| toml_string(a)).collect();
     let mut toml = format!(
-        "[profiles.{PROFILE}]\ncommand = {}\nargs = [{}]\nstartup_timeout = \"60s\"\n\
-         cancel_grace = \"10s\"\n\n[profiles.{PROFILE}.env]\n",
-        toml_string(&agent.command.to_string_lossy()),
-        args.join(", "),
+        "[profiles.{PROFILE}]\npreset = {}\ncancel_grace = \"10s\"\n",
+        toml_string(agent.preset)
     );
+    if !spec.preset_command {
+        let args: Vec<String> = agent.args.iter().map(|a| toml_string(a)).collect();
+        toml.push_str(&format!(
+            "command = {}\nargs = [{}]\n",
+            toml_string(&agent.command.to_string_lossy()),
+            args.join(", ")
+        ));
+    }
+    if !spec.env_files.is_empty() {
+        let files: Vec<String> = spec
+            .env_files
+            .iter()
+            .map(|(k, path)| format!("{k} = {}", toml_string(&path.to_string_lossy())))
+            .collect();
+        toml.push_str(&format!("env_files = {{ {} }}\n", files.join(", ")));
+    }
+    toml.push_str(&spec.keys);
+    toml.push_str(&format!("\n[profiles.{PROFILE}.env]\n"));
     for (key, value) in &spec.env {
         toml.push_str(&format!("{key} = {}\n", toml_string(value)));
     }

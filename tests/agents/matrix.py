@@ -16,11 +16,15 @@ import sys
 
 # The scenarios in the order of the matrix's columns, with their headings.
 SCENARIOS = [
-    ("default_mode", "the mode it starts in"),
+    ("preset_command", "the preset's own command (npx, offline)"),
+    ("modes", "asks before editing (preset) / not (profile override)"),
     ("permission_turn", "permission held, answered"),
     ("permission_rule", "permission by rule"),
     ("stop_then_next_prompt", "stop, then next prompt"),
-    ("model_error_then_next_prompt", "model API error, then next prompt"),
+    ("model_error_401", "model API 401, then next prompt"),
+    ("model_error_429", "model API 429, then next prompt"),
+    ("model_error_500", "model API 500, then next prompt"),
+    ("without_a_key", "no API key"),
     ("model_switch", "model switch"),
     ("kill_9_then_reopen", "kill -9, reopen"),
     ("fork", "fork"),

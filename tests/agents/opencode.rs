@@ -1,12 +1,13 @@
-//! opencode (`opencode-ai`, a native binary per platform) in ACP mode (`opencode acp`), against
-//! the fake OpenAI Chat Completions API.
+//! opencode (`opencode-ai`, a native binary per platform) in ACP mode (`opencode acp`; preset
+//! `opencode`), against the fake OpenAI Chat Completions API.
 //!
-//! Its environment: a private `HOME` (its SQLite database lives in `~/.local/share/opencode`),
-//! the `OPENCODE_DISABLE_*` switches that keep it from fetching anything, and `XDG_CONFIG_HOME`
-//! holding `opencode/opencode.json`, which names a provider on the fake
-//! through `@ai-sdk/openai-compatible` (bundled in the binary, nothing is installed) with a
-//! dummy key, its two models, and `"permission": {"edit": "ask"}` (without it opencode edits
-//! inside the working directory without asking). No `authenticate` call is needed.
+//! The preset asks before edits (`OPENCODE_PERMISSION={"edit":"ask"}`: without it opencode
+//! edits inside the working directory without asking). The rig adds a private `HOME` (its
+//! SQLite database lives in `~/.local/share/opencode`), the `OPENCODE_DISABLE_*` switches that
+//! keep it from fetching anything, and `XDG_CONFIG_HOME` holding `opencode/opencode.json`,
+//! which names a provider on the fake through `@ai-sdk/openai-compatible` (bundled in the
+//! binary, nothing is installed) with a dummy key and its two models. No `authenticate` call
+//! is needed.
 
 use std::path::Path;
 
@@ -31,7 +32,6 @@ fn opencode_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
             },
         }},
         "model": "fake/fake-model",
-        "permission": { "edit": "ask" },
         "autoupdate": false,
         "share": "disabled",
     });
@@ -42,23 +42,21 @@ fn opencode_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
     .expect("opencode.json");
     // Its switches against calling home: offline each failed fetch of the models catalogue
     // costs about a second at start and again at the first prompt.
-    let env = [
-        ("XDG_CONFIG_HOME", xdg_config.to_string_lossy().into_owned()),
-        ("HOME", home.to_string_lossy().into_owned()),
-        ("OPENCODE_DISABLE_MODELS_FETCH", "1".to_owned()),
-        ("OPENCODE_DISABLE_AUTOUPDATE", "1".to_owned()),
-        ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1".to_owned()),
-        ("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1".to_owned()),
-        ("OPENCODE_DISABLE_SHARE", "1".to_owned()),
-    ];
     ProfileSpec {
-        env: env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-        extra_toml: String::new(),
+        env: ProfileSpec::pairs(&[
+            ("XDG_CONFIG_HOME", xdg_config.to_string_lossy().into_owned()),
+            ("HOME", home.to_string_lossy().into_owned()),
+            ("OPENCODE_DISABLE_MODELS_FETCH", "1".to_owned()),
+            ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1".to_owned()),
+            ("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1".to_owned()),
+            ("OPENCODE_DISABLE_SHARE", "1".to_owned()),
+        ]),
+        ..Default::default()
     }
 }
 
 /// `opencode-ai` 1.18.33 (its Linux x64 binary package). Its modes (`build`, `plan`) say which
-/// tools it may use; asking is the config file's `permission`, so no mode is chosen.
+/// tools it may use; asking is its `permission` config (the preset's `OPENCODE_PERMISSION`).
 pub fn opencode_1_18_33(test: &str) -> Option<Agent> {
     let dir = agents_dir(test)?;
     let binary = installed(
@@ -69,11 +67,17 @@ pub fn opencode_1_18_33(test: &str) -> Option<Agent> {
         name: "opencode",
         package: "opencode-ai",
         version: "1.18.33",
+        preset: "opencode",
         api: Api::OpenAiChat,
         command: binary,
         args: vec!["acp".to_owned()],
         profile: opencode_profile,
-        asking_mode: None,
+        unasked: (r#"env.OPENCODE_PERMISSION = {"edit":"allow"}"#, |spec| {
+            spec.env
+                .push(("OPENCODE_PERMISSION".into(), r#"{"edit":"allow"}"#.into()))
+        }),
+        // Its key is in its own config, for the provider; it asks for no sign-in of its own.
+        without_key: None,
         switch_model: ("fake/fake-small", "fake-small"),
         session_files: ".local/share/opencode",
     })

@@ -11,23 +11,27 @@ use agent_harness::pb::v1 as pb;
 use agent_harness_model_fakes::script::WRITTEN_CONTENT;
 use agent_harness_testkit::{
     process::ServeProcess,
-    support::{Session, answer_request, set_model, stop},
+    support::{Session, Watch, answer_request, set_model, stop},
 };
 use serde_json::Value;
 
 use crate::kit::{
-    Agent, Outcome, Rig, agent_message, eventually, note, text_of, tools_of, turn_end,
+    Agent, Outcome, ProfileSpec, Rig, agent_message, eventually, note, text_of, tools_of, turn_end,
 };
 
 /// One test per scenario, in a module of their own, for one agent.
 macro_rules! agent_scenarios {
     ($module:ident, $agent:path) => {
         agent_scenarios!(@tests $module, $agent,
-            the_mode_it_starts_in_is_reported => default_mode,
+            the_presets_own_command_starts_the_pinned_version_offline => preset_command,
+            the_preset_asks_before_editing_and_a_profile_can_say_otherwise => modes,
             a_permission_turn_is_held_answered_and_writes_the_file => permission_turn,
             a_permission_rule_answers_without_a_person => permission_rule,
             after_a_stop_the_next_prompt_gets_its_own_reply => stop_then_next_prompt,
-            after_a_model_api_error_the_next_prompt_gets_its_own_reply => model_error_then_next_prompt,
+            after_a_model_api_401_the_turn_fails_and_the_next_prompt_gets_its_own_reply => model_error_401,
+            after_a_model_api_429_the_turn_fails_and_the_next_prompt_gets_its_own_reply => model_error_429,
+            after_a_model_api_500_the_turn_fails_and_the_next_prompt_gets_its_own_reply => model_error_500,
+            without_its_key_the_agent_says_it_needs_one => without_a_key,
             a_model_switch_reaches_the_next_model_request => model_switch,
             after_kill_9_the_next_prompt_reopens_with_the_conversation => kill_9_then_reopen,
             a_fork_carries_the_parents_conversation => fork,
@@ -150,10 +154,33 @@ pub async fn permission_rule(agent: Agent) -> Outcome {
     Outcome::Pass(String::new())
 }
 
-/// A stop mid-turn ends it CANCELLED; the next prompt then gets its own reply.
+/// A stop mid-turn ends it CANCELLED; the next prompt then gets its own reply. Where the
+/// preset defends against the agent's own defect here (`restart_after_cancel`), the note says
+/// what the agent does without the defence.
 pub async fn stop_then_next_prompt(agent: Agent) -> Outcome {
-    let rig = Rig::start(&agent).await;
-    let mut session = rig.session(&agent).await;
+    let how = match stopped_then_prompted(&agent, |_| {}).await {
+        Ok(how) => how,
+        Err(evidence) => return Outcome::Deviates(evidence),
+    };
+    if !agent.preset().restart_after_cancel {
+        return Outcome::Pass(how);
+    }
+    let undefended = |spec: &mut ProfileSpec| spec.keys.push_str("restart_after_cancel = false\n");
+    let without = match stopped_then_prompted(&agent, undefended).await {
+        Ok(_) => "without it the agent gets it right too".to_owned(),
+        Err(evidence) => format!("without it: {evidence}"),
+    };
+    Outcome::Pass(format!("{how}; {without}"))
+}
+
+/// `[stall 60]`, a stop, then a prompt that must get its own reply: how the session came
+/// through (a note), or what went wrong.
+async fn stopped_then_prompted(
+    agent: &Agent,
+    edit: impl FnOnce(&mut ProfileSpec),
+) -> Result<String, String> {
+    let rig = Rig::start_with(agent, edit).await;
+    let mut session = rig.session(agent).await;
     let mut watch = session.watch().await;
     let stalled = session.prompt("stalled-one [stall 60]").await;
     watch.chunk("Stalling").await;
@@ -166,23 +193,107 @@ pub async fn stop_then_next_prompt(agent: Agent) -> Outcome {
 
     let (reason, second) = plain_turn(&mut session, "marker-two").await;
     if reason == "end_turn" && second.contains(&reply_to("marker-two")) {
-        return Outcome::Pass(String::new());
+        return Ok(restarted(&mut session).await.unwrap_or_default());
     }
     // Where did the reply go? One more prompt shows whether it arrives a turn late.
     let (third_reason, third) = plain_turn(&mut session, "marker-three").await;
-    Outcome::Deviates(format!(
+    Err(format!(
         "the prompt after the stop ended {reason} with text {second:?}; the next one ended \
          {third_reason} with text {third:?}"
     ))
 }
 
-/// The model API answers an error: the turn ends with the agent's error, the session stays
-/// usable, and the next prompt gets its own reply.
-pub async fn model_error_then_next_prompt(agent: Agent) -> Outcome {
-    let rig = Rig::start(&agent).await;
-    let mut session = rig.session(&agent).await;
+/// When the harness restarted the session's runtime after a turn (a defence of the profile):
+/// why, and how the session was reopened.
+async fn restarted(session: &mut Session) -> Option<String> {
+    let log = session.log().await;
+    let frames: Vec<Value> = log
+        .iter()
+        .filter_map(|e| serde_json::from_str(&e.json).ok())
+        .collect();
+    let stopped = frames
+        .iter()
+        .position(|f| f["event"] == "runtime_stopped")?;
+    let reason = frames[stopped]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let reopened = frames[stopped..]
+        .iter()
+        .filter_map(|f| f["method"].as_str())
+        .find(|m| *m == "session/resume" || *m == "session/load")
+        .unwrap_or("nothing");
+    Some(format!(
+        "the runtime was {reason}, the session reopened by {reopened}"
+    ))
+}
+
+/// How long a turn whose model API answers an error may take to end with that error (an agent
+/// that retries with backoff takes seconds, one that retries without end never ends it).
+const ERROR_TURN_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Waits until the session is usable again after a failed turn: idle, or suspended by a
+/// defence that stopped its runtime (the next prompt reopens it); never disconnected.
+async fn settles_usable(watch: &mut Watch) {
+    let settled = [
+        pb::SessionStatus::Idle as i32,
+        pb::SessionStatus::Suspended as i32,
+    ];
+    let mut status = watch.statuses.last().copied().unwrap_or_default();
+    while !settled.contains(&status) {
+        assert_ne!(
+            status,
+            pb::SessionStatus::Disconnected as i32,
+            "the session stays usable after the failed turn"
+        );
+        status = watch.next_status().await;
+    }
+}
+
+pub async fn model_error_401(agent: Agent) -> Outcome {
+    model_error(agent, 401).await
+}
+
+pub async fn model_error_429(agent: Agent) -> Outcome {
+    model_error(agent, 429).await
+}
+
+pub async fn model_error_500(agent: Agent) -> Outcome {
+    model_error(agent, 500).await
+}
+
+/// The model API answers `status`: the turn ends with the agent's error, the session stays
+/// usable, and the next prompt gets its own reply. Where the preset defends against the
+/// agent's own defect here (`restart_after_error`), the note says what the agent does without
+/// the defence (shown once, for 500).
+async fn model_error(agent: Agent, status: u16) -> Outcome {
+    let how = match failed_then_prompted(&agent, status, |_| {}).await {
+        Ok(how) => how,
+        Err(evidence) => return Outcome::Deviates(evidence),
+    };
+    if status != 500 || !agent.preset().restart_after_error {
+        return Outcome::Pass(how);
+    }
+    let undefended = |spec: &mut ProfileSpec| spec.keys.push_str("restart_after_error = false\n");
+    let without = match failed_then_prompted(&agent, status, undefended).await {
+        Ok(_) => "without it the agent gets it right too".to_owned(),
+        Err(evidence) => format!("without it: {evidence}"),
+    };
+    Outcome::Pass(format!("{how}; {without}"))
+}
+
+/// `[error STATUS]`, then a prompt that must get its own reply: the turn's error and how the
+/// session came through (a note), or what went wrong.
+async fn failed_then_prompted(
+    agent: &Agent,
+    status: u16,
+    edit: impl FnOnce(&mut ProfileSpec),
+) -> Result<String, String> {
+    let rig = Rig::start_with(agent, edit).await;
+    let mut session = rig.session(agent).await;
     let mut watch = session.watch().await;
-    let failing = session.prompt("failing [error 500]").await;
+    let prompt = format!("failing [error {status}]");
+    let failing = session.prompt(&prompt).await;
     let Ok(answer) =
         tokio::time::timeout(ERROR_TURN_LIMIT, watch.response_to(&failing.action_id)).await
     else {
@@ -192,9 +303,7 @@ pub async fn model_error_then_next_prompt(agent: Agent) -> Outcome {
             .fake
             .requests()
             .iter()
-            .filter(|r| {
-                r.is_turn_step() && r.last_user_text.as_deref() == Some("failing [error 500]")
-            })
+            .filter(|r| r.is_turn_step() && r.last_user_text.as_deref() == Some(prompt.as_str()))
             .count();
         session
             .act(stop(false))
@@ -203,47 +312,55 @@ pub async fn model_error_then_next_prompt(agent: Agent) -> Outcome {
         let ended = turn_end(&mut watch, &failing.action_id).await;
         drop(watch);
         let (reason, next) = plain_turn(&mut session, "after-error").await;
-        return Outcome::Deviates(format!(
+        return Err(format!(
             "after {} s the turn had not ended: the agent asked the model API {asked} times \
-             (each answered 500); a stop ended it {ended}; the next prompt ended {reason} with \
-             text {next:?}",
+             (each answered {status}); a stop ended it {ended}; the next prompt ended {reason} \
+             with text {next:?}",
             ERROR_TURN_LIMIT.as_secs()
         ));
     };
-    let error = answer["error"].to_string().to_lowercase();
     assert!(
-        error.contains("500") || error.contains("server_error"),
-        "the agent's error names the status or its kind: {answer}"
+        answer.get("error").is_some(),
+        "the prompt is answered with the agent's error: {answer}"
     );
     let message = agent_message(&mut session, &failing.action_id).await;
     assert_eq!(message.stop_reason, Some(pb::StopReason::Failed as i32));
     let shown = message.error.clone().unwrap_or_default();
+    let said = shown.to_lowercase();
     assert!(
-        !shown.is_empty(),
-        "the transcript shows the agent's error: {:?}",
-        message.error
+        [
+            &status.to_string()[..],
+            "auth",
+            "rate",
+            "limit",
+            "overload",
+            "server",
+            "demand"
+        ]
+        .iter()
+        .any(|word| said.contains(word)),
+        "the turn's error says what the model API answered: {shown:?} ({answer})"
     );
-    // The session stays usable: idle, not disconnected.
-    watch.status(pb::SessionStatus::Idle).await;
+    settles_usable(&mut watch).await;
     drop(watch);
 
     let (reason, next) = plain_turn(&mut session, "after-error").await;
     if reason == "end_turn" && next.contains(&reply_to("after-error")) {
-        return Outcome::Pass(format!(
-            "the agent's error: {}",
-            clipped(&answer["error"].to_string(), 140)
+        let restart = match restarted(&mut session).await {
+            Some(how) => format!("; {how}"),
+            None => String::new(),
+        };
+        return Ok(format!(
+            "the turn's error: {}{restart}",
+            clipped(&shown, 140)
         ));
     }
     let (third_reason, third) = plain_turn(&mut session, "after-error-again").await;
-    Outcome::Deviates(format!(
+    Err(format!(
         "the prompt after the failed turn ended {reason} with text {next:?}; the next one \
          ended {third_reason} with text {third:?}"
     ))
 }
-
-/// How long a turn whose model API answers an error may take to end with that error (an agent
-/// that retries with backoff takes seconds, one that retries without end never ends it).
-const ERROR_TURN_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A model chosen through Control is the model of the next request to the model API.
 pub async fn model_switch(agent: Agent) -> Outcome {
@@ -502,10 +619,71 @@ fn clipped(text: &str, max: usize) -> String {
     cut
 }
 
-/// The mode the agent starts a session in, and whether it asks before writing a file there
-/// (the other scenarios run in the agent's asking mode, which the rig sets when it differs).
-pub async fn default_mode(agent: Agent) -> Outcome {
-    let rig = Rig::start(&agent).await;
+/// The preset's own command line (`npx -y PACKAGE@VERSION`, offline from the npm cache the
+/// stage filled) starts the agent at the pinned version, and it answers a prompt.
+pub async fn preset_command(agent: Agent) -> Outcome {
+    let cache = npm_cache();
+    let rig = Rig::start_with(&agent, |spec| {
+        spec.preset_command = true;
+        spec.env.extend(ProfileSpec::pairs(&[
+            ("npm_config_cache", cache.to_string_lossy().into_owned()),
+            ("npm_config_offline", "true".to_owned()),
+            ("npm_config_update_notifier", "false".to_owned()),
+        ]));
+    })
+    .await;
+    let mut session = rig.session(&agent).await;
+    let (reason, reply) = plain_turn(&mut session, "through-the-preset").await;
+    assert_eq!(reason, "end_turn");
+    assert!(reply.contains(&reply_to("through-the-preset")), "{reply:?}");
+    let info = session.get().await.agent_info.unwrap_or_default();
+    assert_eq!(
+        info.version, agent.version,
+        "the preset runs the pinned version ({info:?})"
+    );
+    Outcome::Pass(format!(
+        "`{}` ran {} {}",
+        agent.preset().command_line(),
+        info.name,
+        info.version
+    ))
+}
+
+/// The npm cache the stage filled (`.tools/npm-cache`, beside the agents' folder).
+fn npm_cache() -> std::path::PathBuf {
+    let agents = std::env::var_os(crate::kit::AGENTS_DIR_VAR).expect("the agents' folder");
+    std::path::Path::new(&agents)
+        .parent()
+        .expect("the tools folder")
+        .join("npm-cache")
+}
+
+/// As the preset starts a session, the agent asks before it writes a file; with the profile's
+/// override of the preset's choice (a mode, or the agent's own setting), it does not.
+pub async fn modes(agent: Agent) -> Outcome {
+    let (mode, asked) = first_write(&agent, |_| {}).await;
+    if !asked {
+        return Outcome::Deviates(format!(
+            "as the preset starts it (mode `{mode}`), it wrote a file without asking"
+        ));
+    }
+    let (override_says, unasked) = agent.unasked;
+    let (unasked_mode, asked_anyway) = first_write(&agent, unasked).await;
+    if asked_anyway {
+        return Outcome::Deviates(format!(
+            "with the profile's `{override_says}` (mode `{unasked_mode}`), it still asked"
+        ));
+    }
+    Outcome::Pass(format!(
+        "as the preset starts it: mode `{mode}`, asks before writing a file; with the \
+         profile's `{override_says}`: writes without asking"
+    ))
+}
+
+/// A new session's mode, and whether `[write started.txt]` asked before writing (answered
+/// `allow_once` if it did); the file is written either way.
+async fn first_write(agent: &Agent, edit: impl FnOnce(&mut ProfileSpec)) -> (String, bool) {
+    let rig = Rig::start_with(agent, edit).await;
     let mut session = rig.session_as_started().await;
     let mode = config_value(&mut session, "mode")
         .await
@@ -532,16 +710,60 @@ pub async fn default_mode(agent: Agent) -> Outcome {
         std::fs::read_to_string(rig.work().join("started.txt")).expect("started.txt is written"),
         WRITTEN_CONTENT
     );
-    let chosen = match agent.asking_mode {
-        Some((id, value)) => format!("; the other scenarios set `{id}` = `{value}`"),
-        None => String::new(),
+    (mode, asked)
+}
+
+/// Without its API key the agent says it needs one: the harness refuses the session
+/// RUNTIME_AUTH_REQUIRED naming the agent's sign-in methods, or the agent fails the prompt
+/// with its authentication error and the session stays usable.
+pub async fn without_a_key(agent: Agent) -> Outcome {
+    let Some(take_key) = agent.without_key else {
+        return Outcome::NotSupported(
+            "it asks for no sign-in of its own: the key is its provider's (a provider that \
+             refuses answers 401, the 401 column)"
+                .to_owned(),
+        );
     };
-    Outcome::Pass(format!(
-        "`{mode}`: {}{chosen}",
-        if asked {
-            "asks before writing a file"
-        } else {
-            "writes a file without asking"
+    let rig = Rig::start_with(&agent, take_key).await;
+    let created = rig
+        .server
+        .client()
+        .await
+        .create_session(pb::CreateSessionRequest {
+            profile: crate::kit::PROFILE.into(),
+            cwd: rig.work().to_string_lossy().into_owned(),
+            ..Default::default()
+        })
+        .await;
+    let created = match created {
+        Err(status) => {
+            use tonic_types::StatusExt;
+            let reason = status.get_details_error_info().map(|i| i.reason);
+            assert_eq!(
+                reason.as_deref(),
+                Some("RUNTIME_AUTH_REQUIRED"),
+                "{status:?}"
+            );
+            return Outcome::Pass(format!(
+                "CreateSession: RUNTIME_AUTH_REQUIRED: {}",
+                clipped(status.message(), 260)
+            ));
         }
+        Ok(created) => created.into_inner(),
+    };
+    let id = created.session.expect("the session").id;
+    let mut session = Session::attach(rig.server.client().await, &id);
+    let mut watch = session.watch().await;
+    let turn = session.prompt("no key").await;
+    let answer = watch.response_to(&turn.action_id).await;
+    let error = answer["error"].to_string();
+    assert!(
+        error.to_lowercase().contains("auth"),
+        "the prompt fails saying it needs authentication: {answer}"
+    );
+    settles_usable(&mut watch).await;
+    Outcome::Pass(format!(
+        "the session starts; its first prompt fails with {}; the session stays usable",
+        clipped(&error, 140)
     ))
 }

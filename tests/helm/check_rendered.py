@@ -328,12 +328,14 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
     expect(not r.all("ConfigMap"), "a ConfigMap holds the config too")
     config = r.config()
     claude = config["profiles"]["claude"]
+    key_file = "/var/run/secrets/agent-harness/profiles/claude/ANTHROPIC_API_KEY"
     expect(
         claude
         == {
-            "command": "npx",
-            "args": ["@agentclientprotocol/claude-agent-acp"],
-            "env": {"ANTHROPIC_API_KEY": "not-a-real-key"},
+            "preset": "claude",
+            "env": {"ANTHROPIC_BASE_URL": "https://gateway.example/anthropic"},
+            "env_files": {"ANTHROPIC_API_KEY": key_file},
+            "config_options": {"mode": "acceptEdits"},
             "permission_policy": "auto_accept",
             "allowed_cwd_roots": ["/workspaces/claude", "/workspaces/shared"],
             "startup_timeout": "1m",
@@ -346,6 +348,20 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
             "reopen_context_bytes": 16384,
         },
         claude,
+    )
+    old = config["profiles"]["old-claude.v0"]
+    expect(old["preset"] == "claude-0.23.1" and old["command"] == "node", old)
+    expect(old["restart_after_error"] is False and "restart_after_cancel" not in old, old)
+    codex = config["profiles"]["codex"]
+    expect(
+        codex
+        == {
+            "preset": "codex",
+            "env_passthrough": ["OPENAI_API_KEY"],
+            "auth_method": "",
+            "allowed_cwd_roots": ["/workspaces"],
+        },
+        codex,
     )
     expect(config["profiles"]["mock"]["allowed_cwd_roots"] == ["/workspaces"], config["profiles"])
     sandboxed = config["profiles"]["sandboxed"]
@@ -366,6 +382,27 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
     expect(all(type(v) is int for v in config["limits"].values()), config["limits"])
     expect(config["sqlite_synchronous"] == "full" and config["log_format"] == "text", config)
     expect(config["invocation_meta_key"] == "example/invocation", config)
+
+
+def profile_secrets_are_read_only_files_from_their_secrets_named_in_env_files(r, _):
+    config = r.config()
+    for name, given in r.values["profiles"].items():
+        files = config["profiles"][name].get("env_files", {})
+        expect(set(files) == set(given.get("secretEnv", {})), (name, files))
+        for var, path in files.items():
+            volume, item = r.mounted_file(path)
+            ref = given["secretEnv"][var]
+            sources = volume["projected"]["sources"]
+            found = [
+                s["secret"]
+                for s in sources
+                if any(i["key"] == ref["key"] and i["path"] == item for i in s["secret"]["items"])
+            ]
+            expect(len(found) == 1 and found[0]["name"] == ref["secretName"], (path, sources))
+            mount = r.mount(path.rsplit("/", 1)[0])
+            expect(mount.get("readOnly") is True, mount)
+    passed = {e["name"]: e for e in r.container.get("env", [])}
+    expect("secretKeyRef" in passed["OPENAI_API_KEY"]["valueFrom"], passed["OPENAI_API_KEY"])
 
 
 def custom_resources_grace_workspace_and_image_are_applied(r, _):
@@ -529,11 +566,27 @@ def the_bridge_config_holds_its_labels_profiles_and_grace(r, _):
     workspace = r.values.get("workspace", {}).get("mountPath", "/workspaces")
     for name, profile in bridge["profiles"].items():
         given = values["profiles"][name]
-        expect(profile["command"] == given["command"], profile)
-        expect(profile["args"] == given.get("args", []), profile)
+        expect(profile.get("preset") == given.get("preset"), profile)
+        expect(profile.get("command") == given.get("command"), profile)
+        expect(profile.get("args", []) == given.get("args", []), profile)
         expect(profile.get("env", {}) == given.get("env", {}), profile)
         expect(profile["allowed_cwd_roots"] == given.get("allowedCwdRoots", [workspace]), profile)
         expect(profile.get("stop_grace") == given.get("stopGrace"), profile)
+        expect(profile.get("env_passthrough", []) == given.get("envPassthrough", []), profile)
+        files = profile.get("env_files", {})
+        expect(set(files) == set(given.get("secretEnv", {})), profile)
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        for var, path in files.items():
+            directory, item = path.rsplit("/", 1)
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+            expect(mount.get("readOnly") is True, mount)
+            (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+            ref = given["secretEnv"][var]
+            expect(
+                {"name": ref["secretName"], "items": [{"key": ref["key"], "path": item}]}
+                in [s["secret"] for s in volume["projected"]["sources"]],
+                volume,
+            )
     expect(not set(bridge) - {"labels", "reconnect_grace", "profiles"}, bridge)
     annotation = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     expect(annotation == hashlib.sha256(text.rstrip("\n").encode()).hexdigest() or
@@ -559,6 +612,7 @@ PER_SET = {
     ],
     "custom": [
         custom_profiles_render_into_a_secret_config_with_their_settings,
+        profile_secrets_are_read_only_files_from_their_secrets_named_in_env_files,
         custom_resources_grace_workspace_and_image_are_applied,
     ],
     "translator-only": [a_translator_only_process_is_ready_on_the_translator],

@@ -57,6 +57,9 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             remote: None,
             warm_pool: 0,
             resilience: Default::default(),
+            secrets: Default::default(),
+            config_options: Default::default(),
+            auth_method: None,
         }),
     );
 }

@@ -1,6 +1,6 @@
 //! The defences of a session against its agent's own defects and lost state: a profile's
-//! `restart_after_cancel` (the runtime is stopped after a cancelled turn and the next turn
-//! reopens it), and `on_reopen_failure = "fresh"` (a session its agent cannot reopen continues
+//! `restart_after_cancel` and `restart_after_error` (the runtime is stopped after a cancelled or
+//! failed turn and the next turn reopens it), and `on_reopen_failure = "fresh"` (a session its agent cannot reopen continues
 //! in a new ACP session primed with the transcript, and a `context_rebuilt` event says so).
 
 use agent_harness::{config::OnReopenFailure, pb::v1 as pb};
@@ -78,6 +78,66 @@ async fn with_restart_after_cancel_the_runtime_stops_after_a_cancelled_turn_and_
         let resumed = methods.iter().position(|m| m == "session/resume");
         let prompted = methods.iter().rposition(|m| m == "session/prompt");
         assert!(resumed < prompted && resumed.is_some(), "{methods:?}");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn with_restart_after_error_the_runtime_stops_after_a_turn_the_agent_failed_and_the_next_prompt_reopens_it()
+ {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            mock_profile_with(config, "restarting", &["--resume"], |p| {
+                p.resilience.restart_after_error = true;
+            });
+            // The same agent without the flag: its runtime lives on after a failed turn.
+            mock_profile_with(config, "plain", &["--resume"], |_| {});
+        })
+        .await;
+        let mut session = Session::create(&h, "restarting").await;
+        let mut watch = session.watch().await;
+        // An answered turn changes nothing.
+        let fine = session.prompt("fine").await;
+        watch.response_to(&fine.action_id).await;
+        let failing = session
+            .prompt("@error -32603 the model API answered 500")
+            .await;
+        let answer = watch.response_to(&failing.action_id).await;
+        assert_eq!(answer["error"]["code"], -32603, "{answer}");
+        let stopped = watch.event("runtime_stopped").await;
+        assert_eq!(
+            stopped["reason"],
+            "restarted after a failed turn (restart_after_error)"
+        );
+        watch.status(pb::SessionStatus::Suspended).await;
+        let next = session.prompt("after the error").await;
+        let answer = watch.response_to(&next.action_id).await;
+        assert_eq!(answer["result"]["stopReason"], "end_turn");
+        watch.chunk("echo: after the error").await;
+        let log = session.log().await;
+        let started = frames(&log)
+            .iter()
+            .filter(|f| f["event"] == "runtime_started")
+            .count();
+        assert_eq!(started, 2, "a second runtime took the next prompt");
+        let methods = sent_methods(&log);
+        assert!(
+            methods.contains(&"session/resume".to_owned()),
+            "{methods:?}"
+        );
+
+        let mut plain = Session::create(&h, "plain").await;
+        let mut watch = plain.watch().await;
+        let failing = plain.prompt("@error -32603 boom").await;
+        watch.response_to(&failing.action_id).await;
+        let next = plain.prompt("after").await;
+        watch.response_to(&next.action_id).await;
+        let log = plain.log().await;
+        let started = frames(&log)
+            .iter()
+            .filter(|f| f["event"] == "runtime_started")
+            .count();
+        assert_eq!(started, 1, "without the flag the runtime lives on");
     })
     .await
 }

@@ -8,7 +8,9 @@ use tonic::Code;
 use crate::{
     harness::{Harness, assert_error, bounded, expect_err},
     support::session_count,
-    support::{Session, create_request, mock_profile, processes_with, prompt, set_model},
+    support::{
+        Session, create_request, mock_profile, mock_profile_with, processes_with, prompt, set_model,
+    },
 };
 
 #[tokio::test]
@@ -180,6 +182,97 @@ async fn a_requested_model_is_selected_at_creation_and_an_unadvertised_one_is_re
         assert_error(&status, Code::InvalidArgument, "MODEL_NOT_ADVERTISED");
         // Only the one session exists: the refused creation left nothing behind.
         assert_eq!(session_count(&h).await, 1);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_agent_that_wants_authentication_is_runtime_auth_required_naming_its_sign_in_methods() {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            mock_profile(
+                config,
+                "auth",
+                &[
+                    "--auth-required",
+                    "--auth-method",
+                    "agent-login=Log in with the agent",
+                    "--auth-method",
+                    "api-key",
+                ],
+            );
+        })
+        .await;
+        let status = expect_err(
+            h.sessions()
+                .create_session(create_request(&h, "auth"))
+                .await,
+        );
+        assert_error(&status, Code::FailedPrecondition, "RUNTIME_AUTH_REQUIRED");
+        let message = status.message();
+        assert!(
+            message.contains("session/new failed with error -32000: authentication required"),
+            "{message}"
+        );
+        assert!(
+            message.contains(
+                "the agent's sign-in methods: Log in with the agent (agent-login): mock sign-in \
+                 method agent-login; api-key: mock sign-in method api-key"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains("env_passthrough"),
+            "says what to do: {message}"
+        );
+        assert_eq!(session_count(&h).await, 0, "no session is left");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_profiles_auth_method_signs_the_agent_in_before_each_session_and_an_unknown_one_is_auth_required()
+ {
+    bounded(async {
+        let flags = ["--resume", "--auth-required", "--auth-method", "api-key"];
+        let h = Harness::start_with(|config| {
+            mock_profile_with(config, "signs-in", &flags, |p| {
+                p.auth_method = Some("api-key".into());
+            });
+            mock_profile_with(config, "wrong-method", &flags, |p| {
+                p.auth_method = Some("sso".into());
+            });
+        })
+        .await;
+        let mut session = Session::create(&h, "signs-in").await;
+        let methods: Vec<(String, Value)> = session
+            .sent_frames()
+            .await
+            .iter()
+            .filter_map(|f| Some((f["method"].as_str()?.to_owned(), f["params"].clone())))
+            .collect();
+        assert_eq!(methods[0].0, "initialize");
+        assert_eq!(methods[1].0, "authenticate");
+        assert_eq!(methods[1].1["methodId"], "api-key");
+        assert_eq!(methods[2].0, "session/new");
+        let mut watch = session.watch().await;
+        let turn = session.prompt("signed in").await;
+        watch.response_to(&turn.action_id).await;
+
+        let status = expect_err(
+            h.sessions()
+                .create_session(create_request(&h, "wrong-method"))
+                .await,
+        );
+        assert_error(&status, Code::FailedPrecondition, "RUNTIME_AUTH_REQUIRED");
+        assert!(
+            status.message().contains(
+                "the profile's auth_method \"sso\" is not a sign-in method of the agent; the \
+                 agent's sign-in methods: api-key"
+            ),
+            "{}",
+            status.message()
+        );
     })
     .await
 }

@@ -149,6 +149,9 @@ pub struct Agent<W, E> {
     scratch: String,
     /// `--session-dir`: the sessions' files (shared with whoever writes them on a stop).
     store: Option<Arc<Mutex<SessionStore>>>,
+    /// `authenticate` succeeded with one of the `--auth-method`s: `--auth-required` no longer
+    /// refuses `session/new`.
+    signed_in: bool,
 }
 
 impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
@@ -174,6 +177,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             silent: false,
             scratch: String::new(),
             store,
+            signed_in: false,
         }
     }
 
@@ -363,6 +367,24 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                     wire::response(self.buf(), id, &result);
                 }
             }
+            "authenticate" if !self.args.auth_methods.is_empty() => {
+                let wanted = params.get("methodId").and_then(Value::as_str);
+                let known =
+                    self.args.auth_methods.iter().any(|m| {
+                        Some(m.split_once('=').map_or(m.as_str(), |(id, _)| id)) == wanted
+                    });
+                if known {
+                    self.signed_in = true;
+                    wire::response(self.buf(), id, &json!({}));
+                } else {
+                    wire::error(
+                        self.buf(),
+                        id,
+                        ErrorCode::InvalidParams,
+                        &format!("unknown sign-in method {wanted:?}"),
+                    );
+                }
+            }
             "session/new" => {
                 if let Some(file) = &self.args.crash_on_new_session_once
                     && std::fs::remove_file(file).is_ok()
@@ -370,7 +392,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                     eprintln!("mock agent: crashing on session/new (--crash-on-new-session-once)");
                     std::process::exit(1);
                 }
-                if self.args.auth_required {
+                if self.args.auth_required && !self.signed_in {
                     wire::error(
                         self.buf(),
                         id,
@@ -504,6 +526,19 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
         wire::error(self.buf(), id, ErrorCode::InvalidParams, message);
     }
 
+    /// `--auth-method ID[=NAME]`, each as ACP's `{id, name, description}`.
+    fn auth_methods(&self) -> Value {
+        self.args
+            .auth_methods
+            .iter()
+            .map(|method| {
+                let (id, name) = method.split_once('=').unwrap_or((method, method));
+                json!({"id": id, "name": name,
+                       "description": format!("mock sign-in method {id}")})
+            })
+            .collect()
+    }
+
     fn initialize_result(&self) -> Value {
         let mut session_capabilities = serde_json::Map::new();
         if self.args.resume {
@@ -520,7 +555,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 "mcpCapabilities": {"http": false, "sse": false},
                 "sessionCapabilities": session_capabilities,
             },
-            "authMethods": [],
+            "authMethods": self.auth_methods(),
             "agentInfo": {
                 "name": "agent-harness-mock",
                 "title": "agent-harness mock agent",
@@ -879,6 +914,10 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 let text = format!("env: {}", serde_json::to_string(&env).unwrap_or_default());
                 wire::text_chunk(self.buf(), session_id, ChunkKind::Agent, &text);
             }
+            Directive::EnvDigest(name) => {
+                let text = format!("env-digest {name}: {}", env_digest(&name));
+                wire::text_chunk(self.buf(), session_id, ChunkKind::Agent, &text);
+            }
             Directive::Cwd => {
                 let cwd = std::env::current_dir()
                     .map(|p| p.to_string_lossy().into_owned())
@@ -1035,4 +1074,20 @@ fn open_fds() -> std::collections::BTreeMap<u32, String> {
         }
     }
     fds
+}
+
+/// `set, N bytes, sha256 HEX` or `unset`: what `@env-digest` says of a variable.
+fn env_digest(name: &str) -> String {
+    use sha2::{Digest, Sha256};
+    match std::env::var_os(name) {
+        Some(value) => {
+            let bytes = value.as_encoded_bytes();
+            let digest: String = Sha256::digest(bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("set, {} bytes, sha256 {digest}", bytes.len())
+        }
+        None => "unset".to_owned(),
+    }
 }

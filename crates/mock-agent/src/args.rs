@@ -85,9 +85,14 @@ pub struct MockAgentArgs {
     /// Answer `session/new` with a JSON-RPC error
     #[arg(long, conflicts_with = "auth_required")]
     pub fail_new_session: bool,
-    /// Answer `session/new` with error -32000 "authentication required"
+    /// Answer `session/new` with error -32000 "authentication required" (until `authenticate`
+    /// with an --auth-method)
     #[arg(long)]
     pub auth_required: bool,
+    /// Advertise a sign-in method in `initialize`'s `authMethods` (repeatable); `authenticate`
+    /// with one of them is answered `{}` and lifts --auth-required
+    #[arg(long = "auth-method", value_name = "ID[=NAME]")]
+    pub auth_methods: Vec<String>,
     /// Never honour `session/cancel`
     #[arg(long)]
     pub ignore_cancel: bool,
@@ -129,6 +134,7 @@ impl Default for MockAgentArgs {
             delay_initialize: None,
             fail_new_session: false,
             auth_required: false,
+            auth_methods: Vec::new(),
             ignore_cancel: false,
             session_id_bytes: None,
             crash_on_new_session_once: None,

@@ -88,6 +88,9 @@ pub enum Directive {
     EchoAll,
     /// Report the agent's environment (for tests of what reaches a runtime).
     Env,
+    /// Report whether one variable is set, its length and SHA-256, never its value (for tests
+    /// that a secret reaches the runtime and nothing else).
+    EnvDigest(String),
     /// Report the agent's working directory.
     Cwd,
     /// Report the agent's open file descriptors.
@@ -201,6 +204,7 @@ fn known(verb: &str, rest: &str) -> Option<Directive> {
         ("close-stdout", _) => bare(Directive::CloseStdout),
         ("echo-all", _) => bare(Directive::EchoAll),
         ("env", _) => bare(Directive::Env),
+        ("env-digest", [name]) => Some(Directive::EnvDigest((*name).to_owned())),
         ("cwd", _) => bare(Directive::Cwd),
         ("fds", _) => bare(Directive::Fds),
         _ => None,

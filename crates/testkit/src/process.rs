@@ -37,6 +37,8 @@ pub struct Serve {
     program: Option<PathBuf>,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    /// Variables of the test's environment the process does not inherit.
+    env_removed: Vec<OsString>,
 }
 
 impl Serve {
@@ -88,6 +90,13 @@ impl Serve {
         self
     }
 
+    /// The process does not inherit `key` from the test's environment (unless [`Serve::env`]
+    /// sets it).
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Self {
+        self.env_removed.push(key.as_ref().to_owned());
+        self
+    }
+
     /// Starts the process and waits until it serves; panics (with its log) if it exits first.
     pub fn start(&self) -> ServeProcess {
         let (child, addr, log) = self.spawn();
@@ -102,7 +111,11 @@ impl Serve {
 
     fn spawn(&self) -> (Child, SocketAddr, Arc<Log>) {
         let program = self.program.clone().unwrap_or_else(crate::service_bin);
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        for key in &self.env_removed {
+            command.env_remove(key);
+        }
+        let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))

@@ -44,6 +44,9 @@ pub fn mock_profile_with(
         remote: None,
         warm_pool: 0,
         resilience: Default::default(),
+        secrets: Default::default(),
+        config_options: Default::default(),
+        auth_method: None,
     };
     edit(&mut profile);
     config.profiles.insert(name.to_owned(), Arc::new(profile));

@@ -163,17 +163,23 @@ services, static_files_base_url and the insecure flag are passed as flags (see t
 {{- with $p.reconnectGrace }}{{ $_ := set $profile "reconnect_grace" . }}{{ end -}}
 {{- with $p.bridgePrincipals }}{{ $_ := set $profile "bridge_principals" . }}{{ end -}}
 {{- else }}
-{{- $_ := set $profile "command" $p.command -}}
+{{- with $p.command }}{{ $_ := set $profile "command" . }}{{ end -}}
 {{- end }}
+{{- with $p.preset }}{{ $_ := set $profile "preset" . }}{{ end -}}
 {{- with $p.args }}{{ $_ := set $profile "args" . }}{{ end -}}
 {{- with $p.env }}{{ $_ := set $profile "env" . }}{{ end -}}
+{{- with $p.envPassthrough }}{{ $_ := set $profile "env_passthrough" . }}{{ end -}}
+{{- with $p.secretEnv }}{{ $_ := set $profile "env_files" (include "agent-harness.secretEnvFiles" (list $ $name .) | fromJson) }}{{ end -}}
+{{- with $p.configOptions }}{{ $_ := set $profile "config_options" . }}{{ end -}}
+{{- if hasKey $p "authMethod" }}{{ $_ := set $profile "auth_method" $p.authMethod }}{{ end -}}
 {{- with $p.permissionPolicy }}{{ $_ := set $profile "permission_policy" . }}{{ end -}}
 {{- $_ := set $profile "allowed_cwd_roots" (default (list $.Values.workspace.mountPath) $p.allowedCwdRoots) -}}
 {{- with $p.startupTimeout }}{{ $_ := set $profile "startup_timeout" . }}{{ end -}}
 {{- with $p.cancelGrace }}{{ $_ := set $profile "cancel_grace" . }}{{ end -}}
 {{- with $p.idleTimeout }}{{ $_ := set $profile "idle_timeout" . }}{{ end -}}
 {{- with $p.stopGrace }}{{ $_ := set $profile "stop_grace" . }}{{ end -}}
-{{- if $p.restartAfterCancel }}{{ $_ := set $profile "restart_after_cancel" true }}{{ end -}}
+{{- if hasKey $p "restartAfterCancel" }}{{ $_ := set $profile "restart_after_cancel" $p.restartAfterCancel }}{{ end -}}
+{{- if hasKey $p "restartAfterError" }}{{ $_ := set $profile "restart_after_error" $p.restartAfterError }}{{ end -}}
 {{- with $p.onReopenFailure }}{{ $_ := set $profile "on_reopen_failure" . }}{{ end -}}
 {{- if hasKey $p "reopenContextBytes" }}{{ $_ := set $profile "reopen_context_bytes" (int64 $p.reopenContextBytes) }}{{ end -}}
 {{- with $p.warmPool }}{{ $_ := set $profile "warm_pool" (int64 .) }}{{ end -}}
@@ -233,17 +239,89 @@ reconnect_grace = {{ . | toJson }}
 {{- range $name, $profile := .Values.bridge.profiles }}
 
 [profiles.{{ $name | toJson }}]
-command = {{ $profile.command | toJson }}
+{{- with $profile.preset }}
+preset = {{ . | toJson }}
+{{- end }}
+{{- with $profile.command }}
+command = {{ . | toJson }}
+{{- end }}
+{{- if or $profile.command $profile.args }}
 args = {{ default list $profile.args | toJson }}
+{{- end }}
 allowed_cwd_roots = {{ default (list $.Values.workspace.mountPath) $profile.allowedCwdRoots | toJson }}
 {{- with $profile.stopGrace }}
 stop_grace = {{ . | toJson }}
+{{- end }}
+{{- with $profile.envPassthrough }}
+env_passthrough = {{ . | toJson }}
+{{- end }}
+{{- with $profile.secretEnv }}
+[profiles.{{ $name | toJson }}.env_files]
+{{- range $var, $path := include "agent-harness.secretEnvFiles" (list $ $name .) | fromJson }}
+{{ $var | toJson }} = {{ $path | toJson }}
+{{- end }}
 {{- end }}
 {{- with $profile.env }}
 [profiles.{{ $name | toJson }}.env]
 {{- range $key, $value := . }}
 {{ $key | toJson }} = {{ $value | toJson }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Where a profile's secretEnv files are mounted: one directory per profile. */}}
+{{- define "agent-harness.profileSecretsDir" -}}
+/var/run/secrets/agent-harness/profiles
+{{- end -}}
+
+{{/* The volume holding a profile's secretEnv (a DNS label whatever the profile's name).
+Takes (list kind profileName), kind "profile" or "bridge-profile". */}}
+{{- define "agent-harness.secretEnvVolume" -}}
+{{- printf "%s-secrets-%s" (index . 0) (sha256sum (index . 1) | trunc 10) -}}
+{{- end -}}
+
+{{/* A profile's env_files as JSON: each secretEnv variable read from its mounted file. Takes
+(list root profileName secretEnv). */}}
+{{- define "agent-harness.secretEnvFiles" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $files := dict -}}
+{{- range $var, $ref := index . 2 -}}
+{{- $_ := set $files $var (printf "%s/%s/%s" (include "agent-harness.profileSecretsDir" $root) $name $var) -}}
+{{- end -}}
+{{- $files | toJson -}}
+{{- end -}}
+
+{{/* The volume mounts of profiles' secretEnv. Takes (list root kind profiles). */}}
+{{- define "agent-harness.secretEnvMounts" -}}
+{{- $root := index . 0 -}}
+{{- $kind := index . 1 -}}
+{{- range $name, $p := index . 2 }}
+{{- if $p.secretEnv }}
+- name: {{ include "agent-harness.secretEnvVolume" (list $kind $name) }}
+  mountPath: {{ include "agent-harness.profileSecretsDir" $root }}/{{ $name }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The volumes of profiles' secretEnv: a projected volume per profile, one file per variable
+(a directory mount, so a rotated Secret reaches the next runtime). Takes (list kind profiles). */}}
+{{- define "agent-harness.secretEnvVolumes" -}}
+{{- $kind := index . 0 -}}
+{{- range $name, $p := index . 1 }}
+{{- if $p.secretEnv }}
+- name: {{ include "agent-harness.secretEnvVolume" (list $kind $name) }}
+  projected:
+    sources:
+    {{- range $var, $ref := $p.secretEnv }}
+      - secret:
+          name: {{ $ref.secretName }}
+          items:
+            - key: {{ $ref.key }}
+              path: {{ $var }}
+    {{- end }}
 {{- end }}
 {{- end }}
 {{- end -}}

@@ -30,6 +30,19 @@ use std::time::Instant;
 
 /// Why a runtime was stopped after a cancelled turn (the event's reason and the status reason).
 const RESTARTED_AFTER_CANCEL: &str = "restarted after a cancelled turn (restart_after_cancel)";
+/// Why a runtime was stopped after its agent answered a prompt with an error.
+const RESTARTED_AFTER_ERROR: &str = "restarted after a failed turn (restart_after_error)";
+
+/// How a turn ended, as far as restarting its runtime goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TurnEnd {
+    /// The agent answered (any stop reason but `cancelled`).
+    Answered,
+    /// A stop was sent, or the agent answered `cancelled`.
+    Cancelled,
+    /// The agent answered the prompt with a JSON-RPC error.
+    Error,
+}
 
 impl Actor {
     pub(super) async fn on_runtime_events(&mut self, events: Vec<RuntimeEvent>) {
@@ -188,8 +201,14 @@ impl Actor {
                 None => "failed",
             };
             turn.ended(stop_reason);
-            let cancelled = stop_reason == "cancelled" || turn.cancel_deadline.is_some();
-            self.end_turn(cancelled).await;
+            let ended = if stop_reason == "cancelled" || turn.cancel_deadline.is_some() {
+                TurnEnd::Cancelled
+            } else if reply.error.is_some() {
+                TurnEnd::Error
+            } else {
+                TurnEnd::Answered
+            };
+            self.end_turn(ended).await;
         }
     }
 
@@ -203,7 +222,14 @@ impl Actor {
             tracing::info!(session = %self.record.id, %action_id, "the runtime refused a config change");
         }
         if self.runtime.state.is_creating() {
-            if let Some(error) = reply.error {
+            let model_request = match self.runtime.state.purpose() {
+                Some(super::StartPurpose::Create { model_request, .. }) => *model_request,
+                _ => None,
+            };
+            // The model the caller asked for is required; a profile's config option is not.
+            if let Some(error) = reply.error
+                && model_request == Some(action_id)
+            {
                 let message = error.message.unwrap_or("refused");
                 return self
                     .startup_fault(
@@ -212,35 +238,35 @@ impl Actor {
                     )
                     .await;
             }
-            return self.become_ready(out).await;
-        }
-        if self.runtime.state.is_reopening() {
-            // A setting re-applied after a reopen: refused or not, the session goes on once
-            // the agent has answered every one of them.
-            let waiting = self.runtime.state.conn().is_some_and(|c| {
-                c.pending
-                    .values()
-                    .any(|p| matches!(p.kind, PendingKind::SetConfig { .. }))
-            });
-            if !waiting {
+            if !self.setting_pending() {
                 return self.become_ready(out).await;
             }
+        }
+        // A setting re-applied after a reopen: refused or not, the session goes on once the
+        // agent has answered every one of them.
+        if self.runtime.state.is_reopening() && !self.setting_pending() {
+            return self.become_ready(out).await;
         }
         let _ = self.flush(out).await;
     }
 
-    /// The running turn ended (`cancelled`: by a stop, or the agent said so).
-    pub(super) async fn end_turn(&mut self, cancelled: bool) {
+    /// The running turn ended (how: see [`TurnEnd`]).
+    pub(super) async fn end_turn(&mut self, ended: TurnEnd) {
         self.work.turn = None;
         // Held requests of the turn are released: a later answer gets *_NOT_PENDING.
         self.work.held.clear();
-        if cancelled
-            && self.profile.resilience.restart_after_cancel
+        let resilience = &self.profile.resilience;
+        let restart = match ended {
+            TurnEnd::Cancelled if resilience.restart_after_cancel => Some(RESTARTED_AFTER_CANCEL),
+            TurnEnd::Error if resilience.restart_after_error => Some(RESTARTED_AFTER_ERROR),
+            _ => None,
+        };
+        if let Some(reason) = restart
             && self
                 .profile
                 .can_come_back(self.record.can_resume, self.record.can_load)
         {
-            return self.restart_after_cancel().await;
+            return self.restart_runtime_after_turn(reason).await;
         }
         let mut out = Out::default();
         self.refresh_status(&mut out);
@@ -248,20 +274,20 @@ impl Actor {
         self.dispatch_next().await;
     }
 
-    /// `restart_after_cancel`: some agents desync after a cancel (a later prompt gets the
-    /// earlier one's reply), so the runtime is stopped (gracefully) and the session SUSPENDED;
-    /// queued work reopens it at once, else the next turn does.
-    async fn restart_after_cancel(&mut self) {
+    /// `restart_after_cancel`, `restart_after_error`: some agents desync after a cancel or a
+    /// failed turn (a later prompt gets the earlier one's reply), so the runtime is stopped
+    /// (gracefully) and the session SUSPENDED; queued work reopens it at once, else the next
+    /// turn does.
+    async fn restart_runtime_after_turn(&mut self, reason: &'static str) {
         self.stop_runtime();
         let mut out = Out::default();
         self.log_event(
             &mut out,
-            json!({"event": "runtime_stopped", "epoch": self.runtime.epoch,
-                   "reason": RESTARTED_AFTER_CANCEL}),
+            json!({"event": "runtime_stopped", "epoch": self.runtime.epoch, "reason": reason}),
             None,
         );
         self.record.status = crate::domain::session::SessionStatus::Suspended;
-        self.record.status_reason = RESTARTED_AFTER_CANCEL.to_owned();
+        self.record.status_reason = reason.to_owned();
         self.touch(&mut out);
         if let Err(error) = self.flush(out).await {
             tracing::error!(session = %self.record.id, %error, "could not record a restart after a cancel");

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{
     Actor, HARNESS_ACTOR, Out, PendingKind, StartPurpose, fingerprint,
-    reapply::{SettingRequest, plan_reapply},
+    reapply::{SettingRequest, plan_profile_options, plan_reapply},
 };
 use crate::{
     acp::{
@@ -59,23 +59,73 @@ pub(super) fn reopen_method(can_resume: bool, can_load: bool) -> Option<ReopenMe
     }
 }
 
-/// The failure of a start whose handshake request was answered with a JSON-RPC error.
-pub(super) fn handshake_failure(kind: &PendingKind, error: &RpcError) -> (ErrorCode, String) {
+/// The failure of a start whose handshake request was answered with a JSON-RPC error. An
+/// agent that wants authentication (-32000) gets RUNTIME_AUTH_REQUIRED, with the sign-in
+/// methods it advertised (`auth_methods`, as [`describe_auth_methods`] put them).
+pub(super) fn handshake_failure(
+    kind: &PendingKind,
+    error: &RpcError,
+    auth_methods: &str,
+) -> (ErrorCode, String) {
     let code = error.code.unwrap_or_default();
-    let message = error.message.unwrap_or("no message");
+    let message = error.describe().unwrap_or_else(|| "no message".into());
     let step = match kind {
         PendingKind::Initialize => "initialize",
+        PendingKind::Authenticate => "authenticate",
         PendingKind::NewSession | PendingKind::FreshSession { .. } => "session/new",
         PendingKind::Reopen(method) => method.as_str(),
         PendingKind::SetConfig { .. } => "session/set_config_option",
     };
     let reason = format!("{step} failed with error {code}: {message}");
-    let code = if code == rpc_code(RpcErrorCode::AuthRequired) {
-        ErrorCode::RuntimeAuthRequired
-    } else {
-        ErrorCode::RuntimeStartFailed
+    // A refused `authenticate` is a sign-in problem whatever code the agent chose.
+    if code != rpc_code(RpcErrorCode::AuthRequired) && !matches!(kind, PendingKind::Authenticate) {
+        return (ErrorCode::RuntimeStartFailed, reason);
+    }
+    auth_required(reason, auth_methods)
+}
+
+/// RUNTIME_AUTH_REQUIRED: `reason`, the agent's sign-in methods, and what to do.
+fn auth_required(reason: String, auth_methods: &str) -> (ErrorCode, String) {
+    let methods = match auth_methods {
+        "" => "the agent advertises no sign-in method".to_owned(),
+        methods => format!("the agent's sign-in methods: {methods}"),
     };
-    (code, reason)
+    (
+        ErrorCode::RuntimeAuthRequired,
+        format!(
+            "{reason}; {methods} (the harness does not sign in: give the agent its key \
+             through the profile, e.g. env_passthrough or env_files)"
+        ),
+    )
+}
+
+/// `initialize`'s `authMethods` for people: `name (id): description` each, `; ` between.
+pub(super) fn describe_auth_methods(methods: &[Value]) -> String {
+    let text = |method: &Value, key: &str| {
+        method
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+    };
+    let described: Vec<String> = methods
+        .iter()
+        .filter_map(|method| {
+            let id = text(method, "id");
+            let name = text(method, "name");
+            let mut line = match (name, id) {
+                (Some(name), Some(id)) if name != id => format!("{name} ({id})"),
+                (Some(one), _) | (None, Some(one)) => one,
+                (None, None) => return None,
+            };
+            if let Some(description) = text(method, "description") {
+                line.push_str(&format!(": {description}"));
+            }
+            Some(line)
+        })
+        .collect();
+    cap_foreign(&described.join("; "))
 }
 
 /// The request that opens the session once `initialize` is answered, with its kind and method.
@@ -100,7 +150,8 @@ impl Actor {
     pub(super) async fn on_handshake_response(&mut self, kind: PendingKind, response: &Value) {
         let reply: Reply<SessionResult> = view(response);
         if let Some(error) = &reply.error {
-            let (code, reason) = handshake_failure(&kind, error);
+            let methods = describe_auth_methods(&self.runtime.auth_methods);
+            let (code, reason) = handshake_failure(&kind, error, &methods);
             // The agent refused to reopen its session (it is gone): a fresh one, if the profile
             // says so.
             if matches!(kind, PendingKind::Reopen(_)) && self.fresh_on_reopen_failure() {
@@ -112,6 +163,7 @@ impl Actor {
         let result = reply.result.unwrap_or_default();
         match kind {
             PendingKind::Initialize => self.on_initialized(&result).await,
+            PendingKind::Authenticate => self.open_session().await,
             PendingKind::NewSession => self.on_session_opened(result).await,
             PendingKind::Reopen(_) => self.on_session_reopened(result).await,
             PendingKind::FreshSession { why } => self.on_fresh_session_opened(result, why).await,
@@ -163,15 +215,47 @@ impl Actor {
         self.on_session_reopened(result).await;
     }
 
-    /// `initialize` answered: what the agent can do is recorded, and the session is opened.
+    /// `initialize` answered: what the agent can do is recorded, then the profile's sign-in
+    /// method is asked for (when it has one) and the session is opened.
     async fn on_initialized(&mut self, result: &SessionResult<'_>) {
         let capabilities = Capabilities::from_initialize(result);
+        self.runtime.auth_methods = result.auth_methods.clone().unwrap_or_default();
         self.record.can_load = capabilities.load;
         self.record.can_resume = capabilities.resume;
+        self.runtime.can_fork = capabilities.fork;
+        let Some(method) = self.profile.auth_method.clone() else {
+            return self.open_session().await;
+        };
+        let mut out = Out::default();
+        self.touch(&mut out);
+        let advertised = self
+            .runtime
+            .auth_methods
+            .iter()
+            .any(|m| m.get("id").and_then(Value::as_str) == Some(method.as_str()));
+        if !advertised {
+            let _ = self.flush(out).await;
+            let (code, reason) = auth_required(
+                format!(
+                    "the profile's auth_method {method:?} is not a sign-in method of the agent"
+                ),
+                &describe_auth_methods(&self.runtime.auth_methods),
+            );
+            return self.startup_fault(code, reason).await;
+        }
+        let id = self.harness_request_id();
+        let frame = acp_frames::authenticate_request(id.clone(), &method);
+        self.expect(&id, PendingKind::Authenticate, "authenticate");
+        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+        self.flush_or_fault(out).await;
+    }
+
+    /// Opens the session (new, fork or reopen) once the runtime is initialized (and signed in).
+    async fn open_session(&mut self) {
         let mut out = Out::default();
         self.touch(&mut out);
         let id = self.harness_request_id();
-        match self.open_request(id.clone(), capabilities.fork) {
+        match self.open_request(id.clone(), self.runtime.can_fork) {
             Ok((frame, kind, method)) => {
                 self.expect(&id, kind, method);
                 self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
@@ -233,8 +317,8 @@ impl Actor {
         }
     }
 
-    /// `session/new` (or `session/fork`) answered: the session has its ACP id; the model the
-    /// caller asked for is set before the session is ready.
+    /// `session/new` (or `session/fork`) answered: the session has its ACP id; the profile's
+    /// config options and the model the caller asked for are set before the session is ready.
     async fn on_session_opened(&mut self, result: SessionResult<'_>) {
         let session_id = match opened_session_id(&result) {
             Ok(session_id) => session_id,
@@ -248,18 +332,43 @@ impl Actor {
         self.adopt_config_options(result.config_options);
         let mut out = Out::default();
         self.touch(&mut out);
+        let (requests, skipped) =
+            plan_profile_options(&self.profile.config_options, &self.runtime.config_options);
+        if !skipped.is_empty() {
+            let listed = Value::Array(skipped.clone()).to_string();
+            tracing::warn!(session = %self.record.id, profile = %self.profile.name, skipped = %listed,
+                "the agent does not offer some of the profile's config_options");
+            self.log_event(
+                &mut out,
+                json!({"event": "config_options_skipped", "skipped": skipped}),
+                None,
+            );
+        }
+        for request in requests {
+            self.send_setting(&mut out, request, HARNESS_ACTOR);
+        }
         let requested_model = match self.runtime.state.purpose_mut() {
             Some(StartPurpose::Create { model, .. }) => model.take(),
             _ => None,
         };
         match requested_model {
             Some(model) if model != self.record.model => self.request_model(out, model).await,
+            _ if self.setting_pending() => self.flush_or_fault(out).await,
             _ => self.become_ready(out).await,
         }
     }
 
+    /// A `session/set_config_option` of the handshake awaits its answer.
+    pub(super) fn setting_pending(&self) -> bool {
+        self.runtime.state.conn().is_some_and(|c| {
+            c.pending
+                .values()
+                .any(|p| matches!(p.kind, PendingKind::SetConfig { .. }))
+        })
+    }
+
     /// Asks the agent for the model a new session was created with; the session is ready once
-    /// it answers (see `on_set_config_response`).
+    /// it has answered every setting (see `on_set_config_response`).
     async fn request_model(&mut self, mut out: Out, model: String) {
         if let Err(error) = self.check_model(&model) {
             let _ = self.flush(out).await;
@@ -271,7 +380,10 @@ impl Actor {
             action: Action::SetModel { model },
         };
         let actor = self.record.owner.clone();
-        self.send_setting(&mut out, request, &actor);
+        let action_id = self.send_setting(&mut out, request, &actor);
+        if let Some(StartPurpose::Create { model_request, .. }) = self.runtime.state.purpose_mut() {
+            *model_request = Some(action_id);
+        }
         self.flush_or_fault(out).await;
     }
 
@@ -300,15 +412,15 @@ impl Actor {
             return self.become_ready(out).await;
         }
         for request in plan.requests {
-            self.send_setting(&mut out, request, HARNESS_ACTOR);
+            let _ = self.send_setting(&mut out, request, HARNESS_ACTOR);
         }
         self.flush_or_fault(out).await;
         // Ready once the agent has answered them all (see `on_set_config_response`).
     }
 
     /// Logs a `session/set_config_option` request of the handshake, as a new action, and
-    /// expects its answer.
-    fn send_setting(&mut self, out: &mut Out, request: SettingRequest, actor: &str) {
+    /// expects its answer; the action's id.
+    fn send_setting(&mut self, out: &mut Out, request: SettingRequest, actor: &str) -> ActionId {
         let action_id = ActionId::mint();
         let frame = acp_frames::set_config_option_request(
             &action_id,
@@ -327,6 +439,7 @@ impl Actor {
             ActionState::Sent,
         );
         self.log_send(out, &frame, actor, Some(action_id));
+        action_id
     }
 
     /// The handshake is done: answer CreateSession, send the first prompt, drain the queue.
@@ -400,7 +513,7 @@ mod tests {
     /// The failure a handshake step's error reply (a whole frame) gives.
     fn failure(kind: &PendingKind, reply: Value) -> (ErrorCode, String) {
         let reply: Reply<SessionResult> = view(&reply);
-        handshake_failure(kind, reply.error.as_ref().expect("an error reply"))
+        handshake_failure(kind, reply.error.as_ref().expect("an error reply"), "")
     }
 
     #[test]
@@ -458,14 +571,32 @@ mod tests {
     fn an_error_answer_names_its_step_and_auth_required_is_told_apart() {
         let auth = json!({"jsonrpc": "2.0", "id": "harness:1:0", "error":
             {"code": rpc_code(RpcErrorCode::AuthRequired), "message": "log in"}});
-        let (code, reason) = failure(&PendingKind::Initialize, auth);
+        let (code, reason) = failure(&PendingKind::Initialize, auth.clone());
         assert_eq!(code, ErrorCode::RuntimeAuthRequired);
-        assert_eq!(
-            reason,
-            format!(
-                "initialize failed with error {}: log in",
+        assert!(
+            reason.starts_with(&format!(
+                "initialize failed with error {}: log in; the agent advertises no sign-in method",
                 rpc_code(RpcErrorCode::AuthRequired)
-            )
+            )),
+            "{reason}"
+        );
+        let methods = describe_auth_methods(&[
+            json!({"id": "login", "name": "Log in", "description": "run `agent login`"}),
+            json!({"id": "api-key"}),
+            json!({"name": 7}),
+        ]);
+        assert_eq!(methods, "Log in (login): run `agent login`; api-key");
+        let reply: Reply<SessionResult> = view(&auth);
+        let (_, reason) = handshake_failure(
+            &PendingKind::NewSession,
+            reply.error.as_ref().unwrap(),
+            &methods,
+        );
+        assert!(
+            reason.contains(
+                "the agent's sign-in methods: Log in (login): run `agent login`; api-key"
+            ),
+            "{reason}"
         );
         let (code, reason) = failure(
             &PendingKind::Reopen(ReopenMethod::Load),

@@ -61,6 +61,9 @@ pub(crate) enum StartPurpose {
     Create {
         ready: oneshot::Sender<Result<Option<ActionId>>>,
         model: Option<String>,
+        /// The `session/set_config_option` asking for `model`, once sent: its refusal fails
+        /// the creation (a refused profile config option does not).
+        model_request: Option<ActionId>,
         first_prompt: Option<FirstPrompt>,
         /// A fork: the parent's ACP session id, opened with `session/fork` instead
         /// of `session/new`.
@@ -161,6 +164,10 @@ struct RuntimeLink {
     events_rx: mpsc::Receiver<RuntimeEvent>,
     state: RuntimeState,
     config_options: Vec<Value>,
+    /// The sign-in methods `initialize` advertised (`authMethods`, each as it came).
+    auth_methods: Vec<Value>,
+    /// `initialize` advertised `session/fork`.
+    can_fork: bool,
     /// The runtime stopped last, while it is still going: the next start waits for it, so an
     /// agent that writes its session on the way out is done before it is reopened.
     stopping: Option<Stopping>,
@@ -225,6 +232,8 @@ impl Actor {
                 events_rx: runtime_rx,
                 state: RuntimeState::Down,
                 config_options: Vec::new(),
+                auth_methods: Vec::new(),
+                can_fork: false,
                 stopping: None,
             },
             work: Work {

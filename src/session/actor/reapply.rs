@@ -112,6 +112,42 @@ pub(super) fn plan_reapply(
     ReapplyPlan { requests, event }
 }
 
+/// The profile's `config_options` a new session asks for: each one the agent advertises with
+/// another current value (requests), and each one it does not offer or that is not one of its
+/// values (skipped, with why, for a `config_options_skipped` event).
+pub(super) fn plan_profile_options(
+    wanted: &BTreeMap<String, String>,
+    offered: &[Value],
+) -> (Vec<SettingRequest>, Vec<Value>) {
+    let (mut requests, mut skipped) = (Vec::new(), Vec::new());
+    for (config_id, value) in wanted {
+        let current = acp_frames::config_option(offered, config_id)
+            .and_then(|o| view::<ConfigOption>(o).current_value);
+        let same = match &current {
+            Some(Value::String(current)) => current == value,
+            Some(other) => serde_json::from_str::<Value>(value).is_ok_and(|v| v == *other),
+            None => false,
+        };
+        if same {
+            continue;
+        }
+        match check_config_option(offered, config_id, value) {
+            Ok(config_value) => requests.push(SettingRequest {
+                config_id: config_id.clone(),
+                value: config_value,
+                action: Action::SetConfigOption {
+                    config_id: config_id.clone(),
+                    value: value.clone(),
+                },
+            }),
+            Err(e) => {
+                skipped.push(json!({"config_id": config_id, "value": value, "reason": e.message}))
+            }
+        }
+    }
+    (requests, skipped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +168,37 @@ mod tests {
             .iter()
             .map(|(id, value)| (id.to_string(), value.clone()))
             .collect()
+    }
+
+    #[test]
+    fn a_profiles_options_are_asked_for_where_they_differ_and_skipped_where_not_offered() {
+        let wanted: BTreeMap<String, String> = [
+            ("mode", "code"),
+            ("thinking", "true"),
+            ("effort", "high"),
+            ("model", "turbo"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let (requests, skipped) = plan_profile_options(&wanted, &offered("fast", "ask", true));
+        assert_eq!(
+            requests,
+            vec![SettingRequest {
+                config_id: "mode".into(),
+                value: ConfigValue::Id("code".into()),
+                action: Action::SetConfigOption {
+                    config_id: "mode".into(),
+                    value: "code".into()
+                },
+            }],
+            "thinking is already true"
+        );
+        let skipped_ids: Vec<&str> = skipped
+            .iter()
+            .map(|s| s["config_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(skipped_ids, ["effort", "model"]);
     }
 
     #[test]

@@ -142,6 +142,9 @@ impl RuntimeState {
 /// A request the harness sent to the runtime, awaiting its answer.
 pub(super) enum PendingKind {
     Initialize,
+    /// `authenticate` with the profile's `auth_method`, between `initialize` and opening the
+    /// session.
+    Authenticate,
     NewSession,
     Reopen(ReopenMethod),
     /// `session/new` in place of a session the agent could not reopen (`on_reopen_failure =
@@ -277,6 +280,7 @@ mod tests {
         let purpose = StartPurpose::Create {
             ready,
             model: None,
+            model_request: None,
             first_prompt: None,
             fork_of: None,
         };

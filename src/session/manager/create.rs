@@ -323,6 +323,7 @@ impl Sessions {
             Some(StartPurpose::Create {
                 ready: ready_tx,
                 model,
+                model_request: None,
                 first_prompt: first,
                 fork_of,
             }),
