@@ -14,7 +14,7 @@ use std::time::Instant;
 use agent_harness_testkit::support::Session;
 
 use crate::{
-    kit::{Agent, Outcome, Rig, note},
+    kit::{Agent, Outcome, Rig, note, turn_end},
     scenarios::{plain_turn, reopened_by, reply_to, runtime_pids},
 };
 
@@ -61,9 +61,11 @@ async fn one_round(agent: &Agent, rig: &mut Rig, stop: Stop, round: usize) -> Op
     let first = format!("{stop:?}-round-{round}-first");
     let second = format!("{stop:?}-round-{round}-second");
     let mut session = rig.session(agent).await;
-    let (reason, _) = plain_turn(&mut session, &first).await;
-    assert_eq!(reason, "end_turn", "the first turn of {first}");
     let runtimes = runtime_pids(&rig.server);
+    let mut watch = session.watch().await;
+    let turn = session.prompt(&first).await;
+    // Stopped the moment the turn's answer is logged: the agent's lazy write has had no time.
+    let reason = turn_end(&mut watch, &turn.action_id).await;
     match stop {
         Stop::Drain => {
             rig.server.signal(libc::SIGTERM);
@@ -75,6 +77,7 @@ async fn one_round(agent: &Agent, rig: &mut Rig, stop: Stop, round: usize) -> Op
         }
         Stop::Kill9 => rig.server.kill_9(),
     }
+    assert_eq!(reason, "end_turn", "the first turn of {first}");
     // No process of the runtime outlives the stop (the grace included).
     agent_harness_testkit::support::exited(&runtimes).await;
     rig.server.restart();
