@@ -24,7 +24,8 @@ use agent_harness_model_fakes::FakeServer;
 
 use crate::{
     kit::{
-        Agent, Outcome, PROFILE, ProfileSpec, agent_message, note, profile_toml, text_of, turn_end,
+        Agent, Outcome, PROFILE, ProfileSpec, agent_message, note, profile_toml, serve_with,
+        text_of, turn_end,
     },
     scenarios::{reopened_by, reply_to, runtime_pids},
 };
