@@ -94,3 +94,71 @@ pub fn claude_newest(test: &str) -> Option<Agent> {
 
 agent_scenarios!(claude_0_23_1, super::claude_0_23_1);
 agent_scenarios!(claude_newest, super::claude_newest);
+
+/// Stopping the harness right after a short first turn (a drain, or `kill -9`; ten times
+/// each) loses no Claude session: the runtimes are stopped gracefully, so Claude Code flushes
+/// its lazily written session file.
+mod stops {
+    use std::time::Duration;
+
+    use crate::{
+        kit::scenario_within,
+        stops::{Stop, stopped_right_after_a_turn},
+    };
+
+    /// Each round starts Claude twice (before and after the stop).
+    const TIMEOUT: Duration = Duration::from_secs(600);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_right_after_a_turn_loses_no_claude_session() {
+        let Some(agent) = super::claude_0_23_1("stops::drain") else {
+            return;
+        };
+        let body = stopped_right_after_a_turn(agent.clone(), Stop::Drain);
+        scenario_within(&agent, "drained_right_after_a_turn", TIMEOUT, body).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kill_9_right_after_a_turn_loses_no_claude_session() {
+        let Some(agent) = super::claude_0_23_1("stops::kill_9") else {
+            return;
+        };
+        let body = stopped_right_after_a_turn(agent.clone(), Stop::Kill9);
+        scenario_within(&agent, "killed_right_after_a_turn", TIMEOUT, body).await;
+    }
+}
+
+/// Two replicas on PostgreSQL: the owner killed while the session is idle, the next prompt
+/// through the other replica continues the conversation.
+mod replicas {
+    use crate::{
+        kit::scenario,
+        replicas::{Homes, owner_killed_while_idle},
+    };
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_a_shared_home_the_claiming_replica_resumes_the_agents_session() {
+        let Some(agent) = super::claude_0_23_1("replicas::shared_home") else {
+            return;
+        };
+        scenario(
+            &agent,
+            "owner_killed_shared_home",
+            owner_killed_while_idle(agent.clone(), Homes::Shared),
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_a_home_per_replica_the_claiming_replica_rebuilds_the_context() {
+        let Some(agent) = super::claude_0_23_1("replicas::home_per_replica") else {
+            return;
+        };
+        scenario(
+            &agent,
+            "owner_killed_home_per_replica",
+            owner_killed_while_idle(agent.clone(), Homes::PerReplica),
+        )
+        .await;
+    }
+}

@@ -154,13 +154,21 @@ pub async fn scenario<F>(agent: &Agent, name: &'static str, body: F)
 where
     F: Future<Output = Outcome> + Send + 'static,
 {
+    scenario_within(agent, name, SCENARIO_TIMEOUT, body).await;
+}
+
+/// [`scenario`] with a timeout of its own (for a scenario that repeats itself).
+pub async fn scenario_within<F>(agent: &Agent, name: &'static str, timeout: Duration, body: F)
+where
+    F: Future<Output = Outcome> + Send + 'static,
+{
     let known = KNOWN_DEFECTS
         .iter()
         .find(|d| d.agent == agent.name && d.version == agent.version && d.scenario == name);
     let outcome = tokio::spawn(async move {
-        match tokio::time::timeout(SCENARIO_TIMEOUT, body).await {
+        match tokio::time::timeout(timeout, body).await {
             Ok(outcome) => outcome,
-            Err(_) => panic!("the scenario did not finish within {SCENARIO_TIMEOUT:?}"),
+            Err(_) => panic!("the scenario did not finish within {timeout:?}"),
         }
     })
     .await;
@@ -268,6 +276,17 @@ const KEY_VARIABLES: &[&str] = &[
     "CODEX_API_KEY",
 ];
 
+/// `serve` with the harness environment `spec` asks for, and no key of the test's own.
+pub fn serve_with(mut serve: Serve, spec: &ProfileSpec) -> Serve {
+    for key in KEY_VARIABLES {
+        serve = serve.env_remove(key);
+    }
+    for (key, value) in &spec.harness_env {
+        serve = serve.env(key, value);
+    }
+    serve
+}
+
 /// The name of the rig's profile.
 pub const PROFILE: &str = "agent";
 
@@ -302,14 +321,7 @@ impl Rig {
         edit(&mut spec);
         let config = dir.path().join("config.toml");
         std::fs::write(&config, profile_toml(agent, &spec)).expect("the config is written");
-        let mut serve = Serve::on(dir.path().join("data"), &config);
-        for key in KEY_VARIABLES {
-            serve = serve.env_remove(key);
-        }
-        for (key, value) in &spec.harness_env {
-            serve = serve.env(key, value);
-        }
-        let server = serve.start();
+        let server = serve_with(Serve::on(dir.path().join("data"), &config), &spec).start();
         Rig { dir, fake, server }
     }
 
@@ -344,7 +356,7 @@ fn toml_string(text: &str) -> String {
     Value::String(text.to_owned()).to_string()
 }
 
-fn profile_toml(agent: &Agent, spec: &ProfileSpec) -> String {
+pub fn profile_toml(agent: &Agent, spec: &ProfileSpec) -> String {
     let mut toml = format!(
         "[profiles.{PROFILE}]\npreset = {}\ncancel_grace = \"10s\"\n",
         toml_string(agent.preset)

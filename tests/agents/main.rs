@@ -22,3 +22,5 @@ mod scenarios;
 mod claude;
 mod codex;
 mod opencode;
+mod replicas;
+mod stops;

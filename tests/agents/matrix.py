@@ -28,15 +28,29 @@ SCENARIOS = [
     ("model_switch", "model switch"),
     ("kill_9_then_reopen", "kill -9, reopen"),
     ("fork", "fork"),
+    ("drained_right_after_a_turn", "harness drained right after a turn (×10)"),
+    ("killed_right_after_a_turn", "harness killed -9 right after a turn (×10)"),
+    ("owner_killed_shared_home", "two replicas, owner killed (shared HOME)"),
+    ("owner_killed_home_per_replica", "two replicas, owner killed (a HOME per replica)"),
 ]
 
 BEGIN = "<!-- agents-matrix:begin -->"
 END = "<!-- agents-matrix:end -->"
 
 
-def cell(outcome):
+# Scenarios run only for some agents, and why the others' cells are empty.
+ONLY_FOR = {
+    "drained_right_after_a_turn": "Claude only: it writes its session files lazily",
+    "killed_right_after_a_turn": "Claude only: it writes its session files lazily",
+    "owner_killed_shared_home": "Claude only",
+    "owner_killed_home_per_replica": "Claude only",
+}
+
+
+def cell(scenario, outcome):
     if outcome is None:
-        return "not run"
+        why = ONLY_FOR.get(scenario)
+        return f"not run ({why})" if why else "not run"
     detail = outcome.get("detail", "").replace("|", "\\|").replace("\n", " ")
     result = outcome["result"]
     if result == "pass":
@@ -72,7 +86,7 @@ def main():
         for scenario, _ in SCENARIOS:
             outcome = outcomes.get(scenario)
             failed |= outcome is not None and outcome["result"] == "fail"
-            cells.append(cell(outcome))
+            cells.append(cell(scenario, outcome))
         lines.append(f"| {agent} (`{package}`) | {version} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
     out.write_text(table)

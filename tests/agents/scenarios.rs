@@ -80,7 +80,7 @@ pub async fn plain_turn(session: &mut Session, text: &str) -> (String, String) {
 }
 
 /// The fake's quote of a prompt's marker.
-fn reply_to(marker: &str) -> String {
+pub fn reply_to(marker: &str) -> String {
     agent_harness_model_fakes::script::reply_text(marker)
 }
 
@@ -431,13 +431,10 @@ pub async fn kill_9_then_reopen(agent: Agent) -> Outcome {
     let (reason, reply) = plain_turn(&mut session, "after-restart").await;
     assert_eq!(reason, "end_turn");
     assert!(reply.contains(&reply_to("after-restart")), "{reply:?}");
+    let reopened = reopened_by(&mut session)
+        .await
+        .expect("the session was reopened by session/resume or session/load");
     let frames = session.sent_frames().await;
-    let reopened = frames
-        .iter()
-        .filter_map(|f| f["method"].as_str())
-        .find(|m| *m == "session/resume" || *m == "session/load")
-        .expect("the session was reopened by session/resume or session/load")
-        .to_owned();
     let users: Vec<String> = session
         .transcript()
         .await
@@ -466,6 +463,18 @@ pub async fn kill_9_then_reopen(agent: Agent) -> Outcome {
         request.user_texts
     );
     Outcome::Pass(format!("reopened by {reopened}"))
+}
+
+/// The ACP method the harness reopened the session with (`session/resume` or `session/load`),
+/// if it sent one.
+pub async fn reopened_by(session: &mut Session) -> Option<String> {
+    session
+        .sent_frames()
+        .await
+        .iter()
+        .filter_map(|f| f["method"].as_str())
+        .find(|m| *m == "session/resume" || *m == "session/load")
+        .map(str::to_owned)
 }
 
 /// ForkSession: the fork's next model request carries the parent's conversation, and the parent
@@ -539,7 +548,7 @@ pub async fn fork(agent: Agent) -> Outcome {
 
 /// Pids of the harness's runtimes and everything they started: the processes below it (an
 /// adapter may run the agent's CLI as a child process of its own).
-fn runtime_pids(server: &ServeProcess) -> Vec<u32> {
+pub fn runtime_pids(server: &ServeProcess) -> Vec<u32> {
     let mut parents = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
