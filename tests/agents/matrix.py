@@ -40,10 +40,10 @@ END = "<!-- agents-matrix:end -->"
 
 # Scenarios run only for some agents, and why the others' cells are empty.
 ONLY_FOR = {
-    "drained_right_after_a_turn": "Claude only: it writes its session files lazily",
-    "killed_right_after_a_turn": "Claude only: it writes its session files lazily",
-    "owner_killed_shared_home": "Claude only",
-    "owner_killed_home_per_replica": "Claude only",
+    "drained_right_after_a_turn": "run for claude-0.23.1, whose session files are written lazily",
+    "killed_right_after_a_turn": "run for claude-0.23.1, whose session files are written lazily",
+    "owner_killed_shared_home": "run for claude-0.23.1",
+    "owner_killed_home_per_replica": "run for claude-0.23.1",
 }
 
 
