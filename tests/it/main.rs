@@ -8,6 +8,7 @@ use agent_harness_testkit::{harness, process, proxy, support};
 
 mod auth;
 mod bridge;
+mod bridge_relay;
 mod bridge_replicas;
 mod browser;
 mod cannot_reopen;
