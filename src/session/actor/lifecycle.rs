@@ -162,7 +162,8 @@ impl Actor {
                 )
             }
         };
-        let conn = Conn::new(epoch, writer, killer, stderr, exited, permit);
+        let lost = self.shared.watch_lost();
+        let conn = Conn::new(epoch, writer, killer, stderr, exited, permit, lost);
         self.runtime.state.start(conn, purpose, false);
         let mut out = Out::default();
         let mut event = json!({"event": "runtime_started", "epoch": epoch,
@@ -195,6 +196,7 @@ impl Actor {
             spawned.stderr,
             spawned.exited,
             runtime.permit,
+            self.shared.watch_lost(),
         );
         self.runtime.state.start(conn, purpose, true);
         let mut out = Out::default();
