@@ -754,6 +754,12 @@ pub(super) fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
+/// Whether `path` is a directory, asked on a blocking thread: a slow or hung mount must not
+/// stall the worker thread (and every actor on it).
+async fn is_dir(path: &Path) -> bool {
+    tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -837,10 +843,4 @@ mod tests {
             "was killed by signal 9"
         );
     }
-}
-
-/// Whether `path` is a directory, asked on a blocking thread: a slow or hung mount must not
-/// stall the worker thread (and every actor on it).
-async fn is_dir(path: &Path) -> bool {
-    tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir())
 }
