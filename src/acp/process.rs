@@ -519,34 +519,72 @@ pub enum StopRequest {
 
 /// Ends a runtime's whole process tree (agents launched through `npx` have children): at once,
 /// or gracefully. Dropping it without either kills at once.
-pub struct RuntimeKiller {
-    stop: Option<oneshot::Sender<StopRequest>>,
+pub struct RuntimeKiller(KillSwitch);
+
+/// Kills a runtime at once from outside the task that owns its [`RuntimeKiller`] (which may be
+/// busy): the first of the two to act decides how the runtime ends. Dropping one does nothing.
+#[derive(Clone)]
+pub struct KillSwitch {
+    stop: Arc<Mutex<Option<oneshot::Sender<StopRequest>>>>,
     /// `None` for a remote runtime: its bridge ends the tree.
     pgid: Option<u32>,
     /// Set once the leader is reaped: its pid (and so the group id) may then be reused.
     reaped: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl RuntimeKiller {
-    /// A killer of a remote runtime: its task is told how to end it, and asks the bridge.
-    pub(crate) fn remote(stop: oneshot::Sender<StopRequest>) -> Self {
-        Self {
-            stop: Some(stop),
-            pgid: None,
-            reaped: Default::default(),
+impl KillSwitch {
+    /// SIGKILL to the tree at once, a tree being stopped gracefully included.
+    pub fn kill(&self) {
+        let stop = self.take();
+        self.kill_group();
+        if let Some(stop) = stop {
+            let _ = stop.send(StopRequest::Now);
         }
     }
 
-    /// SIGKILL to the tree, at once.
+    fn take(&self) -> Option<oneshot::Sender<StopRequest>> {
+        self.stop.lock().expect("not poisoned").take()
+    }
+
+    /// The group at once, so the runtime is dead by the time its fault is reported; the
+    /// supervisor then reaps it and sweeps descendants that left the group.
+    fn kill_group(&self) {
+        if let Some(pgid) = self.pgid
+            && !self.reaped.load(std::sync::atomic::Ordering::Acquire)
+        {
+            kill_group(pgid);
+        }
+    }
+}
+
+impl RuntimeKiller {
+    fn new(
+        stop: oneshot::Sender<StopRequest>,
+        pgid: Option<u32>,
+        reaped: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
+        Self(KillSwitch {
+            stop: Arc::new(Mutex::new(Some(stop))),
+            pgid,
+            reaped,
+        })
+    }
+
+    /// A killer of a remote runtime: its task is told how to end it, and asks the bridge.
+    pub(crate) fn remote(stop: oneshot::Sender<StopRequest>) -> Self {
+        Self::new(stop, None, Default::default())
+    }
+
+    /// A switch that kills this runtime at once, for whoever must be able to stop it while the
+    /// killer's owner is busy.
+    pub fn switch(&self) -> KillSwitch {
+        self.0.clone()
+    }
+
+    /// SIGKILL to the tree, at once (unless it is being stopped gracefully).
     pub fn kill(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            // The group at once, so the runtime is dead by the time its fault is reported; the
-            // supervisor then reaps it and sweeps descendants that left the group.
-            if let Some(pgid) = self.pgid
-                && !self.reaped.load(std::sync::atomic::Ordering::Acquire)
-            {
-                kill_group(pgid);
-            }
+        if let Some(stop) = self.0.take() {
+            self.0.kill_group();
             let _ = stop.send(StopRequest::Now);
         }
     }
@@ -555,7 +593,7 @@ impl RuntimeKiller {
     /// the runtime's stdin (by dropping its writer) at the same time; the runtime's `exited`
     /// resolves once nothing of it is left.
     pub fn stop(&mut self, grace: Duration) {
-        if let Some(stop) = self.stop.take() {
+        if let Some(stop) = self.0.take() {
             let _ = stop.send(StopRequest::Gracefully(grace));
         }
     }
@@ -652,11 +690,7 @@ pub fn spawn(
         stdin,
         stdout,
         stderr,
-        killer: RuntimeKiller {
-            stop: Some(kill_tx),
-            pgid: Some(pid),
-            reaped: reaped.clone(),
-        },
+        killer: RuntimeKiller::new(kill_tx, Some(pid), reaped.clone()),
         exited: exit_rx,
     })
 }
@@ -742,6 +776,36 @@ async fn still_marked(marker: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_kill_switch_ends_a_runtime_being_stopped_gracefully_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = ProcessTable::open(dir.path()).unwrap();
+        let command = PathBuf::from("/bin/sh");
+        // Deaf to SIGTERM, its child too: only SIGKILL ends it before the grace.
+        let args = vec!["-c".to_owned(), "trap '' TERM; sleep 60".to_owned()];
+        let env = BTreeMap::new();
+        let grace = Duration::from_secs(30);
+        let spec = RuntimeSpec {
+            command: &command,
+            args: &args,
+            env: &env,
+            stop_grace: grace,
+        };
+        let mut runtime = spawn(spec, dir.path(), &table).expect("sh starts");
+        let switch = runtime.killer.switch();
+        runtime.killer.stop(grace);
+        switch.kill();
+        let status = tokio::time::timeout(Duration::from_secs(10), runtime.exited)
+            .await
+            .expect("killed at once, not after its grace")
+            .expect("an exit")
+            .expect("a status");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+    }
 
     #[test]
     fn the_stderr_tail_keeps_only_the_last_bytes() {

@@ -474,7 +474,14 @@ impl Bridge {
                 .await;
             return;
         }
-        let started = self.start(&spawn);
+        // Checking the cwd asks the file system: on a blocking thread, so a slow mount holds up
+        // this spawn only, never the worker thread the other runtimes' tasks run on.
+        let started = {
+            let (bridge, request) = (self.clone(), spawn.clone());
+            tokio::task::spawn_blocking(move || bridge.start(&request))
+                .await
+                .unwrap_or_else(|e| Err(format!("could not start the runtime: {e}")))
+        };
         let (child, profile) = match started {
             Ok(started) => started,
             Err(error) => {

@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{
     auth,
-    relay::{RELAYED_BY_HEADER, Relay, Routes, key_of},
+    relay::{self, RELAYED_BY_HEADER, Relay, Routes},
 };
 use crate::{
     acp::remote::{self, FromBridge, Gateway, Hello, Refused, StillRunning, ToBridge},
@@ -229,22 +229,15 @@ impl RuntimeGatewayService for GatewayService {
         let (end_tx, end_rx) = tokio::sync::oneshot::channel::<Status>();
         drop(relayed_tx);
         tokio::spawn(async move {
-            // Messages for relayed runtimes go to their owner as they are; the rest are ours.
+            // Messages for relayed runtimes go to their owner's route as they are, never waiting
+            // for it (a slow owner holds up its own runtimes only); the rest are ours.
             let relay_routes = routes.clone();
             let inbound = inbound.filter_map(move |message| {
-                let routes = relay_routes.clone();
-                async move {
-                    if let Ok(message) = &message
-                        && let Some(key) = key_of(message)
-                    {
-                        let to_owner = routes.lock().expect("not poisoned").get(key).cloned();
-                        if let Some(to_owner) = to_owner {
-                            let _ = to_owner.send(message.clone()).await;
-                            return None;
-                        }
-                    }
-                    Some(decode(message))
-                }
+                let ours = match message {
+                    Ok(message) => relay::forward(&relay_routes, message).map(Ok),
+                    Err(status) => Some(Err(status)),
+                };
+                futures::future::ready(ours.map(decode))
             });
             let inbound = Box::pin(inbound);
             let served = gateway.serve(admitted, inbound).await;

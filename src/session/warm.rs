@@ -198,7 +198,7 @@ async fn start_one(pool: &Arc<WarmPool>, ctx: &EngineContext) -> Result<WarmRunt
         .clone()
         .try_acquire_owned()
         .map_err(|_| "the harness runs its maximum of live runtimes".to_owned())?;
-    let cwd = warm_cwd(profile);
+    let cwd = warm_cwd(profile).await;
     let mut spawned = process::spawn(profile.launch(), &cwd, &ctx.processes).map_err(|e| {
         format!(
             "could not start runtime {:?} in {}: {e}",
@@ -308,10 +308,12 @@ async fn handshake(
 }
 
 /// Where a warm runtime starts (module doc).
-fn warm_cwd(profile: &Profile) -> PathBuf {
-    profile
-        .allowed_cwd_roots
-        .as_ref()
-        .and_then(|roots| roots.iter().find(|r| r.is_dir()).cloned())
-        .unwrap_or_else(std::env::temp_dir)
+async fn warm_cwd(profile: &Profile) -> PathBuf {
+    for root in profile.allowed_cwd_roots.iter().flatten() {
+        // Asked on a blocking thread: a slow mount must not stall the worker thread.
+        if tokio::fs::metadata(root).await.is_ok_and(|m| m.is_dir()) {
+            return root.clone();
+        }
+    }
+    std::env::temp_dir()
 }

@@ -27,7 +27,17 @@ const TEST_BOUND: Duration = Duration::from_secs(90);
 
 /// A replica whose `far` profile runs on bridges labelled `pool = "far"` (and whose `nowhere`
 /// profile asks for a pool no bridge serves).
-fn replica(dir: &Path, name: &str, database_url: &str) -> ServeProcess {
+pub(crate) fn replica(dir: &Path, name: &str, database_url: &str) -> ServeProcess {
+    replica_with(dir, name, database_url, &[])
+}
+
+/// [`replica`] with extra `serve` flags.
+pub(crate) fn replica_with(
+    dir: &Path,
+    name: &str,
+    database_url: &str,
+    flags: &[&str],
+) -> ServeProcess {
     let config = dir.join(format!("config-{name}.toml"));
     std::fs::write(
         &config,
@@ -49,6 +59,7 @@ startup_timeout = "1500ms"
     .unwrap();
     Serve::on(dir.join(format!("data-{name}")), &config)
         .replica(database_url, LEASE_TTL)
+        .args(flags)
         .start()
 }
 
@@ -62,7 +73,7 @@ fn far_bridge(replica: &ServeProcess, id: &str) -> Bridge {
     )
 }
 
-fn create_request(profile: &str, cwd: &Path) -> pb::CreateSessionRequest {
+pub(crate) fn create_request(profile: &str, cwd: &Path) -> pb::CreateSessionRequest {
     pb::CreateSessionRequest {
         profile: profile.into(),
         cwd: cwd.to_string_lossy().into_owned(),
@@ -89,7 +100,7 @@ async fn lease_fence(url: &str, schema: &str, session_id: &str) -> i64 {
 }
 
 /// The advertised address of the replica holding the session's lease.
-async fn lease_holder(url: &str, schema: &str, session_id: &str) -> String {
+pub(crate) async fn lease_holder(url: &str, schema: &str, session_id: &str) -> String {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .expect("the test database is reachable");
@@ -149,13 +160,13 @@ async fn published_where(url: &str, schema: &str, bridge_id: &str, condition: &s
     }
 }
 
-fn frames(log: &[pb::LogEntry]) -> Vec<Value> {
+pub(crate) fn frames(log: &[pb::LogEntry]) -> Vec<Value> {
     log.iter()
         .map(|e| serde_json::from_str(&e.json).expect("logged JSON"))
         .collect()
 }
 
-fn events<'a>(frames: &'a [Value], name: &str) -> Vec<&'a Value> {
+pub(crate) fn events<'a>(frames: &'a [Value], name: &str) -> Vec<&'a Value> {
     frames.iter().filter(|f| f["event"] == name).collect()
 }
 

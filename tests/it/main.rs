@@ -9,6 +9,7 @@ use agent_harness_testkit::{harness, process, proxy, support};
 mod ambiguous_commits;
 mod auth;
 mod bridge;
+mod bridge_relay;
 mod bridge_replicas;
 mod browser;
 mod cannot_reopen;

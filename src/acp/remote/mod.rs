@@ -43,4 +43,6 @@ pub(crate) const BRIDGE_RECONNECTS: &str = "agent_harness_bridge_reconnects_tota
 pub(crate) const BRIDGE_LEASE_MOVES: &str = "agent_harness_bridge_lease_moves_total";
 /// Runtimes of a redialled bridge relayed to the replica owning their sessions.
 pub(crate) const BRIDGE_RELAYED_RUNTIMES: &str = "agent_harness_bridge_relayed_runtimes_total";
+/// Relayed routes cut because their owner replica fell too far behind.
+pub(crate) const BRIDGE_RELAY_CUTS: &str = "agent_harness_bridge_relay_cuts_total";
 pub(crate) const BRIDGE_UNKNOWN_KEYS: &str = "agent_harness_bridge_unknown_runtime_messages_total";

@@ -1,7 +1,7 @@
 //! A session's runtime over its life: start (the handshake itself is in `handshake`), recovery
 //! after a harness restart, faults, deadlines, suspension and draining.
 
-use std::{io, process::ExitStatus, time::Instant};
+use std::{io, path::Path, process::ExitStatus, time::Instant};
 
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
@@ -137,7 +137,7 @@ impl Actor {
         // A new session's first runtime may come from the profile's warm pool.
         if matches!(purpose, StartPurpose::Create { .. })
             && self.runtime.epoch + 1 == warm::FIRST_EPOCH
-            && std::path::Path::new(&self.record.cwd).is_dir()
+            && is_dir(Path::new(&self.record.cwd)).await
             && let Some(runtime) = self.ctx.take_warm(&self.profile.name)
         {
             return self.adopt_warm(purpose, runtime).await;
@@ -184,7 +184,8 @@ impl Actor {
                 )
             }
         };
-        let conn = Conn::new(epoch, writer, killer, stderr, exited, permit);
+        let lost = self.shared.watch_lost();
+        let conn = Conn::new(epoch, writer, killer, stderr, exited, permit, lost);
         self.runtime.state.start(conn, purpose, false);
         let mut out = Out::default();
         let mut event = json!({"event": "runtime_started", "epoch": epoch,
@@ -217,6 +218,7 @@ impl Actor {
             spawned.stderr,
             spawned.exited,
             runtime.permit,
+            self.shared.watch_lost(),
         );
         self.runtime.state.start(conn, purpose, true);
         let mut out = Out::default();
@@ -264,7 +266,7 @@ impl Actor {
             let cwd = std::path::PathBuf::from(&self.record.cwd);
             // With several replicas the workspace must be on storage each of them mounts
             // (README, "Several replicas on PostgreSQL"); a replica that claimed the session without it says so, not a bare spawn error.
-            if !cwd.is_dir() {
+            if !is_dir(&cwd).await {
                 return Err(Error::new(
                     ErrorCode::RuntimeStartFailed,
                     format!(
@@ -777,6 +779,12 @@ pub(super) fn describe_exit(status: ExitStatus) -> String {
         (None, Some(signal)) => format!("was killed by signal {signal}"),
         _ => "exited".to_owned(),
     }
+}
+
+/// Whether `path` is a directory, asked on a blocking thread: a slow or hung mount must not
+/// stall the worker thread (and every actor on it).
+async fn is_dir(path: &Path) -> bool {
+    tokio::fs::metadata(path).await.is_ok_and(|m| m.is_dir())
 }
 
 #[cfg(test)]

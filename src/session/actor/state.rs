@@ -10,14 +10,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::{OwnedSemaphorePermit, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
 
 use super::StartPurpose;
 use crate::{
     acp::{
         connection::LineWriter,
         frames::ReopenMethod,
-        process::{RuntimeKiller, StderrTail},
+        process::{KillSwitch, RuntimeKiller, StderrTail},
     },
     domain::ActionId,
 };
@@ -180,6 +180,33 @@ pub(super) struct Conn {
     /// end with it.
     pub pending: HashMap<String, Pending>,
     _permit: OwnedSemaphorePermit,
+    _fence: FenceGuard,
+}
+
+/// Kills the connection's runtime the moment the session's lease is lost, whatever the actor is
+/// doing then: an actor waiting on a database that does not answer must not keep an agent running
+/// past the lease's self-fencing deadline. Ends with the connection, or once a runtime being
+/// stopped gracefully is gone.
+struct FenceGuard(tokio::task::AbortHandle);
+
+impl FenceGuard {
+    fn new(runtime: KillSwitch, mut lost: watch::Receiver<bool>) -> Self {
+        let task = tokio::spawn(async move {
+            // The guard `wait_for` returns is dropped at once: marking the session lost needs
+            // the lock it holds.
+            let lost = lost.wait_for(|lost| *lost).await.is_ok();
+            if lost {
+                runtime.kill();
+            }
+        });
+        Self(task.abort_handle())
+    }
+}
+
+impl Drop for FenceGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A runtime being stopped gracefully: done once nothing of it is left.
@@ -208,12 +235,15 @@ impl Conn {
             mut killer,
             exited,
             writer,
+            _fence: fence,
             ..
         } = self;
         drop(writer);
         killer.stop(grace);
         let (done_tx, done) = oneshot::channel();
         tokio::spawn(async move {
+            // A lease lost while the runtime stops still kills it at once.
+            let _fence = fence;
             if let Some(exited) = exited {
                 let _ = exited.await;
             }
@@ -225,6 +255,8 @@ impl Conn {
         }
     }
 
+    /// A connection to a started runtime; `lost` tells when the session's lease is lost (the
+    /// runtime is then killed at once).
     pub(super) fn new(
         epoch: u32,
         writer: LineWriter,
@@ -232,8 +264,10 @@ impl Conn {
         stderr: Arc<StderrTail>,
         exited: oneshot::Receiver<io::Result<ExitStatus>>,
         permit: OwnedSemaphorePermit,
+        lost: watch::Receiver<bool>,
     ) -> Self {
         Self {
+            _fence: FenceGuard::new(killer.switch(), lost),
             epoch,
             writer,
             killer,
@@ -254,7 +288,7 @@ mod tests {
     use tokio::sync::{Semaphore, mpsc};
 
     use super::*;
-    use crate::domain::Result;
+    use crate::{acp::process::StopRequest, domain::Result};
 
     /// A connection to nothing: enough to move through the states without a process.
     fn connection(epoch: u32) -> Conn {
@@ -272,7 +306,43 @@ mod tests {
             Arc::default(),
             exited,
             permit,
+            watch::channel(false).1,
         )
+    }
+
+    /// A connection to nothing whose runtime's stop requests arrive on the returned receiver,
+    /// and whose session's lease is lost through the returned sender.
+    fn watched_connection() -> (Conn, oneshot::Receiver<StopRequest>, watch::Sender<bool>) {
+        let (events, _) = mpsc::channel(1);
+        let writer = LineWriter::start(tokio::io::sink(), 1, events);
+        let (kill, stop_requests) = oneshot::channel();
+        let (_, exited) = oneshot::channel();
+        let permit = Arc::new(Semaphore::new(1))
+            .try_acquire_owned()
+            .expect("a slot");
+        let (lost, lost_rx) = watch::channel(false);
+        let conn = Conn::new(
+            1,
+            writer,
+            RuntimeKiller::remote(kill),
+            Arc::default(),
+            exited,
+            permit,
+            lost_rx,
+        );
+        (conn, stop_requests, lost)
+    }
+
+    #[tokio::test]
+    async fn a_lost_lease_kills_the_runtime_at_once_whatever_the_actor_is_doing() {
+        // The actor holds the connection and does nothing with it (it waits on the database).
+        let (_conn, stop_requests, lost) = watched_connection();
+        lost.send_replace(true);
+        let request = tokio::time::timeout(Duration::from_secs(5), stop_requests)
+            .await
+            .expect("the runtime is stopped without the actor")
+            .expect("a stop request");
+        assert_eq!(request, StopRequest::Now);
     }
 
     fn create() -> (StartPurpose, oneshot::Receiver<Result<Option<ActionId>>>) {

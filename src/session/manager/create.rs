@@ -95,7 +95,7 @@ impl Sessions {
         traceparent: Option<String>,
         fork: Option<ForkFrom>,
     ) -> Result<Creation> {
-        let checked = self.check_new(&input)?;
+        let checked = self.check_new(&input).await?;
         let owner = principal.actor().to_owned();
         let request_fingerprint = request_fingerprint(&owner, &input);
         if input.session_id.is_some()
@@ -135,7 +135,7 @@ impl Sessions {
     }
 
     /// Everything about a new session that can be checked before anything is stored.
-    fn check_new(&self, input: &CreateInput) -> Result<Checked> {
+    async fn check_new(&self, input: &CreateInput) -> Result<Checked> {
         let ctx = &self.ctx;
         let limits = &ctx.limits;
         let profile = ctx.profiles.get(&input.profile).cloned().ok_or_else(|| {
@@ -151,7 +151,10 @@ impl Sessions {
         })?;
         let cwd = match &profile.remote {
             Some(_) => self.check_remote_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())?,
-            None => self.check_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())?,
+            None => {
+                self.check_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())
+                    .await?
+            }
         };
         let session_id = match &input.session_id {
             Some(id) => parse_session_id(id)?,
@@ -456,8 +459,10 @@ impl Sessions {
         }
     }
 
-    /// `cwd` must be absolute, exist, and — canonicalised — lie under an allowed root.
-    fn check_cwd(&self, cwd: &str, roots: Option<&[PathBuf]>) -> Result<PathBuf> {
+    /// `cwd` must be absolute, exist, and — canonicalised — lie under an allowed root. The file
+    /// system is asked on a blocking thread: a slow or hung mount must not stall the runtime's
+    /// worker threads (every session on them).
+    async fn check_cwd(&self, cwd: &str, roots: Option<&[PathBuf]>) -> Result<PathBuf> {
         let path = Path::new(cwd);
         if cwd.is_empty() || !path.is_absolute() {
             return Err(Error::invalid(format!(
@@ -471,28 +476,24 @@ impl Sessions {
                 format_args!("a cwd of {} bytes", cwd.len()),
             ));
         }
-        let canonical = std::fs::canonicalize(path)
+        let looked_up = look_up_cwd(path.to_path_buf(), roots.map(<[PathBuf]>::to_vec))
+            .await
             .map_err(|e| Error::invalid(format!("cwd {cwd:?} cannot be used: {e}")))?;
-        if !canonical.is_dir() {
+        let CwdLookup::Directory {
+            canonical,
+            under_a_root,
+        } = looked_up
+        else {
             return Err(Error::invalid(format!("cwd {cwd:?} is not a directory")));
-        }
-        match roots {
+        };
+        match under_a_root {
             None if self.ctx.tokens_configured => Err(Error::invalid(
                 "this profile has no allowed_cwd_roots, so it accepts no cwd",
             )),
-            None => Ok(canonical),
-            Some(roots) => {
-                let allowed = roots.iter().any(|root| {
-                    std::fs::canonicalize(root).is_ok_and(|root| canonical.starts_with(root))
-                });
-                if allowed {
-                    Ok(canonical)
-                } else {
-                    Err(Error::invalid(format!(
-                        "cwd {cwd:?} is not under an allowed root of this profile"
-                    )))
-                }
-            }
+            None | Some(true) => Ok(canonical),
+            Some(false) => Err(Error::invalid(format!(
+                "cwd {cwd:?} is not under an allowed root of this profile"
+            ))),
         }
     }
 
@@ -560,4 +561,35 @@ fn request_fingerprint(owner: &str, input: &CreateInput) -> String {
         "name": input.name, "origin": origin, "labels": input.labels, "editors": input.editors,
     });
     hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
+}
+
+/// What the file system says of a session's cwd.
+enum CwdLookup {
+    NotADirectory,
+    Directory {
+        canonical: PathBuf,
+        /// Whether it lies under one of the profile's roots (`None`: the profile has none).
+        under_a_root: Option<bool>,
+    },
+}
+
+/// Canonicalises `path` and checks it against `roots`, on a blocking thread (see `check_cwd`).
+async fn look_up_cwd(path: PathBuf, roots: Option<Vec<PathBuf>>) -> std::io::Result<CwdLookup> {
+    let looked_up = tokio::task::spawn_blocking(move || {
+        let canonical = std::fs::canonicalize(&path)?;
+        if !canonical.is_dir() {
+            return Ok(CwdLookup::NotADirectory);
+        }
+        let under_a_root = roots.map(|roots| {
+            roots.iter().any(|root| {
+                std::fs::canonicalize(root).is_ok_and(|root| canonical.starts_with(root))
+            })
+        });
+        Ok(CwdLookup::Directory {
+            canonical,
+            under_a_root,
+        })
+    })
+    .await;
+    looked_up.unwrap_or_else(|e| Err(std::io::Error::other(e)))
 }
