@@ -785,11 +785,13 @@ mod tests {
         // Deaf to SIGTERM, its child too: only SIGKILL ends it before the grace.
         let args = vec!["-c".to_owned(), "trap '' TERM; sleep 60".to_owned()];
         let env = BTreeMap::new();
+        let secrets = crate::acp::env::EnvSources::default();
         let grace = Duration::from_secs(30);
         let spec = RuntimeSpec {
             command: &command,
             args: &args,
             env: &env,
+            secrets: &secrets,
             stop_grace: grace,
         };
         let mut runtime = spawn(spec, dir.path(), &table).expect("sh starts");
