@@ -43,8 +43,9 @@ struct Sizes {
     fewer: usize,
     more: usize,
     subscribers: usize,
-    /// From the replicas serving to the first sample: past their start-up work, and past a
-    /// first safety poll of the subscribers' replica.
+    /// From the replicas serving (or the subscribers opening) to the first sample: past their
+    /// start-up work and a first safety poll, and past the 10 s for which an idle PostgreSQL
+    /// backend may hold back counts it has not reported yet.
     settle: Duration,
     window: Duration,
 }
@@ -64,7 +65,7 @@ impl Sizes {
                 fewer: 200,
                 more: 2000,
                 subscribers: 50,
-                settle: Duration::from_secs(6),
+                settle: Duration::from_secs(12),
                 window: ctx.plan.duration,
             }
         }
@@ -98,10 +99,11 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
     Ok(report)
 }
 
-/// A connection to the database the URL names (not the measured one), for its statistics.
+/// A connection: to the database the URL names, for the statistics of the measured one (so
+/// sampling them counts nowhere measured), or to the measured one, to copy sessions in.
 struct Admin {
     client: Client,
-    _connection: tokio::task::JoinHandle<()>,
+    connection: tokio::task::JoinHandle<()>,
 }
 
 impl Admin {
@@ -112,10 +114,13 @@ impl Admin {
         let connection = tokio::spawn(async move {
             let _ = connection.await;
         });
-        Ok(Self {
-            client,
-            _connection: connection,
-        })
+        Ok(Self { client, connection })
+    }
+
+    /// Ends the session and waits for the connection to close.
+    async fn close(self) {
+        drop(self.client);
+        let _ = self.connection.await;
     }
 
     async fn execute(&self, sql: &str) -> anyhow::Result<()> {
@@ -164,16 +169,15 @@ async fn measure(
         )])
     );
     let template = seed(ctx, &config).await?;
-    let direct = Direct::connect(url).await?;
 
-    direct.copy_to(&template, sizes.fewer).await?;
+    copy_to(url, &template, sizes.fewer).await?;
     let replicas = Replicas::start(ctx, &config).await?;
     tokio::time::sleep(sizes.settle).await;
     let fewer = admin.rate(database, sizes.window).await;
     replicas.stop().await?;
     let fewer = fewer?;
 
-    direct.copy_to(&template, sizes.more).await?;
+    copy_to(url, &template, sizes.more).await?;
     let replicas = Replicas::start(ctx, &config).await?;
     tokio::time::sleep(sizes.settle).await;
     let measured = async {
@@ -201,31 +205,28 @@ async fn seed(ctx: &Ctx, config: &str) -> anyhow::Result<String> {
     Ok(session_id)
 }
 
-/// A connection to the measured database, to copy sessions in (between measurements only).
-struct Direct(Admin);
-
-impl Direct {
-    async fn connect(url: &str) -> anyhow::Result<Self> {
-        Ok(Self(Admin::connect(url).await?))
-    }
-
-    /// Copies the template session (its row, log and lease) until there are `n` sessions, then
-    /// analyses the tables as autovacuum would, so it has nothing to do in the measured window.
-    async fn copy_to(&self, template: &str, n: usize) -> anyhow::Result<()> {
-        let count: i64 = self
-            .0
-            .client
-            .query_one("SELECT count(*) FROM sessions", &[])
-            .await?
-            .get(0);
-        let missing = (n as i64 - count).max(0);
-        self.0
-            .client
-            .execute(COPY_SQL, &[&template, &missing])
-            .await
-            .context("copying sessions")?;
-        self.0.execute("VACUUM ANALYZE").await
-    }
+/// Copies the template session (its row, log and lease) until there are `n` sessions, then
+/// vacuums and analyses the tables written, so autovacuum has nothing to do in the measured
+/// windows. Through a connection of its own, closed after: a backend that exits reports its
+/// counts at once (an idle one may hold them back for 10 s, into a window).
+async fn copy_to(url: &str, template: &str, n: usize) -> anyhow::Result<()> {
+    let direct = Admin::connect(url).await?;
+    let count: i64 = direct
+        .client
+        .query_one("SELECT count(*) FROM sessions", &[])
+        .await?
+        .get(0);
+    let missing = (n as i64 - count).max(0);
+    direct
+        .client
+        .execute(COPY_SQL, &[&template, &missing])
+        .await
+        .context("copying sessions")?;
+    direct
+        .execute("VACUUM (ANALYZE) sessions, log, leases")
+        .await?;
+    direct.close().await;
+    Ok(())
 }
 
 /// Copies of one session: new ids, the same record a moment apart, its log, and a released lease.
