@@ -578,7 +578,7 @@ async fn live_sessions_locked(tx: &deadpool_postgres::Transaction<'_>, owner: &s
     Ok(u64::try_from(count).unwrap_or_default())
 }
 
-/// The literal status lets the planner use the partial index `sessions_open_by_owner`.
+/// A principal's live sessions, counted through the index on `(owner, status)`.
 const LIVE_SESSIONS_SQL: &str =
     "SELECT count(*) FROM sessions WHERE owner = $1 AND status <> 'closed'";
 
@@ -658,10 +658,11 @@ async fn write_side_rows(
     Ok(())
 }
 
-/// Failover's candidates: sessions with a turn in flight (the partial index
-/// `sessions_with_turn_in_flight`, whose predicate this repeats literally so the planner may use
-/// it) or with queued entries (the queue's key), then only those without a live lease. Idle
-/// sessions are in neither index, so they cost this nothing.
+/// Failover's candidates: sessions with a turn in flight (found through the index on status,
+/// `sessions_by_status`) or with queued entries (the queue's key: only sessions with queued work
+/// have rows there), then only those without a live lease. An idle session is reached through
+/// neither, so idle sessions cost this nothing however many there are. The statuses are literals
+/// so the planner sees which ones even in a generic plan.
 const ORPHANS_WITH_WORK_SQL: &str = "SELECT s.id FROM sessions s \
      WHERE s.pk IN ( \
          SELECT pk FROM sessions WHERE status IN ('running', 'awaiting_input') \

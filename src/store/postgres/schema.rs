@@ -12,7 +12,7 @@ use super::Context;
 use crate::{domain::Result, store::StoreError};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-pub(super) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -139,21 +139,6 @@ CREATE INDEX bridges_by_expiry ON bridges (expires_at);
 const V4: &str = r#"
 ALTER TABLE bridges ADD COLUMN principal text NOT NULL DEFAULT '';
 ALTER TABLE bridges ADD COLUMN connected boolean NOT NULL DEFAULT true;
-"#;
-
-/// Version 5: indexes that keep idle sessions out of the periodic and per-create work.
-///
-/// - `sessions_with_turn_in_flight` holds only the sessions running a turn or awaiting input: with
-///   the queue's key (only sessions with queued work have rows there) it is all that failover
-///   looks at, so thousands of idle sessions cost it nothing. Its predicate must match the
-///   failover query's (`postgres.rs`, `orphans_with_work`) for the planner to use it.
-/// - `sessions_open_by_owner` holds only sessions that are not closed, so counting a
-///   principal's live sessions against its cap reads at most that many entries however many
-///   closed ones it has.
-const V5: &str = r#"
-CREATE INDEX sessions_with_turn_in_flight ON sessions (created_at, id)
-    WHERE status IN ('running', 'awaiting_input');
-CREATE INDEX sessions_open_by_owner ON sessions (owner) WHERE status <> 'closed';
 "#;
 
 /// Brings the schema of the connection's `search_path` to [`SCHEMA_VERSION`].
