@@ -14,10 +14,13 @@
 //!
 //! The live source differs by where the session's actor runs. With a local actor ([`start`]) it
 //! is the actor's event feed. Without one ([`start_remote`]: another replica owns the session, or
-//! nobody does) it is the store: on each wake-up from [`crate::store::Store::wake_ups`] (NOTIFY)
-//! or each [`REMOTE_POLL`], the log is read after the last delivered offset, and the status and
-//! queue are read from the store and sent when they changed. Everything else — the catch-up, the
-//! folding, the cursors — is the same code.
+//! nobody does) it is the store: on a wake-up from [`crate::store::Store::wake_ups`] (NOTIFY)
+//! that says something new, the status and queue are read from the store and sent when they
+//! changed, and the log is read after the last delivered offset. A wake-up can be lost on the
+//! way, so [`RemoteStreams`] also runs one safety poll per replica every [`SAFETY_POLL`]: one
+//! read of a mark of every session streamed that way, waking only the streams whose session
+//! changed. A stream of an idle session therefore reads nothing at all. Everything else — the
+//! catch-up, the folding, the cursors — is the same code.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -43,7 +46,7 @@ use crate::{
         queue::QueuedEntry,
         session::{SessionRecord, SessionStatus},
     },
-    store::{Store, Wake},
+    store::{ChangeMark, Store, Wake},
 };
 
 /// A stream or read that would start past the session's head.
@@ -102,9 +105,10 @@ pub(crate) const STREAM_BUFFER: usize = 256;
 pub(crate) const MESSAGE_COALESCE: Duration = Duration::from_millis(50);
 /// A heartbeat is sent after this long without any other event.
 pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
-/// A subscriber of a session without a local actor reads the store at least this often, so a
-/// lost notification delays it but never loses anything.
-pub(crate) const REMOTE_POLL: Duration = Duration::from_secs(1);
+/// How often the safety poll of the streams fed by the store runs (once per replica, however
+/// many streams): a lost notification delays a stream by about this much, never more, and
+/// never loses anything.
+pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(5);
 /// Live events taken one after another once the stream wakes, before it looks at its timers
 /// and the client again.
 const LIVE_BURST: usize = 64;
@@ -128,22 +132,23 @@ pub(crate) struct StreamStart {
 }
 
 /// Starts a subscription task; the receiver is the stream.
-/// `others`: the session's streams on this replica fed by the store (opened while another
-/// replica owned it), which count toward the same cap.
+/// `streams`: the streams of this replica fed by the store; those of this session (opened while
+/// another replica owned it) count toward the same cap, and this one joins them if the session
+/// moves away while it runs.
 pub(crate) fn start(
     handle: SessionHandle,
     from: StreamStart,
     store: Arc<dyn crate::store::Store>,
     meta_key: String,
     stop: watch::Receiver<StreamStop>,
+    streams: &RemoteStreams,
     max_subscribers: usize,
-    others: usize,
 ) -> Result<mpsc::Receiver<StreamItem>> {
     let StreamStart { after, head, view } = from;
     let shared = handle.shared.clone();
     let count = shared.subscribers.fetch_add(1, Ordering::AcqRel) + 1;
     let guard = SubscriberGuard::Local(handle.clone());
-    if count + others > max_subscribers {
+    if count + streams.count(shared.id) > max_subscribers {
         return Err(too_many_subscribers(shared.id, max_subscribers));
     }
     let head = head.max(shared.head());
@@ -161,7 +166,10 @@ pub(crate) fn start(
             live,
         },
         StreamStart { after, head, view },
-        store,
+        Feed {
+            store,
+            streams: streams.clone(),
+        },
         meta_key,
         stop,
         Some(guard),
@@ -187,17 +195,15 @@ pub(crate) fn start_remote(
         return Err(offset_out_of_range(from.after, from.head));
     }
     // Registration first: a commit after this point wakes the stream.
-    let wakes = store.wake_ups();
-    let source = Source::Remote(Remote {
-        wakes,
-        status: None,
-        queue: None,
-    });
+    let source = Source::Remote(Remote::new(&store, streams));
     Ok(spawn(
         record.id,
         source,
         from,
-        store,
+        Feed {
+            store,
+            streams: streams.clone(),
+        },
         meta_key,
         stop,
         Some(SubscriberGuard::Remote { _slot: slot }),
@@ -212,21 +218,54 @@ fn too_many_subscribers(id: Uuid, max_subscribers: usize) -> Error {
     .with("max", max_subscribers)
 }
 
-/// The open streams of sessions without a local actor, per session.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct RemoteStreams(Arc<std::sync::Mutex<HashMap<Uuid, usize>>>);
+/// The open streams of this replica fed by the store (sessions without a local actor), per
+/// session, and the safety poll they share.
+#[derive(Clone)]
+pub(crate) struct RemoteStreams(Arc<Feeds>);
+
+struct Feeds {
+    open: std::sync::Mutex<HashMap<Uuid, usize>>,
+    /// What the safety poll found changed: a [`Wake`] with head 0 per session. Made, and the
+    /// poll started, by the first stream.
+    polled: std::sync::OnceLock<broadcast::Sender<Wake>>,
+    /// The poll's period.
+    every: Duration,
+}
+
+impl Default for RemoteStreams {
+    fn default() -> Self {
+        Self::polling_every(SAFETY_POLL)
+    }
+}
+
+impl std::fmt::Debug for RemoteStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteStreams")
+            .field("sessions", &self.watched().len())
+            .finish()
+    }
+}
 
 impl RemoteStreams {
+    /// With a safety poll of this period ([`SAFETY_POLL`] but in tests).
+    pub(crate) fn polling_every(every: Duration) -> Self {
+        Self(Arc::new(Feeds {
+            open: Default::default(),
+            polled: Default::default(),
+            every,
+        }))
+    }
+
     /// How many streams of the session are open.
     pub(crate) fn count(&self, id: Uuid) -> usize {
-        let streams = self.0.lock().expect("not poisoned");
-        streams.get(&id).copied().unwrap_or(0)
+        let open = self.0.open.lock().expect("not poisoned");
+        open.get(&id).copied().unwrap_or(0)
     }
 
     /// One more stream of the session, unless it has `max` already.
     fn admit(&self, id: Uuid, max: usize) -> Result<RemoteSlot> {
-        let mut streams = self.0.lock().expect("not poisoned");
-        let count = streams.entry(id).or_default();
+        let mut open = self.0.open.lock().expect("not poisoned");
+        let count = open.entry(id).or_default();
         if *count >= max {
             return Err(too_many_subscribers(id, max));
         }
@@ -235,6 +274,97 @@ impl RemoteStreams {
             streams: self.clone(),
             id,
         })
+    }
+
+    /// One more stream of the session, already admitted elsewhere (a stream whose session's
+    /// lease moved away from this replica: it goes on from the store).
+    fn join(&self, id: Uuid) -> RemoteSlot {
+        *self
+            .0
+            .open
+            .lock()
+            .expect("not poisoned")
+            .entry(id)
+            .or_default() += 1;
+        RemoteSlot {
+            streams: self.clone(),
+            id,
+        }
+    }
+
+    /// The sessions with a stream open.
+    fn watched(&self) -> Vec<Uuid> {
+        self.0
+            .open
+            .lock()
+            .expect("not poisoned")
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// The safety poll's wake-ups, starting the poll if it is not running yet.
+    fn polled(&self, store: &Arc<dyn Store>) -> broadcast::Receiver<Wake> {
+        self.0
+            .polled
+            .get_or_init(|| {
+                let (sender, _) = broadcast::channel(POLL_BUFFER);
+                tokio::spawn(safety_poll(
+                    Arc::downgrade(&self.0),
+                    Arc::downgrade(store),
+                    self.0.every,
+                ));
+                sender
+            })
+            .subscribe()
+    }
+}
+
+/// Safety-poll wake-ups buffered per stream; one that lags looks anyway.
+const POLL_BUFFER: usize = 256;
+
+/// Every `every` ([`SAFETY_POLL`]), one read of the marks of every session with a stream fed by
+/// the store here; each session whose mark changed since the last poll (or that is new to the
+/// poll, or gone) wakes its streams. Ends with the engine or the store.
+async fn safety_poll(
+    feeds: std::sync::Weak<Feeds>,
+    store: std::sync::Weak<dyn Store>,
+    every: Duration,
+) {
+    let mut marks: HashMap<Uuid, Option<ChangeMark>> = HashMap::new();
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (Some(feeds), Some(store)) = (feeds.upgrade(), store.upgrade()) else {
+            return;
+        };
+        let streams = RemoteStreams(feeds);
+        let watched = streams.watched();
+        marks.retain(|id, _| watched.contains(id));
+        if watched.is_empty() {
+            continue;
+        }
+        let found: HashMap<Uuid, ChangeMark> = match store.change_marks(&watched).await {
+            Ok(found) => found.into_iter().collect(),
+            Err(error) => {
+                tracing::debug!(%error, "the safety poll of streams fed by the store failed");
+                continue;
+            }
+        };
+        let Some(polled) = streams.0.polled.get() else {
+            continue;
+        };
+        for id in watched {
+            let now = found.get(&id).cloned();
+            if marks.get(&id) != Some(&now) {
+                let _ = polled.send(Wake {
+                    session: id,
+                    head: 0,
+                });
+                marks.insert(id, now);
+            }
+        }
     }
 }
 
@@ -246,21 +376,27 @@ struct RemoteSlot {
 
 impl Drop for RemoteSlot {
     fn drop(&mut self) {
-        let mut streams = self.streams.0.lock().expect("not poisoned");
-        if let Some(count) = streams.get_mut(&self.id) {
+        let mut open = self.streams.0.open.lock().expect("not poisoned");
+        if let Some(count) = open.get_mut(&self.id) {
             *count -= 1;
             if *count == 0 {
-                streams.remove(&self.id);
+                open.remove(&self.id);
             }
         }
     }
+}
+
+/// Where a stream reads what its live source does not carry, and how it goes on from the store.
+struct Feed {
+    store: Arc<dyn Store>,
+    streams: RemoteStreams,
 }
 
 fn spawn(
     id: Uuid,
     source: Source,
     from: StreamStart,
-    store: Arc<dyn Store>,
+    feed: Feed,
     meta_key: String,
     stop: watch::Receiver<StreamStop>,
     guard: Option<SubscriberGuard>,
@@ -269,7 +405,8 @@ fn spawn(
     let subscription = Subscription {
         id,
         source,
-        store,
+        store: feed.store,
+        streams: feed.streams,
         tx,
         view: from.view,
         last: from.after,
@@ -302,11 +439,52 @@ enum Source {
 }
 
 struct Remote {
-    /// `None`: the store cannot wake us; the poll alone paces the stream.
+    /// The store's wake-ups; `None`: it cannot wake us, the safety poll alone paces the stream.
     wakes: Option<broadcast::Receiver<Wake>>,
+    /// The safety poll's wake-ups (`None` once the engine is gone).
+    polled: Option<broadcast::Receiver<Wake>>,
+    /// The highest head a wake-up announced that the stream has looked at the store since: the
+    /// reads after it saw that commit whole (it was durable before it was announced), so a
+    /// wake-up up to this head brings nothing new. The log's cursor alone could not say as much:
+    /// the status is read before the log.
+    seen: u64,
     /// What was last sent, to send only changes.
     status: Option<(SessionStatus, String)>,
     queue: Option<Vec<QueuedEntry>>,
+}
+
+impl Remote {
+    /// Registered for the store's wake-ups and the safety poll's, before anything is read.
+    fn new(store: &Arc<dyn Store>, streams: &RemoteStreams) -> Self {
+        Self {
+            wakes: store.wake_ups(),
+            polled: Some(streams.polled(store)),
+            seen: 0,
+            status: None,
+            queue: None,
+        }
+    }
+
+    /// Whether a wake-up of this stream's session calls for a look at the store: a head not
+    /// seen yet, or 0 (something besides the log changed, the poll found a change, or everyone
+    /// is woken).
+    fn is_news(&mut self, wake: Wake) -> bool {
+        if wake.head != 0 && wake.head <= self.seen {
+            return false;
+        }
+        self.seen = self.seen.max(wake.head);
+        true
+    }
+}
+
+/// The next wake-up of a receiver that may be gone (`None`: never).
+async fn next_wake(
+    wakes: &mut Option<broadcast::Receiver<Wake>>,
+) -> std::result::Result<Wake, broadcast::error::RecvError> {
+    match wakes {
+        Some(wakes) => wakes.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What woke a live stream.
@@ -326,24 +504,20 @@ async fn next_live(source: &mut Source, id: Uuid) -> Woken {
             event = live.recv() => Woken::Event(event),
             _ = lost.wait_for(|lost| *lost) => Woken::LeaseLost,
         },
-        Source::Remote(remote) => {
-            let deadline = Instant::now() + REMOTE_POLL;
-            loop {
-                let Some(wakes) = &mut remote.wakes else {
-                    sleep_until(deadline).await;
-                    return Woken::Store;
-                };
-                tokio::select! {
-                    wake = wakes.recv() => match wake {
-                        Ok(wake) if !wake.concerns(id) => continue,
-                        // Lagged: some wake-up for us may be among those dropped.
-                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => return Woken::Store,
-                        Err(broadcast::error::RecvError::Closed) => remote.wakes = None,
-                    },
-                    _ = sleep_until(deadline) => return Woken::Store,
-                }
+        Source::Remote(remote) => loop {
+            let (wake, from_poll) = tokio::select! {
+                wake = next_wake(&mut remote.wakes) => (wake, false),
+                wake = next_wake(&mut remote.polled) => (wake, true),
+            };
+            match wake {
+                Ok(wake) if wake.concerns(id) && remote.is_news(wake) => return Woken::Store,
+                Ok(_) => {}
+                // Some wake-up for us may be among those dropped.
+                Err(broadcast::error::RecvError::Lagged(_)) => return Woken::Store,
+                Err(broadcast::error::RecvError::Closed) if from_poll => remote.polled = None,
+                Err(broadcast::error::RecvError::Closed) => remote.wakes = None,
             }
-        }
+        },
     }
 }
 
@@ -371,6 +545,8 @@ struct Subscription {
     /// Declared before the guard: a local feed's receiver is dropped first.
     source: Source,
     store: Arc<dyn crate::store::Store>,
+    /// Joined if the session's lease moves away while the stream runs.
+    streams: RemoteStreams,
     tx: mpsc::Sender<StreamItem>,
     view: View,
     /// The last offset delivered (or folded, for the messages view).
@@ -671,10 +847,11 @@ impl Subscription {
                         // Another replica runs the session now and writes its log: the stream
                         // reads it from the store, as on any replica that does not own it.
                         tracing::debug!(session = %self.id, "lease lost: the stream goes on from the store");
-                        self.source = Source::Remote(Remote {
-                            wakes: self.store.wake_ups(),
-                            status: None,
-                            queue: None,
+                        self.source = Source::Remote(Remote::new(&self.store, &self.streams));
+                        // Counted with the session's other streams fed by the store here, which
+                        // puts it in the safety poll; the lost handle's count lets it go.
+                        self._guard = Some(SubscriberGuard::Remote {
+                            _slot: self.streams.join(self.id),
                         });
                         let stored = self.read_stored().await?;
                         self.catch_up().await?;
@@ -755,3 +932,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests;

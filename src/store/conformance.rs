@@ -1286,6 +1286,132 @@ pub(crate) mod cases {
         assert!(open.iter().all(|r| r.labels.contains_key("team")));
     }
 
+    pub(crate) async fn a_capped_create_stores_only_while_the_owner_has_fewer_live_sessions(
+        store: S,
+    ) {
+        use crate::store::CappedCreate;
+        let mut first = session("user:alice", 1);
+        let second = session("user:alice", 2);
+        assert_eq!(
+            store.create_session_capped(&first, 2).await.unwrap(),
+            CappedCreate::Created
+        );
+        assert_eq!(
+            store.create_session_capped(&second, 2).await.unwrap(),
+            CappedCreate::Created
+        );
+        let third = session("user:alice", 3);
+        assert_eq!(
+            store.create_session_capped(&third, 2).await.unwrap(),
+            CappedCreate::AtCap
+        );
+        assert_eq!(store.get_session(third.id).await.unwrap(), None);
+        // Another owner has a cap of its own.
+        assert_eq!(
+            store
+                .create_session_capped(&session("user:bob", 4), 2)
+                .await
+                .unwrap(),
+            CappedCreate::Created
+        );
+        // A closed session no longer counts.
+        first.status = SessionStatus::Closed;
+        store
+            .commit(
+                first.id,
+                Batch {
+                    session: Some(first.clone()),
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store.create_session_capped(&third, 2).await.unwrap(),
+            CappedCreate::Created
+        );
+        assert_eq!(store.get_session(third.id).await.unwrap(), Some(third));
+        let taken = store
+            .create_session_capped(&first, 5)
+            .await
+            .expect_err("the id is taken");
+        assert_eq!(taken.code, ErrorCode::SessionExists);
+    }
+
+    pub(crate) async fn a_change_mark_moves_with_the_log_the_record_and_the_queue_and_only_then(
+        store: S,
+    ) {
+        let mut record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        let other = created(&store, "user:alice", 2).await;
+        let unknown = Uuid::now_v7();
+        let id = record.id;
+        let mark = async |store: &S| {
+            let marks = store.change_marks(&[id, other, unknown]).await.unwrap();
+            let ids: Vec<Uuid> = marks.iter().map(|(id, _)| *id).collect();
+            assert!(!ids.contains(&unknown), "an unknown session has no mark");
+            marks
+                .into_iter()
+                .find(|(found, _)| *found == id)
+                .map(|(_, mark)| mark)
+                .expect("a mark for the session")
+        };
+        let start = mark(&store).await;
+        assert_eq!(
+            mark(&store).await,
+            start,
+            "nothing changed, nor does the mark"
+        );
+        // Another session's changes are not this one's.
+        store.commit(other, entries(frames(1, 2))).await.unwrap();
+        assert_eq!(mark(&store).await, start);
+
+        store
+            .commit(record.id, entries(frames(1, 3)))
+            .await
+            .unwrap();
+        let logged = mark(&store).await;
+        assert_eq!(logged.head, 3);
+        assert_ne!(logged, start);
+
+        let queued = prompt("queued");
+        store
+            .commit(record.id, queue(vec![QueueOp::PushBack(queued.clone())]))
+            .await
+            .unwrap();
+        let pushed = mark(&store).await;
+        assert_ne!(pushed, logged, "a queue push moves the mark");
+        let mut edited = queued.clone();
+        edited.work = QueuedWork::Prompt(PromptAction::text("edited"));
+        store
+            .commit(record.id, queue(vec![QueueOp::Update(edited)]))
+            .await
+            .unwrap();
+        let updated = mark(&store).await;
+        assert_ne!(updated, pushed, "an edit in place moves the mark");
+
+        record.status = SessionStatus::Suspended;
+        record.status_reason = "idle timeout".to_owned();
+        store
+            .commit(
+                record.id,
+                Batch {
+                    session: Some(record.clone()),
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        let suspended = mark(&store).await;
+        assert_ne!(suspended, updated, "a status change moves the mark");
+        assert_eq!(suspended.head, 3);
+
+        store.delete_session(record.id).await.unwrap();
+        let marks = store.change_marks(&[record.id]).await.unwrap();
+        assert!(marks.is_empty(), "a deleted session has no mark");
+        assert!(store.change_marks(&[]).await.unwrap().is_empty());
+    }
+
     pub(crate) async fn deleting_a_session_removes_its_log_queue_and_actions_and_reports_whether_it_existed(
         store: S,
     ) {
@@ -1429,6 +1555,8 @@ macro_rules! conformance_suite {
             list_sessions_filters_by_owner_or_editor,
             list_sessions_ands_every_filter_together,
             count_live_sessions_and_open_sessions_ignore_closed_sessions,
+            a_capped_create_stores_only_while_the_owner_has_fewer_live_sessions,
+            a_change_mark_moves_with_the_log_the_record_and_the_queue_and_only_then,
             deleting_a_session_removes_its_log_queue_and_actions_and_reports_whether_it_existed,
             a_read_back_tells_a_stored_batch_from_one_never_committed,
         );

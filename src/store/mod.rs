@@ -16,7 +16,7 @@ mod error;
 mod gate;
 mod landed;
 #[cfg(test)]
-mod memory;
+pub(crate) mod memory;
 pub mod postgres;
 pub mod sqlite;
 
@@ -188,6 +188,35 @@ pub enum LeaseClaim {
     HeldBy(Lease),
 }
 
+/// The outcome of [`Store::create_session_capped`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CappedCreate {
+    Created,
+    /// The owner has its maximum of live sessions already; nothing was stored.
+    AtCap,
+}
+
+/// A session as the store holds it, in brief: its log head and a digest of its record and queue.
+/// Whenever any of them changes, so does the mark (marks are compared, never read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeMark {
+    pub head: u64,
+    pub digest: String,
+}
+
+impl ChangeMark {
+    /// The mark of a session read whole (stores without a digest of their own).
+    pub fn of(head: u64, record: &SessionRecord, queue: &[QueuedEntry]) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        format!("{record:?}{queue:?}").hash(&mut hasher);
+        Self {
+            head,
+            digest: format!("{:016x}", hasher.finish()),
+        }
+    }
+}
+
 /// A hint that a session changed in the store: its log reached `head` (0: something else
 /// changed — its record, its queue, or it was deleted). A nil `session` wakes everyone (sent
 /// after a lost connection). Only a hint: the reader reads what changed from the store.
@@ -238,6 +267,23 @@ pub trait Store: Send + Sync + 'static {
 
     /// Sessions owned by `owner` that are not closed.
     async fn count_live_sessions(&self, owner: &str) -> Result<u64>;
+
+    /// Stores a new session as [`Store::create_session`] does, unless its owner already has
+    /// `max_live` sessions that are not closed: then nothing is stored. The count and the insert
+    /// are one step for every process sharing the store, so a cap holds across replicas. The
+    /// default, for a store serving one process, counts then creates: its caller runs one create
+    /// at a time.
+    async fn create_session_capped(
+        &self,
+        record: &SessionRecord,
+        max_live: u64,
+    ) -> Result<CappedCreate> {
+        if self.count_live_sessions(&record.owner).await? >= max_live {
+            return Ok(CappedCreate::AtCap);
+        }
+        self.create_session(record).await?;
+        Ok(CappedCreate::Created)
+    }
 
     /// Every session that is not closed, for recovery after a restart.
     async fn open_sessions(&self) -> Result<Vec<SessionRecord>>;
@@ -301,11 +347,29 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Sessions that are not closed and that no replica holds a live lease on (never claimed,
-    /// released, or expired: their owner is gone), oldest first, for failover. A store serving
-    /// one process has no other owners to lose (the default: none).
-    async fn orphaned_sessions(&self) -> Result<Vec<Uuid>> {
+    /// Sessions that need an owner now, oldest first, for failover: not closed, with queued
+    /// work or a turn in flight (running, or awaiting input), and no replica holding a live
+    /// lease on them (never claimed, released, or expired: their owner is gone). An idle session
+    /// is never among them, so failover costs what there is to take over, not what exists. A
+    /// store serving one process has no other owners to lose (the default: none).
+    async fn orphans_with_work(&self) -> Result<Vec<Uuid>> {
         Ok(Vec::new())
+    }
+
+    /// A [`ChangeMark`] for each of `sessions` that exists, in one read where the store can: the
+    /// safety poll of the streams fed by the store, which wakes those whose session changed
+    /// without a wake-up reaching them. A session missing from the answer is gone.
+    async fn change_marks(&self, sessions: &[Uuid]) -> Result<Vec<(Uuid, ChangeMark)>> {
+        let mut marks = Vec::with_capacity(sessions.len());
+        for &id in sessions {
+            let Some(record) = self.get_session(id).await? else {
+                continue;
+            };
+            let queue = self.load_queue(id).await?;
+            let head = self.head_offset(id).await?;
+            marks.push((id, ChangeMark::of(head, &record, &queue)));
+        }
+        Ok(marks)
     }
 
     /// Replaces the bridges `replica` publishes with `bridges`, valid for `ttl`. A
@@ -324,8 +388,9 @@ pub trait Store: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
-    /// Wake-ups for subscribers of sessions whose writer may be another replica, or
-    /// `None` when the store has no way to tell (they then poll). Subscribe before reading.
+    /// Wake-ups for the streams fed by the store (sessions whose actor runs on another replica,
+    /// or on none yet), or `None` when the store has no way to tell (they then wait for the
+    /// safety poll, see [`Store::change_marks`]). Subscribe before reading.
     fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<Wake>> {
         None
     }

@@ -42,8 +42,8 @@ use uuid::Uuid;
 use crate::store::CommitError;
 
 use super::{
-    ActionRecord, Batch, BridgeAd, Lease, LeaseClaim, LogEntry, SessionQuery, Store, StoreError,
-    to_micros,
+    ActionRecord, Batch, BridgeAd, CappedCreate, ChangeMark, Lease, LeaseClaim, LogEntry,
+    SessionQuery, Store, StoreError, to_micros,
 };
 use crate::domain::{
     ActionId, Error, ErrorCode, Result,
@@ -415,6 +415,29 @@ impl PostgresStore {
         Ok(store)
     }
 
+    /// Stores a new session in one transaction; with `max_live`, only while its owner has fewer
+    /// live sessions, counted under a lock on the owner that every replica takes for it, so two
+    /// replicas creating at once cannot both pass the count.
+    async fn create(&self, record: &SessionRecord, max_live: Option<u64>) -> Result<CappedCreate> {
+        self.reader()
+            .await?
+            .read_mut(async |client: &mut Client| {
+                let tx = client
+                    .transaction()
+                    .await
+                    .context("starting a transaction")?;
+                if let Some(max_live) = max_live
+                    && live_sessions_locked(&tx, &record.owner).await? >= max_live
+                {
+                    return Ok(CappedCreate::AtCap);
+                }
+                insert_session(&tx, record).await?;
+                tx.commit().await.context("committing a new session")?;
+                Ok(CappedCreate::Created)
+            })
+            .await
+    }
+
     /// Where the store points: `host:port/database as user`.
     pub fn target(&self) -> &str {
         &self.target
@@ -545,6 +568,78 @@ macro_rules! record_params {
     };
 }
 
+/// The first half of the advisory lock key taken per owner while counting against the cap
+/// ("AgHo"); the second is the schema and owner hashed. A hash collision only makes two owners
+/// wait for each other.
+const OWNER_LOCK_CLASS: i32 = 0x4167_486f;
+
+/// Live (not closed) sessions of `owner`, counted once this transaction holds the owner's
+/// lock: a create of the same owner elsewhere waits for it, and a later count sees this one's
+/// session.
+async fn live_sessions_locked(tx: &deadpool_postgres::Transaction<'_>, owner: &str) -> Result<u64> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext(coalesce(current_schema(), '') || '/' || $2))",
+        &[&OWNER_LOCK_CLASS, &owner],
+    )
+    .await
+    .context("locking the owner's sessions")?;
+    let stmt = tx
+        .prepare_cached(LIVE_SESSIONS_SQL)
+        .await
+        .context("counting live sessions")?;
+    let count: i64 = tx
+        .query_one(&stmt, &[&owner])
+        .await
+        .context("counting live sessions")?
+        .get(0);
+    Ok(u64::try_from(count).unwrap_or_default())
+}
+
+/// A principal's live sessions, counted through the index on `(owner, status)`.
+const LIVE_SESSIONS_SQL: &str =
+    "SELECT count(*) FROM sessions WHERE owner = $1 AND status <> 'closed'";
+
+/// Inserts a new session's rows; SESSION_EXISTS if its id is taken.
+async fn insert_session(
+    tx: &deadpool_postgres::Transaction<'_>,
+    record: &SessionRecord,
+) -> Result<()> {
+    let status = record.status.as_str();
+    let (created, updated) = (to_micros(record.created_at), to_micros(record.updated_at));
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO sessions (id, name, owner, profile, cwd, model, \
+             acp_session_id, status, status_reason, created_at, updated_at, \
+             profile_fingerprint, request_fingerprint, can_resume, can_load) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+             $15) ON CONFLICT (id) DO NOTHING RETURNING pk",
+        )
+        .await
+        .context("storing a new session")?;
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&record.id];
+    params.extend(record_params!(record, status, created, updated));
+    let Some(row) = tx
+        .query_opt(&stmt, &params)
+        .await
+        .context("storing a new session")?
+    else {
+        return Err(Error::new(
+            ErrorCode::SessionExists,
+            format!("session {} already exists", record.id),
+        ));
+    };
+    let pk: i64 = row.get(0);
+    if let Some(first) = record.first_action_id {
+        tx.execute(
+            "UPDATE sessions SET first_action_id = $2 WHERE pk = $1",
+            &[&pk, &first.as_uuid()],
+        )
+        .await
+        .context("storing a new session")?;
+    }
+    write_side_rows(tx, pk, record).await
+}
+
 async fn write_side_rows(
     tx: &deadpool_postgres::Transaction<'_>,
     pk: i64,
@@ -579,6 +674,28 @@ async fn write_side_rows(
     }
     Ok(())
 }
+
+/// Failover's candidates: sessions with a turn in flight (found through the index on status,
+/// `sessions_by_status`) or with queued entries (the queue's key: only sessions with queued work
+/// have rows there), then only those without a live lease. An idle session is reached through
+/// neither, so idle sessions cost this nothing however many there are. The statuses are literals
+/// so the planner sees which ones even in a generic plan.
+const ORPHANS_WITH_WORK_SQL: &str = "SELECT s.id FROM sessions s \
+     WHERE s.pk IN ( \
+         SELECT pk FROM sessions WHERE status IN ('running', 'awaiting_input') \
+         UNION SELECT session_pk FROM queue) \
+     AND s.status <> 'closed' \
+     AND NOT EXISTS (SELECT 1 FROM leases l \
+         WHERE l.session_id = s.id AND l.expires_at > now()) \
+     ORDER BY s.created_at, s.id";
+
+/// Each listed session's head and a digest of its record row and its queue rows, in queue order
+/// (whole rows as text, so any change to either changes it).
+const CHANGE_MARKS_SQL: &str = "SELECT s.id, \
+     (SELECT coalesce(max(l.\"offset\"), 0) FROM log l WHERE l.session_pk = s.pk), \
+     md5(s::text || coalesce((SELECT string_agg(q::text, ',' ORDER BY q.position) \
+         FROM queue q WHERE q.session_pk = s.pk), '')) \
+     FROM sessions s WHERE s.id = ANY($1)";
 
 /// The SQL and parameters of a [`SessionQuery`]: every filter ANDed, newest first, keyset paged.
 fn list_sql(query: &SessionQuery) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
@@ -648,51 +765,15 @@ fn list_sql(query: &SessionQuery) -> (String, Vec<Box<dyn ToSql + Sync + Send>>)
 #[async_trait]
 impl Store for PostgresStore {
     async fn create_session(&self, record: &SessionRecord) -> Result<()> {
-        self.reader()
-            .await?
-            .read_mut(async |client: &mut Client| {
-                let tx = client
-                    .transaction()
-                    .await
-                    .context("starting a transaction")?;
-                let status = record.status.as_str();
-                let (created, updated) =
-                    (to_micros(record.created_at), to_micros(record.updated_at));
-                let stmt = tx
-                    .prepare_cached(
-                        "INSERT INTO sessions (id, name, owner, profile, cwd, model, \
-                         acp_session_id, status, status_reason, created_at, updated_at, \
-                         profile_fingerprint, request_fingerprint, can_resume, can_load) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-                         $15) ON CONFLICT (id) DO NOTHING RETURNING pk",
-                    )
-                    .await
-                    .context("storing a new session")?;
-                let mut params: Vec<&(dyn ToSql + Sync)> = vec![&record.id];
-                params.extend(record_params!(record, status, created, updated));
-                let Some(row) = tx
-                    .query_opt(&stmt, &params)
-                    .await
-                    .context("storing a new session")?
-                else {
-                    return Err(Error::new(
-                        ErrorCode::SessionExists,
-                        format!("session {} already exists", record.id),
-                    ));
-                };
-                let pk: i64 = row.get(0);
-                if let Some(first) = record.first_action_id {
-                    tx.execute(
-                        "UPDATE sessions SET first_action_id = $2 WHERE pk = $1",
-                        &[&pk, &first.as_uuid()],
-                    )
-                    .await
-                    .context("storing a new session")?;
-                }
-                write_side_rows(&tx, pk, record).await?;
-                tx.commit().await.context("committing a new session")
-            })
-            .await
+        self.create(record, None).await.map(drop)
+    }
+
+    async fn create_session_capped(
+        &self,
+        record: &SessionRecord,
+        max_live: u64,
+    ) -> Result<CappedCreate> {
+        self.create(record, Some(max_live)).await
     }
 
     async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError> {
@@ -782,13 +863,11 @@ impl Store for PostgresStore {
             .await?
             .read(async |client| {
                 let stmt = client
-                    .prepare_cached(
-                        "SELECT count(*) FROM sessions WHERE owner = $1 AND status <> $2",
-                    )
+                    .prepare_cached(LIVE_SESSIONS_SQL)
                     .await
                     .context("counting live sessions")?;
                 client
-                    .query_one(&stmt, &[&owner, &SessionStatus::Closed.as_str()])
+                    .query_one(&stmt, &[&owner])
                     .await
                     .context("counting live sessions")
             })
@@ -1108,22 +1187,17 @@ impl Store for PostgresStore {
             .transpose()
     }
 
-    async fn orphaned_sessions(&self) -> Result<Vec<Uuid>> {
+    async fn orphans_with_work(&self) -> Result<Vec<Uuid>> {
         Ok(self
             .reader()
             .await?
             .read(async |client| {
                 let stmt = client
-                    .prepare_cached(
-                        "SELECT s.id FROM sessions s LEFT JOIN leases l ON l.session_id = s.id \
-                         WHERE s.status <> $1 \
-                         AND (l.session_id IS NULL OR l.expires_at <= now()) \
-                         ORDER BY s.created_at, s.id",
-                    )
+                    .prepare_cached(ORPHANS_WITH_WORK_SQL)
                     .await
                     .context("listing orphaned sessions")?;
                 client
-                    .query(&stmt, &[&SessionStatus::Closed.as_str()])
+                    .query(&stmt, &[])
                     .await
                     .context("listing orphaned sessions")
             })
@@ -1131,6 +1205,39 @@ impl Store for PostgresStore {
             .iter()
             .map(|row| row.get(0))
             .collect())
+    }
+
+    async fn change_marks(&self, sessions: &[Uuid]) -> Result<Vec<(Uuid, ChangeMark)>> {
+        if sessions.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(CHANGE_MARKS_SQL)
+                    .await
+                    .context("reading change marks")?;
+                client
+                    .query(&stmt, &[&sessions])
+                    .await
+                    .context("reading change marks")
+            })
+            .await?
+            .iter()
+            .map(|row| {
+                let head: i64 = row.get(1);
+                let head = u64::try_from(head)
+                    .map_err(|_| rows::corrupt(format!("log head {head} is negative")))?;
+                Ok((
+                    row.get(0),
+                    ChangeMark {
+                        head,
+                        digest: row.get(2),
+                    },
+                ))
+            })
+            .collect()
     }
 
     async fn publish_bridges(

@@ -40,7 +40,7 @@ use self::{
     writer::{Change, Reply, WriteOp, Writer},
 };
 use super::{
-    ActionRecord, Batch, CommitError, LogEntry, SessionQuery, Store, StoreError, to_micros,
+    ActionRecord, Batch, CommitError, LogEntry, SessionQuery, Store, StoreError, Wake, to_micros,
 };
 use crate::{
     domain::{
@@ -71,6 +71,8 @@ const READERS: usize = 4;
 const READ_CHECK_STEPS: std::ffi::c_int = 1000;
 /// Writes waiting for the writer before senders wait too.
 const WRITE_QUEUE: usize = 4096;
+/// Wake-ups buffered per stream fed by the store; one that lags is woken anyway.
+const WAKES_BUFFER: usize = 1024;
 
 /// The SQLite [`Store`].
 pub struct SqliteStore {
@@ -83,6 +85,9 @@ pub struct SqliteStore {
     path: PathBuf,
     /// How long one read may run before it is interrupted.
     statement_timeout: std::time::Duration,
+    /// Tells the streams fed by the store what was committed (one process: no notification
+    /// can be lost on the way, but a stream that lags is woken anyway).
+    wakes: tokio::sync::broadcast::Sender<Wake>,
     writer_thread: WriterThread,
 }
 
@@ -190,6 +195,7 @@ impl SqliteStore {
             closed: AtomicBool::new(false),
             path,
             statement_timeout: super::DEFAULT_STATEMENT_TIMEOUT,
+            wakes: tokio::sync::broadcast::channel(WAKES_BUFFER).0,
             writer_thread: WriterThread(Mutex::new(Some(handle))),
         })
     }
@@ -438,7 +444,13 @@ impl Store for SqliteStore {
     }
 
     async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError> {
-        Ok(self.write(Change::Commit(session_id, batch)).await?)
+        let head = batch.entries.last().map_or(0, |e| e.offset);
+        self.write(Change::Commit(session_id, batch)).await?;
+        let _ = self.wakes.send(Wake {
+            session: session_id,
+            head,
+        });
+        Ok(())
     }
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {
@@ -490,7 +502,16 @@ impl Store for SqliteStore {
             Reply::Existed(tx),
         ))
         .await?;
-        rx.await.map_err(|_| writer_stopped())?
+        let existed = rx.await.map_err(|_| writer_stopped())??;
+        let _ = self.wakes.send(Wake {
+            session: session_id,
+            head: 0,
+        });
+        Ok(existed)
+    }
+
+    fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<Wake>> {
+        Some(self.wakes.subscribe())
     }
 
     async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>> {

@@ -319,3 +319,70 @@ async fn subscribers_on_a_replica_that_does_not_own_the_session_are_held_to_the_
     .await;
     execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
 }
+
+/// The cap on a principal's live sessions is counted in the database, so it holds across
+/// replicas: sessions created on A count on B, and creates racing on both never pass it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sessions_per_principal_cap_counts_the_sessions_of_every_replica() {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    bounded(async {
+        let cwd = TempDir::new().unwrap();
+        let capped = |c: &mut agent_harness::config::ServeConfig| {
+            c.database_url = Some(database_url.clone().into());
+            c.limits.sessions_per_principal = 4;
+        };
+        let a = Harness::start_with(capped).await;
+        let b = Harness::start_with(capped).await;
+        let request = |h: &Harness| {
+            let mut request = create_request(h, "mock");
+            request.cwd = cwd.path().to_string_lossy().into_owned();
+            request
+        };
+        let mut first = Session::create_with(&a, request(&a)).await;
+        Session::create_with(&b, request(&b)).await;
+
+        // Two left under the cap, eight creates racing on both replicas.
+        let attempts: Vec<_> = (0..8)
+            .map(|i| {
+                let h = if i % 2 == 0 { &a } else { &b };
+                let mut client = h.sessions();
+                let request = request(h);
+                tokio::spawn(async move { client.create_session(request).await })
+            })
+            .collect();
+        let mut created = 0;
+        for attempt in attempts {
+            match attempt.await.expect("the task ran") {
+                Ok(_) => created += 1,
+                Err(status) => assert_error(&status, Code::ResourceExhausted, "TOO_MANY_SESSIONS"),
+            }
+        }
+        assert_eq!(created, 2, "exactly the cap, counted across both replicas");
+        for h in [&a, &b] {
+            let refused = h
+                .sessions()
+                .create_session(request(h))
+                .await
+                .map(drop)
+                .expect_err("the cap is reached on either replica");
+            assert_error(&refused, Code::ResourceExhausted, "TOO_MANY_SESSIONS");
+        }
+
+        // Closing one on A makes room on B.
+        first
+            .client
+            .close_session(pb::CloseSessionRequest {
+                session_id: first.id.clone(),
+            })
+            .await
+            .expect("the session closes");
+        Session::create_with(&b, request(&b)).await;
+        b.shutdown().await;
+        a.shutdown().await;
+    })
+    .await;
+    execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}

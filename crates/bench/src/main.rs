@@ -21,6 +21,8 @@
 //! | `bridge-rtt-p50` | turn round trip through a bridge ([`bridge`]) | a local runtime, same run |
 //! | `peers-log`, `peers-messages` | the same agent through sandbox-agent and acpx ([`peers`]) | direct stdio and the peers, same run |
 //! | `warm-create` | CreateSession to first turn ended, warm pool ([`warm`]) | a cold profile, same run |
+//! | `idle-db` | PostgreSQL transactions/s, many idle sessions on 3 replicas ([`idle`]) | fewer idle sessions, same run |
+//! | `idle-subscribers` | transactions/s added by idle subscribers on a non-owner replica | the same replicas without them |
 //!
 //! `docs/benchmarks.md` has the command, the machine, the figures and what bounds each one.
 
@@ -29,6 +31,7 @@ mod client;
 mod direct;
 mod echo;
 mod fanout;
+mod idle;
 mod machine;
 mod peers;
 mod replay;
@@ -61,11 +64,12 @@ pub enum Figure {
     Replicas,
     Bridge,
     Warm,
+    IdleCost,
     Peers,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 10] = [
+    pub const ALL: [Figure; 11] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
@@ -75,6 +79,7 @@ impl Figure {
         Figure::Replicas,
         Figure::Bridge,
         Figure::Warm,
+        Figure::IdleCost,
         Figure::Peers,
     ];
 
@@ -109,6 +114,14 @@ impl Figure {
                 "overhead <= 1.000 ms (ours)",
             )],
             Figure::Warm => &[("warm-create", warm::FIGURE, warm::TARGET)],
+            Figure::IdleCost => &[
+                ("idle-db", idle::DB_FIGURE, idle::DB_TARGET),
+                (
+                    "idle-subscribers",
+                    idle::SUBSCRIBERS_FIGURE,
+                    idle::SUBSCRIBERS_TARGET,
+                ),
+            ],
             Figure::Peers => &[
                 ("peers-log", peers::LOG_FIGURE, peers::LOG_TARGET),
                 (
@@ -184,8 +197,8 @@ pub struct BenchArgs {
     /// HTTP/2 connections per client pool (more for fan-out: 128 streams each at most) [full: 4]
     #[arg(long)]
     pub connections: Option<usize>,
-    /// PostgreSQL database for the scale-out figures (turns-pg, replica-lag), worked in a
-    /// scratch schema; without one they are skipped
+    /// PostgreSQL database for the scale-out figures (turns-pg and replica-lag in a scratch
+    /// schema; idle-db and idle-subscribers in a scratch database); without one they are skipped
     #[arg(
         long,
         env = "AGENT_HARNESS_BENCH_DATABASE_URL",
@@ -431,6 +444,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usiz
             Figure::Replicas => replicas::run(ctx).await,
             Figure::Bridge => bridge::run(ctx).await,
             Figure::Warm => warm::run(ctx, smoke).await,
+            Figure::IdleCost => idle::run(ctx, smoke).await,
             Figure::Peers => peers::run(ctx, smoke).await,
         };
         match outcome {

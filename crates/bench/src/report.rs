@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 /// Every row key, in print order (the smoke stage of `scripts/test` checks each is printed; the
 /// bench's tests hold the figures and the script to this list).
 #[cfg(test)]
-pub const ROW_KEYS: [&str; 16] = [
+pub const ROW_KEYS: [&str; 18] = [
     "rtt-p50",
     "rtt-p99",
     "rtt-stretch",
@@ -21,6 +21,8 @@ pub const ROW_KEYS: [&str; 16] = [
     "replica-lag",
     "bridge-rtt-p50",
     "warm-create",
+    "idle-db",
+    "idle-subscribers",
     "peers-log",
     "peers-messages",
 ];

@@ -20,6 +20,7 @@ use crate::{
         session::{SessionRecord, SessionStatus},
     },
     session::actor::{Actor, FirstPrompt, Resume, StartPurpose},
+    store::CappedCreate,
 };
 
 /// A CreateSession request, decoded.
@@ -200,16 +201,6 @@ impl Sessions {
         let ctx = &self.ctx;
         let limits = &ctx.limits;
         let admission = self.admission.lock().await;
-        if ctx.store.count_live_sessions(&owner).await? >= limits.sessions_per_principal as u64 {
-            return Err(Error::new(
-                ErrorCode::TooManySessions,
-                format!(
-                    "{owner} owns its maximum of {} live sessions; close some first",
-                    limits.sessions_per_principal
-                ),
-            )
-            .with("max", limits.sessions_per_principal));
-        }
         let now = crate::domain::now();
         let record = SessionRecord {
             id: checked.session_id,
@@ -231,10 +222,22 @@ impl Sessions {
             can_load: false,
             first_action_id: checked.first_prompt.as_ref().map(|_| ActionId::mint()),
         };
-        let stored = ctx.store.create_session(&record).await;
+        // Counted in the store with the insert, so the cap holds across replicas.
+        let stored = ctx
+            .store
+            .create_session_capped(&record, limits.sessions_per_principal as u64)
+            .await;
         drop(admission);
         match stored {
-            Ok(()) => Ok(Stored::New(record)),
+            Ok(CappedCreate::Created) => Ok(Stored::New(record)),
+            Ok(CappedCreate::AtCap) => Err(Error::new(
+                ErrorCode::TooManySessions,
+                format!(
+                    "{owner} owns its maximum of {} live sessions; close some first",
+                    limits.sessions_per_principal
+                ),
+            )
+            .with("max", limits.sessions_per_principal)),
             Err(error) => {
                 if error.code == ErrorCode::SessionExists
                     && let Some(existing) = ctx.store.get_session(checked.session_id).await?

@@ -44,8 +44,9 @@ pub(crate) struct Sessions {
     ctx: Arc<EngineContext>,
     /// Shared with the task that finishes a create (see `Sessions::create`).
     handles: Arc<RwLock<HashMap<Uuid, SessionHandle>>>,
-    /// Held from counting a principal's live sessions to storing a new one, so concurrent
-    /// creates cannot both pass the cap (two quick store calls; creates only).
+    /// Held while a new session is counted against its owner's cap and stored: a store serving
+    /// one process counts, then stores (PostgreSQL does both in one transaction under a lock on
+    /// the owner, which holds the cap across replicas too).
     admission: tokio::sync::Mutex<()>,
     /// Set once this replica gave its leases up (drained): they are renewed no more.
     released: std::sync::atomic::AtomicBool,

@@ -432,10 +432,12 @@ impl Sessions {
 
     /// Failover: claims every session no live replica holds that has queued work or a
     /// turn in flight, closes that turn as FAILED ("owner replica lost") and reopens the runtime
-    /// to drain the queue. Other orphans are claimed on their next call.
+    /// to drain the queue. Other orphans are claimed on their next call. The store lists only
+    /// sessions with work, so idle sessions cost a tick nothing; each one listed is read again
+    /// here, since its work may have been taken meanwhile.
     async fn claim_orphans(&self) -> Result<()> {
         let store = &self.ctx.store;
-        for id in store.orphaned_sessions().await? {
+        for id in store.orphans_with_work().await? {
             if self.held(id).is_some() {
                 continue;
             }

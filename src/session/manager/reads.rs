@@ -251,15 +251,14 @@ impl Sessions {
                 );
             }
         };
-        let others = self.ctx.remote_streams.count(handle.shared.id);
         subscribe::start(
             handle,
             subscribe::StreamStart { after, head, view },
             self.ctx.store.clone(),
             self.ctx.meta_key.clone(),
             self.ctx.streams.subscribe(),
+            &self.ctx.remote_streams,
             self.ctx.limits.subscribers_per_session,
-            others,
         )
     }
 }

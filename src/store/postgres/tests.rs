@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::{PostgresOptions, PostgresStore, schema::SCHEMA_VERSION};
 use crate::{
-    domain::{ActionId, Error, ErrorCode},
+    domain::{ActionId, Error, ErrorCode, session::SessionStatus},
     store::{
         ActionState, Batch, CommitError, LeaseClaim, QueueOp, Store,
         conformance::fixtures::{action, entries, frames, prompt, queue, session},
@@ -294,9 +294,9 @@ async fn renewing_extends_only_the_leases_the_replica_still_holds() {
 async fn renewing_extends_only_the_leases_listed_with_their_fences() {
     with_store(|store, _| async move {
         let (one, two, three) = (
-            session("user:alice", 1),
-            session("user:alice", 2),
-            session("user:alice", 3),
+            running("user:alice", 1),
+            running("user:alice", 2),
+            running("user:alice", 3),
         );
         for record in [&one, &two, &three] {
             store.create_session(record).await.unwrap();
@@ -321,7 +321,7 @@ async fn renewing_extends_only_the_leases_listed_with_their_fences() {
             renewed.iter().map(|l| l.session_id).collect::<Vec<_>>(),
             vec![one.id]
         );
-        assert_eq!(store.orphaned_sessions().await.unwrap(), vec![two.id]);
+        assert_eq!(store.orphans_with_work().await.unwrap(), vec![two.id]);
         assert!(
             store.renew_leases("a", &[], TTL).await.unwrap().is_empty(),
             "nothing listed, nothing renewed"
@@ -333,7 +333,7 @@ async fn renewing_extends_only_the_leases_listed_with_their_fences() {
 #[tokio::test]
 async fn a_released_lease_is_not_renewed_by_its_former_holder() {
     with_store(|store, _| async move {
-        let record = session("user:alice", 1);
+        let record = running("user:alice", 1);
         store.create_session(&record).await.unwrap();
         store.claim_lease(record.id, "a", TTL).await.unwrap();
         assert!(store.release_lease(record.id, "a", 1).await.unwrap());
@@ -344,7 +344,7 @@ async fn a_released_lease_is_not_renewed_by_its_former_holder() {
                 .unwrap()
                 .is_empty()
         );
-        assert_eq!(store.orphaned_sessions().await.unwrap(), vec![record.id]);
+        assert_eq!(store.orphans_with_work().await.unwrap(), vec![record.id]);
         let LeaseClaim::Granted(lease) = store.claim_lease(record.id, "b", TTL).await.unwrap()
         else {
             panic!("the released lease stays claimable");
@@ -354,26 +354,142 @@ async fn a_released_lease_is_not_renewed_by_its_former_holder() {
     .await;
 }
 
+/// A session with a turn in flight, as its owner left it.
+fn running(owner: &str, created_ms: u64) -> crate::domain::session::SessionRecord {
+    crate::domain::session::SessionRecord {
+        status: SessionStatus::Running,
+        ..session(owner, created_ms)
+    }
+}
+
+fn with_status(status: SessionStatus, created_ms: u64) -> crate::domain::session::SessionRecord {
+    crate::domain::session::SessionRecord {
+        status,
+        ..session("user:alice", created_ms)
+    }
+}
+
 #[tokio::test]
-async fn orphaned_sessions_are_the_open_ones_without_a_live_lease() {
+async fn failover_lists_only_sessions_with_work_and_no_live_lease_never_idle_ones() {
     with_store(|store, _| async move {
-        let never = session("user:alice", 1);
-        let expired = session("user:alice", 2);
-        let live = session("user:alice", 3);
-        let mut closed = session("user:alice", 4);
-        closed.status = crate::domain::session::SessionStatus::Closed;
-        for record in [&never, &expired, &live, &closed] {
+        let idle_never_leased = with_status(SessionStatus::Idle, 1);
+        let idle_expired = with_status(SessionStatus::Idle, 2);
+        let suspended = with_status(SessionStatus::Suspended, 3);
+        let running_expired = with_status(SessionStatus::Running, 4);
+        let awaiting_never_leased = with_status(SessionStatus::AwaitingInput, 5);
+        let queued_expired = with_status(SessionStatus::Idle, 6);
+        let running_live = with_status(SessionStatus::Running, 7);
+        let queued_live = with_status(SessionStatus::Idle, 8);
+        let closed_queued = with_status(SessionStatus::Closed, 9);
+        let drained = with_status(SessionStatus::Idle, 10);
+        let all = [
+            &idle_never_leased,
+            &idle_expired,
+            &suspended,
+            &running_expired,
+            &awaiting_never_leased,
+            &queued_expired,
+            &running_live,
+            &queued_live,
+            &closed_queued,
+            &drained,
+        ];
+        for record in all {
             store.create_session(record).await.unwrap();
         }
+        for record in [&idle_expired, &running_expired, &queued_expired] {
+            store
+                .claim_lease(record.id, "gone", Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        for record in [&running_live, &queued_live] {
+            store.claim_lease(record.id, "alive", TTL).await.unwrap();
+        }
+        for record in [&queued_expired, &queued_live, &closed_queued, &drained] {
+            store
+                .commit(record.id, queue(vec![QueueOp::PushBack(prompt("waiting"))]))
+                .await
+                .unwrap();
+        }
+        // The queue drained before the owner went: nothing left to take over.
         store
-            .claim_lease(expired.id, "a", Duration::ZERO)
+            .commit(drained.id, queue(vec![QueueOp::Clear]))
             .await
             .unwrap();
-        store.claim_lease(live.id, "a", TTL).await.unwrap();
         assert_eq!(
-            store.orphaned_sessions().await.unwrap(),
-            vec![never.id, expired.id]
+            store.orphans_with_work().await.unwrap(),
+            vec![
+                running_expired.id,
+                awaiting_never_leased.id,
+                queued_expired.id
+            ],
+            "oldest first; idle, suspended, closed, drained and live sessions are not listed"
         );
+
+        // The turn ends and the queue empties under a new owner: nothing is listed.
+        let mut done = running_expired.clone();
+        done.status = SessionStatus::Idle;
+        store
+            .commit(
+                done.id,
+                Batch {
+                    session: Some(done),
+                    ..Batch::default()
+                },
+            )
+            .await
+            .unwrap();
+        store
+            .claim_lease(awaiting_never_leased.id, "alive", TTL)
+            .await
+            .unwrap();
+        store
+            .commit(queued_expired.id, queue(vec![QueueOp::Clear]))
+            .await
+            .unwrap();
+        assert!(store.orphans_with_work().await.unwrap().is_empty());
+    })
+    .await;
+}
+
+#[test]
+fn the_failover_query_names_the_statuses_of_a_turn_in_flight_as_the_domain_spells_them() {
+    // The queries spell the statuses as literals.
+    for status in [SessionStatus::Running, SessionStatus::AwaitingInput] {
+        let quoted = format!("'{}'", status.as_str());
+        assert!(super::ORPHANS_WITH_WORK_SQL.contains(&quoted), "{quoted}");
+    }
+    let closed = format!("'{}'", SessionStatus::Closed.as_str());
+    assert!(super::LIVE_SESSIONS_SQL.contains(&closed));
+    assert!(super::ORPHANS_WITH_WORK_SQL.contains(&closed));
+}
+
+#[tokio::test]
+async fn two_replicas_creating_at_once_never_pass_one_owners_cap_together() {
+    with_store(|store, schema| async move {
+        let other = Arc::new(schema.open().await);
+        let creates = (0..16).map(|i| {
+            let store: Arc<PostgresStore> = if i % 2 == 0 {
+                store.clone()
+            } else {
+                other.clone()
+            };
+            async move {
+                store
+                    .create_session_capped(&session("user:alice", i), 5)
+                    .await
+                    .unwrap()
+            }
+        });
+        let outcomes = futures::future::join_all(creates).await;
+        let created = outcomes
+            .iter()
+            .filter(|o| **o == crate::store::CappedCreate::Created)
+            .count();
+        assert_eq!(created, 5, "{outcomes:?}");
+        assert_eq!(store.count_live_sessions("user:alice").await.unwrap(), 5);
+        other.close().await.unwrap();
     })
     .await;
 }

@@ -1,0 +1,325 @@
+//! Streams fed by the store: what wakes them and what they read. Each test sets the safety poll's
+//! period: so long that only a wake-up can explain a delivery, or short so that a test need not
+//! wait for it. Nothing here measures time; what is counted is reads and polls.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use tokio::sync::{broadcast, mpsc, watch};
+use uuid::Uuid;
+
+use super::*;
+use crate::{
+    domain::{ActionId, ErrorCode, Result, queue::QueuedEntry, session::SessionRecord},
+    store::{
+        ActionRecord, Batch, ChangeMark, CommitError, LogEntry, QueueOp, SessionQuery, Store, Wake,
+        conformance::fixtures::{entries, frames, prompt, queue, session},
+        memory::MemoryStore,
+    },
+};
+
+/// Longer than any test: a stream that gets news under it was woken, not polled.
+const NEVER: Duration = Duration::from_secs(3600);
+/// A poll period a test can wait out many times over.
+const OFTEN: Duration = Duration::from_millis(10);
+/// Every wait of a test.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(TIMEOUT, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// A memory store that counts the reads a stream makes and the safety polls, and whose
+/// wake-ups the test sends (or does not: a lost notification).
+struct Watched {
+    inner: MemoryStore,
+    wakes: Option<broadcast::Sender<Wake>>,
+    /// Reads of a session's log, record or queue.
+    reads: AtomicUsize,
+    /// Safety polls so far.
+    polls: watch::Sender<usize>,
+    /// The sessions the last poll asked for.
+    last_poll: AtomicUsize,
+}
+
+impl Watched {
+    fn new(with_wake_ups: bool) -> Arc<Self> {
+        Arc::new(Self {
+            inner: MemoryStore::new(),
+            wakes: with_wake_ups.then(|| broadcast::channel(64).0),
+            reads: AtomicUsize::new(0),
+            polls: watch::channel(0).0,
+            last_poll: AtomicUsize::new(0),
+        })
+    }
+
+    fn wake(&self, session: Uuid, head: u64) {
+        let _ = self
+            .wakes
+            .as_ref()
+            .expect("wake-ups")
+            .send(Wake { session, head });
+    }
+
+    fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    fn read(&self) {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Waits until the safety poll has run `n` times in all.
+    async fn polled(&self, n: usize) -> usize {
+        let mut polls = self.polls.subscribe();
+        within("the safety polls", polls.wait_for(|polls| *polls >= n))
+            .await
+            .map(|polls| *polls)
+            .expect("the store lives")
+    }
+}
+
+#[async_trait]
+impl Store for Watched {
+    async fn create_session(&self, record: &SessionRecord) -> Result<()> {
+        self.inner.create_session(record).await
+    }
+    async fn commit(&self, session_id: Uuid, batch: Batch) -> Result<(), CommitError> {
+        self.inner.commit(session_id, batch).await
+    }
+    async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {
+        self.read();
+        self.inner.get_session(session_id).await
+    }
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>> {
+        self.inner.list_sessions(query).await
+    }
+    async fn count_live_sessions(&self, owner: &str) -> Result<u64> {
+        self.inner.count_live_sessions(owner).await
+    }
+    async fn open_sessions(&self) -> Result<Vec<SessionRecord>> {
+        self.inner.open_sessions().await
+    }
+    async fn delete_session(&self, session_id: Uuid) -> Result<bool> {
+        self.inner.delete_session(session_id).await
+    }
+    async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>> {
+        self.read();
+        self.inner.read_log(session_id, after, limit).await
+    }
+    async fn head_offset(&self, session_id: Uuid) -> Result<u64> {
+        self.read();
+        self.inner.head_offset(session_id).await
+    }
+    async fn load_queue(&self, session_id: Uuid) -> Result<Vec<QueuedEntry>> {
+        self.read();
+        self.inner.load_queue(session_id).await
+    }
+    async fn find_action(
+        &self,
+        session_id: Uuid,
+        action_id: ActionId,
+    ) -> Result<Option<ActionRecord>> {
+        self.inner.find_action(session_id, action_id).await
+    }
+    async fn change_marks(&self, sessions: &[Uuid]) -> Result<Vec<(Uuid, ChangeMark)>> {
+        // One read for them all, as a database store makes it (not counted as a stream's).
+        let marks = self.inner.change_marks(sessions).await;
+        self.last_poll.store(sessions.len(), Ordering::SeqCst);
+        self.polls.send_modify(|polls| *polls += 1);
+        marks
+    }
+    fn wake_ups(&self) -> Option<broadcast::Receiver<Wake>> {
+        self.wakes.as_ref().map(|w| w.subscribe())
+    }
+}
+
+/// A stream of `record` as a replica without its actor opens it (from offset 0), taken to its
+/// `caught_up`.
+async fn open(
+    store: &Arc<Watched>,
+    streams: &RemoteStreams,
+    record: &SessionRecord,
+) -> mpsc::Receiver<StreamItem> {
+    let head = store.inner.head_offset(record.id).await.unwrap();
+    let dyn_store: Arc<dyn Store> = store.clone();
+    let mut stream = start_remote(
+        dyn_store,
+        record,
+        StreamStart {
+            after: 0,
+            head,
+            view: View::Log,
+        },
+        "test/meta".to_owned(),
+        watch::channel(StreamStop::Open).1,
+        streams,
+        64,
+    )
+    .expect("the stream opens");
+    within("caught_up", async {
+        while !matches!(news(&mut stream).await, StreamEvent::CaughtUp { .. }) {}
+    })
+    .await;
+    stream
+}
+
+/// The next event that is not a heartbeat.
+async fn news(stream: &mut mpsc::Receiver<StreamItem>) -> StreamEvent {
+    loop {
+        let (_, event) = stream
+            .recv()
+            .await
+            .expect("the stream stays open")
+            .expect("the stream does not fail");
+        if !matches!(event, StreamEvent::Heartbeat { .. }) {
+            return event;
+        }
+    }
+}
+
+/// The offsets of the next `n` entries.
+async fn entry_offsets(stream: &mut mpsc::Receiver<StreamItem>, n: usize) -> Vec<u64> {
+    within("the entries", async {
+        let mut offsets = Vec::new();
+        while offsets.len() < n {
+            if let StreamEvent::Entry(entry) = news(stream).await {
+                offsets.push(entry.offset);
+            }
+        }
+        offsets
+    })
+    .await
+}
+
+/// The next queue the stream sends.
+async fn next_queue(stream: &mut mpsc::Receiver<StreamItem>) -> Arc<Vec<QueuedEntry>> {
+    within("the queue", async {
+        loop {
+            if let StreamEvent::Queue(queue) = news(stream).await {
+                return queue;
+            }
+        }
+    })
+    .await
+}
+
+async fn stored_session(store: &Arc<Watched>, created_ms: u64) -> SessionRecord {
+    let record = session("user:alice", created_ms);
+    store.create_session(&record).await.unwrap();
+    record
+}
+
+#[tokio::test]
+async fn idle_streams_fed_by_the_store_read_nothing_and_share_one_safety_poll() {
+    let store = Watched::new(true);
+    let streams = RemoteStreams::polling_every(OFTEN);
+    let mut opened = Vec::new();
+    for i in 0..5 {
+        let record = stored_session(&store, i).await;
+        for _ in 0..4 {
+            opened.push(open(&store, &streams, &record).await);
+        }
+    }
+    // The first poll meets every session, whose streams then look once; by the third, done.
+    let first = store.polled(3).await;
+    let reads = store.reads();
+    store.polled(first + 20).await;
+    assert_eq!(store.reads(), reads, "idle streams read nothing");
+    assert_eq!(
+        store.last_poll.load(Ordering::SeqCst),
+        5,
+        "one poll asks for every session with a stream, once"
+    );
+    for stream in &mut opened {
+        assert!(
+            !matches!(stream.try_recv(), Ok(Ok((_, StreamEvent::Entry(_))))),
+            "nothing to deliver"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_wake_up_with_a_new_head_delivers_and_one_already_seen_reads_nothing() {
+    let store = Watched::new(true);
+    let streams = RemoteStreams::polling_every(NEVER);
+    let record = stored_session(&store, 1).await;
+    let mut stream = open(&store, &streams, &record).await;
+
+    store
+        .commit(record.id, entries(frames(1, 2)))
+        .await
+        .unwrap();
+    store.wake(record.id, 2);
+    assert_eq!(entry_offsets(&mut stream, 2).await, [1, 2]);
+
+    let reads = store.reads();
+    // The same head again (a repeated notification), an older one, and another session's.
+    store.wake(record.id, 2);
+    store.wake(record.id, 1);
+    store.wake(Uuid::now_v7(), 9);
+    // Something besides the log (head 0) is always looked at; it comes after those, in order.
+    store
+        .commit(record.id, queue(vec![QueueOp::PushBack(prompt("later"))]))
+        .await
+        .unwrap();
+    store.wake(record.id, 0);
+    assert_eq!(next_queue(&mut stream).await.len(), 1);
+    assert_eq!(
+        store.reads() - reads,
+        3,
+        "one look (record, queue, log) for the wake-up with news, none for the others"
+    );
+
+    // A new head after that is news again.
+    store
+        .commit(record.id, entries(frames(3, 3)))
+        .await
+        .unwrap();
+    store.wake(record.id, 3);
+    assert_eq!(entry_offsets(&mut stream, 1).await, [3]);
+}
+
+#[tokio::test]
+async fn a_change_whose_wake_up_was_lost_reaches_the_stream_at_the_safety_poll() {
+    // No wake-ups at all: every one is lost.
+    let store = Watched::new(false);
+    let streams = RemoteStreams::polling_every(OFTEN);
+    let record = stored_session(&store, 1).await;
+    let mut stream = open(&store, &streams, &record).await;
+
+    store
+        .commit(record.id, entries(frames(1, 3)))
+        .await
+        .unwrap();
+    assert_eq!(entry_offsets(&mut stream, 3).await, [1, 2, 3]);
+
+    // A change of the queue alone.
+    store
+        .commit(record.id, queue(vec![QueueOp::PushBack(prompt("queued"))]))
+        .await
+        .unwrap();
+    assert_eq!(next_queue(&mut stream).await.len(), 1);
+
+    // A session deleted without a word ends its stream.
+    store.inner.delete_session(record.id).await.unwrap();
+    let ended = within("the end of the stream", async {
+        loop {
+            match stream.recv().await {
+                Some(Ok(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await;
+    let error = ended.expect("an error ends the stream").unwrap_err();
+    assert_eq!(error.code, ErrorCode::SessionNotFound);
+}
