@@ -288,12 +288,12 @@ impl Shared {
         *self.lost.borrow()
     }
 
-    /// Tells the actor its lease is gone: it stops its runtime and never writes again.
     /// Watches for the lease being lost (local streams then go on from the store).
     pub(crate) fn watch_lost(&self) -> tokio::sync::watch::Receiver<bool> {
         self.lost.subscribe()
     }
 
+    /// Tells the actor its lease is gone: it stops its runtime and never writes again.
     pub(crate) fn mark_lost(&self) {
         self.lost.send_replace(true);
     }
@@ -460,9 +460,30 @@ impl SessionHandle {
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T> {
         let (tx, rx) = oneshot::channel();
-        let gone = || crate::domain::Error::session_not_found(&self.shared.id.to_string());
-        self.commands.send(make(tx)).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.commands
+            .send(make(tx))
+            .await
+            .map_err(|_| self.gone())?;
+        rx.await.map_err(|_| self.gone())?
+    }
+
+    /// Why the actor took no more commands. One that stopped because this replica lost the
+    /// lease left the command undone (a write it had begun answers for itself): the session
+    /// exists and runs elsewhere, so the caller is told to retry, never that it is not found.
+    fn gone(&self) -> crate::domain::Error {
+        let id = self.shared.id.to_string();
+        if self.shared.is_lost() {
+            crate::domain::Error::new(
+                crate::domain::ErrorCode::ReplicaUnavailable,
+                format!(
+                    "session {id}: this replica gave the session up while the call waited \
+                     (another replica runs it now); nothing was done: retry, with the same \
+                     action_id for a Control"
+                ),
+            )
+        } else {
+            crate::domain::Error::session_not_found(&id)
+        }
     }
 }
 
@@ -502,6 +523,39 @@ pub(crate) async fn fold_stored_log(
 mod tests {
     use super::*;
     use crate::store::conformance::fixtures;
+
+    #[tokio::test]
+    async fn a_call_left_waiting_by_an_actor_that_lost_the_lease_is_told_to_retry_not_that_the_session_is_gone()
+     {
+        let shared = Arc::new(Shared::new(fixtures::session("ada", 0), 0));
+        let (commands, mailbox) = mpsc::channel(1);
+        let handle = SessionHandle {
+            shared: shared.clone(),
+            commands,
+        };
+        // The actor stopped, its mailbox with it, after the lease was lost.
+        shared.mark_lost();
+        drop(mailbox);
+        let error = handle
+            .ask(|reply| Command::GetQueue { reply })
+            .await
+            .expect_err("nobody answers");
+        assert_eq!(error.code, crate::domain::ErrorCode::ReplicaUnavailable);
+
+        // An actor that stopped for any other reason (closed, deleted): not found, as before.
+        let other = Arc::new(Shared::new(fixtures::session("ada", 0), 0));
+        let (commands, mailbox) = mpsc::channel(1);
+        drop(mailbox);
+        let handle = SessionHandle {
+            shared: other,
+            commands,
+        };
+        let error = handle
+            .ask(|reply| Command::GetQueue { reply })
+            .await
+            .expect_err("nobody answers");
+        assert_eq!(error.code, crate::domain::ErrorCode::SessionNotFound);
+    }
 
     #[test]
     fn a_session_holds_a_live_feed_only_while_someone_subscribes() {

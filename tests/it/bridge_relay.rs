@@ -1,7 +1,7 @@
 //! The relay's flow control (README, "Remote runtimes: bridges", with several replicas): a bridge
 //! that redialled replica b reaches the sessions other replicas own through b's relay, one route
 //! per owner. One owner made slow or unreachable — its peers reach it only through the test
-//! kit's fault proxy, which delays every packet 2 s or black-holes them — holds up its own route
+//! kit's fault proxy, which delays every packet 1 s or black-holes them — holds up its own route
 //! only: on the same bridge, a session b owns and one a third replica c owns finish their turns
 //! meanwhile, and the slow owner's route is not cut to let them through.
 //!
@@ -35,8 +35,9 @@ const OTHERS_SCRIPT: &str = "@chunks 1 10\n@sleep 3000\n@chunks 3 30";
 /// A relay that waited for the owner would hold the other sessions' lines behind every flood
 /// line the bridge sent before them (some 600: its own queue, the relay's and the HTTP/2
 /// windows between), so they could not finish before the owner had taken in some 300.
-/// Delayed 2 s a packet, the owner takes in about 64 a round trip (4 s, its HTTP/2 window).
-const FLOOD_TAKEN_IN_BEFORE_THE_OTHERS_FINISH: usize = 200;
+/// Delayed 1 s a packet, the owner takes in about 64 a round trip (2 s, its HTTP/2 window): 250
+/// leaves the others some 8 s for their 3.5 s turns on a loaded machine.
+const FLOOD_TAKEN_IN_BEFORE_THE_OTHERS_FINISH: usize = 250;
 /// The message a replica logs when it starts relaying a redialled bridge's runtimes.
 const RELAYING: &str =
     "bridge redialled here: relaying its runtimes to the replica owning their sessions";
@@ -49,7 +50,7 @@ const ROUTE_GIVEN_UP: [&str; 2] = [
 
 #[derive(Debug, Clone, Copy)]
 enum Fault {
-    /// Every packet to and from the owner passes 2 s late.
+    /// Every packet to and from the owner passes 1 s late.
     Delay,
     /// Nothing passes either way; no socket is closed.
     BlackHole,
@@ -147,7 +148,9 @@ async fn a_slow_owner(fault: Fault) {
             .expect("a takes the answer");
         a_watch.chunk("#0:").await;
         match fault {
-            Fault::Delay => to_a.delay(Duration::from_secs(2)),
+            // 1 s each way: a 2 s round trip, well inside the relay's HTTP/2 keepalive (a ping
+            // unanswered for 5 s ends the route), even on a loaded machine — slow, not dead.
+            Fault::Delay => to_a.delay(Duration::from_secs(1)),
             Fault::BlackHole => to_a.black_hole(),
         }
 
