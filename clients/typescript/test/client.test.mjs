@@ -3,7 +3,7 @@
 // transcript, typed errors, and a subscribe that survives a server restart with every event once.
 // AGENT_HARNESS_BIN names the server binary.
 
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -18,6 +18,7 @@ import {
   HarnessError,
   InteractionOutcome,
   StopReason,
+  messageText,
 } from "@agent-harness/client";
 
 const TIMEOUT = 20_000;
@@ -267,4 +268,104 @@ test("subscribe survives a server restart with every event once", { timeout: 90_
     events.seen.filter((e) => e.event.case === "turnEnded").map((e) => e.event.value.requestId),
     [first.actionId, second.actionId],
   );
+});
+
+test("runTurn resolves with the stop reason, final text, tool calls and usage", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const result = await client.runTurn(session.id, "Build it\n@tool t1\n@usage 53000 200000 0.045 USD", { timeoutMs: TIMEOUT });
+  assert.equal(result.stopReason, StopReason.END_TURN);
+  assert.equal(result.stopReasonName, "END_TURN");
+  assert.ok(result.ok);
+  assert.equal(result.error, undefined);
+  assert.ok(result.text.startsWith("echo: Build it"));
+  assert.deepEqual(result.toolCalls.map((t) => [t.toolCallId, t.title]), [["t1", "Run t1"]]);
+  assert.equal(result.usage.usedTokens, 53000n);
+  assert.equal(result.usage.cost.currency, "USD");
+  assert.equal(result.message.requestId, result.actionId);
+
+  const failed = await client.prompt(session.id, "@error -32603 it broke badly", { wait: true, timeoutMs: TIMEOUT });
+  assert.equal(failed.stopReason, StopReason.FAILED);
+  assert.ok(!failed.ok);
+  assert.match(failed.error, /it broke badly/);
+
+  const kinds = [];
+  for await (const event of client.turnEvents(session.id, "three", { timeoutMs: TIMEOUT })) kinds.push(event.event.case);
+  assert.equal(kinds.at(-1), "turnEnded");
+});
+
+test("a permission is answered from onEvent while runTurn waits", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const answered = [];
+  const result = await client.runTurn(session.id, "@permission Deploy", {
+    timeoutMs: TIMEOUT,
+    onEvent: async (event) => {
+      if (event.event.case !== "message") return;
+      for (const part of event.event.value.parts) {
+        if (part.kind.case === "permission" && part.kind.value.outcome === InteractionOutcome.PENDING) {
+          answered.push(part.kind.value.requestId);
+          await client.respondToPermission(session.id, part.kind.value.requestId, "allow-once");
+        }
+      }
+    },
+  });
+  assert.ok(result.ok);
+  assert.equal(answered.length, 1);
+});
+
+test("fromEnv takes an http URL and the token; a malformed URL says so in one line", { timeout: 60_000 }, async () => {
+  const { server } = await setup();
+  const saved = { ...process.env };
+  try {
+    process.env.AGENT_HARNESS_SERVER = server.baseUrl;
+    delete process.env.AGENT_HARNESS_TOKEN;
+    const client = AgentHarnessClient.fromEnv({ timeoutMs: TIMEOUT });
+    const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+    assert.equal((await new AgentHarnessClient(server.baseUrl).getSession(session.id)).id, session.id);
+
+    process.env.AGENT_HARNESS_SERVER = "htp:/127.0.0.1";
+    assert.throws(() => AgentHarnessClient.fromEnv(), (error) => {
+      assert.ok(error instanceof HarnessError);
+      assert.equal(error.reason, "INVALID_SERVER_URL");
+      assert.equal(
+        error.message,
+        'INVALID_SERVER_URL: AGENT_HARNESS_SERVER "htp:/127.0.0.1" is not a server URL; want http://host:port or https://host[:port]',
+      );
+      return true;
+    });
+  } finally {
+    process.env = saved;
+  }
+});
+
+test("UNAVAILABLE while the server is down is a HarnessError with a reason", { timeout: 60_000 }, async () => {
+  const { server, client } = await setup();
+  const session = await client.createSession({ profile: "mock-resume", cwd: tmpdir() });
+  const stream = client.subscribe(session.id, { view: "messages", resume: false });
+  await stream.next();
+  await server.kill();
+  await assert.rejects(async () => {
+    for (;;) await stream.next();
+  }, (error) => error instanceof HarnessError && error.code === Code.Unavailable && error.reason === "UNAVAILABLE");
+  await assert.rejects(client.getSession(session.id), (error) => {
+    assert.equal(error.reason, "UNAVAILABLE");
+    assert.equal(error.fromService, false);
+    assert.ok(!error.message.includes("\n"));
+    return true;
+  });
+});
+
+test("the example program runs a turn where the package was installed as README says", { timeout: 60_000 }, async () => {
+  const { server } = await setup();
+  const folder = process.env.AGENT_HARNESS_TS_DIR;
+  assert.ok(folder, "AGENT_HARNESS_TS_DIR must name the folder of the README install (scripts/test sets it)");
+  const env = { ...process.env, AGENT_HARNESS_SERVER: server.baseUrl };
+  delete env.AGENT_HARNESS_TOKEN;
+  const done = spawnSync("node", ["run-turn.mjs", "Say hello\n@chunks 2 4"], { cwd: folder, env, encoding: "utf8", timeout: TIMEOUT });
+  assert.equal(done.status, 0, done.stderr);
+  const lines = done.stdout.trim().split("\n");
+  assert.equal(lines[0], "echo: Say hello");
+  assert.equal(lines.at(-1), "stop reason: END_TURN");
+  assert.equal(messageText({ parts: [] }), "");
 });
