@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, tmp: pathlib.Path, extra_args=()) -> None:
+    def __init__(self, tmp: pathlib.Path, extra_args=(), config=None) -> None:
         self.extra_args = list(extra_args)
         self.bin = os.environ.get("AGENT_HARNESS_BIN")
         if not self.bin:
@@ -35,6 +35,7 @@ class Server:
         # `mock-resume`: the mock agent with session/resume, so a session reopens after a restart.
         # `mock-fork`: the mock agent with session/fork.
         self.config.write_text(
+            config if config is not None else
             f'[profiles.mock-resume]\ncommand = "{self.bin}"\nargs = ["mock-agent", "--resume"]\n'
             f'[profiles.mock-fork]\ncommand = "{self.bin}"\nargs = ["mock-agent", "--resume", "--fork"]\n'
         )

@@ -86,7 +86,7 @@ def test_a_missing_token_says_in_one_line_which_variable_to_set(tmp_path, monkey
     tokens.write_text(
         f'[[tokens]]\nsha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\nprincipal = "ada"\nkind = "user"\n'
     )
-    server = Server(tmp_path, extra_args=["--tokens-file", str(tokens)])
+    server = Server(tmp_path, extra_args=["--tokens-file", str(tokens)], config="")
     server.start()
     try:
         monkeypatch.setenv("AGENT_HARNESS_SERVER", f"http://{server.target}")

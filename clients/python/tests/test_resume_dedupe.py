@@ -10,6 +10,7 @@ import queue
 import subprocess
 import threading
 
+import grpc
 import pytest
 
 from agent_harness_client import Client, MessageRole, StopReason, transcript_pb2
@@ -101,4 +102,78 @@ def test_after_a_kill_mid_turn_each_caller_sees_every_snapshot_change_once(serve
     for seen in (python_snapshots, node.snapshots()):
         last = no_identical_repeat(seen)
         assert last == final, "each caller ends with the transcript's final snapshots"
+    client.close()
+
+
+class Dropped(grpc.RpcError):
+    """What a stream raises when its connection drops."""
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "the connection dropped (injected by the test)"
+
+
+class DropAfterFirstSnapshot:
+    """The first Subscribe stream loses its connection right after its first message snapshot;
+    every later stream is the server's, recorded raw (before the package's dedupe)."""
+
+    def __init__(self, real):
+        self.real = real
+        self.streams = 0
+        self.raw_after_drop = []
+
+    def __call__(self, request, **options):
+        call = self.real(request, **options)
+        self.streams += 1
+        return self._first(call) if self.streams == 1 else self._recorded(call)
+
+    class _Stream:
+        def __init__(self, call, events):
+            self.call, self.events = call, events
+
+        def __iter__(self):
+            return self.events
+
+        def cancel(self):
+            self.call.cancel()
+
+    def _first(self, call):
+        def events():
+            for event in call:
+                yield event
+                if event.WhichOneof("event") == "message":
+                    raise Dropped()
+        return self._Stream(call, events())
+
+    def _recorded(self, call):
+        def events():
+            for event in call:
+                self.raw_after_drop.append(event)
+                yield event
+        return self._Stream(call, events())
+
+
+def test_a_snapshot_the_server_sends_again_after_a_resume_reaches_the_caller_once(server, tmp_path):
+    client = Client(f"http://{server.target}", timeout=TIMEOUT)
+    session = client.create_session(profile="mock", cwd=str(tmp_path))
+    client.run_turn(session.id, "a turn to catch up on\n@chunks 3 8", timeout=TIMEOUT)
+    client.sessions.Subscribe = DropAfterFirstSnapshot(client.sessions.Subscribe)
+
+    seen = []
+    for event in client.subscribe(session.id, "messages"):
+        seen.append(event)
+        if event.kind == "caught_up":
+            break
+
+    # A snapshot sent during catch-up carries the resume cursor, so resuming from it makes the
+    # server send that snapshot again (at-least-once); the package drops the identical copy.
+    first = seen[0].message
+    resent = [e.message for e in client.sessions.Subscribe.raw_after_drop if e.WhichOneof("event") == "message"]
+    assert client.sessions.Subscribe.streams == 2
+    assert resent[0].id == first.id and resent[0] == first.pb, "the server did send the snapshot again"
+    snapshots = [(e.message.id, e.message.pb) for e in seen if e.message is not None]
+    last = no_identical_repeat(snapshots)
+    assert last == {m.id: m.pb for m in client.get_transcript(session.id).messages}
     client.close()

@@ -485,11 +485,15 @@ export class AgentHarnessClient {
     const dedupe = new Dedupe();
     for (;;) {
       let error;
+      // Aborted when the caller stops iterating: leaving the loop alone does not end the HTTP/2
+      // stream, which would keep the connection (and a Node process) alive.
+      const done = new AbortController();
+      const streamSignal = signal ? AbortSignal.any([signal, done.signal]) : done.signal;
       try {
         const remaining = deadline === undefined ? undefined : Math.max(deadline - Date.now(), 1);
         const stream = this.sessions.subscribe(
           { sessionId, afterOffset: cursor, view: viewValue },
-          { signal, timeoutMs: remaining },
+          { signal: streamSignal, timeoutMs: remaining },
         );
         for await (const event of stream) {
           failingSince = null;
@@ -500,7 +504,14 @@ export class AgentHarnessClient {
         error = new HarnessError(Code.Unavailable, "the stream ended");
       } catch (thrown) {
         error = this.#error(thrown);
-        if (signal?.aborted || !resume || !resumable(error)) throw error;
+        if (signal?.aborted) throw error;
+        if (error.code === Code.Canceled) {
+          // Not cancelled by the caller: the server went away (a kill, a restart, a cut network).
+          error = new HarnessError(Code.Unavailable, `the connection dropped (${error.rawMessage})`);
+        }
+        if (!resume || !resumable(error)) throw error;
+      } finally {
+        done.abort();
       }
       if (!resume) throw error;
       failingSince ??= Date.now();

@@ -11,6 +11,10 @@ import { join } from "node:path";
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
+import { equals } from "@bufbuild/protobuf";
+import { ConnectError } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+
 import {
   AgentHarnessClient,
   Code,
@@ -18,6 +22,7 @@ import {
   HarnessError,
   InteractionOutcome,
   StopReason,
+  TranscriptMessageSchema,
   messageText,
 } from "@agent-harness/client";
 
@@ -368,4 +373,52 @@ test("the example program runs a turn where the package was installed as README 
   assert.equal(lines[0], "echo: Say hello");
   assert.equal(lines.at(-1), "stop reason: END_TURN");
   assert.equal(messageText({ parts: [] }), "");
+});
+
+test("a snapshot the server sends again after a resume reaches the caller once", { timeout: 60_000 }, async () => {
+  const { server, client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  await client.runTurn(session.id, "a turn to catch up on\n@chunks 3 8", { timeoutMs: TIMEOUT });
+
+  // The first Subscribe stream loses its connection right after its first message snapshot;
+  // later streams are the server's, recorded raw (before the package's dedupe).
+  let streams = 0;
+  const rawAfterDrop = [];
+  const dropFirstStream = (next) => async (request) => {
+    const response = await next(request);
+    if (!response.stream || request.method.name !== "Subscribe") return response;
+    const first = ++streams === 1;
+    async function* events() {
+      for await (const event of response.message) {
+        if (!first) rawAfterDrop.push(event);
+        yield event;
+        if (first && event.event.case === "message") {
+          throw new ConnectError("the connection dropped (injected by the test)", Code.Unavailable);
+        }
+      }
+    }
+    return { ...response, message: events() };
+  };
+  const transport = createGrpcTransport({ baseUrl: server.baseUrl, interceptors: [dropFirstStream] });
+  const dropping = new AgentHarnessClient({ transport, timeoutMs: TIMEOUT });
+
+  const seen = [];
+  for await (const event of dropping.subscribe(session.id, { view: "messages" })) {
+    seen.push(event);
+    if (event.event.case === "caughtUp") break;
+  }
+  // A catch-up snapshot carries the resume cursor: resuming from it makes the server send it again.
+  assert.equal(streams, 2);
+  const firstSnapshot = seen[0].event.value;
+  const resent = rawAfterDrop.filter((e) => e.event.case === "message").map((e) => e.event.value);
+  assert.ok(equals(TranscriptMessageSchema, resent[0], firstSnapshot), "the server did send the snapshot again");
+  const last = new Map();
+  for (const event of seen.filter((e) => e.event.case === "message")) {
+    const previous = last.get(event.event.value.id);
+    assert.ok(!previous || !equals(TranscriptMessageSchema, previous, event.event.value), `${event.event.value.id} twice unchanged`);
+    last.set(event.event.value.id, event.event.value);
+  }
+  const { messages } = await client.getTranscript(session.id);
+  assert.equal(last.size, messages.length);
+  for (const message of messages) assert.ok(equals(TranscriptMessageSchema, last.get(message.id), message));
 });
