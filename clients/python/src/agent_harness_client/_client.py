@@ -6,7 +6,7 @@ resumes and drops re-sent snapshots, and `run_turn` for "send and wait for the r
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Union, cast
 
 import grpc
 
@@ -18,6 +18,7 @@ from agent_harness_client.v1 import (
     agent_session_service_pb2 as service_pb2,
     agent_session_service_pb2_grpc as service_grpc,
     channel_pb2,
+    session_pb2,
     translator_service_pb2,
     translator_service_pb2_grpc,
 )
@@ -132,12 +133,13 @@ class Client:
         self, statuses: Iterable[int] = (), labels: Optional[Mapping[str, str]] = None
     ) -> List[types.Session]:
         """Every visible session (all pages), newest first."""
-        sessions, token = [], ""
+        sessions: List[types.Session] = []
+        token = ""
         while True:
             page = self._call(
                 self.sessions.ListSessions,
                 service_pb2.ListSessionsRequest(
-                    page_size=100, page_token=token, statuses=list(statuses), labels=dict(labels or {})
+                    page_size=100, page_token=token, statuses=cast(Any, list(statuses)), labels=dict(labels or {})
                 ),
             )
             sessions.extend(types.session(s) for s in page.sessions)
@@ -253,10 +255,10 @@ class Client:
         """Accepts with `accept`'s content, or declines (`decline=True`), or cancels (neither)."""
         return self.control(_shared.elicitation_request(session_id, request_id, accept, decline))
 
-    def get_queue(self, session_id: str) -> List[service_pb2.QueuedAction]:
+    def get_queue(self, session_id: str) -> List[session_pb2.QueuedAction]:
         return list(self._call(self.sessions.GetQueue, service_pb2.GetQueueRequest(session_id=session_id)).entries)
 
-    def edit_queued_prompt(self, session_id: str, action_id: str, prompt: str) -> service_pb2.QueuedAction:
+    def edit_queued_prompt(self, session_id: str, action_id: str, prompt: str) -> session_pb2.QueuedAction:
         return self._call(
             self.sessions.EditQueuedPrompt,
             service_pb2.EditQueuedPromptRequest(session_id=session_id, action_id=action_id, prompt=prompt),
@@ -325,7 +327,7 @@ class Client:
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
             call = self.sessions.Subscribe(
-                service_pb2.SubscribeRequest(session_id=session_id, after_offset=cursor, view=request_view),
+                service_pb2.SubscribeRequest(session_id=session_id, after_offset=cursor, view=cast(Any, request_view)),
                 metadata=self._metadata,
                 timeout=remaining,
             )

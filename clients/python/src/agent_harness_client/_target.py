@@ -37,14 +37,14 @@ def parse_server(server: str, source: str = "server") -> Target:
         raise _bad(server, source)
     try:
         url = urlsplit(text)
-        port = url.port
+        url_port = url.port
     except ValueError:
         raise _bad(server, source) from None
     if url.scheme not in ("http", "https") or not url.hostname or url.path not in ("", "/") or url.query:
         raise _bad(server, source)
     tls = url.scheme == "https"
     host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
-    return Target(f"{host}:{port or (443 if tls else 80)}", tls)
+    return Target(f"{host}:{url_port or (443 if tls else 80)}", tls)
 
 
 def _bad(server: str, source: str) -> HarnessError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, Sequence, Union, cast
 
 import grpc
 import grpc.aio
@@ -24,6 +24,7 @@ from agent_harness_client.v1 import (
     agent_session_service_pb2 as service_pb2,
     agent_session_service_pb2_grpc as service_grpc,
     channel_pb2,
+    session_pb2,
     translator_service_pb2,
     translator_service_pb2_grpc,
 )
@@ -119,12 +120,13 @@ class AsyncClient:
     async def list_sessions(
         self, statuses: Iterable[int] = (), labels: Optional[Mapping[str, str]] = None
     ) -> List[types.Session]:
-        sessions, token = [], ""
+        sessions: List[types.Session] = []
+        token = ""
         while True:
             page = await self._call(
                 self.sessions.ListSessions,
                 service_pb2.ListSessionsRequest(
-                    page_size=100, page_token=token, statuses=list(statuses), labels=dict(labels or {})
+                    page_size=100, page_token=token, statuses=cast(Any, list(statuses)), labels=dict(labels or {})
                 ),
             )
             sessions.extend(types.session(s) for s in page.sessions)
@@ -238,11 +240,11 @@ class AsyncClient:
     ) -> types.Sent:
         return await self.control(_shared.elicitation_request(session_id, request_id, accept, decline))
 
-    async def get_queue(self, session_id: str) -> List[service_pb2.QueuedAction]:
+    async def get_queue(self, session_id: str) -> List[session_pb2.QueuedAction]:
         response = await self._call(self.sessions.GetQueue, service_pb2.GetQueueRequest(session_id=session_id))
         return list(response.entries)
 
-    async def edit_queued_prompt(self, session_id: str, action_id: str, prompt: str) -> service_pb2.QueuedAction:
+    async def edit_queued_prompt(self, session_id: str, action_id: str, prompt: str) -> session_pb2.QueuedAction:
         request = service_pb2.EditQueuedPromptRequest(session_id=session_id, action_id=action_id, prompt=prompt)
         return (await self._call(self.sessions.EditQueuedPrompt, request)).entry
 
@@ -295,7 +297,7 @@ class AsyncClient:
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
             call = self.sessions.Subscribe(
-                service_pb2.SubscribeRequest(session_id=session_id, after_offset=cursor, view=request_view),
+                service_pb2.SubscribeRequest(session_id=session_id, after_offset=cursor, view=cast(Any, request_view)),
                 metadata=self._metadata,
                 timeout=remaining,
             )
