@@ -9,6 +9,7 @@ import queue
 import re
 import subprocess
 import threading
+import uuid
 
 import pytest
 
@@ -151,11 +152,23 @@ def test_the_replicas_recipe_drives_a_session_through_the_replica_that_does_not_
     url = os.environ.get("AGENT_HARNESS_TEST_DATABASE_URL")
     if not url:
         pytest.skip("AGENT_HARNESS_TEST_DATABASE_URL is not set (scripts/test sets it when PostgreSQL is up)")
+    # A schema of its own (as the server's PostgreSQL tests do), so the recipe's sessions meet no
+    # other test's.
+    schema = f"cookbook_{uuid.uuid4().hex[:12]}"
+    subprocess.run(["psql", "-q", url, "-c", f"CREATE SCHEMA {schema}"], check=True, timeout=TIMEOUT)
+    separator = "&" if "?" in url else "?"
     env = recipe_env()
-    env.update({"DATABASE_URL": url, "PORT_A": str(free_port()), "PORT_B": str(free_port())})
-    done = subprocess.run(
-        ["bash", str(COOKBOOK / "replicas.sh")], capture_output=True, text=True, env=env, timeout=90, cwd=tmp_path
-    )
+    env.update({
+        "DATABASE_URL": f"{url}{separator}options=-c%20search_path%3D{schema}",
+        "PORT_A": str(free_port()),
+        "PORT_B": str(free_port()),
+    })
+    try:
+        done = subprocess.run(
+            ["bash", str(COOKBOOK / "replicas.sh")], capture_output=True, text=True, env=env, timeout=90, cwd=tmp_path
+        )
+    finally:
+        subprocess.run(["psql", "-q", url, "-c", f"DROP SCHEMA {schema} CASCADE"], timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     first, second = done.stdout.splitlines()
     assert first == "END_TURN: echo: hello from the other replica"
