@@ -5,6 +5,7 @@
 
 import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -43,8 +44,10 @@ function freePort() {
 
 /** The real server as a process, restartable on the same port and data dir. */
 class Server {
-  static async create() {
+  /** `tokensFile`: serve with these tokens (and then no extra profiles: they would need cwd roots). */
+  static async create({ tokensFile } = {}) {
     const server = new Server();
+    server.extraArgs = tokensFile ? ["--tokens-file", tokensFile] : [];
     server.dir = mkdtempSync(join(tmpdir(), "agent-harness-ts-"));
     server.port = await freePort();
     server.config = join(server.dir, "config.toml");
@@ -52,7 +55,7 @@ class Server {
     // `mock-fork`: the mock agent with session/fork.
     writeFileSync(
       server.config,
-      `[profiles.mock-resume]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume"]\n`
+      tokensFile ? "" : `[profiles.mock-resume]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume"]\n`
         + `[profiles.mock-fork]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume", "--fork"]\n`,
     );
     await server.start();
@@ -65,7 +68,7 @@ class Server {
 
   async start() {
     const log = openSync(join(this.dir, "server.log"), "a");
-    this.child = spawn(BIN, ["serve", "--listen", `127.0.0.1:${this.port}`, "--data-dir", join(this.dir, "data"), "--config", this.config], {
+    this.child = spawn(BIN, ["serve", "--listen", `127.0.0.1:${this.port}`, "--data-dir", join(this.dir, "data"), "--config", this.config, ...this.extraArgs], {
       stdio: ["ignore", log, log],
     });
     this.exited = new Promise((resolve) => this.child.once("exit", resolve));
@@ -78,6 +81,7 @@ class Server {
         await probe.listSessions();
         return;
       } catch (error) {
+        if (error instanceof HarnessError && error.fromService) return; // it answers
         if (Date.now() > deadline) throw error;
       }
       await new Promise((resolve) => setTimeout(resolve, 50));
@@ -421,4 +425,19 @@ test("a snapshot the server sends again after a resume reaches the caller once",
   const { messages } = await client.getTranscript(session.id);
   assert.equal(last.size, messages.length);
   for (const message of messages) assert.ok(equals(TranscriptMessageSchema, last.get(message.id), message));
+});
+
+test("a call without the token the server wants says in one line which variable to set", { timeout: 60_000 }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), "agent-harness-ts-tokens-"));
+  const tokensFile = join(dir, "tokens.toml");
+  const token = "s3cret-token";
+  writeFileSync(tokensFile, `[[tokens]]\nsha256 = "${createHash("sha256").update(token).digest("hex")}"\nprincipal = "ada"\nkind = "user"\n`);
+  const server = await Server.create({ tokensFile });
+  servers.push(server);
+  await assert.rejects(new AgentHarnessClient(server.baseUrl).listSessions(), (error) => {
+    assert.equal(error.reason, "UNAUTHENTICATED");
+    assert.equal(error.message, "UNAUTHENTICATED: the server wants a token and none was given: set AGENT_HARNESS_TOKEN (or pass token)");
+    return true;
+  });
+  assert.deepEqual(await new AgentHarnessClient({ baseUrl: server.baseUrl, token }).listSessions(), []);
 });
