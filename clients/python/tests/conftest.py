@@ -23,7 +23,8 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, tmp: pathlib.Path) -> None:
+    def __init__(self, tmp: pathlib.Path, extra_args=(), config=None) -> None:
+        self.extra_args = list(extra_args)
         self.bin = os.environ.get("AGENT_HARNESS_BIN")
         if not self.bin:
             pytest.fail("AGENT_HARNESS_BIN must name the agent-harness binary (scripts/test sets it)")
@@ -34,6 +35,7 @@ class Server:
         # `mock-resume`: the mock agent with session/resume, so a session reopens after a restart.
         # `mock-fork`: the mock agent with session/fork.
         self.config.write_text(
+            config if config is not None else
             f'[profiles.mock-resume]\ncommand = "{self.bin}"\nargs = ["mock-agent", "--resume"]\n'
             f'[profiles.mock-fork]\ncommand = "{self.bin}"\nargs = ["mock-agent", "--resume", "--fork"]\n'
         )
@@ -46,7 +48,7 @@ class Server:
     def start(self) -> None:
         log = open(self.log, "ab")
         self.process = subprocess.Popen(
-            [self.bin, "serve", "--listen", self.target, "--data-dir", str(self.data), "--config", str(self.config)],
+            [self.bin, "serve", "--listen", self.target, "--data-dir", str(self.data), "--config", str(self.config), *self.extra_args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
         )
         log.close()

@@ -8,7 +8,7 @@ import threading
 import grpc
 import pytest
 
-from agent_harness_client import Client, HarnessError, session_pb2 as svc, transcript_pb2 as tr
+from agent_harness_client import Client, HarnessError, session_pb2 as svc, transcript_pb2 as tr, types
 
 from conftest import TIMEOUT
 
@@ -48,7 +48,7 @@ class Events:
 
 
 def agent_text(message) -> str:
-    return "".join(part.text.text for part in message.parts if part.WhichOneof("kind") == "text")
+    return message.text
 
 
 def test_a_prompt_with_attachments_streams_and_ends_its_turn(client, tmp_path):
@@ -66,7 +66,7 @@ def test_a_prompt_with_attachments_streams_and_ends_its_turn(client, tmp_path):
 
     transcript = client.get_transcript(session.id)
     user, agent = transcript.messages
-    assert [p.attachment.uri for p in user.parts if p.WhichOneof("kind") == "attachment"] == [
+    assert [p.uri for p in user.parts if isinstance(p, types.Attachment)] == [
         "https://files.example/a.png",
         "https://files.example/b.txt",
     ]
@@ -82,24 +82,21 @@ def test_a_second_prompt_queues_behind_a_permission_and_runs_once_it_is_answered
     first = client.prompt(session.id, "@permission Deploy")
 
     def pending_permission(event):
-        return event.WhichOneof("event") == "message" and any(
-            p.WhichOneof("kind") == "permission" and p.permission.outcome == tr.INTERACTION_OUTCOME_PENDING
-            for p in event.message.parts
-        )
+        return event.message is not None and bool(event.message.pending_permissions)
 
     held = events.until(pending_permission)
     second = client.prompt(session.id, "and then this")
     assert second.status == svc.CONTROL_STATUS_QUEUED and second.queue_position == 1
     assert [entry.action_id for entry in client.get_queue(session.id)] == [second.action_id]
 
-    permission = next(p.permission for p in held.message.parts if p.WhichOneof("kind") == "permission")
+    permission = held.message.pending_permissions[0]
     assert [o.option_id for o in permission.options][:2] == ["allow-once", "allow-always"]
     client.respond_to_permission(session.id, permission.request_id, "allow-once")
     assert events.turn_ended(first.action_id).turn_ended.stop_reason == tr.STOP_REASON_END_TURN
     assert events.turn_ended(second.action_id).turn_ended.stop_reason == tr.STOP_REASON_END_TURN
 
     messages = client.get_transcript(session.id).messages
-    answered = next(p.permission for p in messages[1].parts if p.WhichOneof("kind") == "permission")
+    answered = next(p for p in messages[1].parts if isinstance(p, types.Permission))
     assert answered.outcome == tr.INTERACTION_OUTCOME_SELECTED and answered.selected_option_id == "allow-once"
     assert agent_text(messages[3]) == "echo: and then this"
     assert client.get_queue(session.id) == []

@@ -11,8 +11,14 @@ import type {
 } from "./gen/agent_harness/v1/agent_session_service_pb.js";
 import type { JsonRpcId, PromptAttachment } from "./gen/agent_harness/v1/actions_pb.js";
 import type { ChannelMessage } from "./gen/agent_harness/v1/channel_pb.js";
-import type { AgentSession, QueuedAction, SessionStatus } from "./gen/agent_harness/v1/session_pb.js";
-import type { LogEntry, SessionMetadata, TranscriptMessage } from "./gen/agent_harness/v1/transcript_pb.js";
+import type { AgentSession, QueuedAction, SessionStatus, Usage } from "./gen/agent_harness/v1/session_pb.js";
+import type {
+  LogEntry,
+  SessionMetadata,
+  StopReason,
+  ToolPart,
+  TranscriptMessage,
+} from "./gen/agent_harness/v1/transcript_pb.js";
 import type {
   ChannelTranslatorService,
   TranslateChannelMessageResponse,
@@ -28,15 +34,61 @@ export * from "./gen/agent_harness/v1/translator_service_pb.js";
 export { Code } from "@connectrpc/connect";
 
 export declare const ERROR_DOMAIN: "agent-harness";
+/** The server when neither an argument nor AGENT_HARNESS_SERVER names one. */
+export declare const DEFAULT_SERVER: "http://127.0.0.1:50051";
 
 export declare class HarnessError extends Error {
   readonly code: Code;
   readonly codeName: string;
   readonly rawMessage: string;
-  readonly reason: string | undefined;
+  /** The ErrorInfo reason, or the status code's gRPC name ("UNAVAILABLE") when there is none. */
+  readonly reason: string;
   readonly metadata: Record<string, string>;
   readonly domain: string | undefined;
+  /** Whether the service chose this error (it carried an ErrorInfo), not the transport. */
+  readonly fromService: boolean;
   static from(error: unknown): HarnessError;
+}
+
+/** `http://host[:port]` or `https://host[:port]` normalised; else throws HarnessError INVALID_SERVER_URL. */
+export declare function parseServer(server: string, source?: string): string;
+/** The text parts of a transcript message, joined. */
+export declare function messageText(message: TranscriptMessage): string;
+
+/** What runTurn (or prompt with `wait: true`) resolves to once the turn has ended. */
+export interface TurnResult {
+  /** The prompt's action id (the agent message's `requestId`). */
+  actionId: string;
+  turn: number;
+  stopReason: StopReason;
+  /** e.g. "END_TURN", "FAILED"; "UNKNOWN_<n>" for a value newer than this package. */
+  stopReasonName: string;
+  /** stopReason is END_TURN. */
+  ok: boolean;
+  /** Set when the turn failed. */
+  error: string | undefined;
+  /** The agent's final text: its message's text parts, joined. */
+  text: string;
+  toolCalls: ToolPart[];
+  /** The session's usage after the turn, when the agent reports it. */
+  usage: Usage | undefined;
+  message: TranscriptMessage | undefined;
+}
+
+export interface PromptOptions {
+  attachments?: Attachment[];
+  interrupt?: boolean;
+  actionId?: string;
+  /** Refuse (SESSION_BUSY, nothing stored) unless the session is idle with an empty queue. */
+  onlyIfIdle?: boolean;
+}
+
+export interface TurnOptions extends PromptOptions {
+  /** Bounds the whole turn (HarnessError DEADLINE_EXCEEDED). */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+  /** Sees each event of the turn as it comes (e.g. to answer a permission request). */
+  onEvent?: (event: SubscribeResponse) => void | Promise<void>;
 }
 
 export type Attachment = string | { uri: string; name: string; mimeType?: string; size?: bigint };
@@ -52,7 +104,10 @@ export interface ClientOptions {
 }
 
 export declare class AgentHarnessClient {
-  constructor(options?: ClientOptions);
+  /** A base URL ("http://127.0.0.1:50051") or options. */
+  constructor(options?: ClientOptions | string);
+  /** AGENT_HARNESS_SERVER (default http://127.0.0.1:50051) and AGENT_HARNESS_TOKEN; `options` override. */
+  static fromEnv(options?: ClientOptions): AgentHarnessClient;
   readonly transport: Transport;
   readonly sessions: Client<typeof AgentSessionService>;
   readonly translator: Client<typeof ChannelTranslatorService>;
@@ -71,11 +126,10 @@ export declare class AgentHarnessClient {
   closeSession(sessionId: string): Promise<AgentSession>;
   deleteSession(sessionId: string): Promise<void>;
   control(request: MessageInitShape<typeof ControlRequestSchema>): Promise<ControlResponse>;
-  prompt(
-    sessionId: string,
-    text: string,
-    options?: { attachments?: Attachment[]; interrupt?: boolean; actionId?: string },
-  ): Promise<ControlResponse>;
+  prompt(sessionId: string, text: string, options?: PromptOptions & { wait?: false }): Promise<ControlResponse>;
+  prompt(sessionId: string, text: string, options: TurnOptions & { wait: true }): Promise<TurnResult>;
+  runTurn(sessionId: string, text: string, options?: TurnOptions): Promise<TurnResult>;
+  turnEvents(sessionId: string, text: string, options?: TurnOptions): AsyncGenerator<SubscribeResponse, void, void>;
   stop(sessionId: string, options?: { clearQueue?: boolean }): Promise<ControlResponse>;
   respondToPermission(sessionId: string, requestId: RequestId, optionId: string | null): Promise<ControlResponse>;
   respondElicitation(
@@ -92,7 +146,14 @@ export declare class AgentHarnessClient {
   ): Promise<{ messages: TranscriptMessage[]; metadata: SessionMetadata | undefined; headOffset: bigint }>;
   subscribe(
     sessionId: string,
-    options?: { view?: "all" | "log" | "messages" | SubscribeView; afterOffset?: bigint; signal?: AbortSignal },
+    options?: {
+      view?: "all" | "log" | "messages" | SubscribeView;
+      afterOffset?: bigint;
+      signal?: AbortSignal;
+      /** false: throw on the first error (e.g. UNAVAILABLE while the server restarts). */
+      resume?: boolean;
+      timeoutMs?: number;
+    },
   ): AsyncGenerator<SubscribeResponse, never, void>;
   translateChannelMessage(message: ChannelMessage | Record<string, unknown>): Promise<TranslateChannelMessageResponse>;
 }

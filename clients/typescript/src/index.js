@@ -1,16 +1,19 @@
 // @agent-harness/client: typed calls to agent-harness over gRPC or gRPC-Web (connect-es), every
-// error thrown as one HarnessError carrying the ErrorInfo reason, and a subscribe() that
-// reconnects and resumes from the last offset by itself. Types: index.d.ts.
+// error thrown as one HarnessError carrying a reason, a subscribe() that reconnects, resumes from
+// the last offset and drops re-sent snapshots, and runTurn() for "send and wait for the result".
+// Types: index.d.ts.
 
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
+import { equals } from "@bufbuild/protobuf";
 import { BinaryReader } from "@bufbuild/protobuf/wire";
 
 import {
   AgentSessionService,
   SubscribeView,
 } from "./gen/agent_harness/v1/agent_session_service_pb.js";
-import { Delivery } from "./gen/agent_harness/v1/session_pb.js";
+import { Delivery, Expect } from "./gen/agent_harness/v1/session_pb.js";
+import { MessageRole, StopReason, TranscriptMessageSchema } from "./gen/agent_harness/v1/transcript_pb.js";
 import { ChannelTranslatorService } from "./gen/agent_harness/v1/translator_service_pb.js";
 
 export * from "./gen/agent_harness/v1/actions_pb.js";
@@ -51,10 +54,22 @@ function decodeErrorInfo(bytes) {
   return info;
 }
 
-/** A failed call. Branch on `reason` (e.g. "SESSION_NOT_FOUND"), never on the message text. */
+/** The gRPC name of a status code ("UNAVAILABLE"), as servers and the Python package spell it. */
+function statusName(code) {
+  if (code === Code.Canceled) return "CANCELLED";
+  return String(Code[code] ?? "UNKNOWN").replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase();
+}
+
+/**
+ * A failed call. Branch on `reason` (e.g. "SESSION_NOT_FOUND"), never on the message text.
+ * `reason` is always set: the service's ErrorInfo reason when it sent one (`fromService`), else
+ * the status code's gRPC name, e.g. "UNAVAILABLE" while the server restarts. A malformed server
+ * URL is thrown as this type too, with reason "INVALID_SERVER_URL".
+ */
 export class HarnessError extends Error {
   constructor(code, message, reason = undefined, metadata = {}, domain = undefined) {
-    super(`${reason ?? Code[code]}: ${message}`);
+    reason = reason || statusName(code);
+    super(`${reason}: ${String(message).split(/\s+/).filter(Boolean).join(" ")}`);
     this.name = "HarnessError";
     /** The gRPC status code (`Code` of @connectrpc/connect). */
     this.code = code;
@@ -68,6 +83,11 @@ export class HarnessError extends Error {
     this.domain = domain;
   }
 
+  /** Whether the service chose this error (it carried an ErrorInfo), not the transport. */
+  get fromService() {
+    return this.domain === ERROR_DOMAIN;
+  }
+
   /** A HarnessError from anything a connect-es call threw. */
   static from(error) {
     if (error instanceof HarnessError) return error;
@@ -78,15 +98,104 @@ export class HarnessError extends Error {
         return new HarnessError(connect.code, connect.rawMessage, info.reason, info.metadata, info.domain);
       }
     }
-    return new HarnessError(connect.code, connect.rawMessage);
+    return new HarnessError(connect.code, connect.rawMessage || (connect.code === Code.Unavailable ? "the server is not reachable" : ""));
   }
 }
 
 /** Whether resubscribing can help: a dropped connection, a restarting or draining server. */
 function resumable(error) {
   if (error.code === Code.Unavailable) return true;
-  if (error.reason !== undefined) return false;
+  if (error.fromService) return false;
   return [Code.Unknown, Code.Internal, Code.Canceled, Code.Aborted].includes(error.code);
+}
+
+/** The server when neither an argument nor AGENT_HARNESS_SERVER names one (the CLI's default). */
+export const DEFAULT_SERVER = "http://127.0.0.1:50051";
+
+/** `http://host[:port]` or `https://host[:port]`, else a HarnessError that says so in one line. */
+export function parseServer(server, source = "server") {
+  let url;
+  try {
+    url = new URL(String(server).trim());
+  } catch {
+    url = undefined;
+  }
+  if (!url || !["http:", "https:"].includes(url.protocol) || !url.hostname || (url.pathname !== "/" && url.pathname !== "") || url.search) {
+    throw new HarnessError(
+      Code.InvalidArgument,
+      `${source} ${JSON.stringify(String(server))} is not a server URL; want http://host:port or https://host[:port]`,
+      "INVALID_SERVER_URL",
+    );
+  }
+  return `${url.protocol}//${url.host}`;
+}
+
+/** The text parts of a transcript message, joined: what the agent said. */
+export function messageText(message) {
+  return message.parts.filter((p) => p.kind.case === "text").map((p) => p.kind.value.text).join("");
+}
+
+/**
+ * Resuming is at-least-once for message snapshots: after a reconnect the server may send one
+ * again. This drops a snapshot equal to the last one seen for its message id, and a log entry at
+ * or below the last offset seen, so the caller sees every change once.
+ */
+class Dedupe {
+  #snapshots = new Map();
+  #lastEntry = 0n;
+
+  fresh(event) {
+    const { case: kind, value } = event.event;
+    if (kind === "message") {
+      const last = this.#snapshots.get(value.id);
+      if (last !== undefined && equals(TranscriptMessageSchema, last, value)) return false;
+      this.#snapshots.set(value.id, value);
+    } else if (kind === "entry") {
+      if (value.offset <= this.#lastEntry) return false;
+      this.#lastEntry = value.offset;
+    }
+    return true;
+  }
+}
+
+/** Follows one prompt's turn through a MESSAGES stream: its agent message and its end. */
+class Turn {
+  constructor(actionId) {
+    this.actionId = actionId;
+    this.message = undefined;
+    this.ended = undefined;
+  }
+
+  concerns(event) {
+    const { case: kind, value } = event.event;
+    if (kind === "message") {
+      if (value.requestId !== this.actionId) return false;
+      if (value.role === MessageRole.AGENT) this.message = value;
+      return true;
+    }
+    if (kind === "turnEnded") {
+      if (value.requestId !== this.actionId) return false;
+      this.ended = value;
+      return true;
+    }
+    return kind === "status" || kind === "queue";
+  }
+
+  result(usage) {
+    const message = this.message;
+    return {
+      actionId: this.actionId,
+      turn: this.ended.turn,
+      stopReason: this.ended.stopReason,
+      stopReasonName: StopReason[this.ended.stopReason] ?? `UNKNOWN_${this.ended.stopReason}`,
+      ok: this.ended.stopReason === StopReason.END_TURN,
+      error: this.ended.error ?? message?.error,
+      text: message ? messageText(message) : "",
+      toolCalls: message ? message.parts.filter((p) => p.kind.case === "tool").map((p) => p.kind.value) : [],
+      usage,
+      message,
+    };
+  }
 }
 
 const VIEWS = {
@@ -137,8 +246,9 @@ export class AgentHarnessClient {
    * @param {number} [options.reconnectForMs] how long subscribe() keeps trying to resubscribe
    */
   constructor(options = {}) {
+    if (typeof options === "string") options = { baseUrl: options };
     const {
-      baseUrl = "http://127.0.0.1:50051",
+      baseUrl = DEFAULT_SERVER,
       token,
       protocol = "grpc",
       transport,
@@ -152,7 +262,8 @@ export class AgentHarnessClient {
         }]
       : [];
     const make = protocol === "grpc-web" ? createGrpcWebTransport : createGrpcTransport;
-    this.transport = transport ?? make({ baseUrl, interceptors });
+    this.transport = transport ?? make({ baseUrl: parseServer(baseUrl), interceptors });
+    this.token = token;
     /** The generated connect-es clients, for anything the helpers do not cover. */
     this.sessions = createClient(AgentSessionService, this.transport);
     this.translator = createClient(ChannelTranslatorService, this.transport);
@@ -160,11 +271,35 @@ export class AgentHarnessClient {
     this.reconnectForMs = reconnectForMs;
   }
 
+  /**
+   * A client of AGENT_HARNESS_SERVER (a URL as the CLI takes it; default http://127.0.0.1:50051)
+   * with the token in AGENT_HARNESS_TOKEN (if set); `options` add to or override them.
+   */
+  static fromEnv(options = {}) {
+    const baseUrl = process.env.AGENT_HARNESS_SERVER || DEFAULT_SERVER;
+    parseServer(baseUrl, "AGENT_HARNESS_SERVER");
+    return new AgentHarnessClient({ baseUrl, token: process.env.AGENT_HARNESS_TOKEN || undefined, ...options });
+  }
+
+  #error(thrown) {
+    const error = HarnessError.from(thrown);
+    if (error.code === Code.Unauthenticated && !this.token) {
+      return new HarnessError(
+        error.code,
+        "the server wants a token and none was given: set AGENT_HARNESS_TOKEN (or pass token)",
+        error.reason,
+        error.metadata,
+        error.domain,
+      );
+    }
+    return error;
+  }
+
   async #call(method, request) {
     try {
       return await method(request, { timeoutMs: this.timeoutMs });
     } catch (error) {
-      throw HarnessError.from(error);
+      throw this.#error(error);
     }
   }
 
@@ -211,14 +346,59 @@ export class AgentHarnessClient {
     return this.#call(this.sessions.control, request);
   }
 
-  /** Sends or queues a prompt; `interrupt` cancels the running turn first. */
-  async prompt(sessionId, text, { attachments = [], interrupt = false, actionId } = {}) {
+  /**
+   * Sends or queues a prompt; `interrupt` cancels the running turn first; `onlyIfIdle` refuses
+   * (reason SESSION_BUSY, nothing stored) unless the session is idle with an empty queue. With
+   * `wait: true` it resolves to the TurnResult once the turn has ended (as runTurn).
+   */
+  async prompt(sessionId, text, options = {}) {
+    if (options.wait) return this.runTurn(sessionId, text, options);
+    const { attachments = [], interrupt = false, actionId, onlyIfIdle = false } = options;
     return this.control({
       sessionId,
       actionId,
       delivery: interrupt ? Delivery.INTERRUPT : Delivery.QUEUE,
+      expect: onlyIfIdle ? Expect.IDLE : undefined,
       action: { case: "prompt", value: { prompt: text, attachments: attachments.map(attachment) } },
     });
+  }
+
+  /**
+   * Sends a prompt and yields the events of its turn (its messages' snapshots, status and queue
+   * changes) until its `turnEnded` event, the last one. Survives a server restart like
+   * subscribe(); `timeoutMs` bounds the whole turn.
+   */
+  async *turnEvents(sessionId, text, options = {}) {
+    const { timeoutMs, signal } = options;
+    const head = (await this.getSession(sessionId)).headOffset;
+    const sent = await this.prompt(sessionId, text, { ...options, wait: false });
+    const turn = new Turn(sent.actionId);
+    for await (const event of this.subscribe(sessionId, { view: "messages", afterOffset: head, timeoutMs, signal })) {
+      if (turn.concerns(event)) {
+        yield event;
+        if (turn.ended) return;
+      }
+    }
+  }
+
+  /**
+   * Sends a prompt and waits for its turn to end: the result holds the stop reason, the agent's
+   * final text, its tool calls and the session's usage. A failed turn resolves with stop reason
+   * FAILED and `error` set (it does not throw); `onEvent` sees each event of the turn as it comes
+   * (e.g. to answer a permission request).
+   */
+  async runTurn(sessionId, text, options = {}) {
+    const { timeoutMs, signal, onEvent } = options;
+    const head = (await this.getSession(sessionId)).headOffset;
+    const sent = await this.prompt(sessionId, text, { ...options, wait: false });
+    const turn = new Turn(sent.actionId);
+    for await (const event of this.subscribe(sessionId, { view: "messages", afterOffset: head, timeoutMs, signal })) {
+      if (turn.concerns(event)) {
+        if (onEvent) await onEvent(event);
+        if (turn.ended) break;
+      }
+    }
+    return turn.result((await this.getSession(sessionId)).usage);
   }
 
   async stop(sessionId, { clearQueue = false } = {}) {
@@ -296,26 +476,44 @@ export class AgentHarnessClient {
    * cannot fix (SESSION_NOT_FOUND, UNAUTHENTICATED, …), or a server gone longer than
    * `reconnectForMs`, are thrown as HarnessError.
    */
-  async *subscribe(sessionId, { view = "messages", afterOffset = 0n, signal } = {}) {
+  async *subscribe(sessionId, { view = "messages", afterOffset = 0n, signal, resume = true, timeoutMs } = {}) {
     let cursor = BigInt(afterOffset);
     let failingSince = null;
     let backoff = 100;
     const viewValue = typeof view === "string" ? VIEWS[view] : view;
+    const deadline = timeoutMs === undefined ? undefined : Date.now() + timeoutMs;
+    const dedupe = new Dedupe();
     for (;;) {
       let error;
+      // Aborted when the caller stops iterating: leaving the loop alone does not end the HTTP/2
+      // stream, which would keep the connection (and a Node process) alive.
+      const done = new AbortController();
+      const streamSignal = signal ? AbortSignal.any([signal, done.signal]) : done.signal;
       try {
-        const stream = this.sessions.subscribe({ sessionId, afterOffset: cursor, view: viewValue }, { signal });
+        const remaining = deadline === undefined ? undefined : Math.max(deadline - Date.now(), 1);
+        const stream = this.sessions.subscribe(
+          { sessionId, afterOffset: cursor, view: viewValue },
+          { signal: streamSignal, timeoutMs: remaining },
+        );
         for await (const event of stream) {
           failingSince = null;
           backoff = 100;
           cursor = event.offset;
-          yield event;
+          if (dedupe.fresh(event)) yield event;
         }
         error = new HarnessError(Code.Unavailable, "the stream ended");
       } catch (thrown) {
-        error = HarnessError.from(thrown);
-        if (signal?.aborted || !resumable(error)) throw error;
+        error = this.#error(thrown);
+        if (signal?.aborted) throw error;
+        if (error.code === Code.Canceled) {
+          // Not cancelled by the caller: the server went away (a kill, a restart, a cut network).
+          error = new HarnessError(Code.Unavailable, `the connection dropped (${error.rawMessage})`);
+        }
+        if (!resume || !resumable(error)) throw error;
+      } finally {
+        done.abort();
       }
+      if (!resume) throw error;
       failingSince ??= Date.now();
       if (Date.now() - failingSince > this.reconnectForMs) throw error;
       await sleep(backoff);

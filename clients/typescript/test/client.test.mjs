@@ -3,13 +3,18 @@
 // transcript, typed errors, and a subscribe that survives a server restart with every event once.
 // AGENT_HARNESS_BIN names the server binary.
 
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
+
+import { equals } from "@bufbuild/protobuf";
+import { ConnectError } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 
 import {
   AgentHarnessClient,
@@ -18,6 +23,8 @@ import {
   HarnessError,
   InteractionOutcome,
   StopReason,
+  TranscriptMessageSchema,
+  messageText,
 } from "@agent-harness/client";
 
 const TIMEOUT = 20_000;
@@ -37,8 +44,10 @@ function freePort() {
 
 /** The real server as a process, restartable on the same port and data dir. */
 class Server {
-  static async create() {
+  /** `tokensFile`: serve with these tokens (and then no extra profiles: they would need cwd roots). */
+  static async create({ tokensFile } = {}) {
     const server = new Server();
+    server.extraArgs = tokensFile ? ["--tokens-file", tokensFile] : [];
     server.dir = mkdtempSync(join(tmpdir(), "agent-harness-ts-"));
     server.port = await freePort();
     server.config = join(server.dir, "config.toml");
@@ -46,7 +55,7 @@ class Server {
     // `mock-fork`: the mock agent with session/fork.
     writeFileSync(
       server.config,
-      `[profiles.mock-resume]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume"]\n`
+      tokensFile ? "" : `[profiles.mock-resume]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume"]\n`
         + `[profiles.mock-fork]\ncommand = ${JSON.stringify(BIN)}\nargs = ["mock-agent", "--resume", "--fork"]\n`,
     );
     await server.start();
@@ -59,7 +68,7 @@ class Server {
 
   async start() {
     const log = openSync(join(this.dir, "server.log"), "a");
-    this.child = spawn(BIN, ["serve", "--listen", `127.0.0.1:${this.port}`, "--data-dir", join(this.dir, "data"), "--config", this.config], {
+    this.child = spawn(BIN, ["serve", "--listen", `127.0.0.1:${this.port}`, "--data-dir", join(this.dir, "data"), "--config", this.config, ...this.extraArgs], {
       stdio: ["ignore", log, log],
     });
     this.exited = new Promise((resolve) => this.child.once("exit", resolve));
@@ -72,6 +81,7 @@ class Server {
         await probe.listSessions();
         return;
       } catch (error) {
+        if (error instanceof HarnessError && error.fromService) return; // it answers
         if (Date.now() > deadline) throw error;
       }
       await new Promise((resolve) => setTimeout(resolve, 50));
@@ -267,4 +277,167 @@ test("subscribe survives a server restart with every event once", { timeout: 90_
     events.seen.filter((e) => e.event.case === "turnEnded").map((e) => e.event.value.requestId),
     [first.actionId, second.actionId],
   );
+});
+
+test("runTurn resolves with the stop reason, final text, tool calls and usage", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const result = await client.runTurn(session.id, "Build it\n@tool t1\n@usage 53000 200000 0.045 USD", { timeoutMs: TIMEOUT });
+  assert.equal(result.stopReason, StopReason.END_TURN);
+  assert.equal(result.stopReasonName, "END_TURN");
+  assert.ok(result.ok);
+  assert.equal(result.error, undefined);
+  assert.ok(result.text.startsWith("echo: Build it"));
+  assert.deepEqual(result.toolCalls.map((t) => [t.toolCallId, t.title]), [["t1", "Run t1"]]);
+  assert.equal(result.usage.usedTokens, 53000n);
+  assert.equal(result.usage.cost.currency, "USD");
+  assert.equal(result.message.requestId, result.actionId);
+
+  const failed = await client.prompt(session.id, "@error -32603 it broke badly", { wait: true, timeoutMs: TIMEOUT });
+  assert.equal(failed.stopReason, StopReason.FAILED);
+  assert.ok(!failed.ok);
+  assert.match(failed.error, /it broke badly/);
+
+  const kinds = [];
+  for await (const event of client.turnEvents(session.id, "three", { timeoutMs: TIMEOUT })) kinds.push(event.event.case);
+  assert.equal(kinds.at(-1), "turnEnded");
+});
+
+test("a permission is answered from onEvent while runTurn waits", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const answered = [];
+  const result = await client.runTurn(session.id, "@permission Deploy", {
+    timeoutMs: TIMEOUT,
+    onEvent: async (event) => {
+      if (event.event.case !== "message") return;
+      for (const part of event.event.value.parts) {
+        if (part.kind.case === "permission" && part.kind.value.outcome === InteractionOutcome.PENDING) {
+          answered.push(part.kind.value.requestId);
+          await client.respondToPermission(session.id, part.kind.value.requestId, "allow-once");
+        }
+      }
+    },
+  });
+  assert.ok(result.ok);
+  assert.equal(answered.length, 1);
+});
+
+test("fromEnv takes an http URL and the token; a malformed URL says so in one line", { timeout: 60_000 }, async () => {
+  const { server } = await setup();
+  const saved = { ...process.env };
+  try {
+    process.env.AGENT_HARNESS_SERVER = server.baseUrl;
+    delete process.env.AGENT_HARNESS_TOKEN;
+    const client = AgentHarnessClient.fromEnv({ timeoutMs: TIMEOUT });
+    const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+    assert.equal((await new AgentHarnessClient(server.baseUrl).getSession(session.id)).id, session.id);
+
+    process.env.AGENT_HARNESS_SERVER = "htp:/127.0.0.1";
+    assert.throws(() => AgentHarnessClient.fromEnv(), (error) => {
+      assert.ok(error instanceof HarnessError);
+      assert.equal(error.reason, "INVALID_SERVER_URL");
+      assert.equal(
+        error.message,
+        'INVALID_SERVER_URL: AGENT_HARNESS_SERVER "htp:/127.0.0.1" is not a server URL; want http://host:port or https://host[:port]',
+      );
+      return true;
+    });
+  } finally {
+    process.env = saved;
+  }
+});
+
+test("UNAVAILABLE while the server is down is a HarnessError with a reason", { timeout: 60_000 }, async () => {
+  const { server, client } = await setup();
+  const session = await client.createSession({ profile: "mock-resume", cwd: tmpdir() });
+  const stream = client.subscribe(session.id, { view: "messages", resume: false });
+  await stream.next();
+  await server.kill();
+  await assert.rejects(async () => {
+    for (;;) await stream.next();
+  }, (error) => error instanceof HarnessError && error.code === Code.Unavailable && error.reason === "UNAVAILABLE");
+  await assert.rejects(client.getSession(session.id), (error) => {
+    assert.equal(error.reason, "UNAVAILABLE");
+    assert.equal(error.fromService, false);
+    assert.ok(!error.message.includes("\n"));
+    return true;
+  });
+});
+
+test("the example program runs a turn where the package was installed as README says", { timeout: 60_000 }, async () => {
+  const { server } = await setup();
+  const folder = process.env.AGENT_HARNESS_TS_DIR;
+  assert.ok(folder, "AGENT_HARNESS_TS_DIR must name the folder of the README install (scripts/test sets it)");
+  const env = { ...process.env, AGENT_HARNESS_SERVER: server.baseUrl };
+  delete env.AGENT_HARNESS_TOKEN;
+  const done = spawnSync("node", ["run-turn.mjs", "Say hello\n@chunks 2 4"], { cwd: folder, env, encoding: "utf8", timeout: TIMEOUT });
+  assert.equal(done.status, 0, done.stderr);
+  const lines = done.stdout.trim().split("\n");
+  assert.equal(lines[0], "echo: Say hello");
+  assert.equal(lines.at(-1), "stop reason: END_TURN");
+  assert.equal(messageText({ parts: [] }), "");
+});
+
+test("a snapshot the server sends again after a resume reaches the caller once", { timeout: 60_000 }, async () => {
+  const { server, client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  await client.runTurn(session.id, "a turn to catch up on\n@chunks 3 8", { timeoutMs: TIMEOUT });
+
+  // The first Subscribe stream loses its connection right after its first message snapshot;
+  // later streams are the server's, recorded raw (before the package's dedupe).
+  let streams = 0;
+  const rawAfterDrop = [];
+  const dropFirstStream = (next) => async (request) => {
+    const response = await next(request);
+    if (!response.stream || request.method.name !== "Subscribe") return response;
+    const first = ++streams === 1;
+    async function* events() {
+      for await (const event of response.message) {
+        if (!first) rawAfterDrop.push(event);
+        yield event;
+        if (first && event.event.case === "message") {
+          throw new ConnectError("the connection dropped (injected by the test)", Code.Unavailable);
+        }
+      }
+    }
+    return { ...response, message: events() };
+  };
+  const transport = createGrpcTransport({ baseUrl: server.baseUrl, interceptors: [dropFirstStream] });
+  const dropping = new AgentHarnessClient({ transport, timeoutMs: TIMEOUT });
+
+  const seen = [];
+  for await (const event of dropping.subscribe(session.id, { view: "messages" })) {
+    seen.push(event);
+    if (event.event.case === "caughtUp") break;
+  }
+  // A catch-up snapshot carries the resume cursor: resuming from it makes the server send it again.
+  assert.equal(streams, 2);
+  const firstSnapshot = seen[0].event.value;
+  const resent = rawAfterDrop.filter((e) => e.event.case === "message").map((e) => e.event.value);
+  assert.ok(equals(TranscriptMessageSchema, resent[0], firstSnapshot), "the server did send the snapshot again");
+  const last = new Map();
+  for (const event of seen.filter((e) => e.event.case === "message")) {
+    const previous = last.get(event.event.value.id);
+    assert.ok(!previous || !equals(TranscriptMessageSchema, previous, event.event.value), `${event.event.value.id} twice unchanged`);
+    last.set(event.event.value.id, event.event.value);
+  }
+  const { messages } = await client.getTranscript(session.id);
+  assert.equal(last.size, messages.length);
+  for (const message of messages) assert.ok(equals(TranscriptMessageSchema, last.get(message.id), message));
+});
+
+test("a call without the token the server wants says in one line which variable to set", { timeout: 60_000 }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), "agent-harness-ts-tokens-"));
+  const tokensFile = join(dir, "tokens.toml");
+  const token = "s3cret-token";
+  writeFileSync(tokensFile, `[[tokens]]\nsha256 = "${createHash("sha256").update(token).digest("hex")}"\nprincipal = "ada"\nkind = "user"\n`);
+  const server = await Server.create({ tokensFile });
+  servers.push(server);
+  await assert.rejects(new AgentHarnessClient(server.baseUrl).listSessions(), (error) => {
+    assert.equal(error.reason, "UNAUTHENTICATED");
+    assert.equal(error.message, "UNAUTHENTICATED: the server wants a token and none was given: set AGENT_HARNESS_TOKEN (or pass token)");
+    return true;
+  });
+  assert.deepEqual(await new AgentHarnessClient({ baseUrl: server.baseUrl, token }).listSessions(), []);
 });

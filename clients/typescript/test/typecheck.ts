@@ -17,3 +17,12 @@ async function main(): Promise<void> {
   try { await client.getSession("x"); } catch (e) { if (e instanceof HarnessError && e.code === Code.NotFound) console.log(e.reason); }
 }
 void main;
+async function turn(): Promise<void> {
+  const fromEnv = AgentHarnessClient.fromEnv({ timeoutMs: 1000 });
+  const result = await fromEnv.runTurn("id", "hello", { timeoutMs: 1000, onEvent: (e) => console.log(e.offset) });
+  const reason: StopReason = result.stopReason;
+  console.log(reason, result.stopReasonName, result.text, result.toolCalls.map((t) => t.title), result.usage?.usedTokens);
+  const waited = await new AgentHarnessClient("http://127.0.0.1:50051").prompt("id", "x", { wait: true });
+  console.log(waited.ok);
+}
+void turn;
