@@ -73,7 +73,8 @@ async def start(program: str, client: HarnessClient):
     return proc, conn
 
 
-async def stop(proc) -> None:
+async def stop(proc, conn) -> None:
+    await conn.close()
     proc.stdin.close()
     await proc.wait()
 
@@ -94,7 +95,7 @@ async def main(program: str, cwd: str) -> int:
     done = await conn.prompt(session_id=session.session_id, prompt=[text_block("@permission")])
     assert done.stop_reason == "end_turn", done
     assert client.withdrawn.is_set()
-    await stop(proc)
+    await stop(proc, conn)
 
     # A new process loads the session: its history comes first, then it goes on.
     again = HarnessClient()
@@ -104,7 +105,7 @@ async def main(program: str, cwd: str) -> int:
     again.prefix = "AGENT"
     done = await conn.prompt(session_id=session.session_id, prompt=[text_block("after load")])
     assert done.stop_reason == "end_turn", done
-    await stop(proc)
+    await stop(proc, conn)
     say("OK")
     return 0
 

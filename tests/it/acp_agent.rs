@@ -457,6 +457,44 @@ async fn an_unreachable_server_fails_initialize_with_a_clear_message() {
 }
 
 #[tokio::test]
+async fn a_cancel_stops_the_clients_running_turn_and_takes_its_queued_prompt_out_of_the_queue() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut peer = Peer::spawn(&h);
+        peer.initialize().await;
+        let session = peer.new_session(cwd(&h)).await;
+        let mut watch = Session::attach(h.sessions(), &session).watch().await;
+        let running = peer
+            .send(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "@wait-cancel"}]}),
+            )
+            .await;
+        let queued = peer
+            .send(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "never run"}]}),
+            )
+            .await;
+        loop {
+            match watch.next().await.expect("open").expect("ok").event {
+                Some(Event::Queue(queue)) if queue.entries.len() == 1 => break,
+                _ => {}
+            }
+        }
+        peer.notify("session/cancel", json!({"sessionId": session})).await;
+        assert_eq!(peer.response(queued).await["result"]["stopReason"], "cancelled");
+        assert_eq!(peer.response(running).await["result"]["stopReason"], "cancelled");
+        let frames = Session::attach(h.sessions(), &session).sent_frames().await;
+        assert!(
+            !frames.iter().any(|f| f["params"]["prompt"][0]["text"] == "never run"),
+            "the queued prompt never reached the agent"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
 async fn session_list_and_close_map_onto_the_harness_sessions() {
     bounded(async {
         let h = Harness::start().await;
@@ -534,7 +572,8 @@ async fn acpx_runs_a_prompt_through_agent_harness_acp_and_a_second_invocation_co
             command
                 .args(["--agent", &agent, "--cwd"])
                 .arg(work.path())
-                .args(["--approve-all", "--format", "quiet", "--ttl", "0.1"])
+                // acpx keeps the agent for a second after each invocation, no longer.
+                .args(["--approve-all", "--format", "quiet", "--ttl", "1"])
                 .args(args)
                 .env("HOME", home.path())
                 .env("AGENT_HARNESS_SERVER", format!("http://{}", h.addr()))
@@ -562,7 +601,12 @@ async fn acpx_runs_a_prompt_through_agent_harness_acp_and_a_second_invocation_co
         let frames = Session::attach(h.sessions(), &session).sent_frames().await;
         assert!(frames.iter().any(|f| f["params"]["prompt"][0]["text"] == "hello from acpx"));
 
-        // A second invocation (a new agent process) attaches to the same session and goes on.
+        // A second invocation attaches to the same session and goes on, from a new agent
+        // process: acpx's owner of the first (and its `agent-harness acp`) is gone by then.
+        let queues = home.path().join(".acpx/queues");
+        while std::fs::read_dir(&queues).is_ok_and(|mut entries| entries.next().is_some()) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let second = run(&["prompt", "and again"]).output().await.expect("acpx runs");
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success(), "acpx prompt: {second:?}");
