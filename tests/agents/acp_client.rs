@@ -14,7 +14,8 @@ use crate::kit::{Agent, Outcome, PROFILE, Rig, note};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_driven_by_acpx_through_agent_harness_acp_asks_and_writes_the_file() {
-    let test = "acp_client::claude_driven_by_acpx_through_agent_harness_acp_asks_and_writes_the_file";
+    let test =
+        "acp_client::claude_driven_by_acpx_through_agent_harness_acp_asks_and_writes_the_file";
     let Some(agent) = crate::claude::claude_newest(test) else {
         return;
     };
@@ -37,9 +38,18 @@ async fn permission_turn_through_acpx(agent: Agent) -> Outcome {
     let output = Command::new(&acpx)
         .args(["--agent", &agent_command, "--cwd"])
         .arg(rig.work())
-        .args(["--approve-all", "--format", "json", "exec", "please [write hello.txt]"])
+        .args([
+            "--approve-all",
+            "--format",
+            "json",
+            "exec",
+            "please [write hello.txt]",
+        ])
         .env("HOME", &acpx_home)
-        .env("AGENT_HARNESS_SERVER", format!("http://{}", rig.server.addr()))
+        .env(
+            "AGENT_HARNESS_SERVER",
+            format!("http://{}", rig.server.addr()),
+        )
         .env_remove("AGENT_HARNESS_TOKEN")
         .kill_on_drop(true)
         .output()

@@ -47,7 +47,9 @@ fn acp_command(server: &str, args: &[&str]) -> Command {
 
 impl Peer {
     fn spawn_on(server: &str, args: &[&str]) -> Self {
-        let mut child = acp_command(server, args).spawn().expect("agent-harness acp starts");
+        let mut child = acp_command(server, args)
+            .spawn()
+            .expect("agent-harness acp starts");
         let stdin = child.stdin.take().expect("stdin");
         let stdout = child.stdout.take().expect("stdout");
         Self {
@@ -169,8 +171,14 @@ impl Peer {
     fn chunks(&self, kind: &str) -> Vec<String> {
         self.seen
             .iter()
-            .filter(|m| m["method"] == "session/update" && m["params"]["update"]["sessionUpdate"] == kind)
-            .filter_map(|m| m["params"]["update"]["content"]["text"].as_str().map(str::to_owned))
+            .filter(|m| {
+                m["method"] == "session/update" && m["params"]["update"]["sessionUpdate"] == kind
+            })
+            .filter_map(|m| {
+                m["params"]["update"]["content"]["text"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
             .collect()
     }
 }
@@ -208,8 +216,10 @@ async fn an_acp_client_runs_a_prompt_and_reads_the_mock_agents_reply_as_updates(
         let mut harness_session = Session::attach(h.sessions(), &session);
         let frames = harness_session.sent_frames().await;
         assert!(
-            frames.iter().any(|f| f["method"] == "session/prompt"
-                && f["params"]["prompt"][0]["text"] == "hello"),
+            frames
+                .iter()
+                .any(|f| f["method"] == "session/prompt"
+                    && f["params"]["prompt"][0]["text"] == "hello"),
             "{frames:?}"
         );
     })
@@ -218,7 +228,7 @@ async fn an_acp_client_runs_a_prompt_and_reads_the_mock_agents_reply_as_updates(
 
 #[tokio::test]
 async fn two_acp_clients_see_every_update_of_both_turns_in_order_and_the_second_prompt_waits_its_turn()
-{
+ {
     bounded(async {
         let h = Harness::start().await;
         let mut first = Peer::spawn(&h);
@@ -227,7 +237,10 @@ async fn two_acp_clients_see_every_update_of_both_turns_in_order_and_the_second_
         let mut second = Peer::spawn(&h);
         second.initialize().await;
         let resumed = second
-            .call("session/resume", json!({"sessionId": session, "cwd": cwd(&h), "mcpServers": []}))
+            .call(
+                "session/resume",
+                json!({"sessionId": session, "cwd": cwd(&h), "mcpServers": []}),
+            )
             .await;
         assert!(resumed.get("result").is_some(), "{resumed}");
         let mut watch = Session::attach(h.sessions(), &session).watch().await;
@@ -259,18 +272,31 @@ async fn two_acp_clients_see_every_update_of_both_turns_in_order_and_the_second_
         // The second client was asked too; the first answers, so the second's is withdrawn.
         let asked_second = second.agent_request("session/request_permission").await;
         first
-            .reply(&asked["id"], json!({"outcome": {"outcome": "selected", "optionId": "allow-once"}}))
+            .reply(
+                &asked["id"],
+                json!({"outcome": {"outcome": "selected", "optionId": "allow-once"}}),
+            )
             .await;
         let withdrawn = second.until(|m| m["method"] == "$/cancel_request").await;
         assert_eq!(withdrawn["params"]["requestId"], asked_second["id"]);
 
-        assert_eq!(first.response(first_prompt).await["result"]["stopReason"], "end_turn");
-        assert_eq!(second.response(second_prompt).await["result"]["stopReason"], "end_turn");
+        assert_eq!(
+            first.response(first_prompt).await["result"]["stopReason"],
+            "end_turn"
+        );
+        assert_eq!(
+            second.response(second_prompt).await["result"]["stopReason"],
+            "end_turn"
+        );
         // The first client reads the second's turn to its end too.
         first
             .until(|m| m["params"]["update"]["content"]["text"] == "echo: second")
             .await;
-        let expected = ["echo: @permission", "permission: selected allow-once", "echo: second"];
+        let expected = [
+            "echo: @permission",
+            "permission: selected allow-once",
+            "echo: second",
+        ];
         assert_eq!(first.agent_texts(), expected);
         assert_eq!(second.agent_texts(), expected);
         // Each sees the other's prompt as user text, never its own again.
@@ -306,7 +332,10 @@ async fn a_permission_answered_from_the_cli_is_withdrawn_from_the_waiting_acp_cl
         assert!(answered.status.success(), "{answered:?}");
         let withdrawn = peer.until(|m| m["method"] == "$/cancel_request").await;
         assert_eq!(withdrawn["params"]["requestId"], asked["id"]);
-        assert_eq!(peer.response(prompt).await["result"]["stopReason"], "end_turn");
+        assert_eq!(
+            peer.response(prompt).await["result"]["stopReason"],
+            "end_turn"
+        );
         assert_eq!(
             peer.agent_texts(),
             ["echo: @permission", "permission: selected reject-once"]
@@ -355,13 +384,17 @@ async fn a_client_killed_mid_turn_leaves_the_turn_running_and_a_new_process_repl
         let request_id = pending_permission(&h, &session).await;
         harness_session
             .act(crate::support::permission_answer(
-                crate::support::number_id(request_id.parse().expect("the mock numbers its requests")),
+                crate::support::number_id(
+                    request_id.parse().expect("the mock numbers its requests"),
+                ),
                 Some("allow-once"),
             ))
             .await
             .expect("answered");
         loop {
-            if let Some(Event::TurnEnded(ended)) = watch.next().await.expect("open").expect("ok").event {
+            if let Some(Event::TurnEnded(ended)) =
+                watch.next().await.expect("open").expect("ok").event
+            {
                 assert_eq!(ended.stop_reason(), pb::StopReason::EndTurn);
                 break;
             }
@@ -370,7 +403,10 @@ async fn a_client_killed_mid_turn_leaves_the_turn_running_and_a_new_process_repl
         let mut again = Peer::spawn(&h);
         again.initialize().await;
         let loaded = again
-            .call("session/load", json!({"sessionId": session, "cwd": cwd(&h), "mcpServers": []}))
+            .call(
+                "session/load",
+                json!({"sessionId": session, "cwd": cwd(&h), "mcpServers": []}),
+            )
             .await;
         assert!(loaded.get("result").is_some(), "{loaded}");
         assert_eq!(again.chunks("user_message_chunk"), ["@permission"]);
@@ -379,7 +415,12 @@ async fn a_client_killed_mid_turn_leaves_the_turn_running_and_a_new_process_repl
             ["echo: @permission", "permission: selected allow-once"]
         );
         // Nothing held any more, so nothing is asked.
-        assert!(!again.seen.iter().any(|m| m["method"] == "session/request_permission"));
+        assert!(
+            !again
+                .seen
+                .iter()
+                .any(|m| m["method"] == "session/request_permission")
+        );
         // And the session goes on from the new process.
         let answer = again
             .call(
@@ -388,7 +429,10 @@ async fn a_client_killed_mid_turn_leaves_the_turn_running_and_a_new_process_repl
             )
             .await;
         assert_eq!(answer["result"]["stopReason"], "end_turn");
-        assert_eq!(again.agent_texts().last().map(String::as_str), Some("echo: after"));
+        assert_eq!(
+            again.agent_texts().last().map(String::as_str),
+            Some("echo: after")
+        );
     })
     .await
 }
@@ -416,7 +460,10 @@ async fn bad_lines_unknown_methods_and_unknown_sessions_get_json_rpc_errors_and_
                 json!({"sessionId": uuid_v7(), "prompt": [{"type": "text", "text": "hi"}]}),
             )
             .await;
-        assert_eq!(missing["error"]["data"]["reason"], "SESSION_NOT_FOUND", "{missing}");
+        assert_eq!(
+            missing["error"]["data"]["reason"], "SESSION_NOT_FOUND",
+            "{missing}"
+        );
         // Still serving.
         let session = peer.new_session(cwd(&h)).await;
         let answer = peer
@@ -447,10 +494,18 @@ async fn an_unreachable_server_fails_initialize_with_a_clear_message() {
         let server = format!("http://127.0.0.1:{port}");
         let mut peer = Peer::spawn_on(&server, &["--profile", "mock"]);
         let answer = peer
-            .call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
+            .call(
+                "initialize",
+                json!({"protocolVersion": 1, "clientCapabilities": {}}),
+            )
             .await;
-        let message = answer["error"]["message"].as_str().unwrap_or_else(|| panic!("{answer}"));
-        assert!(message.contains("cannot reach") && message.contains(&server), "{message}");
+        let message = answer["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{answer}"));
+        assert!(
+            message.contains("cannot reach") && message.contains(&server),
+            "{message}"
+        );
         assert_eq!(answer["error"]["data"]["reason"], "UNAVAILABLE");
     })
     .await
@@ -482,12 +537,21 @@ async fn a_cancel_stops_the_clients_running_turn_and_takes_its_queued_prompt_out
                 _ => {}
             }
         }
-        peer.notify("session/cancel", json!({"sessionId": session})).await;
-        assert_eq!(peer.response(queued).await["result"]["stopReason"], "cancelled");
-        assert_eq!(peer.response(running).await["result"]["stopReason"], "cancelled");
+        peer.notify("session/cancel", json!({"sessionId": session}))
+            .await;
+        assert_eq!(
+            peer.response(queued).await["result"]["stopReason"],
+            "cancelled"
+        );
+        assert_eq!(
+            peer.response(running).await["result"]["stopReason"],
+            "cancelled"
+        );
         let frames = Session::attach(h.sessions(), &session).sent_frames().await;
         assert!(
-            !frames.iter().any(|f| f["params"]["prompt"][0]["text"] == "never run"),
+            !frames
+                .iter()
+                .any(|f| f["params"]["prompt"][0]["text"] == "never run"),
             "the queued prompt never reached the agent"
         );
     })
@@ -503,8 +567,13 @@ async fn session_list_and_close_map_onto_the_harness_sessions() {
         let session = peer.new_session(cwd(&h)).await;
         let listed = peer.call("session/list", json!({})).await;
         let sessions = listed["result"]["sessions"].as_array().expect("sessions");
-        assert!(sessions.iter().any(|s| s["sessionId"] == session.as_str()), "{listed}");
-        let closed = peer.call("session/close", json!({"sessionId": session})).await;
+        assert!(
+            sessions.iter().any(|s| s["sessionId"] == session.as_str()),
+            "{listed}"
+        );
+        let closed = peer
+            .call("session/close", json!({"sessionId": session}))
+            .await;
         assert!(closed.get("result").is_some(), "{closed}");
         let state = Session::attach(h.sessions(), &session).get().await;
         assert_eq!(state.status(), pb::SessionStatus::Closed);
@@ -514,7 +583,10 @@ async fn session_list_and_close_map_onto_the_harness_sessions() {
                 json!({"sessionId": session, "prompt": [{"type": "text", "text": "hi"}]}),
             )
             .await;
-        assert_eq!(refused["error"]["data"]["reason"], "SESSION_CLOSED", "{refused}");
+        assert_eq!(
+            refused["error"]["data"]["reason"], "SESSION_CLOSED",
+            "{refused}"
+        );
     })
     .await
 }
@@ -532,8 +604,13 @@ async fn a_config_option_set_through_acp_answers_with_the_agents_new_options() {
                 json!({"sessionId": session, "configId": "model", "value": "mock-smart"}),
             )
             .await;
-        let options = set["result"]["configOptions"].as_array().unwrap_or_else(|| panic!("{set}"));
-        let model = options.iter().find(|o| o["id"] == "model").expect("model option");
+        let options = set["result"]["configOptions"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{set}"));
+        let model = options
+            .iter()
+            .find(|o| o["id"] == "model")
+            .expect("model option");
         assert_eq!(model["currentValue"], "mock-smart");
         let refused = peer
             .call(
@@ -560,7 +637,8 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[tokio::test]
 #[ignore = "needs acpx: run by scripts/test acp-agent"]
-async fn acpx_runs_a_prompt_through_agent_harness_acp_and_a_second_invocation_continues_the_session() {
+async fn acpx_runs_a_prompt_through_agent_harness_acp_and_a_second_invocation_continues_the_session()
+ {
     within(CLIENT_TIMEOUT, async {
         let acpx = required("AGENT_HARNESS_ACPX");
         let h = Harness::start().await;
@@ -583,7 +661,10 @@ async fn acpx_runs_a_prompt_through_agent_harness_acp_and_a_second_invocation_co
         };
         let created = run(&["sessions", "new"]).output().await.expect("acpx runs");
         assert!(created.status.success(), "acpx sessions new: {created:?}");
-        let first = run(&["prompt", "hello from acpx"]).output().await.expect("acpx runs");
+        let first = run(&["prompt", "hello from acpx"])
+            .output()
+            .await
+            .expect("acpx runs");
         let stdout = String::from_utf8_lossy(&first.stdout);
         assert!(first.status.success(), "acpx prompt: {first:?}");
         assert!(stdout.contains("echo: hello from acpx"), "{stdout}");
@@ -599,7 +680,11 @@ async fn acpx_runs_a_prompt_through_agent_harness_acp_and_a_second_invocation_co
         assert_eq!(listed.len(), 1, "{listed:?}");
         let session = listed[0].id.clone();
         let frames = Session::attach(h.sessions(), &session).sent_frames().await;
-        assert!(frames.iter().any(|f| f["params"]["prompt"][0]["text"] == "hello from acpx"));
+        assert!(
+            frames
+                .iter()
+                .any(|f| f["params"]["prompt"][0]["text"] == "hello from acpx")
+        );
 
         // A second invocation attaches to the same session and goes on, from a new agent
         // process: acpx's owner of the first (and its `agent-harness acp`) is gone by then.
@@ -607,7 +692,10 @@ async fn acpx_runs_a_prompt_through_agent_harness_acp_and_a_second_invocation_co
         while std::fs::read_dir(&queues).is_ok_and(|mut entries| entries.next().is_some()) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let second = run(&["prompt", "and again"]).output().await.expect("acpx runs");
+        let second = run(&["prompt", "and again"])
+            .output()
+            .await
+            .expect("acpx runs");
         let stdout = String::from_utf8_lossy(&second.stdout);
         assert!(second.status.success(), "acpx prompt: {second:?}");
         assert!(stdout.contains("echo: and again"), "{stdout}");
@@ -632,7 +720,8 @@ async fn acpx_runs_a_prompt_through_agent_harness_acp_and_a_second_invocation_co
 
 #[tokio::test]
 #[ignore = "needs the ACP Python SDK: run by scripts/test acp-agent"]
-async fn the_python_sdk_client_prompts_answers_a_permission_sees_one_withdrawn_and_loads_the_session() {
+async fn the_python_sdk_client_prompts_answers_a_permission_sees_one_withdrawn_and_loads_the_session()
+ {
     within(CLIENT_TIMEOUT, async {
         let python = required("AGENT_HARNESS_ACP_PYTHON");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/acp/sdk_client.py");
@@ -683,7 +772,10 @@ async fn the_python_sdk_client_prompts_answers_a_permission_sees_one_withdrawn_a
             "AGENT echo: after load",
             "OK",
         ] {
-            assert!(said.iter().any(|l| l == expected), "{expected:?} not in {said:?}");
+            assert!(
+                said.iter().any(|l| l == expected),
+                "{expected:?} not in {said:?}"
+            );
         }
     })
     .await

@@ -171,7 +171,13 @@ impl Attachment {
                             Ok(Some(event)) => {
                                 backoff = Duration::from_millis(100);
                                 cursor = event.offset;
-                                self.event(event, &mut translator, &client, &outbox, &mut caught_up);
+                                self.event(
+                                    event,
+                                    &mut translator,
+                                    &client,
+                                    &outbox,
+                                    &mut caught_up,
+                                );
                             }
                             Ok(None) => break Status::unavailable("the stream ended"),
                             Err(status) => break status,
@@ -182,7 +188,11 @@ impl Attachment {
             };
             if !matches!(
                 ended.code(),
-                Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Aborted | Code::Internal
+                Code::Unavailable
+                    | Code::Unknown
+                    | Code::Cancelled
+                    | Code::Aborted
+                    | Code::Internal
             ) {
                 eprintln!(
                     "agent-harness acp: session {}: the stream ended: {}",

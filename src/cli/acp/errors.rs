@@ -135,6 +135,11 @@ mod tests {
         let error = RpcError::from(status).to_json();
         assert_eq!(error["code"], code::RESOURCE_NOT_FOUND);
         assert_eq!(error["data"]["reason"], "SESSION_NOT_FOUND");
-        assert!(error["message"].as_str().unwrap().contains("no such session"));
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .contains("no such session")
+        );
     }
 }

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use crate::cli::render::Pending;
 use crate::pb::v1::{
-    self as pb, InteractionOutcome, JsonRpcId, SessionStatus, control_request::Action,
-    json_rpc_id, message_part::Kind,
+    self as pb, InteractionOutcome, JsonRpcId, SessionStatus, control_request::Action, json_rpc_id,
+    message_part::Kind,
 };
 
 /// The agent's request id as a map key (`7` and `"7"` stay apart).
@@ -85,12 +85,16 @@ impl Interactions {
     pub(crate) fn message(&mut self, message: &pb::TranscriptMessage) {
         for part in &message.parts {
             let (id, outcome, held) = match &part.kind {
-                Some(Kind::Permission(p)) => {
-                    (p.request_id.as_ref(), p.outcome(), Pending::Permission(p.clone()))
-                }
-                Some(Kind::Elicitation(e)) => {
-                    (e.request_id.as_ref(), e.outcome(), Pending::Elicitation(e.clone()))
-                }
+                Some(Kind::Permission(p)) => (
+                    p.request_id.as_ref(),
+                    p.outcome(),
+                    Pending::Permission(p.clone()),
+                ),
+                Some(Kind::Elicitation(e)) => (
+                    e.request_id.as_ref(),
+                    e.outcome(),
+                    Pending::Elicitation(e.clone()),
+                ),
                 _ => continue,
             };
             if outcome == InteractionOutcome::Pending {
@@ -156,8 +160,8 @@ impl Interactions {
                     }),
                 },
                 Pending::Elicitation(e) if self.elicitation => {
-                    let mut params =
-                        serde_json::from_str::<Value>(&e.request_json).unwrap_or_else(|_| json!({}));
+                    let mut params = serde_json::from_str::<Value>(&e.request_json)
+                        .unwrap_or_else(|_| json!({}));
                     if params.get("sessionId").is_some() {
                         params["sessionId"] = json!(self.session_id);
                     }
@@ -268,7 +272,14 @@ mod tests {
         assert!(i.steps().is_empty(), "not before the session awaits input");
         i.status(SessionStatus::AwaitingInput);
         let steps = i.steps();
-        let [Step::Forward { key, method, params }] = steps.as_slice() else {
+        let [
+            Step::Forward {
+                key,
+                method,
+                params,
+            },
+        ] = steps.as_slice()
+        else {
             panic!("{steps:?}")
         };
         assert_eq!(*method, "session/request_permission");
@@ -308,7 +319,8 @@ mod tests {
         ));
         let elicitation = Pending::Elicitation(pb::ElicitationPart::default());
         let accepted = json!({"action": "accept", "content": {"name": "Ada", "n": 2}});
-        let Some(Action::RespondElicitation(answer)) = answer_action(&elicitation, &accepted) else {
+        let Some(Action::RespondElicitation(answer)) = answer_action(&elicitation, &accepted)
+        else {
             panic!()
         };
         let Some(pb::respond_elicitation_action::Answer::Accept(accept)) = answer.answer else {

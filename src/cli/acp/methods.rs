@@ -94,8 +94,10 @@ impl Bridge {
 
     async fn initialize(&self, params: Value) -> Result<Value, RpcError> {
         let request: acp::InitializeRequest = self::params(params.clone())?;
-        *self.capabilities.lock().expect("not poisoned") =
-            params.get("clientCapabilities").cloned().unwrap_or(Value::Null);
+        *self.capabilities.lock().expect("not poisoned") = params
+            .get("clientCapabilities")
+            .cloned()
+            .unwrap_or(Value::Null);
         let mut client = self.client().await?;
         let server = crate::cli::redacted_url(self.args.server.url());
         // What the harness knows of the agent: from the named session, else from the newest
@@ -119,7 +121,8 @@ impl Bridge {
                 .await?
                 .into_inner();
             Ok(page.sessions.into_iter().find(|s| {
-                Some(&s.profile) == self.args.profile.as_ref() && !s.agent_capabilities_json.is_empty()
+                Some(&s.profile) == self.args.profile.as_ref()
+                    && !s.agent_capabilities_json.is_empty()
             }))
         })
         .await
@@ -228,7 +231,10 @@ impl Bridge {
     async fn load(&self, params: Value, replay: bool) -> Result<Value, RpcError> {
         let session_id = params["sessionId"].as_str().map(str::to_owned);
         let session_id = if replay {
-            self::params::<acp::LoadSessionRequest>(params)?.session_id.0.to_string()
+            self::params::<acp::LoadSessionRequest>(params)?
+                .session_id
+                .0
+                .to_string()
         } else {
             session_id.ok_or_else(|| RpcError::invalid_params("missing sessionId"))?
         };
@@ -271,7 +277,11 @@ impl Bridge {
             held,
             session.status(),
             Start {
-                after: if replay || from_start { 0 } else { session.head_offset },
+                after: if replay || from_start {
+                    0
+                } else {
+                    session.head_offset
+                },
                 caught_up: Some(caught_up),
                 go: wait_go,
             },
@@ -414,7 +424,11 @@ impl Bridge {
         let value = match &request.value {
             acp::SessionConfigOptionValue::Boolean { value } => value.to_string(),
             acp::SessionConfigOptionValue::ValueId { value } => value.0.to_string(),
-            _ => return Err(RpcError::invalid_params("an option value of an unknown type")),
+            _ => {
+                return Err(RpcError::invalid_params(
+                    "an option value of an unknown type",
+                ));
+            }
         };
         let session_id = request.session_id.0.to_string();
         let result = self
@@ -460,11 +474,8 @@ impl Bridge {
     }
 
     async fn list(&self, params: Value) -> Result<Value, RpcError> {
-        let request: acp::ListSessionsRequest = self::params(if params.is_null() {
-            json!({})
-        } else {
-            params
-        })?;
+        let request: acp::ListSessionsRequest =
+            self::params(if params.is_null() { json!({}) } else { params })?;
         let mut client = self.client().await?;
         let page = client
             .list_sessions(pb::ListSessionsRequest {
@@ -477,7 +488,12 @@ impl Bridge {
         let sessions: Vec<Value> = page
             .sessions
             .iter()
-            .filter(|s| request.cwd.as_deref().is_none_or(|cwd| Path::new(&s.cwd) == cwd))
+            .filter(|s| {
+                request
+                    .cwd
+                    .as_deref()
+                    .is_none_or(|cwd| Path::new(&s.cwd) == cwd)
+            })
             .map(|s| {
                 let mut info = json!({
                     "sessionId": s.id,
@@ -548,7 +564,10 @@ fn status_name(status: pb::SessionStatus) -> String {
 fn rfc3339(at: &prost_types::Timestamp) -> String {
     humantime::format_rfc3339_millis(
         std::time::UNIX_EPOCH
-            + Duration::new(at.seconds.max(0) as u64, at.nanos.clamp(0, 999_999_999) as u32),
+            + Duration::new(
+                at.seconds.max(0) as u64,
+                at.nanos.clamp(0, 999_999_999) as u32,
+            ),
     )
     .to_string()
 }
@@ -579,7 +598,11 @@ fn prompt_action(blocks: Vec<acp::ContentBlock>) -> Result<pb::PromptAction, Rpc
                 acp::EmbeddedResourceResource::BlobResourceContents(r) => {
                     attachments.push(link(r.uri, None, r.mime_type, None))
                 }
-                _ => return Err(RpcError::invalid_params("an embedded resource of an unknown kind")),
+                _ => {
+                    return Err(RpcError::invalid_params(
+                        "an embedded resource of an unknown kind",
+                    ));
+                }
             },
             acp::ContentBlock::Image(image) => match image.uri {
                 Some(uri) => attachments.push(link(uri, None, Some(image.mime_type), None)),

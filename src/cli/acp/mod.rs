@@ -25,7 +25,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use super::{Outcome, ServerArgs};
 use wire::Incoming;
 
-pub(crate) const ACP_HELP: &str = concat!(
+pub(crate) const ACP_HELP: &str =
     "Speaks ACP (JSON-RPC 2.0, one message per line) on stdin/stdout as an agent, and drives
 harness sessions over gRPC. An ACP client starts it as its agent command; each ACP session is
 a harness session, so it keeps its durable log and queue, survives the client going away, and
@@ -52,8 +52,7 @@ Examples:
 Server: --server or AGENT_HARNESS_SERVER (default http://127.0.0.1:50051).
 TLS:    --ca-file, --cert/--key as for the other subcommands.
 Token:  AGENT_HARNESS_TOKEN (sent as `authorization: Bearer <token>`).
-Exit:   0 when the client closes stdin; turns still running go on in the harness."
-);
+Exit:   0 when the client closes stdin; turns still running go on in the harness.";
 
 #[derive(Args, Clone)]
 pub struct AcpArgs {
@@ -87,7 +86,7 @@ pub(crate) async fn run(args: AcpArgs) -> Outcome {
             continue;
         }
         match wire::parse(&line) {
-            Err((id, error)) => outbox.fail(id, error),
+            Err(refused) => outbox.fail(refused.id, refused.error),
             Ok(Incoming::Response { id, outcome }) => outbox.answered(&id, outcome),
             Ok(Incoming::Request { id, method, params }) => {
                 let bridge = bridge.clone();

@@ -127,7 +127,10 @@ mod tests {
             ),
             |_| false,
         );
-        assert_eq!(read.updates, vec![json!({"sessionId": "h-1", "update": update})]);
+        assert_eq!(
+            read.updates,
+            vec![json!({"sessionId": "h-1", "update": update})]
+        );
     }
 
     #[test]
@@ -141,8 +144,14 @@ mod tests {
         let theirs = t.read(&entry(LogDirection::ToRuntime, prompt.clone()), |_| false);
         assert_eq!(theirs.dispatched.as_deref(), Some("a-1"));
         assert_eq!(theirs.updates.len(), 2);
-        assert_eq!(theirs.updates[0]["update"]["content"]["text"], "hello <m-agent-context");
-        assert_eq!(theirs.updates[1]["update"]["content"]["type"], "resource_link");
+        assert_eq!(
+            theirs.updates[0]["update"]["content"]["text"],
+            "hello <m-agent-context"
+        );
+        assert_eq!(
+            theirs.updates[1]["update"]["content"]["type"],
+            "resource_link"
+        );
         let ours = t.read(&entry(LogDirection::ToRuntime, prompt), |id| id == "a-1");
         assert!(ours.updates.is_empty());
     }
@@ -162,7 +171,10 @@ mod tests {
         );
         assert!(t.read(&update("old"), |_| false).updates.is_empty());
         let answered = t.read(
-            &entry(LogDirection::FromRuntime, json!({"jsonrpc": "2.0", "id": "harness:2:1", "result": {}})),
+            &entry(
+                LogDirection::FromRuntime,
+                json!({"jsonrpc": "2.0", "id": "harness:2:1", "result": {}}),
+            ),
             |_| false,
         );
         assert_eq!(answered.answer, None);

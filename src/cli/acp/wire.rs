@@ -37,13 +37,24 @@ pub(crate) enum Incoming {
     },
 }
 
-/// Reads one line. `Err` carries the error to answer and the id to answer it on (`null` when
-/// the line had none that could be read).
-pub(crate) fn parse(line: &str) -> Result<Incoming, (Value, RpcError)> {
+/// A line that is no JSON-RPC message: the error to answer, on the id the line had (`null` when
+/// none could be read).
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub(crate) id: Value,
+    pub(crate) error: RpcError,
+}
+
+fn refused(id: Value, error: RpcError) -> Box<Refused> {
+    Box::new(Refused { id, error })
+}
+
+/// Reads one line.
+pub(crate) fn parse(line: &str) -> Result<Incoming, Box<Refused>> {
     let value: Value = serde_json::from_str(line)
-        .map_err(|e| (Value::Null, RpcError::parse(format!("not JSON: {e}"))))?;
+        .map_err(|e| refused(Value::Null, RpcError::parse(format!("not JSON: {e}"))))?;
     let Value::Object(mut object) = value else {
-        return Err((
+        return Err(refused(
             Value::Null,
             RpcError::invalid_request("a JSON-RPC message is one JSON object per line"),
         ));
@@ -52,13 +63,13 @@ pub(crate) fn parse(line: &str) -> Result<Incoming, (Value, RpcError)> {
     if let Some(id) = &id
         && !(id.is_string() || id.is_number() || id.is_null())
     {
-        return Err((
+        return Err(refused(
             Value::Null,
             RpcError::invalid_request("`id` must be a string, a number or null"),
         ));
     }
     if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err((
+        return Err(refused(
             id.unwrap_or(Value::Null),
             RpcError::invalid_request("`jsonrpc` must be \"2.0\""),
         ));
@@ -67,7 +78,7 @@ pub(crate) fn parse(line: &str) -> Result<Incoming, (Value, RpcError)> {
     match (object.remove("method"), id) {
         (Some(Value::String(method)), Some(id)) => Ok(Incoming::Request { id, method, params }),
         (Some(Value::String(method)), None) => Ok(Incoming::Notification { method, params }),
-        (Some(_), id) => Err((
+        (Some(_), id) => Err(refused(
             id.unwrap_or(Value::Null),
             RpcError::invalid_request("`method` must be a string"),
         )),
@@ -76,7 +87,7 @@ pub(crate) fn parse(line: &str) -> Result<Incoming, (Value, RpcError)> {
                 (Some(result), None) => Ok(result),
                 (None, Some(error)) => Err(error),
                 _ => {
-                    return Err((
+                    return Err(refused(
                         Value::Null,
                         RpcError::invalid_request("a response holds exactly one of result, error"),
                     ));
@@ -84,19 +95,22 @@ pub(crate) fn parse(line: &str) -> Result<Incoming, (Value, RpcError)> {
             };
             Ok(Incoming::Response { id, outcome })
         }
-        (None, None) => Err((
+        (None, None) => Err(refused(
             Value::Null,
             RpcError::invalid_request("neither a request, a notification nor a response"),
         )),
     }
 }
 
+/// Where the client's answer to one of our requests goes: its `result`, or its `error`.
+type Answer = oneshot::Sender<Result<Value, Value>>;
+
 /// Where our lines go. Cloned freely; one task writes them out.
 #[derive(Clone)]
 pub(crate) struct Outbox {
     lines: mpsc::UnboundedSender<String>,
     next_id: Arc<AtomicI64>,
-    waiting: Arc<Mutex<HashMap<i64, oneshot::Sender<Result<Value, Value>>>>>,
+    waiting: Arc<Mutex<HashMap<i64, Answer>>>,
 }
 
 impl Outbox {
@@ -153,7 +167,10 @@ impl Outbox {
     ) -> (i64, oneshot::Receiver<Result<Value, Value>>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
-        self.waiting.lock().expect("not poisoned").insert(id, answer);
+        self.waiting
+            .lock()
+            .expect("not poisoned")
+            .insert(id, answer);
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         (id, answered)
     }
@@ -192,7 +209,10 @@ mod tests {
         ));
         assert!(matches!(
             parse(r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32800,"message":"x"}}"#),
-            Ok(Incoming::Response { outcome: Err(_), .. })
+            Ok(Incoming::Response {
+                outcome: Err(_),
+                ..
+            })
         ));
     }
 
@@ -205,8 +225,8 @@ mod tests {
             (r#"{"jsonrpc":"2.0","id":1,"method":5}"#, -32600),
             (r#"{"jsonrpc":"2.0","id":{},"method":"x"}"#, -32600),
         ] {
-            let (_, error) = parse(line).expect_err(line);
-            assert_eq!(error.code, code, "{line}");
+            let refused = parse(line).expect_err(line);
+            assert_eq!(refused.error.code, code, "{line}");
         }
     }
 }
