@@ -559,6 +559,64 @@ async fn a_cancel_stops_the_clients_running_turn_and_takes_its_queued_prompt_out
 }
 
 #[tokio::test]
+async fn an_elicitation_goes_to_a_client_that_handles_them_and_its_answer_reaches_the_agent() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut peer = Peer::spawn(&h);
+        let init = peer
+            .call(
+                "initialize",
+                json!({"protocolVersion": 1, "clientCapabilities": {"elicitation": {"form": {}}}}),
+            )
+            .await;
+        assert!(init.get("result").is_some(), "{init}");
+        let session = peer.new_session(cwd(&h)).await;
+        let prompt = peer
+            .send(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "@elicit form"}]}),
+            )
+            .await;
+        let asked = peer.agent_request("elicitation/create").await;
+        assert_eq!(asked["params"]["sessionId"], session.as_str());
+        assert_eq!(asked["params"]["mode"], "form");
+        peer.reply(
+            &asked["id"],
+            json!({"action": "accept", "content": {"name": "Ada"}}),
+        )
+        .await;
+        assert_eq!(
+            peer.response(prompt).await["result"]["stopReason"],
+            "end_turn"
+        );
+        assert_eq!(
+            peer.agent_texts().last().map(String::as_str),
+            Some(r#"elicitation: accept {"name":"Ada"}"#)
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_process_pinned_to_a_session_attaches_to_it_on_session_new_and_replays_its_history() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("before the editor").await;
+        watch.response_to(&turn.action_id).await;
+        let mut peer = Peer::spawn_on(&format!("http://{}", h.addr()), &["--session", &session.id]);
+        peer.initialize().await;
+        let attached = peer.new_session(cwd(&h)).await;
+        assert_eq!(attached, session.id);
+        peer.until(|m| m["params"]["update"]["content"]["text"] == "echo: before the editor")
+            .await;
+        assert_eq!(peer.chunks("user_message_chunk"), ["before the editor"]);
+    })
+    .await
+}
+
+#[tokio::test]
 async fn session_list_and_close_map_onto_the_harness_sessions() {
     bounded(async {
         let h = Harness::start().await;
