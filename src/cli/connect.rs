@@ -79,6 +79,11 @@ impl Interceptor for Bearer {
 pub(crate) type Client = AgentSessionServiceClient<InterceptedService<Channel, Bearer>>;
 
 impl ServerArgs {
+    /// The server's URL as given.
+    pub(crate) fn url(&self) -> &str {
+        &self.server
+    }
+
     /// A client of `AgentSessionService`. The channel connects lazily and reconnects by itself,
     /// so `follow` survives a server restart on the same address.
     pub(crate) async fn connect(&self) -> Result<Client, Failure> {

@@ -1,9 +1,10 @@
 //! The subcommands for people at a terminal: `sessions`, `prompt`, `follow`, `answer`
-//! and `log`. They are a gRPC *client* of the service: they speak only the generated `pb` types
+//! and `log`, and `acp` for ACP clients. They are a gRPC *client* of the service: they speak only the generated `pb` types
 //! over a tonic channel, exactly as any other caller would, and never reach into the engine.
 
 #[macro_use]
 mod output;
+mod acp;
 mod connect;
 mod follow;
 mod json;
@@ -137,6 +138,10 @@ pub enum Command {
     /// Print a session's raw log (the ACP frames and harness events), oldest first.
     #[command(after_help = LOG_HELP)]
     Log(LogArgs),
+    /// Be an ACP agent on stdin/stdout for an ACP client (an editor, acpx), backed by harness
+    /// sessions: their durable log, queue, policy and other attached clients.
+    #[command(after_help = acp::ACP_HELP)]
+    Acp(acp::AcpArgs),
 }
 
 #[derive(Args)]
@@ -375,6 +380,7 @@ async fn run(command: Command) -> Outcome {
         }
         Command::Answer(args) => answer(args).await,
         Command::Log(args) => log(args).await,
+        Command::Acp(args) => acp::run(args).await,
     }
 }
 

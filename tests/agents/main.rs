@@ -19,6 +19,7 @@ mod kit;
 #[macro_use]
 mod scenarios;
 
+mod acp_client;
 mod claude;
 mod codex;
 mod opencode;

@@ -32,6 +32,7 @@ SCENARIOS = [
     ("killed_right_after_a_turn", "harness killed -9 right after a turn (×10)"),
     ("owner_killed_shared_home", "two replicas, owner killed (shared HOME)"),
     ("owner_killed_home_per_replica", "two replicas, owner killed (a HOME per replica)"),
+    ("acp_client_permission", "driven by acpx through `agent-harness acp`, permission"),
 ]
 
 BEGIN = "<!-- agents-matrix:begin -->"
@@ -44,6 +45,7 @@ ONLY_FOR = {
     "killed_right_after_a_turn": "run for claude-0.23.1, whose session files are written lazily",
     "owner_killed_shared_home": "run for claude-0.23.1",
     "owner_killed_home_per_replica": "run for claude-0.23.1",
+    "acp_client_permission": "run for the newest claude-agent-acp",
 }
 
 

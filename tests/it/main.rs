@@ -6,6 +6,7 @@
 // so the modules below reach them as `crate::harness` and `crate::support`.
 use agent_harness_testkit::{harness, process, proxy, support};
 
+mod acp_agent;
 mod ambiguous_commits;
 mod auth;
 mod bridge;
