@@ -605,6 +605,7 @@ async fn keep_serving(
     stop: watch::Receiver<bool>,
 ) -> Vec<String> {
     let mut acknowledged = Vec::new();
+    let mut retries = 0;
     let mut n = 0;
     let mut cursor = 0;
     while !*stop.borrow() {
@@ -629,7 +630,11 @@ async fn keep_serving(
                     assert_eq!(reply.action_id, action_id);
                     break;
                 }
-                Err(status) if retryable(&status) => backoff().await,
+                Err(status) if retryable(&status) => {
+                    eprintln!("retrying turn {action_id}: {}", status.message());
+                    retries += 1;
+                    backoff().await;
+                }
                 Err(status) => panic!("turn {action_id} refused: {status:?}"),
             }
         }
@@ -652,6 +657,8 @@ async fn keep_serving(
             let mut stream = match stream {
                 Ok(stream) => stream,
                 Err(status) if retryable(&status) => {
+                    eprintln!("resubscribing: {}", status.message());
+                    retries += 1;
                     backoff().await;
                     continue;
                 }
@@ -669,7 +676,10 @@ async fn keep_serving(
                         }
                     }
                     Ok(None) => break,
-                    Err(status) if retryable(&status) => break,
+                    Err(status) if retryable(&status) => {
+                        eprintln!("resubscribing: {}", status.message());
+                        break;
+                    }
                     Err(status) => panic!("the stream failed: {status:?}"),
                 }
             }
@@ -677,6 +687,7 @@ async fn keep_serving(
         }
         ended.send_modify(|count| *count += 1);
     }
+    eprintln!("{} turns, {retries} calls retried", acknowledged.len());
     acknowledged
 }
 
