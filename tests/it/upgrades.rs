@@ -71,7 +71,7 @@ fn previous_release() -> Option<PathBuf> {
         path.display()
     );
     eprintln!(
-        "note: skipping an upgrade test: {} is missing (run `scripts/test install`)",
+        "note: skipping an upgrade test: {} is missing (`scripts/test tests` builds it)",
         path.display()
     );
     None
@@ -527,12 +527,24 @@ async fn a_build_refuses_a_postgres_schema_newer_than_it_knows_and_leaves_it_as_
     };
     within(FIXTURE_BOUND, async {
         restore_dump(&url, fixture, &schema).await;
+        let state = async || {
+            query_i64(
+                &url,
+                &format!(
+                    "SELECT (SELECT count(*) FROM {schema}.schema_migrations), \
+                            (SELECT count(*) FROM {schema}.sessions), \
+                            (SELECT count(*) FROM {schema}.log)"
+                ),
+            )
+            .await
+        };
         let newer = 1000;
         execute(
             &url,
             &format!("INSERT INTO {schema}.schema_migrations (version) VALUES ({newer})"),
         )
         .await;
+        let before = state().await;
         let database_url = url_in_schema(&url, &schema);
         let data = tempfile::tempdir().unwrap();
         let mut builds = vec![service_bin()];
@@ -550,9 +562,20 @@ async fn a_build_refuses_a_postgres_schema_newer_than_it_knows_and_leaves_it_as_
             .await;
             says_newer(&log, newer);
         }
+        assert_eq!(state().await, before, "the schema is left as it was");
     })
     .await;
     execute(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}
+
+/// The first row of a query whose columns are all `bigint`.
+async fn query_i64(url: &str, sql: &str) -> Vec<i64> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("the test database answers");
+    tokio::spawn(connection);
+    let row = client.query_one(sql, &[]).await.expect(sql);
+    (0..row.len()).map(|i| row.get(i)).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
