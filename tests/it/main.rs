@@ -56,4 +56,5 @@ mod tls;
 mod transcript;
 mod translator;
 mod turn_ended;
+mod upgrades;
 mod warm_pool;

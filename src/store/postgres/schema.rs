@@ -214,5 +214,12 @@ pub(super) async fn migrate(client: &mut Client) -> Result<()> {
     tx.commit()
         .await
         .context("committing the schema migration")?;
+    if current < SCHEMA_VERSION {
+        tracing::info!(
+            from = current,
+            to = SCHEMA_VERSION,
+            "postgres store: schema migrated"
+        );
+    }
     Ok(())
 }

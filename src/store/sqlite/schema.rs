@@ -214,6 +214,13 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
             .context("recording the schema version")?;
         tx.commit().context("committing a schema migration")?;
     }
+    if current < SCHEMA_VERSION {
+        tracing::info!(
+            from = current,
+            to = SCHEMA_VERSION,
+            "sqlite store: schema migrated"
+        );
+    }
     Ok(())
 }
 
