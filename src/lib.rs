@@ -29,6 +29,7 @@
 
 pub mod acp;
 pub mod app;
+pub mod backup;
 pub(crate) mod auth;
 pub mod bridge;
 pub mod cli;

@@ -5,6 +5,7 @@
 #[macro_use]
 mod output;
 mod connect;
+mod export;
 mod follow;
 mod json;
 mod render;
@@ -118,6 +119,18 @@ const LOG_HELP: &str = concat!(
     exit_codes!()
 );
 
+const EXPORT_HELP: &str = concat!(
+    "Examples:
+  agent-harness export \"$id\" > session.json
+  agent-harness export \"$id\" --format markdown --out session.md
+
+JSON: {\"format\": \"agent-harness.export.v1\", \"session\": AgentSession, \"transcript\":
+GetTranscriptResponse}, each in the proto3 JSON mapping, so any client's generated types read them
+back: transcript.messages holds every turn's messages, oldest first.
+",
+    exit_codes!()
+);
+
 /// The people's subcommands, flattened into `agent-harness`'s own.
 #[derive(Subcommand)]
 pub enum Command {
@@ -137,6 +150,9 @@ pub enum Command {
     /// Print a session's raw log (the ACP frames and harness events), oldest first.
     #[command(after_help = LOG_HELP)]
     Log(LogArgs),
+    /// Write a session's metadata and whole transcript as JSON (the v1 messages) or Markdown.
+    #[command(after_help = EXPORT_HELP)]
+    Export(export::ExportArgs),
 }
 
 #[derive(Args)]
@@ -375,6 +391,7 @@ async fn run(command: Command) -> Outcome {
         }
         Command::Answer(args) => answer(args).await,
         Command::Log(args) => log(args).await,
+        Command::Export(args) => export::run(args).await,
     }
 }
 

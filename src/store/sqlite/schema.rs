@@ -198,6 +198,9 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
         ))
         .into());
     }
+    if current == 0 {
+        incremental_vacuum_if_new(conn)?;
+    }
     for (from, script) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let to = from as i64 + 1;
         let tx = conn
@@ -215,6 +218,28 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
         tx.commit().context("committing a schema migration")?;
     }
     Ok(())
+}
+
+/// A new file keeps track of its free pages (`auto_vacuum = INCREMENTAL`), so space that
+/// retention frees can be given back in bounded steps. SQLite allows the switch only before the
+/// first table exists; a file created earlier would need a whole `VACUUM` (a full rewrite, twice
+/// the disk, the store locked meanwhile), which start-up does not impose: such a file reuses its
+/// free pages instead of shrinking (docs/operations.md tells how to convert one offline).
+fn incremental_vacuum_if_new(conn: &Connection) -> Result<()> {
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))
+        .context("reading the schema")?;
+    if tables == 0 {
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .context("turning on incremental vacuum")?;
+    }
+    Ok(())
+}
+
+/// The file's `auto_vacuum` mode: 0 none, 1 full, 2 incremental.
+pub(super) fn auto_vacuum(conn: &Connection) -> Result<i64> {
+    conn.pragma_query_value(None, "auto_vacuum", |row| row.get(0))
+        .context("reading auto_vacuum")
 }
 
 #[cfg(test)]
