@@ -349,9 +349,10 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         store,
     } = build_services(&config, local_addr, &auth).await?;
     let (health, store_watch) = add_health(&mut routes, &served, store.clone()).await;
-    let retention = config.retention().zip(sessions.as_ref()).map(|(retention, sessions)| {
-        (retention, sessions.spawn_retention(retention))
-    });
+    let retention = config
+        .retention()
+        .zip(sessions.as_ref())
+        .map(|(retention, sessions)| (retention, sessions.spawn_retention(retention)));
     add_reflection(&mut routes, &served)?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

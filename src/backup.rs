@@ -169,7 +169,8 @@ fn copy_into(source: &Path, partial: &Path) -> anyhow::Result<u64> {
     let mut to = Connection::open(partial)
         .with_context(|| format!("opening the backup file {}", partial.display()))?;
     let pages = {
-        let backup = rusqlite::backup::Backup::new(&from, &mut to).context("starting the backup")?;
+        let backup =
+            rusqlite::backup::Backup::new(&from, &mut to).context("starting the backup")?;
         // Every page in one step: one read transaction, one consistent moment.
         loop {
             match backup.step(-1).context("copying the store")? {

@@ -29,8 +29,8 @@
 
 pub mod acp;
 pub mod app;
-pub mod backup;
 pub(crate) mod auth;
+pub mod backup;
 pub mod bridge;
 pub mod cli;
 pub mod config;

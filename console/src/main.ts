@@ -552,6 +552,12 @@ const enumName = (names: Record<number, string>, value: number, prefix = "") =>
   (names[value] ?? "UNSPECIFIED").replace(prefix, "").toLowerCase();
 const when = (ts: Timestamp | undefined) => (ts ? timestampDate(ts).toISOString() : "—");
 const cell = (text: string) => text.replace(/\|/g, "\\|").replace(/\n/g, " ");
+/** Text shown exactly as written, in a fence longer than any run of backticks inside it. */
+function fenced(text: string): string {
+  const longest = Math.max(0, ...(text.match(/`+/g) ?? []).map((run) => run.length));
+  const fence = "`".repeat(Math.max(longest, 2) + 1);
+  return `${fence}text\n${text.replace(/\n+$/, "")}\n${fence}\n\n`;
+}
 const quoted = (text: string) => text.split("\n").map((line) => `> ${line}\n`).join("");
 
 function jsonBlock(text: string): string {
@@ -568,7 +574,8 @@ function jsonBlock(text: string): string {
 /** The Markdown form: a metadata header, then each turn's messages in order. */
 function exportMarkdown(s: AgentSession, t: GetTranscriptResponse): string {
   let md = `# Session transcript: ${cell(s.name || s.id)}\n\n| | |\n|---|---|\n`;
-  const status = enumName(SessionStatus, s.status) + (s.statusReason ? ` (${s.statusReason})` : "");
+  const statusText = enumName(SessionStatus, s.status);
+  const status = statusText + (s.statusReason && s.statusReason !== statusText ? ` (${s.statusReason})` : "");
   const labels = Object.entries(s.labels).map(([k, v]) => `\`${k}=${v}\``).join(", ");
   const rows: [string, string][] = [
     ["Session", `\`${s.id}\``], ["Name", s.name], ["Owner", s.owner], ["Editors", s.editors.join(", ")],
@@ -586,12 +593,14 @@ function exportMarkdown(s: AgentSession, t: GetTranscriptResponse): string {
       turn = m.turn;
       md += `## Turn ${m.turn}\n\n`;
     }
-    md += `### ${m.role === MessageRole.USER ? "User" : "Agent"}${m.actor ? ` — ${m.actor}` : ""}${m.inherited ? " (from the parent session)" : ""}\n\n`;
+    const user = m.role === MessageRole.USER;
+    md += `### ${user ? "User" : "Agent"}${user && m.actor ? ` — ${m.actor}` : ""}${m.inherited ? " (from the parent session)" : ""}\n\n`;
     const attachments: string[] = [];
     for (const part of m.parts) {
       const v = part.kind;
       switch (v.case) {
-        case "text": md += `${v.value.text}\n\n`; break;
+        // A person's prompt as typed, line for line; an agent's text is Markdown already.
+        case "text": md += user ? fenced(v.value.text) : `${v.value.text}\n\n`; break;
         case "thought": md += `_Thinking:_\n\n${quoted(v.value.text)}\n`; break;
         case "attachment": {
           const about = [v.value.mimeType, v.value.size !== undefined ? `${v.value.size} bytes` : undefined].filter(Boolean);

@@ -121,7 +121,8 @@ fn message_json(message: &impl prost::Message, name: &str) -> Result<Value, Fail
 }
 
 fn timestamp(ts: &Option<prost_types::Timestamp>) -> String {
-    ts.as_ref().map_or_else(|| "—".to_owned(), |ts| ts.to_string())
+    ts.as_ref()
+        .map_or_else(|| "—".to_owned(), |ts| ts.to_string())
 }
 
 /// Text that may hold Markdown, shown as a quote so it cannot break the page's structure.
@@ -134,6 +135,13 @@ fn quoted(text: &str) -> String {
 /// A value for a table cell: one line, pipes escaped.
 fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', " ")
+}
+
+/// Text shown exactly as written, in a fence longer than any run of backticks inside it.
+fn fenced(text: &str) -> String {
+    let longest = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest.max(2) + 1);
+    format!("{fence}text\n{}\n{fence}\n\n", text.trim_end_matches('\n'))
 }
 
 /// JSON from the contract, pretty in a fenced block, cut at about `max` characters.
@@ -159,7 +167,7 @@ pub(crate) fn markdown(export: &Export) -> String {
     md.push_str(&format!("# Session transcript: {}\n\n", cell(title)));
     md.push_str("| | |\n|---|---|\n");
     let status = enum_name(s.status().as_str_name(), "SESSION_STATUS_");
-    let status = if s.status_reason.is_empty() {
+    let status = if s.status_reason.is_empty() || s.status_reason == status {
         status
     } else {
         format!("{status} ({})", s.status_reason)
@@ -215,8 +223,9 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
         v1pb::MessageRole::Agent => "Agent",
         v1pb::MessageRole::Unspecified => "Message",
     };
+    let user = message.role() == v1pb::MessageRole::User;
     let mut heading = format!("### {who}");
-    if !message.actor.is_empty() {
+    if user && !message.actor.is_empty() {
         heading.push_str(&format!(" — {}", message.actor));
     }
     if message.inherited {
@@ -228,6 +237,8 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
     for part in &message.parts {
         use v1pb::message_part::Kind;
         match &part.kind {
+            // A person's prompt as typed, line for line; an agent's text is Markdown already.
+            Some(Kind::Text(text)) if user => md.push_str(&fenced(&text.text)),
             Some(Kind::Text(text)) => {
                 md.push_str(&text.text);
                 md.push_str("\n\n");
@@ -262,8 +273,15 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
             Some(Kind::Plan(plan)) => {
                 md.push_str("**Plan**\n\n");
                 for entry in &plan.entries {
-                    let mark = if entry.status == "completed" { "x" } else { " " };
-                    md.push_str(&format!("- [{mark}] {} ({})\n", entry.content, entry.status));
+                    let mark = if entry.status == "completed" {
+                        "x"
+                    } else {
+                        " "
+                    };
+                    md.push_str(&format!(
+                        "- [{mark}] {} ({})\n",
+                        entry.content, entry.status
+                    ));
                 }
                 md.push('\n');
             }
@@ -289,7 +307,10 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
             }
             Some(Kind::Elicitation(e)) => {
                 let outcome = enum_name(e.outcome().as_str_name(), "INTERACTION_OUTCOME_");
-                md.push_str(&format!("**Question** {} — answer: **{outcome}**", e.message));
+                md.push_str(&format!(
+                    "**Question** {} — answer: **{outcome}**",
+                    e.message
+                ));
                 if !e.answer_json.is_empty() {
                     md.push_str(&format!(" `{}`", e.answer_json.replace('`', "'")));
                 }

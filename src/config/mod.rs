@@ -376,11 +376,12 @@ impl ServeConfig {
     /// unless one is configured).
     /// The retention the engine applies, when configured.
     pub(crate) fn retention(&self) -> Option<crate::session::manager::Retention> {
-        self.retention.map(|age| crate::session::manager::Retention {
-            age,
-            every: self.retention_every,
-            batch: self.retention_batch,
-        })
+        self.retention
+            .map(|age| crate::session::manager::Retention {
+                age,
+                every: self.retention_every,
+                batch: self.retention_batch,
+            })
     }
 
     pub(crate) fn engine_options(&self, bound: SocketAddr) -> crate::session::EngineOptions {
@@ -644,7 +645,10 @@ mod tests {
         let error = resolve(ServeArgs::default(), "retention = \"30s\"")
             .unwrap_err()
             .to_string();
-        assert!(error.contains("retention must be at least 1m (got 30s)"), "{error}");
+        assert!(
+            error.contains("retention must be at least 1m (got 30s)"),
+            "{error}"
+        );
         assert!(resolve(ServeArgs::default(), "retention = \"soon\"").is_err());
     }
 

@@ -1507,7 +1507,13 @@ pub(crate) mod cases {
         assert_eq!(first, [by_ms(10), by_ms(20)], "the longest closed first");
         let second = store.delete_closed_before(at(35), 2).await.unwrap();
         assert_eq!(second, [by_ms(30)]);
-        assert!(store.delete_closed_before(at(35), 2).await.unwrap().is_empty());
+        assert!(
+            store
+                .delete_closed_before(at(35), 2)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         for ms in [10, 20, 30] {
             let id = by_ms(ms);
             assert_eq!(store.get_session(id).await.unwrap(), None);

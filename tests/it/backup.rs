@@ -107,7 +107,10 @@ async fn a_backup_taken_during_turns_restores_to_a_server_serving_every_action_a
         let mut again = Session::attach(second.sessions(), &session.id);
         let stored = stored_actions(&mut again).await;
         for id in &before {
-            assert!(stored.contains(id), "acknowledged action {id} is in the restored store");
+            assert!(
+                stored.contains(id),
+                "acknowledged action {id} is in the restored store"
+            );
         }
         // The restored server serves the session: its turns go on.
         let mut watch = again.watch().await;

@@ -57,7 +57,9 @@ pub(crate) async fn session_worth_exporting(h: &Harness) -> Session {
         .await
         .unwrap();
     watch.response_to(&reply.action_id).await;
-    let turn = session.prompt("Now delete the build directory\n@permission Delete build/").await;
+    let turn = session
+        .prompt("Now delete the build directory\n@permission Delete build/")
+        .await;
     let request = watch.agent_request("session/request_permission").await;
     session
         .act(answer_request(&request, Some("allow-once")))

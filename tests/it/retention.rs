@@ -224,7 +224,10 @@ async fn retention_scenario(h: &Harness, db: &Db, padding: usize) -> RetentionRe
     }
     // Only the kept sessions' rows are left, untouched.
     assert_eq!(db.rows(None).await, kept_rows);
-    assert_eq!(recent.transcript().await.messages, recent_transcript.messages);
+    assert_eq!(
+        recent.transcript().await.messages,
+        recent_transcript.messages
+    );
     assert_eq!(open.transcript().await.messages, open_transcript.messages);
     assert_eq!(open.get().await.status(), pb::SessionStatus::Idle);
     // A second pass finds nothing more to do.

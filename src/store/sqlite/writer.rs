@@ -574,7 +574,9 @@ fn expire_batch(conn: &Connection, before: i64, limit: usize) -> Result<Vec<Uuid
         )
         .context("finding expired sessions")?;
     let ids = select
-        .query_map((SessionStatus::Closed.as_str(), before, limit), |row| row.get::<_, Vec<u8>>(0))
+        .query_map((SessionStatus::Closed.as_str(), before, limit), |row| {
+            row.get::<_, Vec<u8>>(0)
+        })
         .context("finding expired sessions")?
         .map(|id| {
             let id = id.context("finding expired sessions")?;
