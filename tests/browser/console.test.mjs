@@ -173,7 +173,7 @@ test("a person drives a mock session from the console", async () => {
     }],
     ["Download the transcript as Markdown", (text) => {
       assert.match(text, /^# Session transcript: fix the build/);
-      assert.match(text, /\*\*Tool call\*\* `cargo-build`/);
+      assert.match(text, /\*\*Tool call\*\* `Run cargo-build` \(execute\) — \*\*completed\*\*/);
       assert.match(text, /\*\*Permission asked\*\* for Run cargo test; .* answer: \*\*selected: `allow-once`\*\*/);
       assert.match(text, /_Turn ended: cancelled\._/);
     }],
