@@ -1,6 +1,7 @@
 //! The `agent-harness` command: `serve` runs the gRPC service; `mock-agent` runs the scripted
 //! ACP agent of the built-in `mock` profile on stdin/stdout (the `agent-harness-mock-agent`
-//! crate); `profiles` lists the presets and a config file's profiles. The benchmark is a binary of its own (`crates/bench`).
+//! crate); `profiles` lists the presets and a config file's profiles; `backup` copies the embedded store
+//! while the server runs. The benchmark is a binary of its own (`crates/bench`).
 
 use clap::{Parser, Subcommand};
 
