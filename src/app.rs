@@ -65,6 +65,8 @@ pub struct RunningServer {
     metrics_task: Option<JoinHandle<()>>,
     /// Turns readiness NOT_SERVING while the store cannot be reached (see [`watch_store`]).
     store_watch: Option<JoinHandle<()>>,
+    /// The configured retention, and the task running its passes.
+    retention: Option<(crate::session::manager::Retention, JoinHandle<()>)>,
 }
 
 impl RunningServer {
@@ -76,6 +78,19 @@ impl RunningServer {
     /// Rereads the tokens file now, as SIGHUP does (`None` when no tokens are configured).
     pub fn reload_tokens(&self) -> Option<anyhow::Result<Reloaded>> {
         self.tokens.as_ref().map(|(store, _)| store.reload())
+    }
+
+    /// Runs one retention pass now, as the background task does every period (`None` when no
+    /// retention is configured or no sessions are served).
+    pub async fn retention_pass(&self) -> Option<anyhow::Result<crate::store::RetentionReport>> {
+        let (retention, _) = self.retention.as_ref()?;
+        let sessions = self.sessions.as_ref()?;
+        Some(
+            sessions
+                .retention_pass(retention)
+                .await
+                .map_err(anyhow::Error::from),
+        )
     }
 
     /// The address of the Prometheus endpoint, when one is served.
@@ -110,6 +125,9 @@ impl RunningServer {
     /// else still open after `STOP_GRACE` (5 s) is cut), and returns when the server is down.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.stop_store_watch().await;
+        if let Some((_, task)) = self.retention.take() {
+            task.abort();
+        }
         if let Some((_, watcher)) = self.tokens.take() {
             watcher.abort();
         }
@@ -331,6 +349,10 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         store,
     } = build_services(&config, local_addr, &auth).await?;
     let (health, store_watch) = add_health(&mut routes, &served, store.clone()).await;
+    let retention = config
+        .retention()
+        .zip(sessions.as_ref())
+        .map(|(retention, sessions)| (retention, sessions.spawn_retention(retention)));
     add_reflection(&mut routes, &served)?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -359,6 +381,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         task,
         metrics_task,
         store_watch,
+        retention,
     })
 }
 

@@ -30,6 +30,7 @@
 pub mod acp;
 pub mod app;
 pub(crate) mod auth;
+pub mod backup;
 pub mod bridge;
 pub mod cli;
 pub mod config;

@@ -1,6 +1,7 @@
 //! The `agent-harness` command: `serve` runs the gRPC service; `mock-agent` runs the scripted
 //! ACP agent of the built-in `mock` profile on stdin/stdout (the `agent-harness-mock-agent`
-//! crate); `profiles` lists the presets and a config file's profiles. The benchmark is a binary of its own (`crates/bench`).
+//! crate); `profiles` lists the presets and a config file's profiles; `backup` copies the embedded store
+//! while the server runs. The benchmark is a binary of its own (`crates/bench`).
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +30,9 @@ enum Command {
     Bridge(agent_harness::bridge::BridgeArgs),
     /// Run the scripted ACP agent on stdin/stdout (the built-in `mock` profile; see docs/mock-agent.md).
     MockAgent(MockAgentArgs),
+    /// Copy the embedded SQLite store to a new file while the server runs (a consistent
+    /// online backup).
+    Backup(agent_harness::backup::BackupArgs),
     /// List the built-in agent presets and a config file's profiles with what each resolves to
     /// (command, pinned version, variable names; never values). Reads the file, asks no server.
     #[command(after_help = agent_harness::config::listing::PROFILES_HELP)]
@@ -74,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         Command::Profiles(args) => {
             std::process::exit(agent_harness::config::listing::run(args).into())
         }
+        Command::Backup(args) => std::process::exit(agent_harness::backup::run(args).into()),
         Command::People(command) => std::process::exit(agent_harness::cli::main(command).into()),
         Command::RuntimeWatchdog { marker_prefix } => {
             std::process::exit(agent_harness::acp::process::watchdog_main(&marker_prefix))

@@ -2,21 +2,26 @@
 // to the same origin. No framework: the DOM is built with `el()`, and text from the server is
 // only ever set as text (an agent's output must never become markup).
 
-import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { create, toJson, type MessageInitShape } from "@bufbuild/protobuf";
+import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcWebTransport } from "@connectrpc/connect-web";
 import {
   AgentSessionService,
+  GetTranscriptResponseSchema,
   SubscribeView,
+  type GetTranscriptResponse,
   type SubscribeResponse,
 } from "./gen/agent_harness/v1/agent_session_service_pb.js";
 import {
+  AgentSessionSchema,
   type AgentSession,
   Delivery,
   type QueuedAction,
   SessionStatus,
 } from "./gen/agent_harness/v1/session_pb.js";
 import {
+  ControlKind,
   InteractionOutcome,
   MessageRole,
   StopReason,
@@ -527,6 +532,141 @@ async function sendPrompt(form: HTMLFormElement, delivery: Delivery) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Download: the same two forms `agent-harness export` writes
+
+async function fetchExport(id: string): Promise<{ session: AgentSession; transcript: GetTranscriptResponse }> {
+  const session = (await client.getSession({ sessionId: id })).session ?? create(AgentSessionSchema);
+  const transcript = create(GetTranscriptResponseSchema);
+  let pageToken = "";
+  do {
+    const page = await client.getTranscript({ sessionId: id, pageSize: 500, pageToken });
+    transcript.messages.push(...page.messages);
+    transcript.metadata = page.metadata;
+    transcript.headOffset = page.headOffset;
+    pageToken = page.nextPageToken;
+  } while (pageToken);
+  return { session, transcript };
+}
+
+const enumName = (names: Record<number, string>, value: number, prefix = "") =>
+  (names[value] ?? "UNSPECIFIED").replace(prefix, "").toLowerCase();
+const when = (ts: Timestamp | undefined) => (ts ? timestampDate(ts).toISOString() : "—");
+const cell = (text: string) => text.replace(/\|/g, "\\|").replace(/\n/g, " ");
+/** Text shown exactly as written, in a fence longer than any run of backticks inside it. */
+function fenced(text: string): string {
+  const longest = Math.max(0, ...(text.match(/`+/g) ?? []).map((run) => run.length));
+  const fence = "`".repeat(Math.max(longest, 2) + 1);
+  return `${fence}text\n${text.replace(/\n+$/, "")}\n${fence}\n\n`;
+}
+const quoted = (text: string) => text.split("\n").map((line) => `> ${line}\n`).join("");
+
+function jsonBlock(text: string): string {
+  let pretty = text;
+  try {
+    pretty = JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    // Not JSON: shown as it came.
+  }
+  const cut = pretty.length > 2000 ? "\n… (cut; the JSON export has it whole)" : "";
+  return "```json\n" + pretty.slice(0, 2000) + cut + "\n```\n";
+}
+
+/** The Markdown form: a metadata header, then each turn's messages in order. */
+function exportMarkdown(s: AgentSession, t: GetTranscriptResponse): string {
+  let md = `# Session transcript: ${cell(s.name || s.id)}\n\n| | |\n|---|---|\n`;
+  const statusText = enumName(SessionStatus, s.status);
+  const status = statusText + (s.statusReason && s.statusReason !== statusText ? ` (${s.statusReason})` : "");
+  const labels = Object.entries(s.labels).map(([k, v]) => `\`${k}=${v}\``).join(", ");
+  const rows: [string, string][] = [
+    ["Session", `\`${s.id}\``], ["Name", s.name], ["Owner", s.owner], ["Editors", s.editors.join(", ")],
+    ["Profile", s.profile], ["Agent", s.agentInfo ? `${s.agentInfo.name} ${s.agentInfo.version}` : ""],
+    ["Model", s.model], ["Working directory", `\`${s.cwd}\``], ["Status", status],
+    ["Created", when(s.createdAt)], ["Last change", when(s.updatedAt)], ["Labels", labels],
+    ["Log offset", String(t.headOffset)],
+  ];
+  for (const [key, value] of rows) if (value) md += `| ${key} | ${cell(value)} |\n`;
+  md += "\n";
+  if (t.messages.length === 0) md += "_No turns yet._\n";
+  let turn = -1;
+  for (const m of t.messages) {
+    if (m.turn !== turn) {
+      turn = m.turn;
+      md += `## Turn ${m.turn}\n\n`;
+    }
+    const user = m.role === MessageRole.USER;
+    md += `### ${user ? "User" : "Agent"}${user && m.actor ? ` — ${m.actor}` : ""}${m.inherited ? " (from the parent session)" : ""}\n\n`;
+    const attachments: string[] = [];
+    for (const part of m.parts) {
+      const v = part.kind;
+      switch (v.case) {
+        // A person's prompt as typed, line for line; an agent's text is Markdown already.
+        case "text": md += user ? fenced(v.value.text) : `${v.value.text}\n\n`; break;
+        case "thought": md += `_Thinking:_\n\n${quoted(v.value.text)}\n`; break;
+        case "attachment": {
+          const about = [v.value.mimeType, v.value.size !== undefined ? `${v.value.size} bytes` : undefined].filter(Boolean);
+          attachments.push(`- [${cell(v.value.name)}](${v.value.uri})${about.length ? ` (${about.join(", ")})` : ""}`);
+          break;
+        }
+        case "tool": {
+          md += `**Tool call** \`${(v.value.title || v.value.toolCallId).replace(/`/g, "'")}\`${v.value.kind ? ` (${v.value.kind})` : ""} — **${v.value.status || "pending"}**\n\n`;
+          if (v.value.contentJson && v.value.contentJson !== "[]") md += jsonBlock(v.value.contentJson) + "\n";
+          break;
+        }
+        case "plan":
+          md += "**Plan**\n\n" + v.value.entries.map((e) => `- [${e.status === "completed" ? "x" : " "}] ${e.content} (${e.status})\n`).join("") + "\n";
+          break;
+        case "permission": {
+          const options = v.value.options.map((o) => `\`${o.optionId}\` (${o.name})`).join(", ");
+          const outcome = enumName(InteractionOutcome, v.value.outcome, "INTERACTION_OUTCOME_");
+          const answer = v.value.selectedOptionId !== undefined ? `${outcome}: \`${v.value.selectedOptionId}\`` : outcome;
+          md += `**Permission asked** for ${titleOf(v.value.toolCallJson)}; options ${options} — answer: **${answer}**\n\n`;
+          break;
+        }
+        case "elicitation": {
+          const outcome = enumName(InteractionOutcome, v.value.outcome, "INTERACTION_OUTCOME_");
+          md += `**Question** ${v.value.message} — answer: **${outcome}**${v.value.answerJson ? ` \`${v.value.answerJson.replace(/`/g, "'")}\`` : ""}\n\n`;
+          break;
+        }
+        case "control": {
+          const kind = enumName(ControlKind, v.value.kind, "CONTROL_KIND_");
+          md += `_Control:_ ${kind}${v.value.value ? ` \`${v.value.value}\`` : ""} — ${enumName(InteractionOutcome, v.value.outcome, "INTERACTION_OUTCOME_")}\n\n`;
+          break;
+        }
+        case "content": md += `_Content (${v.value.type}):_\n\n${jsonBlock(v.value.json)}\n`; break;
+        case "contextRebuilt":
+          md += `_Context rebuilt (${v.value.reason}): ${v.value.turns} turns, ${v.value.bytes} bytes replayed._\n\n`;
+          break;
+        default: break;
+      }
+    }
+    if (attachments.length) md += `Attachments:\n\n${attachments.join("\n")}\n\n`;
+    if (m.stopReason !== undefined) md += `_Turn ended: ${enumName(StopReason, m.stopReason, "STOP_REASON_")}._\n\n`;
+    if (m.error !== undefined) md += `_Error:_ ${m.error}\n\n`;
+  }
+  return md;
+}
+
+async function download(format: "json" | "markdown") {
+  if (!current) return;
+  const id = current.id;
+  const { session, transcript } = await fetchExport(id);
+  const text = format === "json"
+    ? JSON.stringify({
+      format: "agent-harness.export.v1",
+      session: toJson(AgentSessionSchema, session),
+      transcript: toJson(GetTranscriptResponseSchema, transcript),
+    }, null, 2) + "\n"
+    : exportMarkdown(session, transcript);
+  const blob = new Blob([text], { type: format === "json" ? "application/json" : "text/markdown" });
+  const url = URL.createObjectURL(blob);
+  const link = el("a", { href: url, download: `session-${id}.${format === "json" ? "json" : "md"}` });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Wiring
 
 function main() {
@@ -561,6 +701,8 @@ function main() {
     void attempt(() => client.control({ sessionId: current?.id ?? "", action: { case: "stop", value: { clearQueue: false } } })),
   );
   byId("refresh").addEventListener("click", () => void attempt(refreshSessions));
+  byId("download-json").addEventListener("click", () => void attempt(() => download("json")));
+  byId("download-markdown").addEventListener("click", () => void attempt(() => download("markdown")));
   window.addEventListener("hashchange", () => {
     void openSession(selectedFromHash());
     void attempt(refreshSessions);

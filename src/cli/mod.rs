@@ -6,6 +6,7 @@
 mod output;
 mod acp;
 mod connect;
+mod export;
 mod follow;
 mod json;
 mod render;
@@ -119,6 +120,18 @@ const LOG_HELP: &str = concat!(
     exit_codes!()
 );
 
+const EXPORT_HELP: &str = concat!(
+    "Examples:
+  agent-harness export \"$id\" > session.json
+  agent-harness export \"$id\" --format markdown --out session.md
+
+JSON: {\"format\": \"agent-harness.export.v1\", \"session\": AgentSession, \"transcript\":
+GetTranscriptResponse}, each in the proto3 JSON mapping, so any client's generated types read them
+back: transcript.messages holds every turn's messages, oldest first.
+",
+    exit_codes!()
+);
+
 /// The people's subcommands, flattened into `agent-harness`'s own.
 #[derive(Subcommand)]
 pub enum Command {
@@ -142,6 +155,9 @@ pub enum Command {
     /// sessions: their durable log, queue, policy and other attached clients.
     #[command(after_help = acp::ACP_HELP)]
     Acp(acp::AcpArgs),
+    /// Write a session's metadata and whole transcript as JSON (the v1 messages) or Markdown.
+    #[command(after_help = EXPORT_HELP)]
+    Export(export::ExportArgs),
 }
 
 #[derive(Args)]
@@ -381,6 +397,7 @@ async fn run(command: Command) -> Outcome {
         Command::Answer(args) => answer(args).await,
         Command::Log(args) => log(args).await,
         Command::Acp(args) => acp::run(args).await,
+        Command::Export(args) => export::run(args).await,
     }
 }
 

@@ -30,6 +30,14 @@ pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub(crate) const DEFAULT_DATA_DIR: &str = "./data";
 pub(crate) const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
 pub(crate) const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// How often a retention pass looks for closed sessions to delete.
+pub(crate) const DEFAULT_RETENTION_EVERY: Duration = Duration::from_secs(60);
+/// Sessions deleted per retention transaction: small enough that a turn's commit waiting behind
+/// one batch is not held up noticeably (each takes its log with it).
+pub(crate) const DEFAULT_RETENTION_BATCH: usize = 50;
+/// The shortest `retention` accepted, so a slip of the unit ("30s" for "30d") cannot wipe every
+/// closed transcript within moments of its close.
+pub(crate) const MIN_RETENTION: Duration = Duration::from_secs(60);
 
 /// Which gRPC services a process serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Deserialize)]
@@ -158,6 +166,10 @@ pub struct ServeArgs {
     /// How long a replica's hold on a session lasts unless renewed [default: 10s]
     #[arg(long, env = "AGENT_HARNESS_LEASE_TTL", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub lease_ttl: Option<Duration>,
+    /// Delete closed sessions (record, log, queue, labels) this long after they closed, e.g.
+    /// "30d"; at least 1m [default: off, kept forever]
+    #[arg(long, env = "AGENT_HARNESS_RETENTION", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub retention: Option<Duration>,
     /// File holding the token this replica presents to its peers when it forwards a call (a
     /// token of kind `replica` in their tokens file)
     #[arg(long, env = "AGENT_HARNESS_REPLICA_TOKEN_FILE", value_name = "PATH")]
@@ -217,6 +229,7 @@ pub struct FileConfig {
     pub drain_grace: Option<String>,
     pub advertise_address: Option<String>,
     pub lease_ttl: Option<String>,
+    pub retention: Option<String>,
     pub replica_token_file: Option<PathBuf>,
     pub replica_tls_ca: Option<PathBuf>,
     pub cors_allow_origins: Option<Vec<String>>,
@@ -338,6 +351,14 @@ pub struct ServeConfig {
     pub advertise_address: Option<String>,
     /// How long a lease on a session lasts unless renewed.
     pub lease_ttl: Duration,
+    /// Closed sessions older than this (since they closed) are deleted; `None`: kept forever.
+    pub retention: Option<Duration>,
+    /// How often a retention pass runs (the first one this long after start). Not a flag:
+    /// tests change it.
+    pub retention_every: Duration,
+    /// The most sessions one retention batch (one store transaction) deletes. Not a flag:
+    /// tests change it.
+    pub retention_batch: usize,
     /// The token presented to peer replicas when forwarding.
     pub replica_token_file: Option<PathBuf>,
     /// The CA trusted for peer replicas' certificates when forwarding over TLS.
@@ -353,6 +374,16 @@ impl ServeConfig {
     /// The session engine's options.
     /// The session engine's options, for a server bound at `bound` (the advertised address
     /// unless one is configured).
+    /// The retention the engine applies, when configured.
+    pub(crate) fn retention(&self) -> Option<crate::session::manager::Retention> {
+        self.retention
+            .map(|age| crate::session::manager::Retention {
+                age,
+                every: self.retention_every,
+                batch: self.retention_batch,
+            })
+    }
+
     pub(crate) fn engine_options(&self, bound: SocketAddr) -> crate::session::EngineOptions {
         crate::session::EngineOptions {
             limits: self.limits.clone(),
@@ -414,6 +445,20 @@ impl ServeConfig {
         };
         if lease_ttl < Duration::from_millis(500) {
             anyhow::bail!("lease_ttl must be at least 500ms (got {lease_ttl:?})");
+        }
+        let retention = match (args.retention, file.retention) {
+            (Some(retention), _) => Some(retention),
+            (None, Some(text)) => Some(profile::parse_duration("retention", &text)?),
+            (None, None) => None,
+        };
+        if let Some(retention) = retention
+            && retention < MIN_RETENTION
+        {
+            anyhow::bail!(
+                "retention must be at least 1m (got {}): closed sessions would be deleted while \
+                 their clients may still read them",
+                humantime::format_duration(retention)
+            );
         }
         let statement_timeout = match (args.statement_timeout, file.statement_timeout) {
             (Some(timeout), _) => timeout,
@@ -521,6 +566,9 @@ impl ServeConfig {
             drain_grace,
             advertise_address,
             lease_ttl,
+            retention,
+            retention_every: DEFAULT_RETENTION_EVERY,
+            retention_batch: DEFAULT_RETENTION_BATCH,
             replica_token_file: args.replica_token_file.or(file.replica_token_file),
             replica_tls_ca: args.replica_tls_ca.or(file.replica_tls_ca),
             invocation_meta_key: file
@@ -579,6 +627,29 @@ mod tests {
         ] {
             assert!(resolve(ServeArgs::default(), bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn retention_is_off_by_default_parsed_from_file_or_flag_and_refused_under_a_minute() {
+        assert_eq!(resolve(ServeArgs::default(), "").unwrap().retention, None);
+        let config = resolve(ServeArgs::default(), "retention = \"1h\"").unwrap();
+        assert_eq!(config.retention, Some(Duration::from_secs(3600)));
+        let flag = ServeArgs {
+            retention: Some(Duration::from_secs(120)),
+            ..Default::default()
+        };
+        assert_eq!(
+            resolve(flag, "retention = \"1h\"").unwrap().retention,
+            Some(Duration::from_secs(120))
+        );
+        let error = resolve(ServeArgs::default(), "retention = \"30s\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("retention must be at least 1m (got 30s)"),
+            "{error}"
+        );
+        assert!(resolve(ServeArgs::default(), "retention = \"soon\"").is_err());
     }
 
     #[test]

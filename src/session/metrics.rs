@@ -6,6 +6,9 @@ use crate::domain::{log::Direction, session::SessionStatus};
 
 pub(crate) const FRAMES_APPENDED: &str = "agent_harness_frames_appended_total";
 pub(crate) const TURNS: &str = "agent_harness_turns_total";
+pub(crate) const RETENTION_DELETED: &str = "agent_harness_retention_deleted_sessions_total";
+pub(crate) const RETENTION_PASSES: &str = "agent_harness_retention_passes_total";
+pub(crate) const RETENTION_RECLAIMED: &str = "agent_harness_retention_reclaimed_pages_total";
 
 pub(crate) fn frames_appended(direction: Direction, count: u64) {
     let direction = match direction {
@@ -18,6 +21,19 @@ pub(crate) fn frames_appended(direction: Direction, count: u64) {
 
 pub(crate) fn turn_ended(stop_reason: &str) {
     metrics::counter!(TURNS, "stop_reason" => stop_reason_label(stop_reason)).increment(1);
+}
+
+pub(crate) fn retention_deleted(sessions: u64) {
+    metrics::counter!(RETENTION_DELETED).increment(sessions);
+}
+
+pub(crate) fn retention_reclaimed(pages: u64) {
+    metrics::counter!(RETENTION_RECLAIMED).increment(pages);
+}
+
+/// A background pass ended: `ok` or `failed`.
+pub(crate) fn retention_pass(result: &'static str) {
+    metrics::counter!(RETENTION_PASSES, "result" => result).increment(1);
 }
 
 /// The label for a turn's stop reason: one of ACP's stop reasons, `failed` (the harness ended

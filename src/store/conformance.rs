@@ -1472,6 +1472,65 @@ pub(crate) mod cases {
         assert_eq!(whole_log(&store, id).await, frames(1, 3));
     }
 
+    pub(crate) async fn retention_deletes_closed_sessions_closed_before_the_cutoff_longest_closed_first_in_batches(
+        store: S,
+    ) {
+        // Closed at 10, 20, 30 and 40 ms; open since 1 ms; the cutoff is 35 ms.
+        let mut closed = Vec::new();
+        for ms in [30, 10, 40, 20] {
+            let mut record = session("user:alice", ms);
+            record.status = SessionStatus::Closed;
+            record.updated_at = at(ms);
+            store.create_session(&record).await.unwrap();
+            let queued = prompt("left behind");
+            store
+                .commit(
+                    record.id,
+                    Batch {
+                        entries: frames(1, 2),
+                        queue: vec![QueueOp::PushBack(queued.clone())],
+                        new_actions: vec![action(queued.action_id, ActionState::Queued)],
+                        ..Batch::default()
+                    },
+                )
+                .await
+                .unwrap();
+            closed.push((ms, record.id));
+        }
+        let mut open = session("user:alice", 0);
+        open.updated_at = at(1);
+        store.create_session(&open).await.unwrap();
+        store.commit(open.id, entries(frames(1, 2))).await.unwrap();
+        let by_ms = |ms| closed.iter().find(|(m, _)| *m == ms).unwrap().1;
+
+        let first = store.delete_closed_before(at(35), 2).await.unwrap();
+        assert_eq!(first, [by_ms(10), by_ms(20)], "the longest closed first");
+        let second = store.delete_closed_before(at(35), 2).await.unwrap();
+        assert_eq!(second, [by_ms(30)]);
+        assert!(
+            store
+                .delete_closed_before(at(35), 2)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        for ms in [10, 20, 30] {
+            let id = by_ms(ms);
+            assert_eq!(store.get_session(id).await.unwrap(), None);
+            assert!(whole_log(&store, id).await.is_empty());
+            assert!(store.load_queue(id).await.unwrap().is_empty());
+        }
+        let mut left = ids_of(&store.list_sessions(&all()).await.unwrap());
+        left.sort();
+        let mut expected = vec![by_ms(40), open.id];
+        expected.sort();
+        assert_eq!(left, expected);
+        assert_eq!(whole_log(&store, by_ms(40)).await, frames(1, 2));
+        assert_eq!(whole_log(&store, open.id).await, frames(1, 2));
+        // Giving space back never fails, whether the store can or not.
+        store.reclaim_space(16).await.unwrap();
+    }
+
     /// What a writer does after a commit whose answer was lost: each kind of batch is read back
     /// as not stored before its commit and as stored after it.
     pub(crate) async fn a_read_back_tells_a_stored_batch_from_one_never_committed(store: S) {
@@ -1559,6 +1618,7 @@ macro_rules! conformance_suite {
             a_change_mark_moves_with_the_log_the_record_and_the_queue_and_only_then,
             deleting_a_session_removes_its_log_queue_and_actions_and_reports_whether_it_existed,
             a_read_back_tells_a_stored_batch_from_one_never_committed,
+            retention_deletes_closed_sessions_closed_before_the_cutoff_longest_closed_first_in_batches,
         );
     };
     (@cases $backend:ident, $open:path; $($case:ident),+ $(,)?) => {

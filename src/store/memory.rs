@@ -162,6 +162,26 @@ impl Store for MemoryStore {
             .is_some())
     }
 
+    async fn delete_closed_before(
+        &self,
+        closed_before: std::time::SystemTime,
+        limit: usize,
+    ) -> Result<Vec<Uuid>> {
+        let mut sessions = self.sessions.lock().expect("not poisoned");
+        let mut expired: Vec<(std::time::SystemTime, Uuid)> = sessions
+            .iter()
+            .filter_map(|(id, data)| data.record.as_ref().map(|r| (id, r)))
+            .filter(|(_, r)| r.status == SessionStatus::Closed && r.updated_at < closed_before)
+            .map(|(id, r)| (r.updated_at, *id))
+            .collect();
+        expired.sort();
+        expired.truncate(limit);
+        for (_, id) in &expired {
+            sessions.remove(id);
+        }
+        Ok(expired.into_iter().map(|(_, id)| id).collect())
+    }
+
     async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>> {
         let sessions = self.sessions.lock().expect("not poisoned");
         Ok(sessions

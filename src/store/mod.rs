@@ -148,6 +148,19 @@ pub struct SessionQuery {
     pub after: Option<(SystemTime, Uuid)>,
 }
 
+/// What one retention pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    /// Closed sessions deleted, with everything they held.
+    pub deleted: u64,
+    /// Transactions they were deleted in (each at most the batch bound).
+    pub batches: u64,
+    /// The most sessions one of those transactions deleted.
+    pub largest_batch: u64,
+    /// Pages given back to the file system afterwards (SQLite with incremental vacuum).
+    pub pages_reclaimed: u64,
+}
+
 /// A replica's hold on a session: while it holds the lease, it alone runs the session's
 /// actor and runtime. `fence` grows by one every time the lease changes hands, so a write carrying
 /// an older fence is recognised as coming from a former owner.
@@ -290,6 +303,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes a session with its log, queue and action ids. Whether it existed.
     async fn delete_session(&self, session_id: Uuid) -> Result<bool>;
+
+    /// Retention: deletes up to `limit` closed sessions that closed before `closed_before` —
+    /// each with its log, queue, labels, editors and action ids, as [`Store::delete_session`]
+    /// does — in one transaction, the longest closed first; the ids deleted. A closed session is
+    /// never written again, so its `updated_at` is when it closed. Passes may run on several
+    /// replicas at once: a session is deleted once, and a batch another pass holds is skipped.
+    async fn delete_closed_before(
+        &self,
+        closed_before: SystemTime,
+        limit: usize,
+    ) -> Result<Vec<Uuid>>;
+
+    /// Gives back to the file system up to `max_pages` pages that deletes freed, where the
+    /// store can (SQLite files created with incremental vacuum); the pages given back. The
+    /// default, for a database that reclaims space itself (PostgreSQL's autovacuum), does
+    /// nothing.
+    async fn reclaim_space(&self, _max_pages: u64) -> Result<u64> {
+        Ok(0)
+    }
 
     /// Up to `limit` entries with offset > `after`, in order.
     async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>>;

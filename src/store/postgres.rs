@@ -928,6 +928,52 @@ impl Store for PostgresStore {
             .await
     }
 
+    async fn delete_closed_before(
+        &self,
+        closed_before: std::time::SystemTime,
+        limit: usize,
+    ) -> Result<Vec<Uuid>> {
+        let before = super::to_micros(closed_before);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.reader()
+            .await?
+            .read_mut(async |client: &mut Client| {
+                let tx = client
+                    .transaction()
+                    .await
+                    .context("starting a retention batch")?;
+                // SKIP LOCKED: passes on several replicas take disjoint batches instead of
+                // waiting on each other's rows.
+                let stmt = tx
+                    .prepare_cached(
+                        "WITH doomed AS ( \
+                             SELECT pk FROM sessions WHERE status = $1 AND updated_at < $2 \
+                             ORDER BY updated_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                         DELETE FROM sessions s USING doomed WHERE s.pk = doomed.pk \
+                         RETURNING s.id",
+                    )
+                    .await
+                    .context("deleting expired sessions")?;
+                let rows = tx
+                    .query(&stmt, &[&SessionStatus::Closed.as_str(), &before, &limit])
+                    .await
+                    .context("deleting expired sessions")?;
+                let ids: Vec<Uuid> = rows.iter().map(|row| row.get(0)).collect();
+                // Subscribers on every replica learn of it at once, not at their next poll.
+                for &id in &ids {
+                    tx.execute(
+                        "SELECT pg_notify($1, $2)",
+                        &[&notify::CHANNEL, &notify::payload(id, 0)],
+                    )
+                    .await
+                    .context("deleting expired sessions")?;
+                }
+                tx.commit().await.context("deleting expired sessions")?;
+                Ok(ids)
+            })
+            .await
+    }
+
     fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<super::Wake>> {
         tokio::runtime::Handle::try_current().ok()?;
         let wakes = self.wakes.get_or_init(|| {

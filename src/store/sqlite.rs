@@ -167,6 +167,12 @@ impl SqliteStore {
         })?;
         schema::configure_writer(&conn, synchronous)?;
         schema::migrate(&mut conn)?;
+        if schema::auto_vacuum(&conn)? != 2 {
+            tracing::info!(
+                path = %path.display(),
+                "sqlite store: the file predates incremental vacuum: space freed by deletes is reused, not given back (docs/operations.md)"
+            );
+        }
 
         let readers = Arc::new(Readers {
             path: path.clone(),
@@ -508,6 +514,35 @@ impl Store for SqliteStore {
             head: 0,
         });
         Ok(existed)
+    }
+
+    async fn delete_closed_before(
+        &self,
+        closed_before: std::time::SystemTime,
+        limit: usize,
+    ) -> Result<Vec<Uuid>> {
+        let (tx, rx) = oneshot::channel();
+        self.send(WriteOp::Expire {
+            before: to_micros(closed_before),
+            limit,
+            reply: tx,
+        })
+        .await?;
+        let deleted = rx.await.map_err(|_| writer_stopped())??;
+        for &session in &deleted {
+            let _ = self.wakes.send(Wake { session, head: 0 });
+        }
+        Ok(deleted)
+    }
+
+    async fn reclaim_space(&self, max_pages: u64) -> Result<u64> {
+        let (tx, rx) = oneshot::channel();
+        self.send(WriteOp::Reclaim {
+            max_pages,
+            reply: tx,
+        })
+        .await?;
+        rx.await.map_err(|_| writer_stopped())?
     }
 
     fn wake_ups(&self) -> Option<tokio::sync::broadcast::Receiver<Wake>> {

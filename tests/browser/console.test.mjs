@@ -1,7 +1,8 @@
 // The built-in console in real headless Chromium, run by `scripts/test browser`:
 // a real server with the `mock` profile and `--console`; a person's path through the page —
 // create a session, a prompt whose answer streams chunks and a tool call, a permission answered
-// from the page, a long turn stopped, a reload showing the same transcript, a phone's width, and
+// from the page, a long turn stopped, a reload showing the same transcript, its download as JSON
+// and Markdown, a phone's width, and
 // a wrong token's clear error. Screenshots go to $SCREENSHOT_DIR.
 //
 // env: HARNESS_BIN (the agent-harness binary), CHROMIUM (its executable), NPM_PREFIX (where
@@ -11,7 +12,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdtempSync, mkdirSync, writeFileSync, rmSync } from "node:fs";
+import { mkdtempSync, mkdirSync, readFileSync, writeFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -161,6 +162,30 @@ test("a person drives a mock session from the console", async () => {
   await page.locator("footer.stop", { hasText: "cancelled" }).waitFor({ timeout: WAIT });
   assert.equal(await transcriptText(page), before);
   assert.match(before, /#2:/);
+
+  // The transcript downloads as JSON (the v1 messages) and as Markdown for a person.
+  for (const [button, check] of [
+    ["Download the transcript as JSON", (text) => {
+      const exported = JSON.parse(text);
+      assert.equal(exported.format, "agent-harness.export.v1");
+      assert.equal(exported.session.name, "fix the build");
+      assert.ok(exported.transcript.messages.length >= 6, text.slice(0, 400));
+    }],
+    ["Download the transcript as Markdown", (text) => {
+      assert.match(text, /^# Session transcript: fix the build/);
+      assert.match(text, /\*\*Tool call\*\* `Run cargo-build` \(execute\) — \*\*completed\*\*/);
+      assert.match(text, /\*\*Permission asked\*\* for Run cargo test; .* answer: \*\*selected: `allow-once`\*\*/);
+      assert.match(text, /_Turn ended: cancelled\._/);
+    }],
+  ]) {
+    const [download] = await Promise.all([
+      page.waitForEvent("download", { timeout: WAIT }),
+      page.getByRole("button", { name: button }).click(),
+    ]);
+    const file = join(work, download.suggestedFilename());
+    await download.saveAs(file);
+    check(readFileSync(file, "utf8"));
+  }
 
   // The server restarts under the open page: the console resumes its stream by itself.
   const exited = new Promise((resolve) => server.child.once("exit", resolve));

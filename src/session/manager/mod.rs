@@ -9,6 +9,7 @@ mod flight;
 mod fork;
 pub(crate) mod owners;
 mod reads;
+mod retention;
 mod transcript;
 
 use std::{
@@ -21,6 +22,7 @@ use uuid::Uuid;
 
 pub(crate) use create::{CreateInput, Creation};
 pub(crate) use reads::ListInput;
+pub(crate) use retention::Retention;
 
 use super::{
     Command, ControlInput, ControlOutcome, EngineContext, Profile, SessionHandle,

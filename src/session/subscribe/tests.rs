@@ -111,6 +111,13 @@ impl Store for Watched {
     async fn delete_session(&self, session_id: Uuid) -> Result<bool> {
         self.inner.delete_session(session_id).await
     }
+    async fn delete_closed_before(
+        &self,
+        closed_before: std::time::SystemTime,
+        limit: usize,
+    ) -> Result<Vec<Uuid>> {
+        self.inner.delete_closed_before(closed_before, limit).await
+    }
     async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>> {
         self.read();
         self.inner.read_log(session_id, after, limit).await

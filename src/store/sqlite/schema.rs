@@ -123,6 +123,7 @@ const V2: &str = "ALTER TABLE sessions ADD COLUMN first_action_id TEXT;";
 pub(super) fn configure_writer(conn: &Connection, synchronous: SqliteSynchronous) -> Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)
         .context("setting the busy timeout")?;
+    incremental_vacuum_if_new(conn)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
         .context("switching to WAL")?;
@@ -224,6 +225,28 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
+/// A new file keeps track of its free pages (`auto_vacuum = INCREMENTAL`), so space that
+/// retention frees can be given back in bounded steps. SQLite allows the switch only while the
+/// file is still empty (before even the switch to WAL writes its first page); a file created earlier would need a whole `VACUUM` (a full rewrite, twice
+/// the disk, the store locked meanwhile), which start-up does not impose: such a file reuses its
+/// free pages instead of shrinking (docs/operations.md tells how to convert one offline).
+fn incremental_vacuum_if_new(conn: &Connection) -> Result<()> {
+    let pages: i64 = conn
+        .pragma_query_value(None, "page_count", |row| row.get(0))
+        .context("reading the page count")?;
+    if pages == 0 {
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .context("turning on incremental vacuum")?;
+    }
+    Ok(())
+}
+
+/// The file's `auto_vacuum` mode: 0 none, 1 full, 2 incremental.
+pub(super) fn auto_vacuum(conn: &Connection) -> Result<i64> {
+    conn.pragma_query_value(None, "auto_vacuum", |row| row.get(0))
+        .context("reading auto_vacuum")
+}
+
 #[cfg(test)]
 mod tests {
     use rusqlite::StatementStatus;
@@ -241,6 +264,30 @@ mod tests {
         conn.prepare_cached(sql)
             .unwrap()
             .get_status(StatementStatus::RePrepare)
+    }
+
+    #[test]
+    fn a_new_file_tracks_free_pages_for_incremental_vacuum_and_an_older_file_keeps_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut new = Connection::open(dir.path().join("new.sqlite3")).unwrap();
+        configure_writer(&new, SqliteSynchronous::Normal).unwrap();
+        migrate(&mut new).unwrap();
+        assert_eq!(auto_vacuum(&new).unwrap(), 2, "INCREMENTAL");
+
+        // A file an earlier version wrote: its tables exist at version 1 already.
+        let path = dir.path().join("old.sqlite3");
+        let earlier = Connection::open(&path).unwrap();
+        earlier.execute_batch(V1).unwrap();
+        earlier.pragma_update(None, "user_version", 1).unwrap();
+        drop(earlier);
+        let mut old = Connection::open(&path).unwrap();
+        configure_writer(&old, SqliteSynchronous::Normal).unwrap();
+        migrate(&mut old).unwrap();
+        assert_eq!(
+            auto_vacuum(&old).unwrap(),
+            0,
+            "NONE: switching needs a VACUUM"
+        );
     }
 
     #[test]

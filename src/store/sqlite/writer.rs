@@ -23,7 +23,10 @@ use super::{
     rows::{Context, action_id_bytes},
 };
 use crate::{
-    domain::{Error, ErrorCode, Result, session::SessionRecord},
+    domain::{
+        Error, ErrorCode, Result,
+        session::{SessionRecord, SessionStatus},
+    },
     store::{Batch, QueueOp, StoreError, context_to_json, to_micros, work_to_json},
 };
 
@@ -92,6 +95,19 @@ pub(super) enum WriteOp {
     Synchronous(oneshot::Sender<Result<i64>>),
     /// Finishes everything sent before, checkpoints the WAL and stops.
     Close(oneshot::Sender<Result<()>>),
+    /// Retention: deletes up to `limit` sessions closed before `before` (microseconds) in one
+    /// transaction of its own, never grouped with commits; the ids deleted.
+    Expire {
+        before: i64,
+        limit: usize,
+        reply: oneshot::Sender<Result<Vec<Uuid>>>,
+    },
+    /// Gives up to `max_pages` free pages back to the file system (incremental vacuum, when the
+    /// file was created with it); the pages given back.
+    Reclaim {
+        max_pages: u64,
+        reply: oneshot::Sender<Result<u64>>,
+    },
     /// Tests: holds the writer until `resume` fires, so changes pile up into one group.
     #[cfg(test)]
     Pause {
@@ -164,6 +180,16 @@ impl Writer {
                     let _ = reply.send(self.checkpoint());
                     return;
                 }
+                WriteOp::Expire {
+                    before,
+                    limit,
+                    reply,
+                } => {
+                    let _ = reply.send(self.expire(before, limit));
+                }
+                WriteOp::Reclaim { max_pages, reply } => {
+                    let _ = reply.send(self.reclaim(max_pages));
+                }
                 #[cfg(test)]
                 WriteOp::Pause { paused, resume } => {
                     let _ = paused.send(());
@@ -182,6 +208,63 @@ impl Writer {
         self.conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
             .context("checkpointing the WAL")
+    }
+
+    /// One retention batch, in a transaction of its own: the cascade deletes each session's
+    /// log, queue, labels, editors and action ids with it.
+    fn expire(&mut self, before: i64, limit: usize) -> Result<Vec<Uuid>> {
+        if !self.conn.is_autocommit() {
+            let _ = self.exec("ROLLBACK");
+        }
+        self.exec("BEGIN IMMEDIATE")
+            .map_err(|e| internal("starting a retention batch", e))?;
+        let deleted = expire_batch(&self.conn, before, limit);
+        let finished = deleted.and_then(|ids| {
+            self.exec("COMMIT")
+                .map_err(|e| internal("committing a retention batch", e))?;
+            Ok(ids)
+        });
+        match &finished {
+            Ok(_) => {
+                self.transactions.fetch_add(1, Ordering::Relaxed);
+                self.checkpointer.committed();
+            }
+            Err(_) if !self.conn.is_autocommit() => {
+                let _ = self.exec("ROLLBACK");
+            }
+            Err(_) => {}
+        }
+        finished
+    }
+
+    /// Incremental vacuum of at most `max_pages` free pages, when the file has it turned on
+    /// (files created before it keep reusing their free pages instead; see docs/operations.md).
+    fn reclaim(&mut self, max_pages: u64) -> Result<u64> {
+        let pragma = |name: &str| -> Result<i64> {
+            self.conn
+                .pragma_query_value(None, name, |row| row.get(0))
+                .context("reading the free pages")
+        };
+        const INCREMENTAL: i64 = 2;
+        if pragma("auto_vacuum")? != INCREMENTAL {
+            return Ok(0);
+        }
+        let free = pragma("freelist_count")?;
+        let pages = u64::try_from(free).unwrap_or(0).min(max_pages);
+        if pages == 0 {
+            return Ok(0);
+        }
+        // The pragma frees pages as it is stepped: step it to the end.
+        let mut stmt = self
+            .conn
+            .prepare(&format!("PRAGMA incremental_vacuum({pages})"))
+            .context("reclaiming free pages")?;
+        let mut rows = stmt.query([]).context("reclaiming free pages")?;
+        while rows.next().context("reclaiming free pages")?.is_some() {}
+        drop(rows);
+        drop(stmt);
+        self.checkpointer.committed();
+        Ok(u64::try_from(free - pragma("freelist_count")?).unwrap_or(0))
     }
 
     fn exec(&self, sql: &str) -> rusqlite::Result<()> {
@@ -480,6 +563,31 @@ fn delete(conn: &Connection, session_id: Uuid) -> Result<bool> {
         .and_then(|mut stmt| stmt.execute([&session_id.as_bytes()[..]]))
         .context("deleting a session")?;
     Ok(deleted > 0)
+}
+
+fn expire_batch(conn: &Connection, before: i64, limit: usize) -> Result<Vec<Uuid>> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut select = conn
+        .prepare_cached(
+            "SELECT id FROM sessions WHERE status = ?1 AND updated_at < ?2 \
+             ORDER BY updated_at LIMIT ?3",
+        )
+        .context("finding expired sessions")?;
+    let ids = select
+        .query_map((SessionStatus::Closed.as_str(), before, limit), |row| {
+            row.get::<_, Vec<u8>>(0)
+        })
+        .context("finding expired sessions")?
+        .map(|id| {
+            let id = id.context("finding expired sessions")?;
+            Uuid::from_slice(&id)
+                .map_err(|_| super::rows::corrupt("a stored session id is not a UUID"))
+        })
+        .collect::<Result<Vec<Uuid>>>()?;
+    for id in &ids {
+        delete(conn, *id)?;
+    }
+    Ok(ids)
 }
 
 fn head_offset(conn: &Connection, pk: i64) -> Result<u64> {
