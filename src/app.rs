@@ -297,6 +297,19 @@ fn browser_options(config: &BrowserConfig) -> browser::BrowserOptions {
     }
 }
 
+/// Where a browser on this machine opens the console: a wildcard listen address is reached
+/// through loopback.
+fn console_url(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let host = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_owned(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => "[::1]".to_owned(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    format!("{scheme}://{host}:{}/", addr.port())
+}
+
 /// Binds the listener, builds every part and starts serving in the background.
 /// A profile passing through variables the harness lacks starts its runtimes without them: said
 /// once at start (names only), a warning when none of them is set, so a forgotten API key shows
@@ -345,6 +358,9 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
             console = config.browser.console,
             "serving gRPC-Web"
         );
+    }
+    if config.browser.console {
+        tracing::info!(url = %console_url(local_addr, config.tls.is_some()), "the web console is at this URL");
     }
     Ok(RunningServer {
         local_addr,
@@ -570,8 +586,9 @@ fn serve_grpc(
     }
     let server = builder
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
-        // Browsers: HTTP/1.1, the console and gRPC-Web only when configured.
-        .accept_http1(config.browser.grpc_web_enabled())
+        // HTTP/1.1 always, so a browser on the port gets a readable answer (the front layer's
+        // hint); the console and gRPC-Web only when configured.
+        .accept_http1(true)
         // No DNS rebinding: with no tokens, browsers are served only from loopback pages.
         .layer(tower::util::option_layer(
             config

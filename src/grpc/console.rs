@@ -5,8 +5,9 @@
 use http::{HeaderValue, Response, StatusCode, header};
 use tonic::{body::Body, codegen::Bytes};
 
-/// Path, content type, bytes.
-const ASSETS: [(&str, &str, &[u8]); 3] = [
+/// Path, content type, bytes. The icon answers at `/favicon.ico` too, where browsers and other
+/// tools look without being told.
+const ASSETS: [(&str, &str, &[u8]); 5] = [
     (
         "/",
         "text/html; charset=utf-8",
@@ -21,6 +22,16 @@ const ASSETS: [(&str, &str, &[u8]); 3] = [
         "/app.css",
         "text/css; charset=utf-8",
         include_bytes!("../../console/dist/app.css"),
+    ),
+    (
+        "/favicon.svg",
+        "image/svg+xml",
+        include_bytes!("../../console/dist/favicon.svg"),
+    ),
+    (
+        "/favicon.ico",
+        "image/svg+xml",
+        include_bytes!("../../console/dist/favicon.svg"),
     ),
 ];
 
