@@ -14,8 +14,9 @@ const parser = new Marked({
   breaks: true,
   async: false,
   renderer: {
-    // Block and inline HTML in the agent's text: its source, as text.
-    html: ({ text }) => escapeHtml(text),
+    // Block and inline HTML in the agent's text: its source, as text (a block keeps its lines).
+    html: ({ text, block }) =>
+      block ? `<p>${escapeHtml(text.trimEnd()).replace(/\n/g, "<br>")}</p>\n` : escapeHtml(text),
   },
 });
 
