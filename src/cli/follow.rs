@@ -4,7 +4,6 @@
 
 use std::{collections::VecDeque, time::Duration};
 
-use serde_json::Value;
 use tonic::{Code, Status};
 
 use super::{
@@ -12,7 +11,7 @@ use super::{
     connect::Client,
     exit,
     json::{self, stop_reason_name},
-    question::{Question, Reply, Terminal, next_line, outcome_in},
+    question::{Question, Reply, Terminal, elicitation_value, next_line, outcome_in},
     render::{Pending, Transcript},
 };
 use crate::pb::v1::{self as pb, control_request::Action, subscribe_response::Event};
@@ -427,27 +426,6 @@ pub(crate) fn answer_action(
             }))
         }
     }
-}
-
-/// A typed elicitation value from what a person typed: JSON booleans, integers, numbers and
-/// string arrays keep their type; anything else is text.
-pub(crate) fn elicitation_value(text: &str) -> pb::ElicitationValue {
-    use pb::elicitation_value::Kind;
-    let kind = match serde_json::from_str::<Value>(text) {
-        Ok(Value::Bool(flag)) => Kind::Flag(flag),
-        Ok(Value::Number(n)) if n.is_i64() => Kind::Integer(n.as_i64().unwrap_or_default()),
-        Ok(Value::Number(n)) => Kind::Number(n.as_f64().unwrap_or_default()),
-        Ok(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            Kind::Strings(pb::StringList {
-                values: items
-                    .into_iter()
-                    .filter_map(|v| v.as_str().map(str::to_owned))
-                    .collect(),
-            })
-        }
-        _ => Kind::Text(text.to_owned()),
-    };
-    pb::ElicitationValue { kind: Some(kind) }
 }
 
 /// `answer` with no request id: shows the request, asks on the terminal, sends the answer and

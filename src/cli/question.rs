@@ -9,7 +9,7 @@ use std::{collections::HashMap, io::BufRead};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::{follow::elicitation_value, render::Pending, render::request_id_text};
+use super::render::{Pending, request_id_text};
 use crate::pb::v1::{self as pb, control_request::Action};
 
 /// Lines typed at the terminal; `None` once input has ended.
@@ -310,4 +310,25 @@ pub(crate) fn outcome_in(
         }
         _ => None,
     })
+}
+
+/// A typed elicitation value from what a person typed: JSON booleans, integers, numbers and
+/// string arrays keep their type; anything else is text.
+pub(crate) fn elicitation_value(text: &str) -> pb::ElicitationValue {
+    use pb::elicitation_value::Kind;
+    let kind = match serde_json::from_str::<Value>(text) {
+        Ok(Value::Bool(flag)) => Kind::Flag(flag),
+        Ok(Value::Number(n)) if n.is_i64() => Kind::Integer(n.as_i64().unwrap_or_default()),
+        Ok(Value::Number(n)) => Kind::Number(n.as_f64().unwrap_or_default()),
+        Ok(Value::Array(items)) if items.iter().all(Value::is_string) => {
+            Kind::Strings(pb::StringList {
+                values: items
+                    .into_iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect(),
+            })
+        }
+        _ => Kind::Text(text.to_owned()),
+    };
+    pb::ElicitationValue { kind: Some(kind) }
 }
