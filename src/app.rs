@@ -289,8 +289,14 @@ fn authenticator(config: &ServeConfig) -> anyhow::Result<(Authenticator, Option<
 }
 
 /// The transport's browser options, from the configuration's browser section.
-fn browser_options(config: &BrowserConfig) -> browser::BrowserOptions {
+fn browser_options(config: &BrowserConfig, tokens: bool) -> browser::BrowserOptions {
     browser::BrowserOptions {
+        // The console's new-session form starts in the directory the server was started in;
+        // said only to loopback pages (no tokens), never to anyone who can reach the port.
+        default_cwd: (config.console && !tokens)
+            .then(|| std::env::current_dir().ok())
+            .flatten()
+            .map(|dir| dir.to_string_lossy().into_owned()),
         cors_allow_origins: config.cors_allow_origins.clone(),
         grpc_web: config.grpc_web_enabled(),
         console: config.console,
@@ -391,7 +397,7 @@ type GrpcWebLayer = tower::layer::util::Stack<tonic_web::GrpcWebLayer, tower_htt
 impl Front {
     fn new(config: &ServeConfig) -> anyhow::Result<Self> {
         let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
-        let browser = browser_options(&config.browser);
+        let browser = browser_options(&config.browser, config.tokens_file.is_some());
         let grpc_web = browser::grpc_web_layer(&browser)?;
         Ok(Self {
             tls,

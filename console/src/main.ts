@@ -606,8 +606,26 @@ function main() {
     void openSession(selectedFromHash());
     void attempt(refreshSessions);
   });
+  void suggestCwd();
   void attempt(refreshSessions);
   void openSession(selectedFromHash());
+}
+
+/** The server's suggestion for a new session's directory (where it was started; only given to
+ * loopback pages), used until there is a newest session to follow. */
+async function suggestCwd() {
+  try {
+    const response = await fetch("/defaults.json");
+    if (!response.ok) return;
+    const { cwd } = (await response.json()) as { cwd?: string | null };
+    const input = byId<HTMLInputElement>("create-cwd");
+    if (cwd && input.value === "") {
+      input.value = cwd;
+      input.dataset.suggested = cwd;
+    }
+  } catch {
+    // No suggestion: the field stays empty with its placeholder.
+  }
 }
 
 main();

@@ -30,6 +30,8 @@ pub(crate) struct BrowserOptions {
     pub grpc_web: bool,
     /// The built-in console at `/`.
     pub console: bool,
+    /// The working directory the console offers for a new session (`/defaults.json`).
+    pub default_cwd: Option<String>,
 }
 
 /// Request headers a gRPC-Web page sends: the protocol's own, the bearer token and the acting
@@ -80,17 +82,25 @@ pub(crate) fn grpc_web_layer(
 
 /// Serves the console's files (when on) and refuses gRPC-Web (when off); passes everything else
 /// through untouched.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct FrontLayer {
     console: bool,
     grpc_web: bool,
+    /// `/defaults.json`, when the console is on.
+    defaults: Option<tonic::codegen::Bytes>,
 }
 
 impl FrontLayer {
     pub(crate) fn new(options: &BrowserOptions) -> Self {
+        let defaults = options.console.then(|| {
+            serde_json::json!({ "cwd": options.default_cwd })
+                .to_string()
+                .into()
+        });
         Self {
             console: options.console,
             grpc_web: options.grpc_web,
+            defaults,
         }
     }
 }
@@ -101,7 +111,7 @@ impl<S> Layer<S> for FrontLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Front {
             inner,
-            layer: *self,
+            layer: self.clone(),
         }
     }
 }
@@ -135,6 +145,12 @@ where
             && let Some(response) = console::respond(request.uri().path())
         {
             return Box::pin(std::future::ready(Ok(response)));
+        }
+        if let Some(defaults) = &self.layer.defaults
+            && *request.method() == Method::GET
+            && request.uri().path() == "/defaults.json"
+        {
+            return Box::pin(std::future::ready(Ok(console::defaults(defaults.clone()))));
         }
         if request.version() < Version::HTTP_2
             && matches!(*request.method(), Method::GET | Method::HEAD)

@@ -228,6 +228,10 @@ test("an agent's Markdown is rendered, its HTML stays inert, and usage and cost 
   });
   await page.goto(server.url);
   await page.getByText("New session").click();
+  // With no session yet, the form offers the directory the server was started in.
+  await page.waitForFunction((cwd) => document.getElementById("create-cwd")?.value === cwd, process.cwd(), {
+    timeout: WAIT,
+  });
   await page.getByLabel("Working directory").fill(server.data);
   await page.getByLabel("Name").fill("release notes");
   await page.getByRole("button", { name: "Create session" }).click();

@@ -417,3 +417,32 @@ async fn the_server_logs_the_console_url_when_it_starts() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn the_console_suggests_the_servers_directory_only_to_loopback_pages() {
+    bounded(async {
+        let json =
+            |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("JSON") };
+        let h = Harness::start_with(|c| c.browser.console = true).await;
+        let (status, _, body) = http1(&h, get(&h, "/defaults.json"))
+            .await
+            .expect("answered");
+        assert_eq!(status, StatusCode::OK);
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(json(&body)["cwd"], here.to_string_lossy().as_ref());
+
+        // With tokens, whoever reaches the port is nobody yet: no directory is given away.
+        let tokens = TokensFile::new(crate::auth::EVERYONE);
+        let h = Harness::start_with(|c| {
+            c.browser.console = true;
+            with_tokens(c, &tokens.path, None);
+        })
+        .await;
+        let (status, _, body) = http1(&h, get(&h, "/defaults.json"))
+            .await
+            .expect("answered");
+        assert_eq!(status, StatusCode::OK);
+        assert!(json(&body)["cwd"].is_null(), "{}", json(&body));
+    })
+    .await;
+}
