@@ -15,6 +15,6 @@ PATH="$BIN:$PATH" "$BUF" generate --template console/buf.gen.yaml proto
 ln -sfn "$NPM_PREFIX/node_modules" console/node_modules
 "$BIN/tsc" -p console/tsconfig.json
 mkdir -p console/dist
-cp console/static/index.html console/static/app.css console/dist/
+cp console/static/index.html console/static/app.css console/static/favicon.svg console/dist/
 "$BIN/esbuild" console/src/main.ts --bundle --format=esm --target=es2022 --minify \
     --legal-comments=none --log-level=warning --outfile=console/dist/app.js

@@ -307,12 +307,31 @@ fn authenticator(config: &ServeConfig) -> anyhow::Result<(Authenticator, Option<
 }
 
 /// The transport's browser options, from the configuration's browser section.
-fn browser_options(config: &BrowserConfig) -> browser::BrowserOptions {
+fn browser_options(config: &BrowserConfig, tokens: bool) -> browser::BrowserOptions {
     browser::BrowserOptions {
+        // The console's new-session form starts in the directory the server was started in;
+        // said only to loopback pages (no tokens), never to anyone who can reach the port.
+        default_cwd: (config.console && !tokens)
+            .then(|| std::env::current_dir().ok())
+            .flatten()
+            .map(|dir| dir.to_string_lossy().into_owned()),
         cors_allow_origins: config.cors_allow_origins.clone(),
         grpc_web: config.grpc_web_enabled(),
         console: config.console,
     }
+}
+
+/// Where a browser on this machine opens the console: a wildcard listen address is reached
+/// through loopback.
+fn console_url(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let host = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_owned(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => "[::1]".to_owned(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    format!("{scheme}://{host}:{}/", addr.port())
 }
 
 /// Binds the listener, builds every part and starts serving in the background.
@@ -368,6 +387,9 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
             "serving gRPC-Web"
         );
     }
+    if config.browser.console {
+        tracing::info!(url = %console_url(local_addr, config.tls.is_some()), "the web console is at this URL");
+    }
     Ok(RunningServer {
         local_addr,
         metrics_addr,
@@ -398,7 +420,7 @@ type GrpcWebLayer = tower::layer::util::Stack<tonic_web::GrpcWebLayer, tower_htt
 impl Front {
     fn new(config: &ServeConfig) -> anyhow::Result<Self> {
         let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
-        let browser = browser_options(&config.browser);
+        let browser = browser_options(&config.browser, config.tokens_file.is_some());
         let grpc_web = browser::grpc_web_layer(&browser)?;
         Ok(Self {
             tls,
@@ -593,8 +615,9 @@ fn serve_grpc(
     }
     let server = builder
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
-        // Browsers: HTTP/1.1, the console and gRPC-Web only when configured.
-        .accept_http1(config.browser.grpc_web_enabled())
+        // HTTP/1.1 always, so a browser on the port gets a readable answer (the front layer's
+        // hint); the console and gRPC-Web only when configured.
+        .accept_http1(true)
         // No DNS rebinding: with no tokens, browsers are served only from loopback pages.
         .layer(tower::util::option_layer(
             config

@@ -1,6 +1,7 @@
 // The built-in console: a page served by the harness itself at `/`, talking gRPC-Web
 // to the same origin. No framework: the DOM is built with `el()`, and text from the server is
-// only ever set as text (an agent's output must never become markup).
+// only ever set as text (an agent's output must never become markup), except the agent's own
+// text, which goes through the sanitising Markdown renderer (markdown.ts).
 
 import { create, toJson, type MessageInitShape } from "@bufbuild/protobuf";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
@@ -29,6 +30,8 @@ import {
   type TranscriptMessage,
 } from "./gen/agent_harness/v1/transcript_pb.js";
 import { JsonRpcIdSchema, PromptAttachmentSchema, type JsonRpcId } from "./gen/agent_harness/v1/actions_pb.js";
+import { markdown } from "./markdown.js";
+import { usageText } from "./usage.js";
 
 // ---------------------------------------------------------------------------------------------
 // The client
@@ -172,6 +175,13 @@ async function refreshSessions() {
     }),
   );
   if (response.sessions.length === 0) list.append(el("li", { class: "empty" }, "No sessions yet."));
+  // A new session starts where the newest one works, unless the person typed a directory.
+  const cwd = byId<HTMLInputElement>("create-cwd");
+  const newest = response.sessions[0]?.cwd;
+  if (newest && (cwd.value === "" || cwd.dataset.suggested === cwd.value)) {
+    cwd.value = newest;
+    cwd.dataset.suggested = newest;
+  }
 }
 
 async function createSession(form: HTMLFormElement) {
@@ -183,7 +193,10 @@ async function createSession(form: HTMLFormElement) {
     name: name || undefined,
   });
   const id = response.session?.id ?? "";
+  const cwd = byId<HTMLInputElement>("create-cwd").value;
   form.reset();
+  byId<HTMLInputElement>("create-cwd").value = cwd;
+  byId<HTMLInputElement>("create-cwd").dataset.suggested = cwd;
   byId<HTMLDetailsElement>("create").open = false;
   location.hash = `session=${encodeURIComponent(id)}`;
 }
@@ -206,6 +219,7 @@ async function openSession(id: string | null) {
   current = { id, messages: new Map(), queue: [], status: SessionStatus.UNSPECIFIED, caughtUp: false, abort };
   byId("session-title").textContent = id;
   byId("transcript").replaceChildren();
+  showUsage("");
   render();
   const me = current;
   try {
@@ -250,7 +264,27 @@ async function openSession(id: string | null) {
 function showSession(s: AgentSession) {
   byId("session-title").textContent = s.name || s.id;
   byId("session-meta").textContent = `${s.profile} · ${s.cwd}${s.model ? ` · ${s.model}` : ""} · ${s.id}`;
+  showUsage(usageText(s.usage));
   if (current) current.status = s.status;
+}
+
+function showUsage(text: string) {
+  const usage = byId("usage");
+  usage.textContent = text;
+  usage.hidden = text === "";
+}
+
+/** The session again, for what a turn changed beyond the transcript (usage and cost). */
+function refreshSession(state: Current) {
+  void client
+    .getSession({ sessionId: state.id }, { signal: state.abort.signal })
+    .then((response) => {
+      if (current === state && response.session) {
+        showSession(response.session);
+        render();
+      }
+    })
+    .catch(() => {});
 }
 
 function apply(state: Current, event: SubscribeResponse) {
@@ -265,7 +299,11 @@ function apply(state: Current, event: SubscribeResponse) {
     case "status":
       state.status = event.event.value.status;
       void refreshSessions().catch(() => {});
+      refreshSession(state);
       break;
+    case "turnEnded":
+      refreshSession(state);
+      return;
     case "caughtUp":
       state.caughtUp = true;
       break;
@@ -281,6 +319,8 @@ function render() {
   const status = byId("session-status");
   status.textContent = statusName(state.status);
   status.className = `status status-${SessionStatus[state.status]?.toLowerCase()}`;
+  // Stop means something only while a turn runs (or waits on an answer).
+  byId("stop").hidden = !(state.status === SessionStatus.RUNNING || state.status === SessionStatus.AWAITING_INPUT);
   byId("live").textContent = state.caughtUp ? "live" : "catching up…";
   const ordered = [...state.messages.values()].sort((a, b) => Number(a.firstOffset - b.firstOffset));
   const transcript = byId("transcript");
@@ -301,16 +341,17 @@ function renderMessage(m: TranscriptMessage): HTMLElement {
     "article",
     { class: `message ${role}`, "data-message": m.id, "aria-label": `${role} message, turn ${m.turn}` },
     el("header", {}, el("span", { class: "role" }, role === "user" ? `You (${m.actor})` : "Agent"), el("span", { class: "turn" }, `turn ${m.turn}`)),
-    ...m.parts.map((p) => renderPart(p)),
+    ...m.parts.map((p) => renderPart(p, role)),
     footer.length ? el("footer", { class: "stop" }, footer.join(" · ")) : null,
   );
 }
 
-function renderPart(part: MessagePart): HTMLElement | null {
+function renderPart(part: MessagePart, role: "user" | "agent"): HTMLElement | null {
   const kind = part.kind;
   switch (kind.case) {
     case "text":
-      return el("p", { class: "text" }, kind.value.text);
+      // A person's prompt is shown as typed; the agent's text is Markdown.
+      return role === "agent" ? markdown(kind.value.text, "text markdown") : el("p", { class: "text" }, kind.value.text);
     case "thought":
       return el("p", { class: "thought" }, el("span", { class: "label" }, "thinking: "), kind.value.text);
     case "attachment":
@@ -707,8 +748,26 @@ function main() {
     void openSession(selectedFromHash());
     void attempt(refreshSessions);
   });
+  void suggestCwd();
   void attempt(refreshSessions);
   void openSession(selectedFromHash());
+}
+
+/** The server's suggestion for a new session's directory (where it was started; only given to
+ * loopback pages), used until there is a newest session to follow. */
+async function suggestCwd() {
+  try {
+    const response = await fetch("/defaults.json");
+    if (!response.ok) return;
+    const { cwd } = (await response.json()) as { cwd?: string | null };
+    const input = byId<HTMLInputElement>("create-cwd");
+    if (cwd && input.value === "") {
+      input.value = cwd;
+      input.dataset.suggested = cwd;
+    }
+  } catch {
+    // No suggestion: the field stays empty with its placeholder.
+  }
 }
 
 main();

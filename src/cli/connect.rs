@@ -196,12 +196,17 @@ fn tls_failure<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a r
 }
 
 /// An error and its causes on one line; tonic's own `Display` says only "transport error".
+/// A cause that only repeats what is already said (hyper and tonic both wrap the same
+/// "tcp connect error") is said once.
 pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(cause) = next {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let said = cause.to_string();
+        if !said.is_empty() && !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         next = cause.source();
     }
     text

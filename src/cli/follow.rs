@@ -2,9 +2,8 @@
 //! last event's offset when the connection drops (the resume rule), with interactive
 //! answers on a terminal.
 
-use std::{io::BufRead, time::Duration};
+use std::{collections::VecDeque, time::Duration};
 
-use serde_json::Value;
 use tonic::{Code, Status};
 
 use super::{
@@ -12,7 +11,8 @@ use super::{
     connect::Client,
     exit,
     json::{self, stop_reason_name},
-    render::{Pending, Transcript, request_id_text},
+    question::{Question, Reply, Terminal, elicitation_value, next_line, outcome_in},
+    render::{Pending, Transcript},
 };
 use crate::pb::v1::{self as pb, control_request::Action, subscribe_response::Event};
 
@@ -36,6 +36,107 @@ fn retryable(status: &Status) -> bool {
     )
 }
 
+/// The questions of one follow: the one on screen and those waiting behind it.
+#[derive(Default)]
+struct Questions {
+    terminal: Option<Terminal>,
+    asking: Option<Question>,
+    waiting: VecDeque<Pending>,
+}
+
+impl Questions {
+    /// Takes a snapshot's news: new requests wait their turn; a request answered elsewhere
+    /// (another client, the console, a rule) is no longer asked about.
+    fn message(
+        &mut self,
+        transcript: &mut Transcript,
+        message: &pb::TranscriptMessage,
+        new: Vec<Pending>,
+    ) {
+        self.waiting.extend(new);
+        self.waiting.retain(|p| {
+            outcome_in(message, p).is_none_or(|o| o == pb::InteractionOutcome::Pending)
+        });
+        if let Some(question) = &self.asking
+            && outcome_in(message, &question.request)
+                .is_some_and(|o| o != pb::InteractionOutcome::Pending)
+        {
+            transcript.line(&format!(
+                "  (permission or question {} was answered elsewhere; going on)",
+                question.id()
+            ));
+            self.asking = None;
+        }
+        self.ask_next(transcript);
+    }
+
+    fn ask_next(&mut self, transcript: &mut Transcript) {
+        if self.asking.is_some() {
+            return;
+        }
+        let Some(request) = self.waiting.pop_front() else {
+            return;
+        };
+        let terminal = self.terminal.get_or_insert_with(Terminal::start);
+        terminal.forget_typed_ahead();
+        let question = Question::new(request);
+        transcript.set_working(false);
+        transcript.ask(&question.first_prompt());
+        self.asking = Some(question);
+    }
+
+    /// A typed line: answers the question on screen (sending the answer), or asks again.
+    async fn typed(
+        &mut self,
+        transcript: &mut Transcript,
+        client: &mut Client,
+        session: &str,
+        line: &str,
+    ) -> Result<(), Failure> {
+        transcript.typed();
+        let Some(question) = &mut self.asking else {
+            return Ok(());
+        };
+        match question.feed(line) {
+            Reply::Ask(prompt) => transcript.ask(&prompt),
+            Reply::Answer(action, chosen) => {
+                let id = question.id();
+                self.asking = None;
+                if let Some(line) = send_answer(client, session, action, &id, &chosen).await? {
+                    transcript.line(&line);
+                }
+                self.ask_next(transcript);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sends an answer; says what was chosen, or that someone else answered first.
+pub(crate) async fn send_answer(
+    client: &mut Client,
+    session: &str,
+    action: Action,
+    id: &str,
+    chosen: &str,
+) -> Result<Option<String>, Failure> {
+    let sent = client
+        .control(pb::ControlRequest {
+            session_id: session.to_owned(),
+            action: Some(action),
+            ..Default::default()
+        })
+        .await;
+    match sent {
+        Ok(_) => Ok(Some(format!("  answered {id}: {chosen}"))),
+        // Someone else answered first: the transcript shows their answer.
+        Err(status) if status.code() == Code::FailedPrecondition => {
+            Ok(Some(format!("  (already answered: {})", status.message())))
+        }
+        Err(status) => Err(status.into()),
+    }
+}
+
 pub(crate) async fn run(
     client: &mut Client,
     session: &str,
@@ -44,9 +145,14 @@ pub(crate) async fn run(
 ) -> Outcome {
     let mut cursor = after;
     let mut transcript = Transcript::new();
+    let mut questions = Questions::default();
     let mut spinner = tokio::time::interval(Duration::from_millis(100));
     let mut failing_since: Option<tokio::time::Instant> = None;
     let mut backoff = Duration::from_millis(100);
+    // Ctrl-C during `prompt --follow` leaves the turn running; only then is it caught, to say so.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    let catch_ctrl_c = options.until_turn.is_some();
     loop {
         let subscribed = client
             .subscribe(pb::SubscribeRequest {
@@ -58,17 +164,42 @@ pub(crate) async fn run(
         let mut stream = match subscribed {
             Ok(response) => response.into_inner(),
             Err(status) if retryable(&status) => {
-                wait_to_retry(&mut failing_since, &mut backoff, &status).await?;
+                wait_to_retry(&mut transcript, &mut failing_since, &mut backoff, &status).await?;
                 continue;
             }
             Err(status) => return Err(status.into()),
         };
+        if failing_since.take().is_some() {
+            transcript.notice(&format!("· reconnected; resuming after offset {cursor}"));
+        }
         let dropped = loop {
             let next = tokio::select! {
                 next = stream.message() => next,
-                _ = spinner.tick(), if transcript.spinning() => {
+                _ = spinner.tick(), if transcript.spinning() && questions.asking.is_none() => {
                     transcript.tick();
                     continue;
+                }
+                line = next_line(&mut questions.terminal), if questions.asking.is_some() => {
+                    match line {
+                        Some(line) => questions.typed(&mut transcript, client, session, &line).await?,
+                        // Input ended: nobody is there to answer; leave it to another client.
+                        None => {
+                            questions.asking = None;
+                            questions.waiting.clear();
+                            questions.terminal = None;
+                            transcript.typed();
+                        }
+                    }
+                    continue;
+                }
+                _ = &mut interrupted, if catch_ctrl_c => {
+                    transcript.set_working(false);
+                    transcript.notice(&format!(
+                        "Left the turn running: it goes on in session {session}.\n  \
+                         agent-harness follow {session}   # watch it again\n  \
+                         agent-harness stop {session}     # stop it"
+                    ));
+                    return Ok(exit::INTERRUPTED);
                 }
             };
             let event = match next {
@@ -85,17 +216,10 @@ pub(crate) async fn run(
                 outln!("{}", json::event(&event));
             }
             match &event.event {
-                Some(Event::Message(message)) => {
-                    let pending = if options.json {
-                        Vec::new()
-                    } else {
-                        transcript.message(message)
-                    };
+                Some(Event::Message(message)) if !options.json => {
+                    let new = transcript.message(message);
                     if options.interactive {
-                        for request in pending {
-                            transcript.set_working(false);
-                            ask_and_answer(client, session, &request).await?;
-                        }
+                        questions.message(&mut transcript, message, new);
                     }
                 }
                 Some(Event::Status(change)) if !options.json => transcript.status(change),
@@ -110,17 +234,28 @@ pub(crate) async fn run(
                 _ => {}
             }
         };
-        wait_to_retry(&mut failing_since, &mut backoff, &dropped).await?;
+        wait_to_retry(&mut transcript, &mut failing_since, &mut backoff, &dropped).await?;
     }
 }
 
 /// Waits before the next attempt (doubling up to 2 s), or fails once the server has been gone
-/// for [`RECONNECT_FOR`].
+/// for [`RECONNECT_FOR`]. The first failure of an outage is said once.
 async fn wait_to_retry(
+    transcript: &mut Transcript,
     failing_since: &mut Option<tokio::time::Instant>,
     backoff: &mut Duration,
     status: &Status,
 ) -> Result<(), Failure> {
+    if failing_since.is_none() {
+        transcript.set_working(false);
+        let why = status.message();
+        let why = if why.is_empty() {
+            "the connection dropped"
+        } else {
+            why
+        };
+        transcript.notice(&format!("· connection lost ({why}); reconnecting…"));
+    }
     let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
     if since.elapsed() > RECONNECT_FOR {
         return Err(status.clone().into());
@@ -143,6 +278,58 @@ fn turn_exit_code(ended: &pb::TurnEnded) -> u8 {
         }
         exit::TURN_NOT_ENDED_WELL
     }
+}
+
+/// The session's log head now: where `--from-now` (and `prompt --follow`) start.
+pub(crate) async fn head_offset(client: &mut Client, session: &str) -> Result<u64, Failure> {
+    Ok(client
+        .get_session(pb::GetSessionRequest {
+            session_id: session.to_owned(),
+        })
+        .await?
+        .into_inner()
+        .session
+        .unwrap_or_default()
+        .head_offset)
+}
+
+/// The offset to follow after so the stream starts with the transcript's last `n` messages
+/// (snapshots are whole messages, so starting just before a message's first entry shows all
+/// of it).
+pub(crate) async fn offset_before_last_messages(
+    client: &mut Client,
+    session: &str,
+    n: usize,
+) -> Result<u64, Failure> {
+    if n == 0 {
+        return head_offset(client, session).await;
+    }
+    let mut firsts = VecDeque::with_capacity(n);
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .get_transcript(pb::GetTranscriptRequest {
+                session_id: session.to_owned(),
+                page_size: 0,
+                page_token: page_token.clone(),
+            })
+            .await?
+            .into_inner();
+        for message in &page.messages {
+            if firsts.len() == n {
+                firsts.pop_front();
+            }
+            firsts.push_back(message.first_offset);
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    Ok(match firsts.front() {
+        Some(first) if firsts.len() == n => first.saturating_sub(1),
+        _ => 0,
+    })
 }
 
 /// The permission and elicitation requests the agent is waiting on, from the transcript.
@@ -241,141 +428,30 @@ pub(crate) fn answer_action(
     }
 }
 
-/// A typed elicitation value from what a person typed: JSON booleans, integers, numbers and
-/// string arrays keep their type; anything else is text.
-fn elicitation_value(text: &str) -> pb::ElicitationValue {
-    use pb::elicitation_value::Kind;
-    let kind = match serde_json::from_str::<Value>(text) {
-        Ok(Value::Bool(flag)) => Kind::Flag(flag),
-        Ok(Value::Number(n)) if n.is_i64() => Kind::Integer(n.as_i64().unwrap_or_default()),
-        Ok(Value::Number(n)) => Kind::Number(n.as_f64().unwrap_or_default()),
-        Ok(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            Kind::Strings(pb::StringList {
-                values: items
-                    .into_iter()
-                    .filter_map(|v| v.as_str().map(str::to_owned))
-                    .collect(),
-            })
-        }
-        _ => Kind::Text(text.to_owned()),
-    };
-    pb::ElicitationValue { kind: Some(kind) }
-}
-
-/// Reads one line from the terminal without blocking the runtime; `None` at end of input.
-async fn read_line(question: String) -> Option<String> {
-    tokio::task::spawn_blocking(move || {
-        super::output::write(question.as_bytes());
-        let mut line = String::new();
-        match std::io::stdin().lock().read_line(&mut line) {
-            Ok(0) | Err(_) => None,
-            Ok(_) => Some(line.trim().to_owned()),
-        }
-    })
-    .await
-    .ok()
-    .flatten()
-}
-
-/// Asks the person at the terminal how to answer `request` and sends the answer.
-pub(crate) async fn ask_and_answer(
+/// `answer` with no request id: shows the request, asks on the terminal, sends the answer and
+/// says what was chosen.
+pub(crate) async fn answer_on_terminal(
     client: &mut Client,
     session: &str,
     request: &Pending,
 ) -> Outcome {
-    let id = request_id_text(request.request_id());
-    let action = match request {
-        Pending::Permission(p) => {
-            for (n, option) in p.options.iter().enumerate() {
-                outln!("  {}) {} [{}]", n + 1, option.name, option.option_id);
-            }
-            outln!("  c) cancel the request");
-            loop {
-                let Some(choice) = read_line(format!("choose for permission {id}: ")).await else {
-                    return Ok(0);
-                };
-                let outcome = if choice.eq_ignore_ascii_case("c") {
-                    Some(pb::respond_to_permission_action::Outcome::Cancelled(
-                        pb::PermissionCancelled {},
-                    ))
-                } else {
-                    choice
-                        .parse::<usize>()
-                        .ok()
-                        .and_then(|n| n.checked_sub(1))
-                        .and_then(|n| p.options.get(n))
-                        .or_else(|| p.options.iter().find(|o| o.option_id == choice))
-                        .map(|o| {
-                            pb::respond_to_permission_action::Outcome::SelectedOptionId(
-                                o.option_id.clone(),
-                            )
-                        })
-                };
-                if let Some(outcome) = outcome {
-                    break Action::RespondToPermission(pb::RespondToPermissionAction {
-                        request_id: request.request_id().cloned(),
-                        outcome: Some(outcome),
-                    });
+    let mut terminal = Terminal::start();
+    let mut question = Question::new(request.clone());
+    outln!("{}", question.heading());
+    super::output::write(question.first_prompt().as_bytes());
+    loop {
+        let Some(line) = terminal.next().await else {
+            return Ok(0);
+        };
+        match question.feed(&line) {
+            Reply::Ask(prompt) => super::output::write(prompt.as_bytes()),
+            Reply::Answer(action, chosen) => {
+                let id = question.id();
+                if let Some(said) = send_answer(client, session, action, &id, &chosen).await? {
+                    outln!("{}", said.trim_start());
                 }
-                outln!("  (type a number from 1 to {}, or c)", p.options.len());
+                return Ok(0);
             }
         }
-        Pending::Elicitation(e) => {
-            let choice = loop {
-                let Some(choice) = read_line(format!(
-                    "answer elicitation {id}? [a]ccept, [d]ecline, [c]ancel: "
-                ))
-                .await
-                else {
-                    return Ok(0);
-                };
-                match choice.to_ascii_lowercase().as_str() {
-                    "a" | "accept" => break 'a',
-                    "d" | "decline" => break 'd',
-                    "c" | "cancel" => break 'c',
-                    _ => {}
-                }
-            };
-            let answer = match choice {
-                'd' => pb::respond_elicitation_action::Answer::Decline(pb::ElicitationDecline {}),
-                'c' => pb::respond_elicitation_action::Answer::Cancel(pb::ElicitationCancel {}),
-                _ => {
-                    let request: Value = serde_json::from_str(&e.request_json).unwrap_or_default();
-                    let mut content = std::collections::HashMap::new();
-                    if let Some(fields) = request["requestedSchema"]["properties"].as_object() {
-                        for (key, schema) in fields {
-                            let title = schema["title"].as_str().unwrap_or(key);
-                            let Some(value) = read_line(format!("  {title}: ")).await else {
-                                return Ok(0);
-                            };
-                            content.insert(key.clone(), elicitation_value(&value));
-                        }
-                    }
-                    pb::respond_elicitation_action::Answer::Accept(pb::ElicitationAccept {
-                        content,
-                    })
-                }
-            };
-            Action::RespondElicitation(pb::RespondElicitationAction {
-                request_id: request.request_id().cloned(),
-                answer: Some(answer),
-            })
-        }
-    };
-    let sent = client
-        .control(pb::ControlRequest {
-            session_id: session.to_owned(),
-            action: Some(action),
-            ..Default::default()
-        })
-        .await;
-    match sent {
-        Ok(_) => Ok(0),
-        // Someone else answered first: the transcript will show their answer.
-        Err(status) if status.code() == Code::FailedPrecondition => {
-            outln!("  (already answered: {})", status.message());
-            Ok(0)
-        }
-        Err(status) => Err(status.into()),
     }
 }

@@ -1,5 +1,5 @@
-//! The subcommands for people at a terminal: `sessions`, `prompt`, `follow`, `answer`
-//! and `log`, and `acp` for ACP clients. They are a gRPC *client* of the service: they speak only the generated `pb` types
+//! The subcommands for people at a terminal: `sessions`, `prompt`, `follow`, `answer`,
+//! `stop`, `queue`, `log` and `export`, and `acp` for ACP clients. They are a gRPC *client* of the service: they speak only the generated `pb` types
 //! over a tonic channel, exactly as any other caller would, and never reach into the engine.
 
 #[macro_use]
@@ -9,6 +9,8 @@ mod connect;
 mod export;
 mod follow;
 mod json;
+mod question;
+mod queue;
 mod render;
 
 use std::io::IsTerminal;
@@ -41,6 +43,8 @@ pub(crate) mod exit {
     /// The TLS handshake failed: the server's certificate is not trusted (or not for that
     /// name), or the server refused ours.
     pub const TLS: u8 = 8;
+    /// Ctrl-C left `prompt --follow`; the turn goes on.
+    pub const INTERRUPTED: u8 = 130;
 }
 
 /// The exit codes and where the server and token come from, ending every subcommand's help.
@@ -57,11 +61,13 @@ Exit codes:
   6  refused in this state (SESSION_CLOSED, QUEUE_FULL, PERMISSION_NOT_PENDING, ...)
   7  the followed turn ended otherwise (cancelled, refusal, max_tokens, failed)
   8  TLS failed: the server's certificate is not trusted, or the server refused ours
+  130  Ctrl-C left `prompt --follow`; the turn goes on (`agent-harness stop` stops it)
 
 Server: --server or AGENT_HARNESS_SERVER (default http://127.0.0.1:50051).
 TLS:    an https:// server is trusted by the system's roots and --ca-file (AGENT_HARNESS_CA_FILE);
         --cert/--key (AGENT_HARNESS_CERT/AGENT_HARNESS_KEY) answer a server asking for mutual TLS.
-Token:  AGENT_HARNESS_TOKEN (sent as `authorization: Bearer <token>`)."
+Token:  AGENT_HARNESS_TOKEN (sent as `authorization: Bearer <token>`).
+Guide:  docs/cli.md"
     };
 }
 
@@ -83,6 +89,8 @@ const PROMPT_HELP: &str = concat!(
   agent-harness prompt \"$id\" 'look at this' --attach https://files.example/a.png --follow
   agent-harness prompt \"$id\" 'stop that, do this instead' --interrupt
   agent-harness prompt \"$id\" 'hello' --follow --json | jq -c 'select(.type == \"turn_ended\")'
+
+Ctrl-C during --follow leaves the turn running and says so; `agent-harness stop \"$id\"` stops it.
 ",
     exit_codes!()
 );
@@ -91,11 +99,14 @@ const FOLLOW_HELP: &str = concat!(
     "Examples:
   agent-harness follow \"$id\"                # from the start, then live; Ctrl-C to leave
   agent-harness follow \"$id\" --after 120    # resume after offset 120
+  agent-harness follow \"$id\" --tail 3       # the last 3 messages, then live
+  agent-harness follow \"$id\" --from-now     # only what happens from now on
   agent-harness follow \"$id\" --json         # one JSON object per event, for scripts
 
 On a terminal, a permission or elicitation request asks you for the answer in place
-(--no-interactive only shows it). The stream reconnects and resumes by itself when the
-server restarts.
+(--no-interactive only shows it); a request answered elsewhere meanwhile (another client,
+the console) is dropped from the terminal and the transcript goes on. The stream reconnects
+and resumes by itself when the server restarts, and says so.
 ",
     exit_codes!()
 );
@@ -107,6 +118,24 @@ const ANSWER_HELP: &str = concat!(
   agent-harness answer \"$id\" 3 --cancel               # dismiss it
   agent-harness answer \"$id\" 4 --accept name=Ada      # elicitation 4: accept with content
   agent-harness answer \"$id\" 4 --decline
+",
+    exit_codes!()
+);
+
+const STOP_HELP: &str = concat!(
+    "Examples:
+  agent-harness stop \"$id\"                 # cancel the running turn; queued prompts still run
+  agent-harness stop \"$id\" --clear-queue   # cancel it and drop what is queued
+",
+    exit_codes!()
+);
+
+const QUEUE_HELP: &str = concat!(
+    "Examples:
+  agent-harness queue \"$id\"                         # what waits behind the running turn
+  agent-harness queue \"$id\" list --json
+  agent-harness queue \"$id\" edit \"$action\" 'new text'  # a queued prompt's text
+  agent-harness queue \"$id\" rm \"$action\"               # remove it before it runs
 ",
     exit_codes!()
 );
@@ -148,6 +177,13 @@ pub enum Command {
     /// Answer a permission or elicitation request the agent is waiting on.
     #[command(after_help = ANSWER_HELP)]
     Answer(AnswerArgs),
+    /// Stop the running turn (the agent is asked to cancel it); the queue keeps draining unless
+    /// --clear-queue.
+    #[command(after_help = STOP_HELP)]
+    Stop(queue::StopArgs),
+    /// List, edit and remove the prompts waiting behind a running turn.
+    #[command(after_help = QUEUE_HELP)]
+    Queue(queue::QueueArgs),
     /// Print a session's raw log (the ACP frames and harness events), oldest first.
     #[command(after_help = LOG_HELP)]
     Log(LogArgs),
@@ -249,8 +285,14 @@ pub struct FollowArgs {
     /// The session id.
     session: String,
     /// Start after this log offset (0 = from the beginning).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, conflicts_with_all = ["tail", "from_now"])]
     after: u64,
+    /// Start with the last N messages of the transcript, then live.
+    #[arg(long, value_name = "N", conflicts_with = "from_now")]
+    tail: Option<usize>,
+    /// Show only what happens from now on.
+    #[arg(long)]
+    from_now: bool,
     /// Do not ask for permission/elicitation answers on the terminal.
     #[arg(long)]
     no_interactive: bool,
@@ -387,14 +429,30 @@ async fn run(command: Command) -> Outcome {
         Command::Prompt(args) => prompt(args).await,
         Command::Follow(args) => {
             let mut client = args.server.connect().await?;
+            let after = if args.from_now {
+                let head = follow::head_offset(&mut client, &args.session).await?;
+                if !args.json {
+                    eprintln!(
+                        "· following {} from now (after offset {head}); Ctrl-C to leave",
+                        args.session
+                    );
+                }
+                head
+            } else if let Some(n) = args.tail {
+                follow::offset_before_last_messages(&mut client, &args.session, n).await?
+            } else {
+                args.after
+            };
             let options = follow::Options {
                 json: args.json,
                 interactive: !args.no_interactive && !args.json && std::io::stdin().is_terminal(),
                 until_turn: None,
             };
-            follow::run(&mut client, &args.session, args.after, options).await
+            follow::run(&mut client, &args.session, after, options).await
         }
         Command::Answer(args) => answer(args).await,
+        Command::Stop(args) => queue::stop(args).await,
+        Command::Queue(args) => queue::queue(args).await,
         Command::Log(args) => log(args).await,
         Command::Acp(args) => acp::run(args).await,
         Command::Export(args) => export::run(args).await,
@@ -527,15 +585,7 @@ async fn prompt(args: PromptArgs) -> Outcome {
     // Where the stream starts: the head before the prompt, so nothing of its turn is missed
     // and no earlier turn is replayed.
     let head = if args.follow {
-        client
-            .get_session(pb::GetSessionRequest {
-                session_id: args.session.clone(),
-            })
-            .await?
-            .into_inner()
-            .session
-            .unwrap_or_default()
-            .head_offset
+        follow::head_offset(&mut client, &args.session).await?
     } else {
         0
     };
@@ -618,8 +668,17 @@ async fn answer(args: AnswerArgs) -> Outcome {
                     "name the request id (stdin is not a terminal to choose on)",
                 ));
             }
-            return follow::ask_and_answer(&mut client, &args.session, &pending[0]).await;
+            return follow::answer_on_terminal(&mut client, &args.session, &pending[0]).await;
         }
+    };
+    let chosen = if args.cancel {
+        "cancelled".to_owned()
+    } else if args.decline {
+        "declined".to_owned()
+    } else if let Some(option) = &args.option {
+        option.clone()
+    } else {
+        "accepted".to_owned()
     };
     let action = follow::answer_action(
         &interaction,
@@ -636,7 +695,7 @@ async fn answer(args: AnswerArgs) -> Outcome {
         })
         .await?;
     outln!(
-        "answered {}",
+        "answered {}: {chosen}",
         render::request_id_text(interaction.request_id())
     );
     Ok(0)

@@ -12,11 +12,13 @@ use std::{
 /// is drawn by `render`; its state lives here, with the output that must erase it first.
 pub(crate) static SPINNER_SHOWN: AtomicBool = AtomicBool::new(false);
 
-/// Erases the spinner's line on stderr, if one is drawn.
+/// Erases the spinner on stderr, if one is drawn. The frame sits after the cursor (it is drawn
+/// with the cursor saved and restored), so erasing to the end of the line removes the frame and
+/// nothing else: the agent's text before it on the same line stays.
 pub(crate) fn clear_spinner() {
     if SPINNER_SHOWN.swap(false, Ordering::Relaxed) {
         let mut err = std::io::stderr();
-        let _ = write!(err, "\r\x1b[K");
+        let _ = write!(err, "\x1b[K");
         let _ = err.flush();
     }
 }

@@ -264,6 +264,29 @@ impl Transcript {
         self.at_line_start = text.ends_with('\n');
     }
 
+    /// Shows a question (its last line waits for the answer on the same line).
+    pub(crate) fn ask(&mut self, prompt: &str) {
+        if !self.at_line_start {
+            self.out("\n");
+        }
+        self.out(prompt);
+    }
+
+    /// The person typed a line: the terminal's echo of it ended the line.
+    pub(crate) fn typed(&mut self) {
+        self.at_line_start = true;
+    }
+
+    /// A line about the connection or the command itself, on stderr, never inside the agent's
+    /// text.
+    pub(crate) fn notice(&mut self, text: &str) {
+        if !self.at_line_start {
+            self.out("\n");
+        }
+        self.erase_spinner();
+        eprintln!("{}", self.style.dim(text));
+    }
+
     /// Prints a whole line, starting a new one first if text is mid-line.
     pub(crate) fn line(&mut self, text: &str) {
         if !self.at_line_start {

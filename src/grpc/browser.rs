@@ -2,8 +2,10 @@
 //! allowlist for pages served elsewhere, and the built-in console at `/`.
 //!
 //! Everything here is off unless configured, so a deployment that asks for none of it sees no
-//! change: HTTP/1.1 stays refused, nothing answers at `/`, and a gRPC-Web request is refused with
-//! 415 before it reaches a service.
+//! change: nothing is served at `/`, and a gRPC-Web request is refused with 415 before it reaches
+//! a service. HTTP/1.1 is always spoken, but only to say so: a browser opened on the port without
+//! `--console` gets a short plain-text page saying what the port is, not HTTP/2 bytes it shows as
+//! garbage.
 
 use std::{
     future::Future,
@@ -12,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use tonic::body::Body;
 use tower::{Layer, Service};
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -28,6 +30,8 @@ pub(crate) struct BrowserOptions {
     pub grpc_web: bool,
     /// The built-in console at `/`.
     pub console: bool,
+    /// The working directory the console offers for a new session (`/defaults.json`).
+    pub default_cwd: Option<String>,
 }
 
 /// Request headers a gRPC-Web page sends: the protocol's own, the bearer token and the acting
@@ -78,17 +82,25 @@ pub(crate) fn grpc_web_layer(
 
 /// Serves the console's files (when on) and refuses gRPC-Web (when off); passes everything else
 /// through untouched.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct FrontLayer {
     console: bool,
     grpc_web: bool,
+    /// `/defaults.json`, when the console is on.
+    defaults: Option<tonic::codegen::Bytes>,
 }
 
 impl FrontLayer {
     pub(crate) fn new(options: &BrowserOptions) -> Self {
+        let defaults = options.console.then(|| {
+            serde_json::json!({ "cwd": options.default_cwd })
+                .to_string()
+                .into()
+        });
         Self {
             console: options.console,
             grpc_web: options.grpc_web,
+            defaults,
         }
     }
 }
@@ -99,7 +111,7 @@ impl<S> Layer<S> for FrontLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Front {
             inner,
-            layer: *self,
+            layer: self.clone(),
         }
     }
 }
@@ -134,6 +146,23 @@ where
         {
             return Box::pin(std::future::ready(Ok(response)));
         }
+        if let Some(defaults) = &self.layer.defaults
+            && *request.method() == Method::GET
+            && request.uri().path() == "/defaults.json"
+        {
+            return Box::pin(std::future::ready(Ok(console::defaults(defaults.clone()))));
+        }
+        if request.version() < Version::HTTP_2
+            && matches!(*request.method(), Method::GET | Method::HEAD)
+            && !is_grpc_web(&request)
+        {
+            let hint = if self.layer.console {
+                NOT_A_CONSOLE_PAGE
+            } else {
+                NO_CONSOLE
+            };
+            return Box::pin(std::future::ready(Ok(plain(StatusCode::NOT_FOUND, hint))));
+        }
         if !self.layer.grpc_web && is_grpc_web(&request) {
             return Box::pin(std::future::ready(Ok(plain(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -143,6 +172,16 @@ where
         Box::pin(self.inner.call(request))
     }
 }
+
+/// What a browser sees on the port when the console is off.
+const NO_CONSOLE: &str = "This is agent-harness's gRPC port (HTTP/2): it serves no web pages.
+
+For the web console, start the server with --console and open this address again.
+From a terminal: agent-harness sessions list --server http://HOST:PORT (see docs/cli.md).
+";
+
+/// What a browser sees at a path that is not one of the console's.
+const NOT_A_CONSOLE_PAGE: &str = "Not found. The agent-harness console is at / on this port.\n";
 
 fn is_grpc_web<B>(request: &Request<B>) -> bool {
     request

@@ -5,8 +5,9 @@
 use http::{HeaderValue, Response, StatusCode, header};
 use tonic::{body::Body, codegen::Bytes};
 
-/// Path, content type, bytes.
-const ASSETS: [(&str, &str, &[u8]); 3] = [
+/// Path, content type, bytes. The icon answers at `/favicon.ico` too, where browsers and other
+/// tools look without being told.
+const ASSETS: [(&str, &str, &[u8]); 5] = [
     (
         "/",
         "text/html; charset=utf-8",
@@ -22,6 +23,16 @@ const ASSETS: [(&str, &str, &[u8]); 3] = [
         "text/css; charset=utf-8",
         include_bytes!("../../console/dist/app.css"),
     ),
+    (
+        "/favicon.svg",
+        "image/svg+xml",
+        include_bytes!("../../console/dist/favicon.svg"),
+    ),
+    (
+        "/favicon.ico",
+        "image/svg+xml",
+        include_bytes!("../../console/dist/favicon.svg"),
+    ),
 ];
 
 /// The page may talk only to its own origin and load only its own files: a transcript shows an
@@ -33,9 +44,16 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 pub(crate) fn respond(path: &str) -> Option<Response<Body>> {
     let path = if path == "/index.html" { "/" } else { path };
     let (_, content_type, bytes) = ASSETS.iter().find(|(p, _, _)| *p == path)?;
-    let mut response = Response::new(Body::new(http_body_util::Full::new(Bytes::from_static(
-        bytes,
-    ))));
+    Some(file(Bytes::from_static(bytes), content_type))
+}
+
+/// `/defaults.json`: what the console's forms start with (`{"cwd": …}`).
+pub(crate) fn defaults(json: Bytes) -> Response<Body> {
+    file(json, "application/json")
+}
+
+fn file(bytes: Bytes, content_type: &'static str) -> Response<Body> {
+    let mut response = Response::new(Body::new(http_body_util::Full::new(bytes)));
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -53,5 +71,5 @@ pub(crate) fn respond(path: &str) -> Option<Response<Body>> {
     );
     // The bundle changes with the binary; a stale cached copy would speak an older contract.
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Some(response)
+    response
 }

@@ -241,3 +241,80 @@ test("a wrong token shows a clear error, and the right one clears it", async () 
   await error.waitFor({ state: "hidden", timeout: WAIT });
   await page.close();
 });
+
+test("an agent's Markdown is rendered, its HTML stays inert, and usage and cost are shown", async () => {
+  const server = await startServer("markdown", ["--console"]);
+  const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  // A dialog would mean the agent's script ran.
+  let dialogs = 0;
+  page.on("dialog", (dialog) => {
+    dialogs += 1;
+    void dialog.dismiss();
+  });
+  await page.goto(server.url);
+  await page.getByText("New session").click();
+  // With no session yet, the form offers the directory the server was started in.
+  await page.waitForFunction((cwd) => document.getElementById("create-cwd")?.value === cwd, process.cwd(), {
+    timeout: WAIT,
+  });
+  await page.getByLabel("Working directory").fill(server.data);
+  await page.getByLabel("Name").fill("release notes");
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.locator("#session-title", { hasText: "release notes" }).waitFor({ timeout: WAIT });
+  // Stop is offered only while a turn runs.
+  assert.equal(await page.locator("#stop").isVisible(), false);
+
+  // The mock agent echoes the prompt, so this is what the agent writes: Markdown, raw HTML with
+  // a script, and a usage report.
+  await promptBox(page).fill(
+    [
+      "Draft the release notes",
+      "## What changed",
+      "- **faster** start",
+      "- a `--tail` flag",
+      "",
+      "```",
+      "agent-harness follow \"$id\" --tail 3",
+      "```",
+      "",
+      '<script>window.agentRan = true; alert("ran")</script>',
+      '<img src="x" onerror="window.agentRan = true">',
+      "",
+      "[a link](javascript:alert(1)) and [the docs](https://example.com/docs)",
+      "@usage 12345 200000 0.42 USD",
+    ].join("\n"),
+  );
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  const agent = page.locator("article.message.agent").last();
+  await agent.locator("footer.stop", { hasText: "end turn" }).waitFor({ timeout: WAIT });
+
+  const markdown = agent.locator(".markdown");
+  await markdown.locator("h2", { hasText: "What changed" }).waitFor({ timeout: WAIT });
+  assert.equal(await markdown.locator("ul > li").count(), 2);
+  assert.equal(await markdown.locator("li strong", { hasText: "faster" }).count(), 1);
+  assert.equal(await markdown.locator("li code", { hasText: "--tail" }).count(), 1);
+  assert.match(await markdown.locator("pre code").innerText(), /agent-harness follow "\$id" --tail 3/);
+  // The agent's HTML is shown as text and nothing of it runs.
+  assert.match(await markdown.innerText(), /<script>window\.agentRan = true/);
+  assert.equal(await page.locator("#transcript script, #transcript img").count(), 0);
+  assert.equal(await page.evaluate(() => window.agentRan === true), false);
+  assert.equal(dialogs, 0);
+  // A link to a web page works; a `javascript:` one is left without its target.
+  assert.equal(await markdown.locator('a[href="https://example.com/docs"]').count(), 1);
+  assert.equal(await page.locator('#transcript a[href^="javascript" i]').count(), 0);
+
+  // Usage and cost, as the agent reported them.
+  const usage = page.locator("#usage");
+  await usage.filter({ hasText: "12,345" }).waitFor({ timeout: WAIT });
+  const usageText = await usage.innerText();
+  assert.match(usageText, /12,345 \/ 200,000 tokens/);
+  assert.match(usageText, /\$0\.42/);
+  await page.locator("#session-status", { hasText: "idle" }).waitFor({ timeout: WAIT });
+  assert.equal(await page.locator("#stop").isVisible(), false);
+  await page.screenshot({ path: join(SCREENSHOT_DIR, "console-markdown.png") });
+
+  // The next session's form starts in the same directory.
+  await page.getByText("New session").click();
+  assert.equal(await page.getByLabel("Working directory").inputValue(), server.data);
+  await page.close();
+});

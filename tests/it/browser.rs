@@ -16,6 +16,7 @@ use tonic_web::GrpcWebClientLayer;
 use crate::{
     auth::{ADA, TokensFile, with_tokens},
     harness::{Harness, bounded},
+    process::Serve,
     support::{Session, create_request},
 };
 
@@ -304,12 +305,23 @@ async fn the_console_is_served_at_the_root_with_its_assets_compiled_in() {
 }
 
 #[tokio::test]
-async fn with_no_browser_option_http1_the_root_and_grpc_web_are_all_refused() {
+async fn with_no_browser_option_a_browser_gets_a_plain_text_hint_and_grpc_web_is_refused() {
     bounded(async {
         let h = Harness::start().await;
-        // Native gRPC only: HTTP/1.1 is not spoken at all.
-        let root = http1(&h, get(&h, "/")).await;
-        assert!(root.is_err(), "{root:?}");
+        // A browser opened on the gRPC port reads what the port is and how to get the console.
+        let (status, headers, body) = http1(&h, get(&h, "/")).await.expect("answered");
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(
+            headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+            Some(&b"text/plain; charset=utf-8"[..])
+        );
+        let hint = String::from_utf8_lossy(&body);
+        assert!(
+            hint.contains("gRPC") && hint.contains("--console") && hint.contains("docs/cli.md"),
+            "{hint}"
+        );
+        let (status, _, _) = http1(&h, get(&h, "/favicon.ico")).await.expect("answered");
+        assert_eq!(status, StatusCode::NOT_FOUND);
         let web = grpc_web_client(&h)
             .list_sessions(pb::ListSessionsRequest::default())
             .await;
@@ -354,6 +366,83 @@ async fn with_grpc_web_but_no_console_nothing_is_served_at_the_root() {
             headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
             Some(&b"text/html; charset=utf-8"[..])
         );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_console_has_a_favicon() {
+    bounded(async {
+        let h = Harness::start_with(|c| c.browser.console = true).await;
+        for path in ["/favicon.ico", "/favicon.svg"] {
+            let (status, headers, body) = http1(&h, get(&h, path)).await.expect("answered");
+            assert_eq!(status, StatusCode::OK, "{path}");
+            assert_eq!(
+                headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+                Some(&b"image/svg+xml"[..]),
+                "{path}"
+            );
+            assert!(body.starts_with(b"<svg"), "{path}");
+        }
+        let (_, _, page) = http1(&h, get(&h, "/")).await.expect("answered");
+        assert!(
+            String::from_utf8_lossy(&page).contains(r#"rel="icon" href="/favicon.svg""#),
+            "the page names its icon"
+        );
+        // Any other path is a plain not-found, never the page.
+        let (status, _, _) = http1(&h, get(&h, "/nothing-here")).await.expect("answered");
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_server_logs_the_console_url_when_it_starts() {
+    bounded(async {
+        let data = tempfile::tempdir().expect("a temp dir");
+        let mut server = Serve::new()
+            .arg("--console")
+            .arg("--data-dir")
+            .arg(data.path())
+            .start();
+        let logged = server
+            .next_logged("the web console is at this URL")
+            .await
+            .expect("logged before anything else happens");
+        assert_eq!(
+            logged["url"].as_str(),
+            Some(format!("http://{}/", server.addr()).as_str()),
+            "{logged}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_console_suggests_the_servers_directory_only_to_loopback_pages() {
+    bounded(async {
+        let json =
+            |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("JSON") };
+        let h = Harness::start_with(|c| c.browser.console = true).await;
+        let (status, _, body) = http1(&h, get(&h, "/defaults.json"))
+            .await
+            .expect("answered");
+        assert_eq!(status, StatusCode::OK);
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(json(&body)["cwd"], here.to_string_lossy().as_ref());
+
+        // With tokens, whoever reaches the port is nobody yet: no directory is given away.
+        let tokens = TokensFile::new(crate::auth::EVERYONE);
+        let h = Harness::start_with(|c| {
+            c.browser.console = true;
+            with_tokens(c, &tokens.path, None);
+        })
+        .await;
+        let (status, _, body) = http1(&h, get(&h, "/defaults.json"))
+            .await
+            .expect("answered");
+        assert_eq!(status, StatusCode::OK);
+        assert!(json(&body)["cwd"].is_null(), "{}", json(&body));
     })
     .await;
 }

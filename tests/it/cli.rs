@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// `agent-harness ARGS…` pointed at the harness, with no token unless `token` is given.
-fn cli(h: &Harness, token: Option<&str>, args: &[&str]) -> Command {
+pub(crate) fn cli(h: &Harness, token: Option<&str>, args: &[&str]) -> Command {
     let mut command = Command::new(service_bin());
     command
         .args(args)
@@ -41,19 +41,19 @@ fn cli(h: &Harness, token: Option<&str>, args: &[&str]) -> Command {
     command
 }
 
-async fn run(h: &Harness, args: &[&str]) -> Output {
+pub(crate) async fn run(h: &Harness, args: &[&str]) -> Output {
     cli(h, None, args).output().await.expect("the CLI runs")
 }
 
-fn stdout(output: &Output) -> String {
+pub(crate) fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn stderr(output: &Output) -> String {
+pub(crate) fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-async fn create_session(h: &Harness) -> String {
+pub(crate) async fn create_session(h: &Harness) -> String {
     let cwd = h.data_dir().to_string_lossy().into_owned();
     let output = run(
         h,
@@ -211,13 +211,13 @@ async fn an_unknown_session_exits_with_not_found_and_its_reason() {
 
 /// A pseudo-terminal: the child gets the slave side as stdin, stdout and stderr; the test reads
 /// everything it prints from the master side.
-struct Pty {
-    master: OwnedFd,
-    slave: OwnedFd,
+pub(crate) struct Pty {
+    pub(crate) master: OwnedFd,
+    pub(crate) slave: OwnedFd,
 }
 
 impl Pty {
-    fn open() -> Self {
+    pub(crate) fn open() -> Self {
         let (mut master, mut slave) = (-1, -1);
         // SAFETY: openpty writes two new descriptors into the out-pointers; the others may be null.
         let rc = unsafe {

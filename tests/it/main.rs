@@ -16,6 +16,7 @@ mod bridge_replicas;
 mod browser;
 mod cannot_reopen;
 mod cli;
+mod cli_terminal;
 mod crash;
 mod create_crash;
 mod export;
