@@ -40,7 +40,7 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         | NotConfigured
         | SessionBusy
         | NotSupported => Code::FailedPrecondition,
-        QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes => {
+        QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes | BudgetExhausted => {
             Code::ResourceExhausted
         }
         RuntimeStartFailed | Draining | StoreUnavailable | ReplicaUnavailable | OutcomeUnknown => {
@@ -399,6 +399,11 @@ mod tests {
             ErrorCode::OutcomeUnknown,
             Code::Unavailable,
             "OUTCOME_UNKNOWN",
+        ),
+        (
+            ErrorCode::BudgetExhausted,
+            Code::ResourceExhausted,
+            "BUDGET_EXHAUSTED",
         ),
     ];
 
