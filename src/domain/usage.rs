@@ -119,7 +119,7 @@ impl UsageReport {
 /// absurd amounts read as none).
 pub fn amount_to_micros(amount: f64) -> Option<i64> {
     let micros = (amount * MICROS_PER_UNIT as f64).round();
-    (micros.is_finite() && micros >= 0.0 && micros < 9.0e18).then_some(micros as i64)
+    (0.0..9.0e18).contains(&micros).then_some(micros as i64)
 }
 
 /// Micros written as a decimal with at least two and at most six fraction digits.

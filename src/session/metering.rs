@@ -15,7 +15,10 @@ pub(crate) const USAGE_COST: &str = "agent_harness_usage_cost_micros_total";
 
 /// Where budgets come from: the tokens file as it stands now (reloads apply at once).
 #[derive(Clone, Default)]
-pub(crate) struct BudgetSource(Option<Arc<dyn Fn(&str) -> Option<Budget> + Send + Sync>>);
+pub(crate) struct BudgetSource(Option<Arc<BudgetLookup>>);
+
+/// A principal's budget, looked up now.
+type BudgetLookup = dyn Fn(&str) -> Option<Budget> + Send + Sync;
 
 impl BudgetSource {
     pub(crate) fn new(lookup: impl Fn(&str) -> Option<Budget> + Send + Sync + 'static) -> Self {

@@ -197,16 +197,8 @@ impl Actor {
         let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
             return;
         };
-        if self
-            .work
-            .turn
-            .as_ref()
-            .is_some_and(|t| t.action_id == action_id)
-        {
+        if let Some(turn) = self.work.turn.as_ref().filter(|t| t.action_id == action_id) {
             let reply: Reply<PromptResult> = view(frame);
-            let Some(turn) = self.work.turn.as_ref() else {
-                return;
-            };
             let stop_reason = match &reply.result {
                 Some(result) => result.stop_reason.unwrap_or("end_turn"),
                 None => "failed",
@@ -404,19 +396,15 @@ impl Actor {
         match method {
             "session/update" => {
                 self.trace_update(frame);
+                // (Usage was recorded with the frame: `meter`.)
                 let params: Params<UpdateParams> = view(frame);
-                let Some(update) = params.params.and_then(|p| p.update) else {
-                    return;
-                };
-                match update.session_update {
-                    Some("config_option_update") => {
-                        self.adopt_config_options(update.config_options);
-                        let mut out = Out::default();
-                        self.touch(&mut out);
-                        let _ = self.flush(out).await;
-                    }
-                    // Usage was recorded with the frame (`meter`).
-                    _ => {}
+                if let Some(update) = params.params.and_then(|p| p.update)
+                    && update.session_update == Some("config_option_update")
+                {
+                    self.adopt_config_options(update.config_options);
+                    let mut out = Out::default();
+                    self.touch(&mut out);
+                    let _ = self.flush(out).await;
                 }
             }
             "$/cancel_request" => {
