@@ -144,6 +144,12 @@ async fn three_turns_across_two_sessions_sum_per_principal_and_profile_and_survi
             150_000.0
         );
         assert!(!metrics.contains(&first.id), "no session label");
+        // Time to first output is a histogram with buckets (the dashboard's quantiles need them).
+        assert!(
+            sample(&metrics, "agent_harness_turn_first_output_seconds_count") >= 3.0,
+            "{metrics}"
+        );
+        assert!(metrics.contains("agent_harness_turn_first_output_seconds_bucket{le="));
 
         h.shutdown().await;
         let h = Harness::start_with(configure).await;

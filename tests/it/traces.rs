@@ -29,8 +29,11 @@ fn one<'a>(spans: &'a [ReceivedSpan], name: &str) -> &'a ReceivedSpan {
 async fn a_turn_with_a_tool_call_and_a_permission_exports_its_spans_under_the_callers_trace() {
     bounded(async {
         let receiver = OtlpReceiver::start().await;
-        let h =
-            Harness::start_with(|config| config.otlp_endpoint = Some(receiver.endpoint())).await;
+        let h = Harness::start_with(|config| {
+            config.otlp_endpoint = Some(receiver.endpoint());
+            config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        })
+        .await;
         let mut session = Session::create(&h, "mock").await;
         let mut watch = session.watch().await;
         let mut request = Request::new(
@@ -104,6 +107,13 @@ async fn a_turn_with_a_tool_call_and_a_permission_exports_its_spans_under_the_ca
             reported,
             format!("00-{}-{}-01", turn.trace_id, turn.span_id)
         );
+        // The wait is timed in the metrics too (a histogram with buckets).
+        let metrics = scrape(h.metrics_addr().unwrap()).await;
+        assert_eq!(
+            sample(&metrics, "agent_harness_permission_wait_seconds_count"),
+            1.0
+        );
+        assert!(metrics.contains("agent_harness_permission_wait_seconds_bucket{le="));
     })
     .await;
 }
