@@ -67,6 +67,8 @@ pub struct RunningServer {
     store_watch: Option<JoinHandle<()>>,
     /// The configured retention, and the task running its passes.
     retention: Option<(crate::session::manager::Retention, JoinHandle<()>)>,
+    /// OTLP trace export, when configured.
+    trace_export: Option<telemetry::traces::TraceExport>,
 }
 
 impl RunningServer {
@@ -150,6 +152,9 @@ impl RunningServer {
         }
         if let Some(task) = self.metrics_task.take() {
             let _ = task.await;
+        }
+        if let Some(export) = self.trace_export.take() {
+            export.shutdown();
         }
         if let Some(store) = self.store.take() {
             // Everything acknowledged is already durable; this checkpoints the WAL.
@@ -235,6 +240,8 @@ fn refuses_insecure_listen(config: &ServeConfig) -> anyhow::Result<()> {
 async fn open_sessions(
     config: &ServeConfig,
     bound: std::net::SocketAddr,
+    auth: &Authenticator,
+    traces: &crate::session::traces::Traces,
 ) -> anyhow::Result<(Sessions, Arc<dyn Store>)> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
@@ -258,7 +265,9 @@ async fn open_sessions(
         }
     };
     let processes = ProcessTable::open(&config.data_dir).context("the runtime process table")?;
-    let options = config.engine_options(bound);
+    let mut options = config.engine_options(bound);
+    options.budgets = auth.budgets();
+    options.traces = traces.clone();
     tracing::info!(
         replica = %options.replica.id,
         lease_ttl = ?options.replica.lease_ttl,
@@ -361,12 +370,17 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .with_context(|| format!("binding {}", config.listen))?;
     let local_addr = listener.local_addr()?;
 
+    let trace_export = telemetry::traces::start(config.otlp_endpoint.as_deref())?;
+    let traces = trace_export
+        .as_ref()
+        .map(|t| t.traces.clone())
+        .unwrap_or_default();
     let Services {
         mut routes,
         served,
         sessions,
         store,
-    } = build_services(&config, local_addr, &auth).await?;
+    } = build_services(&config, local_addr, &auth, &traces).await?;
     let (health, store_watch) = add_health(&mut routes, &served, store.clone()).await;
     let retention = config
         .retention()
@@ -377,7 +391,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (metrics_addr, metrics_task) =
         serve_metrics(&config, sessions.clone(), shutdown_rx.clone()).await?;
-    let task = serve_grpc(&config, front, listener, routes, shutdown_rx)?;
+    let task = serve_grpc(&config, front, listener, routes, shutdown_rx, traces)?;
     tracing::info!(%local_addr, services = ?served, tls = config.tls.is_some(), tokens = config.tokens_file.is_some(), "serving gRPC");
     warn_of_unset_passthrough(&config);
     if config.browser.grpc_web_enabled() {
@@ -404,6 +418,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         metrics_task,
         store_watch,
         retention,
+        trace_export,
     })
 }
 
@@ -446,6 +461,7 @@ async fn build_services(
     config: &ServeConfig,
     local_addr: SocketAddr,
     auth: &Authenticator,
+    traces: &crate::session::traces::Traces,
 ) -> anyhow::Result<Services> {
     let mut routes = RoutesBuilder::default();
     let mut served: Vec<&'static str> = Vec::new();
@@ -455,7 +471,7 @@ async fn build_services(
     let max_response = max_message.max(config.limits.runtime_line_bytes + 64 * 1024);
 
     let (sessions, store) = if config.services.sessions {
-        let (sessions, store) = open_sessions(config, local_addr).await?;
+        let (sessions, store) = open_sessions(config, local_addr, auth, traces).await?;
         let sessions = Arc::new(sessions);
         // The tasks hold the registry weakly and end with it.
         drop(sessions.spawn_ownership());
@@ -608,6 +624,7 @@ fn serve_grpc(
     listener: TcpListener,
     routes: RoutesBuilder,
     shutdown: watch::Receiver<bool>,
+    traces: crate::session::traces::Traces,
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
     let mut builder = Server::builder();
     if let Some(tls) = front.tls {
@@ -628,6 +645,7 @@ fn serve_grpc(
         .layer(browser::FrontLayer::new(&front.browser))
         .layer(tower::util::option_layer(front.grpc_web))
         .layer(RpcMetricsLayer)
+        .layer(telemetry::traces::RpcSpanLayer::new(traces))
         .layer(MapResponseLayer::new(status::message_limit_mapper(
             config.limits.grpc_message_bytes,
         )))

@@ -109,6 +109,20 @@ pub struct PromptResult<'a> {
     #[serde(borrow)]
     #[serde_as(deserialize_as = "DefaultOnError")]
     pub stop_reason: Option<&'a str>,
+    /// The turn's token usage, when the agent reports it (an unstable ACP field).
+    #[serde(deserialize_with = "object")]
+    pub usage: Option<TurnUsage>,
+}
+
+/// A prompt reply's `usage`: tokens of this turn.
+#[serde_as]
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub struct TurnUsage {
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub input_tokens: Option<u64>,
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub output_tokens: Option<u64>,
 }
 
 /// The `result` of a handshake step (`initialize`, `session/new`, `fork`, `resume`, `load`) or
@@ -167,6 +181,34 @@ pub struct ConfigOptionUpdate<'a> {
     pub session_update: Option<&'a str>,
     #[serde_as(deserialize_as = "DefaultOnError")]
     pub config_options: Option<Vec<Value>>,
+    /// A `usage_update`'s cumulative cost.
+    #[serde(borrow, deserialize_with = "object")]
+    pub cost: Option<UpdateCost<'a>>,
+    /// A `tool_call` or `tool_call_update`: which call, its title, kind and status.
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub tool_call_id: Option<&'a str>,
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub title: Option<&'a str>,
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub kind: Option<&'a str>,
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub status: Option<&'a str>,
+}
+
+/// A `usage_update`'s `cost`: the session's cumulative cost so far.
+#[serde_as]
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct UpdateCost<'a> {
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub amount: Option<f64>,
+    #[serde(borrow)]
+    #[serde_as(deserialize_as = "DefaultOnError")]
+    pub currency: Option<&'a str>,
 }
 
 /// `$/cancel_request` → `params`.

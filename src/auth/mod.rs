@@ -88,6 +88,11 @@ impl TokenStore {
         self.table.borrow().authenticate(token)
     }
 
+    /// The budget the current table sets for a principal.
+    pub(crate) fn budget(&self, principal: &str) -> Option<crate::domain::usage::Budget> {
+        self.table.borrow().budget(principal).cloned()
+    }
+
     /// Rereads the file now. On failure the previous table stays in force and the error is
     /// logged (and returned).
     pub(crate) fn reload(&self) -> anyhow::Result<Reloaded> {

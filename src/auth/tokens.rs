@@ -11,7 +11,17 @@
 //! principal = "sandbox-7"
 //! kind = "runtime"
 //! labels = { pool = "sandbox", zone = "*" }   # optional, runtime rows only
+//!
+//! [[tokens]]
+//! sha256 = "..."
+//! principal = "bob"
+//! kind = "user"
+//! budget = { cost = "25.00", currency = "USD", tokens = 2000000, period = "month" }
 //! ```
+//!
+//! `budget` (user and service rows) bounds what the principal's sessions may spend per period
+//! (`day`, `week` or `month`, UTC; default `month`): a cost in one currency, a number of tokens
+//! (input plus output), or both. Rows of one principal must not disagree about its budget.
 //!
 //! `labels` on a runtime row bounds what its bridges may claim in their hello: every label a
 //! hello carries must be listed, with the same value or with `"*"` (any value for that key).
@@ -31,7 +41,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
-use crate::domain::PrincipalKind;
+use crate::domain::{
+    PrincipalKind,
+    usage::{self, Budget, Period},
+};
 
 /// Longest principal id a tokens file may name, in bytes (as `x-acting-user`).
 pub(crate) const MAX_PRINCIPAL_BYTES: usize = 256;
@@ -65,6 +78,56 @@ struct RowFormat {
     kind: KindField,
     /// Runtime rows only: the labels its bridges may claim (module doc).
     labels: Option<BTreeMap<String, String>>,
+    budget: Option<BudgetFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetFormat {
+    /// A decimal string, so no amount is rounded on its way in.
+    cost: Option<String>,
+    currency: Option<String>,
+    tokens: Option<u64>,
+    period: Option<String>,
+}
+
+impl BudgetFormat {
+    /// The budget, or what is wrong with it (naming the key under `at`).
+    fn check(self, at: &str) -> anyhow::Result<Budget> {
+        let period = match self.period.as_deref() {
+            None => Period::Month,
+            Some(text) => Period::parse(text).ok_or_else(|| {
+                anyhow::anyhow!("{at}.period must be \"day\", \"week\" or \"month\"")
+            })?,
+        };
+        let cost = match (self.cost, self.currency) {
+            (None, None) => None,
+            (Some(cost), Some(currency)) => {
+                let micros = usage::decimal_to_micros(&cost).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{at}.cost must be a decimal string such as \"25.00\" (at most six \
+                         fraction digits)"
+                    )
+                })?;
+                let valid = (1..=16).contains(&currency.len())
+                    && currency.bytes().all(|b| b.is_ascii_alphanumeric());
+                if !valid {
+                    anyhow::bail!("{at}.currency must be a currency code such as \"USD\"");
+                }
+                Some((micros, currency))
+            }
+            (Some(_), None) => anyhow::bail!("{at}.currency is required with {at}.cost"),
+            (None, Some(_)) => anyhow::bail!("{at}.cost is required with {at}.currency"),
+        };
+        if cost.is_none() && self.tokens.is_none() {
+            anyhow::bail!("{at} must set cost (with currency), tokens, or both");
+        }
+        Ok(Budget {
+            cost,
+            tokens: self.tokens,
+            period,
+        })
+    }
 }
 
 /// A label value in a runtime row's `labels` that allows any value for its key.
@@ -103,6 +166,8 @@ impl Grant {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TokenTable {
     grants: Vec<Grant>,
+    /// Budgets by principal.
+    budgets: BTreeMap<String, Budget>,
 }
 
 /// The SHA-256 digest of a token.
@@ -131,6 +196,7 @@ impl TokenTable {
             }
         })?;
         let mut grants: Vec<Grant> = Vec::with_capacity(file.tokens.len());
+        let mut budgets: BTreeMap<String, Budget> = BTreeMap::new();
         for (index, row) in file.tokens.into_iter().enumerate() {
             let at = format!("tokens[{index}]");
             let digest = parse_digest(&row.sha256).ok_or_else(|| {
@@ -149,6 +215,23 @@ impl TokenTable {
             };
             if row.labels.is_some() && kind != PrincipalKind::Runtime {
                 anyhow::bail!("{at}.labels is only for kind = \"runtime\" (a bridge's token)");
+            }
+            if let Some(budget) = row.budget {
+                let at = format!("{at}.budget");
+                if !matches!(kind, PrincipalKind::User | PrincipalKind::Service) {
+                    anyhow::bail!("{at} is only for kind = \"user\" or \"service\"");
+                }
+                let budget = budget.check(&at)?;
+                if budgets
+                    .get(&row.principal)
+                    .is_some_and(|other| *other != budget)
+                {
+                    anyhow::bail!(
+                        "{at} differs from the budget another row gives principal {:?}",
+                        row.principal
+                    );
+                }
+                budgets.insert(row.principal.clone(), budget);
             }
             if grants.iter().any(|g| g.digest == digest) {
                 anyhow::bail!("{at}.sha256 appears twice in the file");
@@ -171,7 +254,12 @@ impl TokenTable {
                 labels: row.labels,
             });
         }
-        Ok(Self { grants })
+        Ok(Self { grants, budgets })
+    }
+
+    /// The budget the file sets for a principal, if any.
+    pub(crate) fn budget(&self, principal: &str) -> Option<&Budget> {
+        self.budgets.get(principal)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -349,6 +437,61 @@ mod tests {
         let user = row("t-u", "ada", "user") + "labels = { pool = \"x\" }\n";
         let err = format!("{:#}", TokenTable::parse(&user).unwrap_err());
         assert!(err.contains("tokens[0].labels"), "{err}");
+    }
+
+    #[test]
+    fn a_budget_is_read_per_principal_and_a_malformed_one_is_refused_naming_its_key() {
+        let text = row("t-a", "ada", "user")
+            + "budget = { cost = \"25.00\", currency = \"USD\", tokens = 1000, period = \"month\" }\n"
+            + &row("t-b", "bob", "user")
+            + "budget = { tokens = 5 }\n"
+            + &row("t-c", "cy", "user");
+        let table = TokenTable::parse(&text).unwrap();
+        let ada = table.budget("ada").unwrap();
+        assert_eq!(ada.cost, Some((25_000_000, "USD".to_owned())));
+        assert_eq!(ada.tokens, Some(1000));
+        let bob = table.budget("bob").unwrap();
+        assert_eq!((bob.tokens, bob.period), (Some(5), Period::Month));
+        assert_eq!(table.budget("cy"), None);
+        let cases: &[(&str, &str)] = &[
+            (
+                "budget = { cost = \"25,00\", currency = \"USD\" }",
+                "tokens[0].budget.cost",
+            ),
+            (
+                "budget = { cost = \"-1\", currency = \"USD\" }",
+                "tokens[0].budget.cost",
+            ),
+            ("budget = { cost = \"1\" }", "tokens[0].budget.currency"),
+            (
+                "budget = { cost = \"1\", currency = \"U S\" }",
+                "tokens[0].budget.currency",
+            ),
+            (
+                "budget = { tokens = 5, period = \"year\" }",
+                "tokens[0].budget.period",
+            ),
+            ("budget = { tokens = -5 }", "line 5"),
+            ("budget = { }", "tokens[0].budget must set"),
+            (
+                "budget = { tokens = 5, spend = 1 }",
+                "unknown field `spend`",
+            ),
+        ];
+        for (line, needle) in cases {
+            let text = row("x", "a", "user") + line + "\n";
+            let err = format!("{:#}", TokenTable::parse(&text).unwrap_err());
+            assert!(err.contains(needle), "{line:?} → {err}");
+        }
+        let runtime = row("x", "r", "runtime") + "budget = { tokens = 5 }\n";
+        let err = format!("{:#}", TokenTable::parse(&runtime).unwrap_err());
+        assert!(err.contains("tokens[0].budget"), "{err}");
+        let disagree = row("x", "a", "user")
+            + "budget = { tokens = 5 }\n"
+            + &row("y", "a", "user")
+            + "budget = { tokens = 6 }\n";
+        let err = format!("{:#}", TokenTable::parse(&disagree).unwrap_err());
+        assert!(err.contains("tokens[1].budget differs"), "{err}");
     }
 
     #[test]

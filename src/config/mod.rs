@@ -112,6 +112,10 @@ pub struct ServeArgs {
     /// Address to serve Prometheus metrics on (off when unset)
     #[arg(long, env = "AGENT_HARNESS_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// OTLP/gRPC collector to export traces to, e.g. http://127.0.0.1:4317 (off when unset,
+    /// unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set)
+    #[arg(long, env = "AGENT_HARNESS_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// TOML file of [[tokens]] with sha256, principal, kind (no-token mode when unset)
     #[arg(long, env = "AGENT_HARNESS_TOKENS_FILE", value_name = "FILE")]
     pub tokens_file: Option<PathBuf>,
@@ -217,6 +221,7 @@ pub struct FileConfig {
     pub static_files_base_url: Option<String>,
     pub services: Option<Vec<ServiceName>>,
     pub metrics_listen: Option<SocketAddr>,
+    pub otlp_endpoint: Option<String>,
     pub tokens_file: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -334,6 +339,8 @@ pub struct ServeConfig {
     pub static_files_base_url: Option<String>,
     pub services: ServiceSet,
     pub metrics_listen: Option<SocketAddr>,
+    /// Where traces are exported over OTLP (see `telemetry::traces` for the variables).
+    pub otlp_endpoint: Option<String>,
     pub tokens_file: Option<PathBuf>,
     /// How often the tokens file is checked for changes (`None`: only SIGHUP reloads it). Not a
     /// flag: tests shorten it.
@@ -398,6 +405,8 @@ impl ServeConfig {
                 self.lease_ttl,
                 self.database_url.is_some(),
             ),
+            budgets: Default::default(),
+            traces: Default::default(),
         }
     }
 
@@ -546,6 +555,7 @@ impl ServeConfig {
             static_files_base_url,
             services,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            otlp_endpoint: args.otlp_endpoint.or(file.otlp_endpoint),
             tokens_file,
             tokens_poll_interval: Some(crate::auth::DEFAULT_TOKENS_POLL),
             tls,

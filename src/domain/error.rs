@@ -53,11 +53,13 @@ pub enum ErrorCode {
     /// A write whose outcome is unknown: the answer to its commit (or to a forwarded Control) was
     /// lost and could not be read back. Metadata `action_id`; retry with that action id.
     OutcomeUnknown,
+    /// The principal's budget (tokens file) is spent for the current period; nothing was stored.
+    BudgetExhausted,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 36] = [
+    pub const ALL: [ErrorCode; 37] = [
         Self::InvalidArgument,
         Self::LimitExceeded,
         Self::SessionNotFound,
@@ -94,6 +96,7 @@ impl ErrorCode {
         Self::MalformedRequest,
         Self::ReplicaUnavailable,
         Self::OutcomeUnknown,
+        Self::BudgetExhausted,
     ];
 
     /// The `ErrorInfo.reason` string.
@@ -135,6 +138,7 @@ impl ErrorCode {
             Self::MalformedRequest => "MALFORMED_REQUEST",
             Self::ReplicaUnavailable => "REPLICA_UNAVAILABLE",
             Self::OutcomeUnknown => "OUTCOME_UNKNOWN",
+            Self::BudgetExhausted => "BUDGET_EXHAUSTED",
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod principal;
 pub mod queue;
 pub mod session;
 pub mod text;
+pub mod usage;
 
 pub use action::{
     Action, ActionKind, ElicitationAnswer, ElicitationValue, JsonRpcId, PermissionAnswer,

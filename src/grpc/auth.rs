@@ -83,6 +83,19 @@ impl Authenticator {
     }
 
     /// Callers present bearer tokens listed in `store`.
+    /// Principals' budgets from the tokens file as it stands at each look-up (none without one).
+    pub(crate) fn budgets(&self) -> crate::session::metering::BudgetSource {
+        match &self.tokens {
+            Some(store) => {
+                let store = store.clone();
+                crate::session::metering::BudgetSource::new(move |principal| {
+                    store.budget(principal)
+                })
+            }
+            None => Default::default(),
+        }
+    }
+
     pub(crate) fn with_tokens(store: Arc<TokenStore>) -> Self {
         Self {
             tokens: Some(store),

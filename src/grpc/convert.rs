@@ -830,6 +830,87 @@ fn expect_idle_from_pb(value: i32) -> Result<bool> {
     }
 }
 
+// ---- usage ---------------------------------------------------------------------------------
+
+/// A `since` on the wire: a timestamp before 1970 or out of range is refused.
+pub(crate) fn since_from_pb(since: Option<Timestamp>) -> Result<Option<SystemTime>> {
+    let Some(since) = since else {
+        return Ok(None);
+    };
+    if since.seconds < 0 || !(0..1_000_000_000).contains(&since.nanos) {
+        return Err(Error::invalid("since must be a valid time after 1970"));
+    }
+    Ok(Some(
+        UNIX_EPOCH + std::time::Duration::new(since.seconds as u64, since.nanos as u32),
+    ))
+}
+
+fn money(micros: i64, currency: &str) -> pb::Money {
+    pb::Money {
+        amount: crate::domain::usage::micros_to_decimal(micros),
+        currency: currency.to_owned(),
+    }
+}
+
+fn usage_totals_to_pb(totals: &crate::domain::usage::UsageTotals) -> pb::UsageTotals {
+    pb::UsageTotals {
+        input_tokens: totals.input_tokens,
+        output_tokens: totals.output_tokens,
+        costs: totals
+            .costs
+            .iter()
+            .map(|(currency, micros)| money(*micros, currency))
+            .collect(),
+    }
+}
+
+pub(crate) fn usage_report_to_pb(
+    answer: &crate::session::metering::UsageAnswer,
+) -> pb::GetUsageResponse {
+    let report = &answer.report;
+    pb::GetUsageResponse {
+        sessions: report
+            .by_session
+            .iter()
+            .map(|(id, (principal, profile, totals))| pb::SessionUsage {
+                session_id: id.to_string(),
+                principal: principal.clone(),
+                profile: profile.clone(),
+                totals: Some(usage_totals_to_pb(totals)),
+            })
+            .collect(),
+        principals: report
+            .by_principal
+            .iter()
+            .map(|(principal, totals)| pb::PrincipalUsage {
+                principal: principal.clone(),
+                totals: Some(usage_totals_to_pb(totals)),
+            })
+            .collect(),
+        profiles: report
+            .by_profile
+            .iter()
+            .map(|(profile, totals)| pb::ProfileUsage {
+                profile: profile.clone(),
+                totals: Some(usage_totals_to_pb(totals)),
+            })
+            .collect(),
+        budget: answer.budget.as_ref().map(|b| pb::BudgetStatus {
+            principal: b.principal.clone(),
+            period: b.budget.period.as_str().to_owned(),
+            period_start: Some(timestamp(b.period_start)),
+            cost_limit: b
+                .budget
+                .cost
+                .as_ref()
+                .map(|(micros, currency)| money(*micros, currency)),
+            token_limit: b.budget.tokens,
+            used: Some(usage_totals_to_pb(&b.used)),
+            exhausted: b.budget.is_spent(&b.used),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -274,6 +274,20 @@ impl AgentSessionService for SessionsService {
         }))
     }
 
+    async fn get_usage(
+        &self,
+        request: Request<pb::GetUsageRequest>,
+    ) -> Reply<pb::GetUsageResponse> {
+        let principal = auth::principal(&request)?;
+        let request = request.into_inner();
+        let since = convert::since_from_pb(request.since)?;
+        let answer = self
+            .sessions
+            .usage(&principal, &request.principal, since)
+            .await?;
+        Ok(Response::new(convert::usage_report_to_pb(&answer)))
+    }
+
     async fn get_queue(
         &self,
         request: Request<pb::GetQueueRequest>,

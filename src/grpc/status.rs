@@ -40,7 +40,7 @@ pub(crate) fn grpc_code(code: ErrorCode) -> Code {
         | NotConfigured
         | SessionBusy
         | NotSupported => Code::FailedPrecondition,
-        QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes => {
+        QueueFull | TooManySessions | TooManySubscribers | TooManyRuntimes | BudgetExhausted => {
             Code::ResourceExhausted
         }
         RuntimeStartFailed | Draining | StoreUnavailable | ReplicaUnavailable | OutcomeUnknown => {
@@ -177,8 +177,15 @@ mod tests {
     /// a log ends, and the action whose outcome is unknown. Control signals between this
     /// server's parts (which replica owns a session, a fenced write) travel as typed values,
     /// never as metadata.
-    const CLIENT_METADATA_KEYS: &[&str] =
-        &["action_id", "advertised", "head_offset", "limit", "max"];
+    const CLIENT_METADATA_KEYS: &[&str] = &[
+        "action_id",
+        "advertised",
+        "head_offset",
+        "limit",
+        "max",
+        "principal",
+        "period",
+    ];
 
     /// Every key given to `Error::with` in the server's code (test code aside), or the text of
     /// a key that is not a string literal.
@@ -399,6 +406,11 @@ mod tests {
             ErrorCode::OutcomeUnknown,
             Code::Unavailable,
             "OUTCOME_UNKNOWN",
+        ),
+        (
+            ErrorCode::BudgetExhausted,
+            Code::ResourceExhausted,
+            "BUDGET_EXHAUSTED",
         ),
     ];
 

@@ -9,6 +9,42 @@ pub(crate) const TURNS: &str = "agent_harness_turns_total";
 pub(crate) const RETENTION_DELETED: &str = "agent_harness_retention_deleted_sessions_total";
 pub(crate) const RETENTION_PASSES: &str = "agent_harness_retention_passes_total";
 pub(crate) const RETENTION_RECLAIMED: &str = "agent_harness_retention_reclaimed_pages_total";
+pub(crate) const FIRST_OUTPUT: &str = "agent_harness_turn_first_output_seconds";
+pub(crate) const PERMISSION_WAIT: &str = "agent_harness_permission_wait_seconds";
+pub(crate) const REOPENS: &str = "agent_harness_runtime_reopens_total";
+
+/// From dispatch to the agent's first `session/update` of the turn.
+pub(crate) fn first_output(elapsed: std::time::Duration) {
+    metrics::histogram!(FIRST_OUTPUT).record(elapsed.as_secs_f64());
+}
+
+/// From a permission request being held to its answer (by a person, or the timeout).
+pub(crate) fn permission_waited(elapsed: std::time::Duration) {
+    metrics::histogram!(PERMISSION_WAIT).record(elapsed.as_secs_f64());
+}
+
+/// Why a session's runtime was started again for an existing session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReopenReason {
+    /// The harness restarted (or took the session over from another replica).
+    Restart,
+    /// The runtime failed (exited, closed its output, wrote garbage).
+    Fault,
+    /// The runtime was stopped on purpose (idle, or suspended) and work came.
+    Resume,
+    /// The runtime was restarted after a cancelled or failed turn (`restart_after_*`).
+    AfterTurn,
+}
+
+pub(crate) fn reopened(reason: ReopenReason) {
+    let reason = match reason {
+        ReopenReason::Restart => "restart",
+        ReopenReason::Fault => "fault",
+        ReopenReason::Resume => "resume",
+        ReopenReason::AfterTurn => "after_turn",
+    };
+    metrics::counter!(REOPENS, "reason" => reason).increment(1);
+}
 
 pub(crate) fn frames_appended(direction: Direction, count: u64) {
     let direction = match direction {

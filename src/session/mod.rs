@@ -6,9 +6,11 @@ pub(crate) mod actor;
 mod input;
 pub(crate) mod interactions;
 pub(crate) mod manager;
+pub(crate) mod metering;
 pub(crate) mod metrics;
 pub(crate) mod profile;
 pub(crate) mod subscribe;
+pub(crate) mod traces;
 pub(crate) mod warm;
 
 use std::{
@@ -93,6 +95,10 @@ pub(crate) struct EngineOptions {
     pub tokens_configured: bool,
     /// This replica among others on one database.
     pub replica: ReplicaOptions,
+    /// Principals' budgets (from the tokens file).
+    pub budgets: metering::BudgetSource,
+    /// Where turn spans go (off unless OTLP export is configured).
+    pub traces: traces::Traces,
 }
 
 /// Who this replica is and how it holds sessions.
@@ -150,6 +156,8 @@ pub(crate) struct EngineContext {
     replica: ReplicaOptions,
     /// The warm pools of profiles with `warm_pool > 0`, by profile name.
     warm_pools: BTreeMap<String, Arc<warm::WarmPool>>,
+    budgets: metering::BudgetSource,
+    traces: traces::Traces,
 }
 
 impl EngineContext {
@@ -180,6 +188,8 @@ impl EngineContext {
             activity: tokio::sync::Notify::new(),
             remote_streams: Default::default(),
             replica: options.replica,
+            budgets: options.budgets,
+            traces: options.traces,
         }
     }
 

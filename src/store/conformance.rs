@@ -350,6 +350,7 @@ pub(crate) mod cases {
             queue: vec![QueueOp::PushBack(queued.clone())],
             new_actions: vec![action(queued.action_id, ActionState::Queued)],
             action_states: Vec::new(),
+            usage: Vec::new(),
             session: Some(changed),
             fence: None,
         };
@@ -786,6 +787,7 @@ pub(crate) mod cases {
                     queue: vec![QueueOp::PushBack(fresh.clone())],
                     new_actions: vec![action(fresh.action_id, ActionState::Queued), again],
                     action_states: vec![(recorded.action_id, ActionState::Removed)],
+                    usage: Vec::new(),
                     session: Some(changed),
                     fence: None,
                 },
@@ -1286,6 +1288,75 @@ pub(crate) mod cases {
         assert!(open.iter().all(|r| r.labels.contains_key("team")));
     }
 
+    pub(crate) async fn usage_is_recorded_with_a_batch_summed_per_group_and_outlives_its_session(
+        store: S,
+    ) {
+        use crate::domain::usage::{UsageQuery, UsageRecord, UsageReport};
+        let alices = session("user:alice", 1);
+        let bobs = session("user:bob", 2);
+        store.create_session(&alices).await.unwrap();
+        store.create_session(&bobs).await.unwrap();
+        let start = crate::domain::now();
+        let record =
+            |s: &crate::domain::session::SessionRecord, input, output, cost, currency: &str| {
+                UsageRecord {
+                    session_id: s.id,
+                    principal: s.owner.clone(),
+                    profile: s.profile.clone(),
+                    at: start,
+                    input_tokens: input,
+                    output_tokens: output,
+                    cost_micros: cost,
+                    currency: currency.to_owned(),
+                }
+            };
+        for (s, usage) in [
+            (&alices, record(&alices, 100, 10, 0, "")),
+            (&alices, record(&alices, 0, 0, 50_000, "USD")),
+            (&alices, record(&alices, 200, 20, 25_000, "USD")),
+            (&bobs, record(&bobs, 7, 3, 1, "EUR")),
+        ] {
+            store
+                .commit(
+                    s.id,
+                    Batch {
+                        usage: vec![usage],
+                        ..Batch::default()
+                    },
+                )
+                .await
+                .unwrap();
+        }
+        let all = UsageReport::of(&store.usage(&UsageQuery::default()).await.unwrap());
+        let alice = &all.by_principal["user:alice"];
+        assert_eq!((alice.input_tokens, alice.output_tokens), (300, 30));
+        assert_eq!(alice.costs.get("USD"), Some(&75_000));
+        assert_eq!(all.by_principal["user:bob"].costs.get("EUR"), Some(&1));
+        assert_eq!(all.by_session.len(), 2);
+        let only_bob = UsageQuery {
+            principal: Some("user:bob".into()),
+            ..UsageQuery::default()
+        };
+        assert_eq!(store.usage(&only_bob).await.unwrap().len(), 1);
+        let later = UsageQuery {
+            since: Some(start + std::time::Duration::from_secs(1)),
+            ..UsageQuery::default()
+        };
+        assert!(store.usage(&later).await.unwrap().is_empty());
+        let one_session = UsageQuery {
+            session_id: Some(alices.id),
+            ..UsageQuery::default()
+        };
+        assert_eq!(
+            store.usage(&one_session).await.unwrap().len(),
+            2,
+            "per currency"
+        );
+        assert!(store.delete_session(alices.id).await.unwrap());
+        let after = UsageReport::of(&store.usage(&UsageQuery::default()).await.unwrap());
+        assert_eq!(after, all, "a deleted session's usage still counts");
+    }
+
     pub(crate) async fn a_capped_create_stores_only_while_the_owner_has_fewer_live_sessions(
         store: S,
     ) {
@@ -1614,6 +1685,7 @@ macro_rules! conformance_suite {
             list_sessions_filters_by_owner_or_editor,
             list_sessions_ands_every_filter_together,
             count_live_sessions_and_open_sessions_ignore_closed_sessions,
+            usage_is_recorded_with_a_batch_summed_per_group_and_outlives_its_session,
             a_capped_create_stores_only_while_the_owner_has_fewer_live_sessions,
             a_change_mark_moves_with_the_log_the_record_and_the_queue_and_only_then,
             deleting_a_session_removes_its_log_queue_and_actions_and_reports_whether_it_existed,

@@ -23,6 +23,7 @@ struct SessionData {
 #[derive(Default)]
 pub struct MemoryStore {
     sessions: Mutex<HashMap<Uuid, SessionData>>,
+    usage: Mutex<Vec<super::UsageRecord>>,
 }
 
 impl MemoryStore {
@@ -105,7 +106,42 @@ impl Store for MemoryStore {
         let data = sessions
             .get_mut(&session_id)
             .ok_or_else(|| Error::session_not_found(&session_id.to_string()))?;
-        Ok(apply(data, batch)?)
+        let usage = batch.usage.clone();
+        apply(data, batch)?;
+        self.usage.lock().expect("not poisoned").extend(usage);
+        Ok(())
+    }
+
+    async fn usage(&self, query: &super::UsageQuery) -> Result<Vec<super::UsageRow>> {
+        let records = self.usage.lock().expect("not poisoned");
+        let mut rows: Vec<super::UsageRow> = Vec::new();
+        for r in records.iter().filter(|r| {
+            query.principal.as_ref().is_none_or(|p| &r.principal == p)
+                && query.session_id.is_none_or(|s| r.session_id == s)
+                && query.since.is_none_or(|since| r.at >= since)
+        }) {
+            let key = (r.session_id, &r.principal, &r.profile, &r.currency);
+            match rows
+                .iter_mut()
+                .find(|row| (row.session_id, &row.principal, &row.profile, &row.currency) == key)
+            {
+                Some(row) => {
+                    row.input_tokens += r.input_tokens;
+                    row.output_tokens += r.output_tokens;
+                    row.cost_micros += r.cost_micros;
+                }
+                None => rows.push(super::UsageRow {
+                    session_id: r.session_id,
+                    principal: r.principal.clone(),
+                    profile: r.profile.clone(),
+                    currency: r.currency.clone(),
+                    input_tokens: r.input_tokens,
+                    output_tokens: r.output_tokens,
+                    cost_micros: r.cost_micros,
+                }),
+            }
+        }
+        Ok(rows)
     }
 
     async fn get_session(&self, session_id: Uuid) -> Result<Option<SessionRecord>> {

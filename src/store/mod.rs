@@ -30,6 +30,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 pub use crate::domain::log::{Direction, LogEntry};
+pub use crate::domain::usage::{UsageQuery, UsageRecord, UsageRow};
 use crate::domain::{
     ActionId, Result,
     queue::QueuedEntry,
@@ -117,6 +118,8 @@ pub struct Batch {
     pub new_actions: Vec<ActionRecord>,
     /// State changes of recorded action ids.
     pub action_states: Vec<(ActionId, ActionState)>,
+    /// Usage the agent reported, recorded with the frames that reported it.
+    pub usage: Vec<UsageRecord>,
     /// The session record as it now stands (replaces the stored one).
     pub session: Option<SessionRecord>,
     /// The fence of the writer's lease on the session. With a fence, the batch applies
@@ -131,6 +134,7 @@ impl Batch {
             && self.queue.is_empty()
             && self.new_actions.is_empty()
             && self.action_states.is_empty()
+            && self.usage.is_empty()
             && self.session.is_none()
     }
 }
@@ -280,6 +284,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Sessions owned by `owner` that are not closed.
     async fn count_live_sessions(&self, owner: &str) -> Result<u64>;
+
+    /// Usage records summed per (session, principal, profile, currency). Usage outlives its
+    /// session: a deleted session's spending still counts against its owner's budget.
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>>;
 
     /// Stores a new session as [`Store::create_session`] does, unless its owner already has
     /// `max_live` sessions that are not closed: then nothing is stored. The count and the insert

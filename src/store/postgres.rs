@@ -43,7 +43,7 @@ use crate::store::CommitError;
 
 use super::{
     ActionRecord, Batch, BridgeAd, CappedCreate, ChangeMark, Lease, LeaseClaim, LogEntry,
-    SessionQuery, Store, StoreError, to_micros,
+    SessionQuery, Store, StoreError, UsageQuery, UsageRow, to_micros,
 };
 use crate::domain::{
     ActionId, Error, ErrorCode, Result,
@@ -596,6 +596,11 @@ async fn live_sessions_locked(tx: &deadpool_postgres::Transaction<'_>, owner: &s
 }
 
 /// A principal's live sessions, counted through the index on `(owner, status)`.
+const USAGE_SQL: &str = "SELECT session_id, principal, profile, currency, \
+     sum(input_tokens)::bigint, sum(output_tokens)::bigint, sum(cost_micros)::bigint \
+     FROM usage_records WHERE ($1::text IS NULL OR principal = $1) \
+     AND ($2::uuid IS NULL OR session_id = $2) AND ($3::bigint IS NULL OR at >= $3) \
+     GROUP BY session_id, principal, profile, currency";
 const LIVE_SESSIONS_SQL: &str =
     "SELECT count(*) FROM sessions WHERE owner = $1 AND status <> 'closed'";
 
@@ -874,6 +879,36 @@ impl Store for PostgresStore {
             .await?
             .get(0);
         Ok(count as u64)
+    }
+
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>> {
+        let since = query.since.map(to_micros);
+        let rows = self
+            .reader()
+            .await?
+            .read(async |client| {
+                let stmt = client
+                    .prepare_cached(USAGE_SQL)
+                    .await
+                    .context("reading usage")?;
+                client
+                    .query(&stmt, &[&query.principal, &query.session_id, &since])
+                    .await
+                    .context("reading usage")
+            })
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| UsageRow {
+                session_id: row.get(0),
+                principal: row.get(1),
+                profile: row.get(2),
+                currency: row.get(3),
+                input_tokens: row.get::<_, i64>(4).max(0) as u64,
+                output_tokens: row.get::<_, i64>(5).max(0) as u64,
+                cost_micros: row.get(6),
+            })
+            .collect())
     }
 
     async fn open_sessions(&self) -> Result<Vec<SessionRecord>> {

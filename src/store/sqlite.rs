@@ -40,7 +40,8 @@ use self::{
     writer::{Change, Reply, WriteOp, Writer},
 };
 use super::{
-    ActionRecord, Batch, CommitError, LogEntry, SessionQuery, Store, StoreError, Wake, to_micros,
+    ActionRecord, Batch, CommitError, LogEntry, SessionQuery, Store, StoreError, UsageQuery,
+    UsageRow, Wake, to_micros,
 };
 use crate::{
     domain::{
@@ -482,6 +483,41 @@ impl Store for SqliteStore {
                 })
                 .context("counting live sessions")?;
             Ok(count as u64)
+        })
+        .await
+    }
+
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsageRow>> {
+        let query = query.clone();
+        self.read(move |conn| {
+            let principal = query.principal.as_deref();
+            let session = query.session_id.map(|id| id.as_bytes().to_vec());
+            let since = query.since.map(to_micros);
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT session_id, principal, profile, currency, sum(input_tokens), \
+                     sum(output_tokens), sum(cost_micros) FROM usage_records \
+                     WHERE (?1 IS NULL OR principal = ?1) AND (?2 IS NULL OR session_id = ?2) \
+                     AND (?3 IS NULL OR at >= ?3) \
+                     GROUP BY session_id, principal, profile, currency",
+                )
+                .context("reading usage")?;
+            let rows = stmt
+                .query_map((principal, session, since), |row| {
+                    let id: Vec<u8> = row.get(0)?;
+                    Ok(UsageRow {
+                        session_id: Uuid::from_slice(&id).unwrap_or_default(),
+                        principal: row.get(1)?,
+                        profile: row.get(2)?,
+                        currency: row.get(3)?,
+                        input_tokens: row.get::<_, i64>(4)?.max(0) as u64,
+                        output_tokens: row.get::<_, i64>(5)?.max(0) as u64,
+                        cost_micros: row.get(6)?,
+                    })
+                })
+                .context("reading usage")?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()
+                .context("reading usage")
         })
         .await
     }

@@ -38,6 +38,22 @@ fn handle() -> &'static PrometheusHandle {
                 ],
             )
             .expect("buckets are not empty")
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(
+                    crate::session::metrics::FIRST_OUTPUT.to_owned(),
+                ),
+                &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+            )
+            .expect("buckets are not empty")
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(
+                    crate::session::metrics::PERMISSION_WAIT.to_owned(),
+                ),
+                &[
+                    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+                ],
+            )
+            .expect("buckets are not empty")
             .build_recorder();
         let handle = recorder.handle();
         // Another recorder may already be installed (e.g. by an embedding program); then these

@@ -1,6 +1,7 @@
 //! Telemetry: Prometheus metrics on their own port, and logging set-up (text or JSON).
 
 pub(crate) mod metrics;
+pub(crate) mod traces;
 
 use serde::Deserialize;
 

@@ -21,6 +21,7 @@ LISTED_WHOLE = {
     "probes.readiness",
     "bridge.profiles",
     "bridge.resources",
+    "metrics.grafanaDashboard.labels",
 }
 
 

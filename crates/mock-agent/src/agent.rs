@@ -117,6 +117,10 @@ struct Turn {
     ignore_cancel: bool,
     wait: Wait,
     outstanding: Vec<(i64, Purpose)>,
+    /// Token usage (input, output) the reply carries (`@turn-usage`).
+    usage: Option<(u64, u64)>,
+    /// The prompt's `_meta.traceparent`.
+    traceparent: Option<String>,
 }
 
 enum Step {
@@ -579,7 +583,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
 
     fn end_turn(&mut self, reason: StopReason) {
         if let Some(turn) = self.turn.take() {
-            wire::stop(&mut self.out.buf, &turn.id, reason);
+            wire::stop_with_usage(&mut self.out.buf, &turn.id, reason, turn.usage);
         }
     }
 
@@ -708,6 +712,12 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             ignore_cancel: script.ignore_cancel || self.args.ignore_cancel,
             wait: Wait::Ready,
             outstanding: Vec::new(),
+            usage: None,
+            traceparent: params
+                .get("_meta")
+                .and_then(|meta| meta.get("traceparent"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         });
     }
 
@@ -723,7 +733,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             return Step::Continue;
         };
         let Some(directive) = turn.directives.next() else {
-            wire::stop(&mut self.out.buf, &turn.id, StopReason::EndTurn);
+            wire::stop_with_usage(&mut self.out.buf, &turn.id, StopReason::EndTurn, turn.usage);
             return Step::Continue;
         };
         let session_id = turn.session_id.as_str();
@@ -860,6 +870,14 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
                 turn.outstanding.push((id, Purpose::UnknownRequest));
                 turn.wait = Wait::Replies { deadline: None };
             }
+            Directive::TurnUsage { input, output } => turn.usage = Some((input, output)),
+            Directive::Traceparent => {
+                let report = format!(
+                    "traceparent: {}",
+                    turn.traceparent.as_deref().unwrap_or("none")
+                );
+                wire::text_chunk(&mut self.out.buf, session_id, ChunkKind::Agent, &report);
+            }
             Directive::Sleep { millis } => {
                 turn.wait = Wait::Until(Instant::now() + Duration::from_millis(millis));
             }
@@ -867,7 +885,7 @@ impl<W: AsyncWrite + Unpin, E: Write> Agent<W, E> {
             // Lifted into the turn's flags when the script was read.
             Directive::IgnoreCancel | Directive::EchoAll => {}
             Directive::Stop(reason) => {
-                wire::stop(self.buf(), &turn.id, reason);
+                wire::stop_with_usage(&mut self.out.buf, &turn.id, reason, turn.usage);
                 return Step::Continue;
             }
             Directive::Error { code, message } => {

@@ -59,6 +59,14 @@ pub enum Directive {
         size: u64,
         cost: Option<(String, String)>,
     },
+    /// The prompt's reply carries `usage` with these input and output tokens.
+    TurnUsage {
+        input: u64,
+        output: u64,
+    },
+    /// Reports the `_meta.traceparent` the prompt came with (`traceparent: <value>` or
+    /// `traceparent: none`).
+    Traceparent,
     PermissionTwice,
     /// A permission request the turn does not wait for: the turn ends with it outstanding.
     PermissionNoWait,
@@ -164,6 +172,11 @@ fn known(verb: &str, rest: &str) -> Option<Directive> {
                 cost: Some(((*amount).to_owned(), (*currency).to_owned())),
             })
         }
+        ("turn-usage", [input, output]) => Some(Directive::TurnUsage {
+            input: input.parse().ok()?,
+            output: output.parse().ok()?,
+        }),
+        ("traceparent", _) => bare(Directive::Traceparent),
         ("permission-twice", _) => bare(Directive::PermissionTwice),
         ("permission-nowait", _) => bare(Directive::PermissionNoWait),
         ("cancel-permission", _) => bare(Directive::CancelPermission),

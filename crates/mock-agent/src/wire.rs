@@ -104,10 +104,28 @@ pub fn block_chunk(buf: &mut Vec<u8>, session_id: &str, block: &Value) {
 
 /// The prompt's answer: `{"stopReason": REASON}`.
 pub fn stop(buf: &mut Vec<u8>, id: &Value, reason: StopReason) {
+    stop_with_usage(buf, id, reason, None);
+}
+
+/// The prompt's answer, with the turn's token usage (input, output) when given:
+/// `{"stopReason": REASON, "usage": {"totalTokens", "inputTokens", "outputTokens"}}`.
+pub fn stop_with_usage(
+    buf: &mut Vec<u8>,
+    id: &Value,
+    reason: StopReason,
+    usage: Option<(u64, u64)>,
+) {
     buf.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
     json_into(buf, id);
     buf.extend_from_slice(br#","result":{"stopReason":"#);
     json_into(buf, &reason);
+    if let Some((input, output)) = usage {
+        buf.extend_from_slice(br#","usage":"#);
+        json_into(
+            buf,
+            &serde_json::json!({"totalTokens": input + output, "inputTokens": input, "outputTokens": output}),
+        );
+    }
     buf.extend_from_slice(b"}}");
     end(buf);
 }

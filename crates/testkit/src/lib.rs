@@ -16,6 +16,7 @@
 
 pub mod fuzzing;
 pub mod harness;
+pub mod otlp;
 pub mod process;
 pub mod proxy;
 pub mod support;

@@ -130,6 +130,9 @@ impl Actor {
         if expect_idle {
             self.check_idle()?;
         }
+        if matches!(action, Action::Prompt(_)) {
+            self.ctx.check_budget(&self.record.owner).await?;
+        }
         let actor = principal.actor().to_owned();
         match action {
             Action::Prompt(_) | Action::Compact => {
@@ -340,6 +343,13 @@ impl Actor {
             let position = self
                 .enqueue(entry, fingerprint, interrupt, |_, _| {})
                 .await?;
+            crate::session::metrics::reopened(
+                if self.record.status == SessionStatus::Disconnected {
+                    crate::session::metrics::ReopenReason::Fault
+                } else {
+                    crate::session::metrics::ReopenReason::Resume
+                },
+            );
             self.start_runtime(StartPurpose::Reopen).await;
             return Ok(queued(action_id, position));
         }
@@ -497,6 +507,9 @@ impl Actor {
             // Nothing was sent: the request stays held, exactly as it was.
             self.work.held = held;
             return Err(error);
+        }
+        if let Some(trace) = self.turn_trace() {
+            trace.wait_ended(request_id, "answered");
         }
         Ok(sent(action_id))
     }

@@ -214,7 +214,16 @@ impl Actor {
             return Ok(());
         }
         if let Some((action_id, line)) = self.waiting_prompt(&doubt) {
-            self.work.turn = Some(Turn::new(id, action_id));
+            // The prompt's line was made before the doubt, with the trace context it carries;
+            // this turn is not traced again.
+            let untraced = crate::session::traces::Traces::default();
+            self.work.turn = Some(Turn::new(
+                id,
+                action_id,
+                &self.record.profile,
+                &untraced,
+                None,
+            ));
             if let Some(conn) = self.runtime.state.conn() {
                 let _ = conn.writer.send(line);
             }

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{Actor, HARNESS_ACTOR, Out, PendingKind, RUNTIME_ACTOR, Turn};
+use super::{Actor, HARNESS_ACTOR, Out, PendingKind, RUNTIME_ACTOR, Turn, spans::WaitKind};
 use crate::session::{
     PermissionPolicy,
     interactions::{self, HeldElicitation, HeldPermission, Released, RuleMatch, answer_json},
@@ -71,7 +71,9 @@ impl Actor {
                 }
             }
         }
+        let usage = self.meter(&mut out, &frames).await;
         if let Err(error) = self.flush(out).await {
+            self.unmetered();
             // Nothing may be acted on before it is logged.
             return self
                 .fault(
@@ -80,6 +82,7 @@ impl Actor {
                 )
                 .await;
         }
+        self.metered(&usage);
         for frame in frames {
             if !self.runtime.state.is_up() {
                 break;
@@ -196,7 +199,7 @@ impl Actor {
         };
         if let Some(turn) = self.work.turn.as_ref().filter(|t| t.action_id == action_id) {
             let reply: Reply<PromptResult> = view(frame);
-            let stop_reason = match reply.result {
+            let stop_reason = match &reply.result {
                 Some(result) => result.stop_reason.unwrap_or("end_turn"),
                 None => "failed",
             };
@@ -293,6 +296,7 @@ impl Actor {
             tracing::error!(session = %self.record.id, %error, "could not record a restart after a cancel");
         }
         if !self.work.queue.is_empty() && !self.ctx.is_draining() {
+            crate::session::metrics::reopened(crate::session::metrics::ReopenReason::AfterTurn);
             Box::pin(self.start_runtime(super::StartPurpose::Reopen)).await;
         }
     }
@@ -343,6 +347,9 @@ impl Actor {
                             turn,
                         );
                     }
+                    if let Some(trace) = self.turn_trace() {
+                        trace.wait_began(&agent_id, WaitKind::Permission);
+                    }
                     self.work.held.permissions.push(HeldPermission {
                         id: agent_id,
                         options,
@@ -362,6 +369,9 @@ impl Actor {
                         self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
                     }
                     None => {
+                        if let Some(trace) = self.turn_trace() {
+                            trace.wait_began(&agent_id, WaitKind::Elicitation);
+                        }
                         self.work.held.elicitation = Some(HeldElicitation { id: agent_id });
                         self.refresh_status(&mut out);
                     }
@@ -385,6 +395,8 @@ impl Actor {
     pub(super) async fn on_agent_notification(&mut self, method: &str, frame: &Value) {
         match method {
             "session/update" => {
+                self.trace_update(frame);
+                // (Usage was recorded with the frame: `meter`.)
                 let params: Params<UpdateParams> = view(frame);
                 if let Some(update) = params.params.and_then(|p| p.update)
                     && update.session_update == Some("config_option_update")
@@ -414,6 +426,9 @@ impl Actor {
                     }
                     None => return,
                 };
+                if let Some(trace) = self.turn_trace() {
+                    trace.wait_ended(&agent_id, "withdrawn");
+                }
                 let mut out = Out::default();
                 let turn = self.work.turn.as_ref().map(|t| t.action_id);
                 self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
@@ -471,6 +486,18 @@ impl Actor {
             QueuedWork::Prompt(_) => self.context_primer().await?,
             QueuedWork::Compact => None,
         };
+        let turn = Turn::new(
+            self.record.id,
+            entry.action_id,
+            &self.record.profile,
+            &self.ctx.traces,
+            entry.traceparent.as_deref(),
+        );
+        // Traced, the agent's spans hang under the turn's; else the caller's context goes on.
+        let traceparent = turn
+            .trace
+            .traceparent()
+            .or_else(|| entry.traceparent.clone());
         let frame = match &entry.work {
             QueuedWork::Prompt(prompt) => acp_frames::prompt_request(
                 &entry.action_id,
@@ -479,7 +506,7 @@ impl Actor {
                 PromptOptions {
                     meta_key: &self.ctx.meta_key,
                     context: entry.context.as_ref(),
-                    traceparent: entry.traceparent.as_deref(),
+                    traceparent: traceparent.as_deref(),
                     primer: primer.as_ref(),
                 },
             ),
@@ -511,10 +538,7 @@ impl Actor {
             self.touch(&mut out);
         }
         self.log_send(&mut out, &frame, &entry.actor, Some(entry.action_id));
-        let previous = self
-            .work
-            .turn
-            .replace(Turn::new(self.record.id, entry.action_id));
+        let previous = self.work.turn.replace(turn);
         self.refresh_status(&mut out);
         if let Err(error) = self.flush(out).await {
             self.work.turn = previous;

@@ -103,6 +103,7 @@ impl Actor {
         // is back as it was before the restart, and its queue drains.
         if plan.reopen {
             tracing::info!(session = %self.record.id, queued = self.work.queue.len(), "reopening after the restart");
+            crate::session::metrics::reopened(crate::session::metrics::ReopenReason::Restart);
             self.start_runtime(StartPurpose::Reopen).await;
         }
     }
@@ -630,6 +631,9 @@ impl Actor {
         );
         let frame = acp_frames::permission_response(&held.id, &answer);
         self.log_send(&mut out, &frame, HARNESS_ACTOR, turn);
+        if let Some(trace) = self.turn_trace() {
+            trace.wait_ended(&held.id, "timeout");
+        }
         let before = self.work.held.clone();
         self.work.held.release(&held.id);
         self.refresh_status(&mut out);

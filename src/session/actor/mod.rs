@@ -10,7 +10,9 @@ mod doubt;
 mod frames;
 mod handshake;
 mod lifecycle;
+mod metering;
 mod reapply;
+mod spans;
 mod state;
 
 use std::{
@@ -86,10 +88,20 @@ struct Turn {
     cancel_deadline: Option<Instant>,
     span: tracing::Span,
     started: Instant,
+    /// The turn's trace span, its tool calls' and its waits' (see `spans`).
+    trace: spans::TurnTrace,
 }
 
 impl Turn {
-    fn new(session: uuid::Uuid, action_id: ActionId) -> Self {
+    /// A turn starting now; its trace span hangs under `parent` (the W3C `traceparent` the
+    /// action came with).
+    fn new(
+        session: uuid::Uuid,
+        action_id: ActionId,
+        profile: &str,
+        traces: &super::traces::Traces,
+        parent: Option<&str>,
+    ) -> Self {
         let span = tracing::info_span!("turn", %session, %action_id);
         span.in_scope(|| tracing::debug!("turn started"));
         Self {
@@ -97,15 +109,17 @@ impl Turn {
             cancel_deadline: None,
             span,
             started: Instant::now(),
+            trace: spans::TurnTrace::start(traces, session, action_id, profile, parent),
         }
     }
 
-    /// Records how the turn ended (metrics and its span).
+    /// Records how the turn ended (metrics and its spans).
     fn ended(&self, stop_reason: &str) {
         metrics::turn_ended(stop_reason);
         let millis = self.started.elapsed().as_millis() as u64;
         self.span
             .in_scope(|| tracing::info!(stop_reason, duration_ms = millis, "turn ended"));
+        self.trace.ended(stop_reason);
     }
 }
 
@@ -153,6 +167,9 @@ pub(crate) struct Actor {
     /// A commit whose answer was lost and could not be read back yet: until it is, the actor
     /// commits, sends and takes in nothing (see `doubt`).
     doubt: Option<doubt::Doubt>,
+    /// The cumulative cost the agent last reported (currency, micros), to record what each new
+    /// report adds; read from the store at the first report after the actor starts.
+    cost_seen: Option<(String, i64)>,
 }
 
 /// The actor's side of its runtime: the current epoch, where the runtime is (down, starting,
@@ -246,6 +263,7 @@ impl Actor {
             fold: None,
             finished: false,
             doubt: None,
+            cost_seen: None,
         };
         actor.shared.set_queue_len(actor.work.queue.len());
         tokio::spawn(actor.run(after_restart, owner_lost, purpose));

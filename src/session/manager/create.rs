@@ -107,6 +107,10 @@ impl Sessions {
                 .await
                 .map(Creation::Here);
         }
+        // A session opened with a prompt spends its owner's budget at once.
+        if checked.first_prompt.is_some() {
+            self.ctx.check_budget(&owner).await?;
+        }
         // With several replicas a remote session runs where a matching bridge is connected.
         let home = self.home_for_new(&checked.profile).await?;
         if let Some(address) = self.moved_to(checked.session_id, &checked.profile.name, home) {

@@ -105,6 +105,9 @@ impl Store for Watched {
     async fn count_live_sessions(&self, owner: &str) -> Result<u64> {
         self.inner.count_live_sessions(owner).await
     }
+    async fn usage(&self, query: &crate::store::UsageQuery) -> Result<Vec<crate::store::UsageRow>> {
+        self.inner.usage(query).await
+    }
     async fn open_sessions(&self) -> Result<Vec<SessionRecord>> {
         self.inner.open_sessions().await
     }

@@ -275,6 +275,10 @@ const CLEAR_QUEUE_SQL: &str = "DELETE FROM queue WHERE session_pk = $1";
 const NEW_ACTIONS_SQL: &str = "INSERT INTO actions (session_pk, action_id, state, created_at, \
      fingerprint) SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], \
      $5::text[])";
+const USAGE_SQL: &str = "INSERT INTO usage_records (session_id, principal, profile, at, \
+     input_tokens, output_tokens, cost_micros, currency) \
+     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], \
+                          $6::bigint[], $7::bigint[], $8::text[])";
 const ACTION_STATES_SQL: &str = "UPDATE actions a SET state = v.state \
      FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS v(session_pk, action_id, state) \
      WHERE a.session_pk = v.session_pk AND a.action_id = v.action_id";
@@ -321,6 +325,18 @@ struct LogRows<'b> {
 
 /// The new action ids of a group, column by column.
 #[derive(Default)]
+struct UsageRows<'b> {
+    session_id: Vec<Uuid>,
+    principal: Vec<&'b str>,
+    profile: Vec<&'b str>,
+    at: Vec<i64>,
+    input_tokens: Vec<i64>,
+    output_tokens: Vec<i64>,
+    cost_micros: Vec<i64>,
+    currency: Vec<&'b str>,
+}
+
+#[derive(Default)]
 struct ActionRows<'b> {
     session_pk: Vec<i64>,
     action_id: Vec<Uuid>,
@@ -336,6 +352,7 @@ pub(super) struct Writes<'b> {
     /// In the batches' order: a push's position depends on the operations before it.
     queue: Vec<QueueRow<'b>>,
     new_actions: ActionRows<'b>,
+    usage: UsageRows<'b>,
     /// The last state each action id was given in the group.
     action_states: HashMap<(i64, Uuid), &'static str>,
     /// The last record of each session in the group.
@@ -387,6 +404,19 @@ impl<'b> Writes<'b> {
                     .action_states
                     .insert((pk, id.as_uuid()), state.as_str());
             }
+            for usage in &batch.usage {
+                let rows = &mut writes.usage;
+                rows.session_id.push(usage.session_id);
+                rows.principal.push(&usage.principal);
+                rows.profile.push(&usage.profile);
+                rows.at.push(to_micros(usage.at));
+                rows.input_tokens
+                    .push(usage.input_tokens.min(i64::MAX as u64) as i64);
+                rows.output_tokens
+                    .push(usage.output_tokens.min(i64::MAX as u64) as i64);
+                rows.cost_micros.push(usage.cost_micros);
+                rows.currency.push(&usage.currency);
+            }
             if let Some(record) = &batch.session {
                 writes.records.insert(pk, record);
             }
@@ -399,6 +429,7 @@ impl<'b> Writes<'b> {
         self.log.session_pk.is_empty()
             && self.queue.is_empty()
             && self.new_actions.session_pk.is_empty()
+            && self.usage.session_id.is_empty()
             && self.action_states.is_empty()
             && self.records.is_empty()
     }
@@ -421,6 +452,7 @@ impl<'b> Writes<'b> {
             REMOVE_QUEUED_SQL,
             CLEAR_QUEUE_SQL,
             NEW_ACTIONS_SQL,
+            USAGE_SQL,
             ACTION_STATES_SQL,
             RECORDS_SQL,
             CLEAR_LABELS_SQL,
@@ -481,6 +513,22 @@ impl<'b> Writes<'b> {
                     p(&new.state),
                     p(&new.created_at),
                     p(&new.fingerprint),
+                ],
+            )));
+        }
+        let usage = &self.usage;
+        if !usage.session_id.is_empty() {
+            pending.push(Box::pin(tx.execute_raw(
+                statement(USAGE_SQL),
+                [
+                    p(&usage.session_id),
+                    p(&usage.principal),
+                    p(&usage.profile),
+                    p(&usage.at),
+                    p(&usage.input_tokens),
+                    p(&usage.output_tokens),
+                    p(&usage.cost_micros),
+                    p(&usage.currency),
                 ],
             )));
         }

@@ -12,7 +12,7 @@ use super::Context;
 use crate::{domain::Result, store::StoreError};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -139,6 +139,23 @@ CREATE INDEX bridges_by_expiry ON bridges (expires_at);
 const V4: &str = r#"
 ALTER TABLE bridges ADD COLUMN principal text NOT NULL DEFAULT '';
 ALTER TABLE bridges ADD COLUMN connected boolean NOT NULL DEFAULT true;
+"#;
+
+/// Usage records: what agents reported, kept apart from sessions (no cascade) so that deleting a
+/// session does not refund its owner's budget.
+const V5: &str = r#"
+CREATE TABLE usage_records (
+    session_id    uuid   NOT NULL,
+    principal     text   NOT NULL,
+    profile       text   NOT NULL,
+    at            bigint NOT NULL,
+    input_tokens  bigint NOT NULL,
+    output_tokens bigint NOT NULL,
+    cost_micros   bigint NOT NULL,
+    currency      text   NOT NULL
+);
+CREATE INDEX usage_records_by_principal ON usage_records (principal, at);
+CREATE INDEX usage_records_by_session ON usage_records (session_id);
 "#;
 
 /// Brings the schema of the connection's `search_path` to [`SCHEMA_VERSION`].

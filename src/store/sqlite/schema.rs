@@ -22,7 +22,7 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) const WAL_BOUND_PAGES: u32 = 10_000;
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -116,6 +116,23 @@ CREATE TABLE actions (
 /// Version 2: the action id of a session's first prompt (set at creation, never changed), so an
 /// idempotent CreateSession retry finds it however long the log. Older sessions read NULL.
 const V2: &str = "ALTER TABLE sessions ADD COLUMN first_action_id TEXT;";
+
+/// Usage records: what agents reported, kept apart from sessions (no cascade) so that deleting a
+/// session does not refund its owner's budget.
+const V3: &str = r#"
+CREATE TABLE usage_records (
+    session_id    BLOB    NOT NULL,
+    principal     TEXT    NOT NULL,
+    profile       TEXT    NOT NULL,
+    at            INTEGER NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cost_micros   INTEGER NOT NULL,
+    currency      TEXT    NOT NULL
+);
+CREATE INDEX usage_records_by_principal ON usage_records (principal, at);
+CREATE INDEX usage_records_by_session ON usage_records (session_id);
+"#;
 
 /// Settings of the one write connection: WAL, the configured `synchronous`, foreign keys, and an
 /// automatic checkpoint only as the bound of the WAL (the checkpointer thread does the regular

@@ -525,7 +525,8 @@ async fn the_file_is_in_wal_mode_at_the_current_schema_version_with_every_table(
                 "queue",
                 "session_editors",
                 "session_labels",
-                "sessions"
+                "sessions",
+                "usage_records"
             ]
         );
         drop(raw);

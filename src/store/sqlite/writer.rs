@@ -689,6 +689,29 @@ fn commit(conn: &Connection, session_id: Uuid, batch: Batch) -> Result<()> {
         }
     }
 
+    if !batch.usage.is_empty() {
+        let mut insert = conn
+            .prepare_cached(
+                "INSERT INTO usage_records (session_id, principal, profile, at, input_tokens, \
+                 output_tokens, cost_micros, currency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .context("recording usage")?;
+        for usage in &batch.usage {
+            insert
+                .execute((
+                    &usage.session_id.as_bytes()[..],
+                    &usage.principal,
+                    &usage.profile,
+                    to_micros(usage.at),
+                    usage.input_tokens.min(i64::MAX as u64) as i64,
+                    usage.output_tokens.min(i64::MAX as u64) as i64,
+                    usage.cost_micros,
+                    &usage.currency,
+                ))
+                .context("recording usage")?;
+        }
+    }
+
     if let Some(record) = &batch.session {
         replace_record(conn, pk, session_id, record)?;
     }

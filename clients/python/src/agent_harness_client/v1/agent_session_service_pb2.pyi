@@ -1,8 +1,12 @@
+import datetime
+
 from agent_harness_client.v1 import actions_pb2 as _actions_pb2
 from agent_harness_client.v1 import channel_pb2 as _channel_pb2
 from agent_harness_client.v1 import session_pb2 as _session_pb2
 from agent_harness_client.v1 import transcript_pb2 as _transcript_pb2
+from agent_harness_client.v1 import usage_pb2 as _usage_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -308,3 +312,23 @@ class Heartbeat(_message.Message):
     HEAD_OFFSET_FIELD_NUMBER: _ClassVar[int]
     head_offset: int
     def __init__(self, head_offset: _Optional[int] = ...) -> None: ...
+
+class GetUsageRequest(_message.Message):
+    __slots__ = ("principal", "since")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    since: _timestamp_pb2.Timestamp
+    def __init__(self, principal: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("sessions", "principals", "profiles", "budget")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPALS_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[_usage_pb2.SessionUsage]
+    principals: _containers.RepeatedCompositeFieldContainer[_usage_pb2.PrincipalUsage]
+    profiles: _containers.RepeatedCompositeFieldContainer[_usage_pb2.ProfileUsage]
+    budget: _usage_pb2.BudgetStatus
+    def __init__(self, sessions: _Optional[_Iterable[_Union[_usage_pb2.SessionUsage, _Mapping]]] = ..., principals: _Optional[_Iterable[_Union[_usage_pb2.PrincipalUsage, _Mapping]]] = ..., profiles: _Optional[_Iterable[_Union[_usage_pb2.ProfileUsage, _Mapping]]] = ..., budget: _Optional[_Union[_usage_pb2.BudgetStatus, _Mapping]] = ...) -> None: ...

@@ -101,6 +101,11 @@ class AgentSessionServiceStub:
                 request_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=agent__harness_dot_v1_dot_agent__session__service__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/agent_harness.v1.AgentSessionService/GetUsage',
+                request_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=agent__harness_dot_v1_dot_agent__session__service__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
 
 
 class AgentSessionServiceServicer:
@@ -201,6 +206,15 @@ class AgentSessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """What agents reported their sessions used (tokens, cost), summed per session, per principal
+        and per profile, with the principal's budget when the tokens file sets one. Usage is kept in
+        the store: it survives restarts, and a deleted session's usage still counts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentSessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -268,6 +282,11 @@ def add_AgentSessionServiceServicer_to_server(servicer, server):
                     servicer.Subscribe,
                     request_deserializer=agent__harness_dot_v1_dot_agent__session__service__pb2.SubscribeRequest.FromString,
                     response_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.SubscribeResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=agent__harness_dot_v1_dot_agent__session__service__pb2.GetUsageRequest.FromString,
+                    response_serializer=agent__harness_dot_v1_dot_agent__session__service__pb2.GetUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -623,6 +642,33 @@ class AgentSessionService:
             '/agent_harness.v1.AgentSessionService/Subscribe',
             agent__harness_dot_v1_dot_agent__session__service__pb2.SubscribeRequest.SerializeToString,
             agent__harness_dot_v1_dot_agent__session__service__pb2.SubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agent_harness.v1.AgentSessionService/GetUsage',
+            agent__harness_dot_v1_dot_agent__session__service__pb2.GetUsageRequest.SerializeToString,
+            agent__harness_dot_v1_dot_agent__session__service__pb2.GetUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

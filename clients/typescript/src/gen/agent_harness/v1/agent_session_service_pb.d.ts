@@ -8,6 +8,8 @@ import type { ChannelMessage, TaskAssignment } from "./channel_pb.js";
 import type { AgentSession, ControlStatus, Delivery, Expect, QueuedAction, SessionStatus } from "./session_pb.js";
 import type { CompactAction, PromptAction, RespondElicitationAction, RespondToPermissionAction, SetConfigOptionAction, SetModelAction, StopAction } from "./actions_pb.js";
 import type { LogEntry, SessionMetadata, TranscriptMessage, TurnEnded } from "./transcript_pb.js";
+import type { Timestamp } from "@bufbuild/protobuf/wkt";
+import type { BudgetStatus, PrincipalUsage, ProfileUsage, SessionUsage } from "./usage_pb.js";
 
 /**
  * Describes the file agent_harness/v1/agent_session_service.proto.
@@ -982,6 +984,76 @@ export declare type Heartbeat = Message<"agent_harness.v1.Heartbeat"> & {
 export declare const HeartbeatSchema: GenMessage<Heartbeat>;
 
 /**
+ * Read usage.
+ *
+ * @generated from message agent_harness.v1.GetUsageRequest
+ */
+export declare type GetUsageRequest = Message<"agent_harness.v1.GetUsageRequest"> & {
+  /**
+   * Whose usage. Empty: the caller's own (a service's acting user's); for `local`, or a service
+   * naming no user, everyone's. A user may name only themselves (else PERMISSION_DENIED FORBIDDEN).
+   *
+   * @generated from field: string principal = 1;
+   */
+  principal: string;
+
+  /**
+   * Only usage recorded at or after this time; unset: all of it.
+   *
+   * @generated from field: google.protobuf.Timestamp since = 2;
+   */
+  since?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.GetUsageRequest.
+ * Use `create(GetUsageRequestSchema)` to create a new message.
+ */
+export declare const GetUsageRequestSchema: GenMessage<GetUsageRequest>;
+
+/**
+ * Usage summed three ways.
+ *
+ * @generated from message agent_harness.v1.GetUsageResponse
+ */
+export declare type GetUsageResponse = Message<"agent_harness.v1.GetUsageResponse"> & {
+  /**
+   * Per session, by session id.
+   *
+   * @generated from field: repeated agent_harness.v1.SessionUsage sessions = 1;
+   */
+  sessions: SessionUsage[];
+
+  /**
+   * Per principal (the sessions' owners), by principal.
+   *
+   * @generated from field: repeated agent_harness.v1.PrincipalUsage principals = 2;
+   */
+  principals: PrincipalUsage[];
+
+  /**
+   * Per profile, by profile name.
+   *
+   * @generated from field: repeated agent_harness.v1.ProfileUsage profiles = 3;
+   */
+  profiles: ProfileUsage[];
+
+  /**
+   * The budget of the principal asked about (or the caller), with what its current period used,
+   * when the tokens file sets one.
+   *
+   * @generated from field: optional agent_harness.v1.BudgetStatus budget = 4;
+   */
+  budget?: BudgetStatus | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.GetUsageResponse.
+ * Use `create(GetUsageResponseSchema)` to create a new message.
+ */
+export declare const GetUsageResponseSchema: GenMessage<GetUsageResponse>;
+
+/**
  * What a subscription streams.
  *
  * @generated from enum agent_harness.v1.SubscribeView
@@ -1159,6 +1231,18 @@ export declare const AgentSessionService: GenService<{
     methodKind: "server_streaming";
     input: typeof SubscribeRequestSchema;
     output: typeof SubscribeResponseSchema;
+  },
+  /**
+   * What agents reported their sessions used (tokens, cost), summed per session, per principal
+   * and per profile, with the principal's budget when the tokens file sets one. Usage is kept in
+   * the store: it survives restarts, and a deleted session's usage still counts.
+   *
+   * @generated from rpc agent_harness.v1.AgentSessionService.GetUsage
+   */
+  getUsage: {
+    methodKind: "unary";
+    input: typeof GetUsageRequestSchema;
+    output: typeof GetUsageResponseSchema;
   },
 }>;
 

@@ -288,6 +288,15 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_OUTCOME_UNKNOWN = 36;
    */
   OUTCOME_UNKNOWN = 36,
+
+  /**
+   * The principal's budget for the current period, set in the tokens file, is spent
+   * (RESOURCE_EXHAUSTED): the prompt was refused and nothing was stored. A turn already running
+   * when the budget ran out ran to its end. Metadata: `principal`, `period`.
+   *
+   * @generated from enum value: ERROR_REASON_BUDGET_EXHAUSTED = 37;
+   */
+  BUDGET_EXHAUSTED = 37,
 }
 
 /**

@@ -1,0 +1,189 @@
+//! Metering on the engine's side: the budget check before a prompt is taken, and the per-profile
+//! counters of what agents reported. What a session reports is recorded by its actor
+//! (`actor::metering`), in the batch that logs the report.
+
+use std::{fmt, sync::Arc, time::SystemTime};
+
+use super::EngineContext;
+use crate::domain::{
+    Error, ErrorCode, Principal, PrincipalKind, Result,
+    usage::{Budget, UsageQuery, UsageReport, micros_to_decimal},
+};
+
+pub(crate) const USAGE_TOKENS: &str = "agent_harness_usage_tokens_total";
+pub(crate) const USAGE_COST: &str = "agent_harness_usage_cost_micros_total";
+
+/// Where budgets come from: the tokens file as it stands now (reloads apply at once).
+#[derive(Clone, Default)]
+pub(crate) struct BudgetSource(Option<Arc<BudgetLookup>>);
+
+/// A principal's budget, looked up now.
+type BudgetLookup = dyn Fn(&str) -> Option<Budget> + Send + Sync;
+
+impl BudgetSource {
+    pub(crate) fn new(lookup: impl Fn(&str) -> Option<Budget> + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(lookup)))
+    }
+
+    pub(crate) fn budget(&self, principal: &str) -> Option<Budget> {
+        self.0.as_ref().and_then(|lookup| lookup(principal))
+    }
+}
+
+impl fmt::Debug for BudgetSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "BudgetSource(tokens file)"
+        } else {
+            "BudgetSource(none)"
+        })
+    }
+}
+
+impl EngineContext {
+    /// Refuses with BUDGET_EXHAUSTED when `owner`'s budget for the current period is spent.
+    /// Called before anything of the prompt is stored; a turn already running is not stopped.
+    pub(crate) async fn check_budget(&self, owner: &str) -> Result<()> {
+        let Some(budget) = self.budgets.budget(owner) else {
+            return Ok(());
+        };
+        let since = budget.period.start(SystemTime::now());
+        let query = UsageQuery {
+            principal: Some(owner.to_owned()),
+            since: Some(since),
+            ..UsageQuery::default()
+        };
+        let rows = self.store.usage(&query).await?;
+        let used = UsageReport::of(&rows)
+            .by_principal
+            .remove(owner)
+            .unwrap_or_default();
+        if !budget.is_spent(&used) {
+            return Ok(());
+        }
+        let mut limits = Vec::new();
+        if let Some((micros, currency)) = &budget.cost {
+            let spent = used.costs.get(currency).copied().unwrap_or(0);
+            limits.push(format!(
+                "{} of {} {currency}",
+                micros_to_decimal(spent),
+                micros_to_decimal(*micros)
+            ));
+        }
+        if let Some(tokens) = budget.tokens {
+            limits.push(format!("{} of {tokens} tokens", used.tokens()));
+        }
+        Err(Error::new(
+            ErrorCode::BudgetExhausted,
+            format!(
+                "the budget of {owner:?} for this {} is spent ({}); the prompt was not taken",
+                budget.period.as_str(),
+                limits.join(", ")
+            ),
+        )
+        .with("principal", owner)
+        .with("period", budget.period.as_str()))
+    }
+}
+
+/// Counts what an agent reported, per profile only (never per session or principal: those would
+/// grow the series without bound).
+pub(crate) fn usage_reported(profile: &str, input: u64, output: u64, cost: Option<(&str, i64)>) {
+    if input > 0 {
+        metrics::counter!(USAGE_TOKENS, "profile" => profile.to_owned(), "direction" => "input")
+            .increment(input);
+    }
+    if output > 0 {
+        metrics::counter!(USAGE_TOKENS, "profile" => profile.to_owned(), "direction" => "output")
+            .increment(output);
+    }
+    if let Some((currency, micros)) = cost
+        && micros > 0
+    {
+        metrics::counter!(USAGE_COST, "profile" => profile.to_owned(), "currency" => currency_label(currency))
+            .increment(micros as u64);
+    }
+}
+
+/// A currency code as a label: three ASCII capitals, else `other` (the agent writes it).
+fn currency_label(currency: &str) -> String {
+    if currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        currency.to_owned()
+    } else {
+        "other".to_owned()
+    }
+}
+
+/// A usage read: the sums, and the budget of the principal asked about.
+pub(crate) struct UsageAnswer {
+    pub report: UsageReport,
+    pub budget: Option<BudgetStatus>,
+}
+
+/// A principal's budget and its current period.
+pub(crate) struct BudgetStatus {
+    pub principal: String,
+    pub budget: Budget,
+    pub period_start: SystemTime,
+    pub used: crate::domain::usage::UsageTotals,
+}
+
+impl super::Sessions {
+    /// Usage as `caller` may see it: `asked` names a principal (empty: the caller's own; for
+    /// `local` or a service acting for nobody, everyone's). A user may ask only about themselves.
+    pub(crate) async fn usage(
+        &self,
+        caller: &Principal,
+        asked: &str,
+        since: Option<SystemTime>,
+    ) -> Result<UsageAnswer> {
+        let whose = match (asked.is_empty(), caller.kind) {
+            (true, PrincipalKind::User) => Some(caller.id.clone()),
+            (true, _) => caller.acting_user.clone(),
+            (false, PrincipalKind::User) if asked != caller.id => {
+                return Err(Error::new(
+                    ErrorCode::Forbidden,
+                    "a user may read only their own usage",
+                ));
+            }
+            (false, PrincipalKind::User | PrincipalKind::Service | PrincipalKind::Local) => {
+                Some(asked.to_owned())
+            }
+            (false, _) => {
+                return Err(Error::new(
+                    ErrorCode::Forbidden,
+                    "this principal may not read usage",
+                ));
+            }
+        };
+        let ctx = self.context();
+        let query = UsageQuery {
+            principal: whose.clone(),
+            since,
+            ..UsageQuery::default()
+        };
+        let report = UsageReport::of(&ctx.store.usage(&query).await?);
+        let budget = match whose.and_then(|p| ctx.budgets.budget(&p).map(|b| (p, b))) {
+            Some((principal, budget)) => {
+                let period_start = budget.period.start(SystemTime::now());
+                let query = UsageQuery {
+                    principal: Some(principal.clone()),
+                    since: Some(period_start),
+                    ..UsageQuery::default()
+                };
+                let used = UsageReport::of(&ctx.store.usage(&query).await?)
+                    .by_principal
+                    .remove(&principal)
+                    .unwrap_or_default();
+                Some(BudgetStatus {
+                    principal,
+                    budget,
+                    period_start,
+                    used,
+                })
+            }
+            None => None,
+        };
+        Ok(UsageAnswer { report, budget })
+    }
+}
