@@ -382,6 +382,8 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
     expect(all(type(v) is int for v in config["limits"].values()), config["limits"])
     expect(config["sqlite_synchronous"] == "full" and config["log_format"] == "text", config)
     expect(config["invocation_meta_key"] == "example/invocation", config)
+    expect(config["retention"] == "30d", config)
+    expect(config["otlp_endpoint"] == "http://otel-collector.observability:4317", config)
 
 
 def profile_secrets_are_read_only_files_from_their_secrets_named_in_env_files(r, _):

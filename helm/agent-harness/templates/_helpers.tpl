@@ -141,6 +141,8 @@ services, static_files_base_url and the insecure flag are passed as flags (see t
 {{- $s := .Values.server -}}
 {{- $config := dict "drain_grace" $s.drainGrace "log_format" $s.logFormat "sqlite_synchronous" $s.sqliteSynchronous -}}
 {{- with $s.invocationMetaKey }}{{ $_ := set $config "invocation_meta_key" . }}{{ end -}}
+{{- with $s.retention }}{{ $_ := set $config "retention" . }}{{ end -}}
+{{- with $s.otlpEndpoint }}{{ $_ := set $config "otlp_endpoint" . }}{{ end -}}
 {{- if .Values.auth.existingSecret -}}
 {{- $_ := set $config "tokens_file" (printf "%s/%s" (include "agent-harness.tokensDir" .) .Values.auth.key) -}}
 {{- end -}}
