@@ -305,27 +305,13 @@ pub(crate) async fn offset_before_last_messages(
         return head_offset(client, session).await;
     }
     let mut firsts = VecDeque::with_capacity(n);
-    let mut page_token = String::new();
-    loop {
-        let page = client
-            .get_transcript(pb::GetTranscriptRequest {
-                session_id: session.to_owned(),
-                page_size: 0,
-                page_token: page_token.clone(),
-            })
-            .await?
-            .into_inner();
-        for message in &page.messages {
-            if firsts.len() == n {
-                firsts.pop_front();
-            }
-            firsts.push_back(message.first_offset);
+    each_transcript_message(client, session, |message| {
+        if firsts.len() == n {
+            firsts.pop_front();
         }
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
+        firsts.push_back(message.first_offset);
+    })
+    .await?;
     Ok(match firsts.front() {
         Some(first) if firsts.len() == n => first.saturating_sub(1),
         _ => 0,
@@ -338,6 +324,33 @@ pub(crate) async fn pending_interactions(
     session: &str,
 ) -> Result<Vec<Pending>, Failure> {
     let mut pending = Vec::new();
+    each_transcript_message(client, session, |message| {
+        for part in &message.parts {
+            match &part.kind {
+                Some(pb::message_part::Kind::Permission(p))
+                    if p.outcome() == pb::InteractionOutcome::Pending =>
+                {
+                    pending.push(Pending::Permission(p.clone()));
+                }
+                Some(pb::message_part::Kind::Elicitation(e))
+                    if e.outcome() == pb::InteractionOutcome::Pending =>
+                {
+                    pending.push(Pending::Elicitation(e.clone()));
+                }
+                _ => {}
+            }
+        }
+    })
+    .await?;
+    Ok(pending)
+}
+
+/// Reads a session's whole transcript page by page, oldest message first.
+async fn each_transcript_message(
+    client: &mut Client,
+    session: &str,
+    mut each: impl FnMut(&pb::TranscriptMessage),
+) -> Result<(), Failure> {
     let mut page_token = String::new();
     loop {
         let page = client
@@ -348,25 +361,9 @@ pub(crate) async fn pending_interactions(
             })
             .await?
             .into_inner();
-        for message in &page.messages {
-            for part in &message.parts {
-                match &part.kind {
-                    Some(pb::message_part::Kind::Permission(p))
-                        if p.outcome() == pb::InteractionOutcome::Pending =>
-                    {
-                        pending.push(Pending::Permission(p.clone()));
-                    }
-                    Some(pb::message_part::Kind::Elicitation(e))
-                        if e.outcome() == pb::InteractionOutcome::Pending =>
-                    {
-                        pending.push(Pending::Elicitation(e.clone()));
-                    }
-                    _ => {}
-                }
-            }
-        }
+        page.messages.iter().for_each(&mut each);
         if page.next_page_token.is_empty() {
-            return Ok(pending);
+            return Ok(());
         }
         page_token = page.next_page_token;
     }

@@ -632,7 +632,7 @@ async fn prompt(args: PromptArgs) -> Outcome {
 }
 
 /// The last path segment of a URI, as the attachment's display name.
-fn attachment_name(uri: &str) -> String {
+pub(crate) fn attachment_name(uri: &str) -> String {
     let path = uri.split(['?', '#']).next().unwrap_or(uri);
     path.trim_end_matches('/')
         .rsplit('/')

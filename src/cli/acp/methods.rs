@@ -579,7 +579,7 @@ fn prompt_action(blocks: Vec<acp::ContentBlock>) -> Result<pb::PromptAction, Rpc
     let mut attachments = Vec::new();
     let link = |uri: String, name: Option<String>, mime_type: Option<String>, size: Option<i64>| {
         pb::PromptAttachment {
-            name: name.unwrap_or_else(|| name_of(&uri)),
+            name: name.unwrap_or_else(|| crate::cli::attachment_name(&uri)),
             uri,
             mime_type,
             size,
@@ -623,16 +623,6 @@ fn prompt_action(blocks: Vec<acp::ContentBlock>) -> Result<pb::PromptAction, Rpc
         prompt: texts.join("\n"),
         attachments,
     })
-}
-
-fn name_of(uri: &str) -> String {
-    let path = uri.split(['?', '#']).next().unwrap_or(uri);
-    path.trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .filter(|name| !name.is_empty())
-        .unwrap_or(uri)
-        .to_owned()
 }
 
 #[cfg(test)]
