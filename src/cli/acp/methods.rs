@@ -196,7 +196,7 @@ impl Bridge {
         let request: acp::NewSessionRequest = self::params(params)?;
         if !request.mcp_servers.is_empty() {
             eprintln!(
-                "agent-harness acp: the client's {} MCP server(s) are not passed on: the agent gets the profile's MCP servers",
+                "agent-harness acp: the client's {} MCP server(s) are not passed on: the harness opens agent sessions with no MCP servers (see docs/acp-agent.md)",
                 request.mcp_servers.len()
             );
         }
