@@ -559,6 +559,65 @@ async fn a_cancel_stops_the_clients_running_turn_and_takes_its_queued_prompt_out
 }
 
 #[tokio::test]
+async fn a_queued_prompt_removed_by_someone_else_is_answered_cancelled_and_the_running_turn_goes_on()
+ {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut peer = Peer::spawn(&h);
+        peer.initialize().await;
+        let session = peer.new_session(cwd(&h)).await;
+        let mut watch = Session::attach(h.sessions(), &session).watch().await;
+        let running = peer
+            .send(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "@wait-cancel"}]}),
+            )
+            .await;
+        let queued = peer
+            .send(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "removed elsewhere"}]}),
+            )
+            .await;
+        let action_id = loop {
+            match watch.next().await.expect("open").expect("ok").event {
+                Some(Event::Queue(queue)) if queue.entries.len() == 1 => {
+                    break queue.entries[0].action_id.clone();
+                }
+                _ => {}
+            }
+        };
+        // Another caller (a person with `agent-harness queue rm`, the console) removes it.
+        h.sessions()
+            .remove_queued_action(pb::RemoveQueuedActionRequest {
+                session_id: session.clone(),
+                action_id,
+            })
+            .await
+            .expect("removed");
+        assert_eq!(
+            peer.response(queued).await["result"]["stopReason"],
+            "cancelled"
+        );
+        // The running turn is untouched until this client cancels it.
+        peer.notify("session/cancel", json!({"sessionId": session}))
+            .await;
+        assert_eq!(
+            peer.response(running).await["result"]["stopReason"],
+            "cancelled"
+        );
+        let frames = Session::attach(h.sessions(), &session).sent_frames().await;
+        assert!(
+            !frames
+                .iter()
+                .any(|f| f["params"]["prompt"][0]["text"] == "removed elsewhere"),
+            "the removed prompt never reached the agent"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
 async fn an_elicitation_goes_to_a_client_that_handles_them_and_its_answer_reaches_the_agent() {
     bounded(async {
         let h = Harness::start().await;

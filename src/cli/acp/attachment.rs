@@ -11,6 +11,7 @@ use std::{
 use serde_json::{Value, json};
 use tokio::{sync::oneshot, task::JoinHandle};
 use tonic::{Code, Status};
+use tonic_types::StatusExt;
 
 use super::{
     errors::{RpcError, code},
@@ -32,6 +33,11 @@ struct Waiting {
     ours: HashSet<String>,
     /// Prompts that reached the agent.
     dispatched: HashSet<String>,
+    /// The accepted Control of each prompt of ours not yet dispatched: sent again (same action
+    /// id, so it changes nothing) to learn whether a prompt that left the queue was removed.
+    accepted: HashMap<String, pb::ControlRequest>,
+    /// The action ids of the last queue snapshot the stream brought.
+    last_queue: Option<HashSet<String>>,
     /// Action ids whose agent answer (to set_config_option) someone waits for.
     answers: HashMap<String, oneshot::Sender<Result<Value, Value>>>,
 }
@@ -109,15 +115,34 @@ impl Attachment {
             .remove(action_id);
     }
 
+    /// Records a prompt's Control as accepted (queued or sent). The stream may have brought
+    /// the queue without it already (removed before this answer came back): then ask at once.
+    pub(crate) fn accepted(self: &Arc<Self>, client: &Client, request: pb::ControlRequest) {
+        let Some(action_id) = request.action_id.clone() else {
+            return;
+        };
+        let ask = {
+            let mut waiting = self.waiting.lock().expect("not poisoned");
+            if !waiting.prompts.contains_key(&action_id) || waiting.dispatched.contains(&action_id)
+            {
+                return;
+            }
+            waiting.accepted.insert(action_id.clone(), request.clone());
+            waiting
+                .last_queue
+                .as_ref()
+                .is_some_and(|queue| !queue.contains(&action_id))
+        };
+        if ask {
+            self.ask_if_removed(client, action_id, request);
+        }
+    }
+
     /// Ends a prompt of ours at once (removed from the queue before it ran).
     pub(crate) fn end_turn(&self, action_id: &str, outcome: TurnOutcome) {
-        if let Some(waiter) = self
-            .waiting
-            .lock()
-            .expect("not poisoned")
-            .prompts
-            .remove(action_id)
-        {
+        let mut waiting = self.waiting.lock().expect("not poisoned");
+        waiting.accepted.remove(action_id);
+        if let Some(waiter) = waiting.prompts.remove(action_id) {
             let _ = waiter.send(outcome);
         }
     }
@@ -231,6 +256,7 @@ impl Attachment {
                 }
                 let mut waiting = self.waiting.lock().expect("not poisoned");
                 if let Some(action) = read.dispatched {
+                    waiting.accepted.remove(&action);
                     waiting.dispatched.insert(action);
                 }
                 if let Some((action, outcome)) = read.answer
@@ -263,8 +289,56 @@ impl Attachment {
             Some(Event::TurnEnded(ended)) => {
                 self.end_turn(&ended.request_id, turn_outcome(&ended));
             }
+            Some(Event::Queue(queue)) => self.left_the_queue(&queue, client),
             _ => {}
         }
+    }
+
+    /// A prompt of ours that is no longer queued either reached the agent (its dispatch may
+    /// not have been read yet) or was removed by someone else (`agent-harness queue rm`, the
+    /// console). Its Control sent again tells which without changing anything: a removed
+    /// action answers QUEUED_ACTION_NOT_FOUND, and its prompt ends `cancelled`.
+    fn left_the_queue(self: &Arc<Self>, queue: &pb::QueueSnapshot, client: &Client) {
+        let still_queued: HashSet<String> = queue
+            .entries
+            .iter()
+            .map(|entry| entry.action_id.clone())
+            .collect();
+        let gone: Vec<(String, pb::ControlRequest)> = {
+            let mut waiting = self.waiting.lock().expect("not poisoned");
+            let gone = waiting
+                .accepted
+                .iter()
+                .filter(|(action_id, _)| !still_queued.contains(*action_id))
+                .map(|(action_id, request)| (action_id.clone(), request.clone()))
+                .collect();
+            waiting.last_queue = Some(still_queued);
+            gone
+        };
+        for (action_id, request) in gone {
+            self.ask_if_removed(client, action_id, request);
+        }
+    }
+
+    /// Sends a prompt's Control again (same action id: it changes nothing) and ends the prompt
+    /// `cancelled` when the harness says it was removed from the queue.
+    fn ask_if_removed(
+        self: &Arc<Self>,
+        client: &Client,
+        action_id: String,
+        request: pb::ControlRequest,
+    ) {
+        let this = self.clone();
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            if let Err(status) = client.control(request).await
+                && status
+                    .get_details_error_info()
+                    .is_some_and(|info| info.reason == "QUEUED_ACTION_NOT_FOUND")
+            {
+                this.end_turn(&action_id, Ok("cancelled"));
+            }
+        });
     }
 
     /// Sends what the interactions call for, and answers the client's replies as Control.

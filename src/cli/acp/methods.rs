@@ -330,21 +330,21 @@ impl Bridge {
         let mut client = self.client().await?;
         let action_id = uuid::Uuid::now_v7().to_string();
         let ended = attachment.expect_turn(&action_id);
+        let request = pb::ControlRequest {
+            session_id: session_id.clone(),
+            action_id: Some(action_id.clone()),
+            action: Some(Action::Prompt(prompt)),
+            ..Default::default()
+        };
         let sent = {
             let _order = self.control_order.lock().await;
-            client
-                .control(pb::ControlRequest {
-                    session_id: session_id.clone(),
-                    action_id: Some(action_id.clone()),
-                    action: Some(Action::Prompt(prompt)),
-                    ..Default::default()
-                })
-                .await
+            client.control(request.clone()).await
         };
         if let Err(status) = sent {
             attachment.forget_turn(&action_id);
             return Err(status.into());
         }
+        attachment.accepted(&client, request);
         let stop_reason = ended.await.map_err(|_| {
             RpcError::harness(
                 code::INTERNAL_ERROR,
