@@ -35,6 +35,7 @@ macro_rules! agent_scenarios {
             a_model_switch_reaches_the_next_model_request => model_switch,
             after_kill_9_the_next_prompt_reopens_with_the_conversation => kill_9_then_reopen,
             a_fork_carries_the_parents_conversation => fork,
+            the_usage_the_agent_reports_is_summed_per_profile => usage,
         );
     };
     (@tests $module:ident, $agent:path, $($test:ident => $scenario:ident,)*) => {
@@ -77,6 +78,77 @@ pub async fn plain_turn(session: &mut Session, text: &str) -> (String, String) {
     let reason = turn_end(&mut watch, &turn.action_id).await;
     let reply = text_of(&agent_message(session, &turn.action_id).await);
     (reason, reply)
+}
+
+/// The tokens and cost the agent reports for a turn (`usage_update`, the prompt reply's
+/// `usage`) are what GetUsage sums for its profile and its owner. An agent that reports none
+/// does not support the scenario (the log shows it sent nothing to sum).
+pub async fn usage(agent: Agent) -> Outcome {
+    let rig = Rig::start(&agent).await;
+    let mut session = rig.session(&agent).await;
+    let (reason, _) = plain_turn(&mut session, "count this [hello]").await;
+    assert_eq!(reason, "end_turn");
+    let mut reported_tokens = 0u64;
+    let mut usage_updates = 0;
+    for entry in session.log().await {
+        if entry.direction != pb::LogDirection::FromRuntime as i32 {
+            continue;
+        }
+        let frame: Value = serde_json::from_str(&entry.json).expect("logged JSON");
+        if frame["params"]["update"]["sessionUpdate"] == "usage_update" {
+            usage_updates += 1;
+        }
+        let usage = &frame["result"]["usage"];
+        reported_tokens += usage["inputTokens"].as_u64().unwrap_or(0)
+            + usage["outputTokens"].as_u64().unwrap_or(0);
+    }
+    if reported_tokens == 0 && usage_updates == 0 {
+        return Outcome::NotSupported(
+            "no usage_update and no usage in the prompt's reply".to_owned(),
+        );
+    }
+    let usage = rig
+        .server
+        .client()
+        .await
+        .get_usage(pb::GetUsageRequest::default())
+        .await
+        .expect("GetUsage answers")
+        .into_inner();
+    let profile = usage
+        .profiles
+        .iter()
+        .find(|p| p.profile == crate::kit::PROFILE)
+        .and_then(|p| p.totals.clone())
+        .unwrap_or_default();
+    let summed = profile.input_tokens + profile.output_tokens;
+    let principal: u64 = usage
+        .principals
+        .iter()
+        .filter_map(|p| p.totals.as_ref())
+        .map(|t| t.input_tokens + t.output_tokens)
+        .sum();
+    if summed != reported_tokens || principal != reported_tokens {
+        return Outcome::Deviates(format!(
+            "the agent reported {reported_tokens} tokens in its replies; GetUsage sums {summed} \
+             for the profile and {principal} for the owner"
+        ));
+    }
+    let costs: Vec<String> = profile
+        .costs
+        .iter()
+        .map(|c| format!("{} {}", c.amount, c.currency))
+        .collect();
+    Outcome::Pass(format!(
+        "{} in + {} out tokens, {usage_updates} usage_update(s){}",
+        profile.input_tokens,
+        profile.output_tokens,
+        if costs.is_empty() {
+            String::new()
+        } else {
+            format!(", cost {}", costs.join(", "))
+        }
+    ))
 }
 
 /// The fake's quote of a prompt's marker.
