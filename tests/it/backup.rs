@@ -157,7 +157,8 @@ async fn a_backup_target_that_exists_or_cannot_be_written_is_refused_and_the_ser
         let mut watch = session.watch().await;
         let reply = session.prompt("unaffected").await;
         watch.response_to(&reply.action_id).await;
-        assert_eq!(session.get().await.status(), pb::SessionStatus::Idle);
+        // The turn ends (the record turns idle after the agent's answer is stored).
+        watch.status(pb::SessionStatus::Idle).await;
         h.shutdown().await;
     })
     .await;
