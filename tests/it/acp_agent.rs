@@ -511,32 +511,46 @@ async fn an_unreachable_server_fails_initialize_with_a_clear_message() {
     .await
 }
 
+/// A session with this client's turn running (held until cancelled) and a second prompt of its
+/// queued behind it: the session, the two JSON-RPC ids, and the queued action's id.
+async fn a_running_turn_and_a_queued_prompt(
+    h: &Harness,
+    peer: &mut Peer,
+    queued_text: &str,
+) -> (String, i64, i64, String) {
+    peer.initialize().await;
+    let session = peer.new_session(cwd(h)).await;
+    let mut watch = Session::attach(h.sessions(), &session).watch().await;
+    let running = peer
+        .send(
+            "session/prompt",
+            json!({"sessionId": session, "prompt": [{"type": "text", "text": "@wait-cancel"}]}),
+        )
+        .await;
+    let queued = peer
+        .send(
+            "session/prompt",
+            json!({"sessionId": session, "prompt": [{"type": "text", "text": queued_text}]}),
+        )
+        .await;
+    let action_id = loop {
+        match watch.next().await.expect("open").expect("ok").event {
+            Some(Event::Queue(queue)) if queue.entries.len() == 1 => {
+                break queue.entries[0].action_id.clone();
+            }
+            _ => {}
+        }
+    };
+    (session, running, queued, action_id)
+}
+
 #[tokio::test]
 async fn a_cancel_stops_the_clients_running_turn_and_takes_its_queued_prompt_out_of_the_queue() {
     bounded(async {
         let h = Harness::start().await;
         let mut peer = Peer::spawn(&h);
-        peer.initialize().await;
-        let session = peer.new_session(cwd(&h)).await;
-        let mut watch = Session::attach(h.sessions(), &session).watch().await;
-        let running = peer
-            .send(
-                "session/prompt",
-                json!({"sessionId": session, "prompt": [{"type": "text", "text": "@wait-cancel"}]}),
-            )
-            .await;
-        let queued = peer
-            .send(
-                "session/prompt",
-                json!({"sessionId": session, "prompt": [{"type": "text", "text": "never run"}]}),
-            )
-            .await;
-        loop {
-            match watch.next().await.expect("open").expect("ok").event {
-                Some(Event::Queue(queue)) if queue.entries.len() == 1 => break,
-                _ => {}
-            }
-        }
+        let (session, running, queued, _) =
+            a_running_turn_and_a_queued_prompt(&h, &mut peer, "never run").await;
         peer.notify("session/cancel", json!({"sessionId": session}))
             .await;
         assert_eq!(
@@ -564,29 +578,8 @@ async fn a_queued_prompt_removed_by_someone_else_is_answered_cancelled_and_the_r
     bounded(async {
         let h = Harness::start().await;
         let mut peer = Peer::spawn(&h);
-        peer.initialize().await;
-        let session = peer.new_session(cwd(&h)).await;
-        let mut watch = Session::attach(h.sessions(), &session).watch().await;
-        let running = peer
-            .send(
-                "session/prompt",
-                json!({"sessionId": session, "prompt": [{"type": "text", "text": "@wait-cancel"}]}),
-            )
-            .await;
-        let queued = peer
-            .send(
-                "session/prompt",
-                json!({"sessionId": session, "prompt": [{"type": "text", "text": "removed elsewhere"}]}),
-            )
-            .await;
-        let action_id = loop {
-            match watch.next().await.expect("open").expect("ok").event {
-                Some(Event::Queue(queue)) if queue.entries.len() == 1 => {
-                    break queue.entries[0].action_id.clone();
-                }
-                _ => {}
-            }
-        };
+        let (session, running, queued, action_id) =
+            a_running_turn_and_a_queued_prompt(&h, &mut peer, "removed elsewhere").await;
         // Another caller (a person with `agent-harness queue rm`, the console) removes it.
         h.sessions()
             .remove_queued_action(pb::RemoveQueuedActionRequest {
