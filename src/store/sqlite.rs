@@ -37,7 +37,7 @@ use uuid::Uuid;
 
 use self::{
     rows::{Context, action_columns, log_columns, queue_columns, session_columns},
-    writer::{Change, Reply, WriteOp, Writer},
+    writer::{Change, Reply, SharedWriter, WriteOp, Writer},
 };
 use super::{
     ActionRecord, Batch, CommitError, LogEntry, SessionQuery, Store, StoreError, UsageQuery,
@@ -72,6 +72,8 @@ const READERS: usize = 4;
 const READ_CHECK_STEPS: std::ffi::c_int = 1000;
 /// Writes waiting for the writer before senders wait too.
 const WRITE_QUEUE: usize = 4096;
+/// The largest commit (payload bytes, roughly) applied in place rather than queued.
+const COMMIT_IN_PLACE_BYTES: usize = 64 << 10;
 /// Wake-ups buffered per stream fed by the store; one that lags is woken anyway.
 const WAKES_BUFFER: usize = 1024;
 
@@ -89,6 +91,12 @@ pub struct SqliteStore {
     /// Tells the streams fed by the store what was committed (one process: no notification
     /// can be lost on the way, but a stream that lags is woken anyway).
     wakes: tokio::sync::broadcast::Sender<Wake>,
+    /// The writer, for small commits applied in place when it is free (see `sqlite/writer.rs`).
+    writer: SharedWriter,
+    /// Commits never sync (`synchronous=NORMAL`), so applying one in place is short.
+    commit_in_place: bool,
+    /// Commits applied in place since open (for tests).
+    applied_in_place: AtomicU64,
     writer_thread: WriterThread,
 }
 
@@ -187,10 +195,11 @@ impl SqliteStore {
         let transactions = Arc::new(AtomicU64::new(0));
         let (writes, rx) = mpsc::channel(WRITE_QUEUE);
         let checkpointer = checkpointer::Checkpointer::start(&path, synchronous)?;
-        let writer = Writer::new(conn, transactions.clone(), checkpointer);
+        let writer = SharedWriter::new(Writer::new(conn, transactions.clone(), checkpointer));
+        let thread_writer = writer.clone();
         let handle = std::thread::Builder::new()
             .name("sqlite-writer".to_owned())
-            .spawn(move || writer.run(rx))
+            .spawn(move || thread_writer.run(rx))
             .map_err(|e| StoreError::Task {
                 message: format!("sqlite store: starting the writer: {e}"),
                 source: Some(e.into()),
@@ -203,6 +212,9 @@ impl SqliteStore {
             path,
             statement_timeout: super::DEFAULT_STATEMENT_TIMEOUT,
             wakes: tokio::sync::broadcast::channel(WAKES_BUFFER).0,
+            writer,
+            commit_in_place: synchronous == SqliteSynchronous::Normal,
+            applied_in_place: AtomicU64::new(0),
             writer_thread: WriterThread(Mutex::new(Some(handle))),
         })
     }
@@ -271,9 +283,31 @@ impl SqliteStore {
     }
 
     async fn write(&self, change: Change) -> Result<()> {
+        let change = match self.try_commit_now(change) {
+            Ok(outcome) => return outcome,
+            Err(change) => change,
+        };
         let (tx, rx) = oneshot::channel();
         self.send(WriteOp::Change(change, Reply::Done(tx))).await?;
         rx.await.map_err(|_| writer_stopped())?
+    }
+
+    /// A small commit applied on this thread when nothing waits for the writer and it is free:
+    /// a group of one without the hand-offs to the writer thread and back. Anything else
+    /// (a sync per commit, a queue, a big batch, a deletion) goes through the queue.
+    fn try_commit_now(&self, change: Change) -> std::result::Result<Result<()>, Change> {
+        let small =
+            matches!(&change, Change::Commit(..)) && change.weight() <= COMMIT_IN_PLACE_BYTES;
+        if !self.commit_in_place
+            || !small
+            || self.closed.load(Ordering::SeqCst)
+            || self.writes.capacity() < self.writes.max_capacity()
+        {
+            return Err(change);
+        }
+        let outcome = self.writer.try_commit_now(change)?;
+        self.applied_in_place.fetch_add(1, Ordering::Relaxed);
+        Ok(outcome)
     }
 
     /// Runs `f` on a pooled read connection on a blocking thread.
@@ -330,6 +364,12 @@ impl SqliteStore {
         .expect("writer accepts a pause");
         paused_rx.await.expect("writer pauses");
         resume_tx
+    }
+
+    /// Tests: how many commits were applied in place rather than by the writer thread.
+    #[cfg(test)]
+    pub(crate) fn commits_applied_in_place(&self) -> u64 {
+        self.applied_in_place.load(Ordering::Relaxed)
     }
 
     /// Tests: how many operations wait for the writer.

@@ -315,6 +315,98 @@ async fn a_thousand_concurrent_commits_from_a_hundred_sessions_land_densely_in_f
     .await;
 }
 
+/// A commit made while nothing waits for the writer is applied by its caller (no hand-off to
+/// the writer thread and back), and is as durable as any: it is in the file after a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_commit_on_a_free_writer_is_applied_in_place_and_survives_reopening() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_path(&dir);
+        let store = open(&path);
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        let batch = Batch {
+            entries: vec![frame(1, r#"{"n":1}"#)],
+            ..Batch::default()
+        };
+        store.commit(record.id, batch).await.unwrap();
+        assert_eq!(store.commits_applied_in_place(), 1);
+        store.close().await.unwrap();
+        drop(store);
+        let reopened = open(&path);
+        let log = reopened.read_log(record.id, 0, 10).await.unwrap();
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].json, r#"{"n":1}"#);
+    })
+    .await;
+}
+
+/// With `synchronous=FULL` a commit syncs the disk: it never runs on its caller's thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_synchronous_full_every_commit_goes_through_the_writer_thread() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(db_path(&dir), SqliteSynchronous::Full).unwrap();
+        let record = session("user:alice", 1);
+        store.create_session(&record).await.unwrap();
+        for offset in 1..=3 {
+            let batch = Batch {
+                entries: vec![frame(offset, r#"{"n":1}"#)],
+                ..Batch::default()
+            };
+            store.commit(record.id, batch).await.unwrap();
+        }
+        assert_eq!(store.commits_applied_in_place(), 0);
+        assert_eq!(store.read_log(record.id, 0, 10).await.unwrap().len(), 3);
+        store.close().await.unwrap();
+    })
+    .await;
+}
+
+/// A commit that finds others waiting joins their group instead of overtaking them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_made_while_others_wait_for_the_writer_joins_their_group() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(open(&db_path(&dir)));
+        let a = session("user:alice", 1);
+        let b = session("user:alice", 2);
+        store.create_session(&a).await.unwrap();
+        store.create_session(&b).await.unwrap();
+        let resume = store.pause_writer().await;
+        let before = store.write_transactions();
+        let first = tokio::spawn({
+            let store = store.clone();
+            async move {
+                let batch = Batch {
+                    entries: vec![frame(1, r#"{"a":1}"#)],
+                    ..Batch::default()
+                };
+                store.commit(a.id, batch).await
+            }
+        });
+        until_queued(&store, 1).await;
+        let second = tokio::spawn({
+            let store = store.clone();
+            async move {
+                let batch = Batch {
+                    entries: vec![frame(1, r#"{"b":1}"#)],
+                    ..Batch::default()
+                };
+                store.commit(b.id, batch).await
+            }
+        });
+        until_queued(&store, 2).await;
+        resume.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        assert_eq!(store.write_transactions() - before, 1);
+        assert_eq!(store.commits_applied_in_place(), 0);
+        store.close().await.unwrap();
+    })
+    .await;
+}
+
 /// Waits until `count` operations are queued for the (paused) writer.
 async fn until_queued(store: &SqliteStore, count: usize) {
     while store.queued_writes() < count {

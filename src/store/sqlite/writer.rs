@@ -8,9 +8,16 @@
 //! own error while the others commit. Replies go out only after `COMMIT` has returned, so an
 //! acknowledged change is as durable as the `synchronous` mode makes it; a burst of frames from
 //! many sessions costs one transaction (and, with FULL, one sync).
+//!
+//! When nothing waits and the connection is free, a caller may instead apply its change itself
+//! ([`SharedWriter::try_commit_now`]): a group of one, under the same lock, without the two
+//! thread hand-offs of the queue. That is a turn's common case — one session writing at a
+//! time — and the hand-offs were most of a commit's latency on a busy machine. It is used only
+//! where a commit never syncs (`synchronous=NORMAL`), so it never blocks its caller's thread
+//! for long; under load the queue fills and group commit takes over.
 
 use std::sync::{
-    Arc,
+    Arc, Mutex, MutexGuard,
     atomic::{AtomicU64, Ordering},
 };
 
@@ -47,7 +54,7 @@ pub(super) enum Change {
 
 impl Change {
     /// A rough size of the payload, to bound a group's memory and transaction size.
-    fn weight(&self) -> usize {
+    pub(super) fn weight(&self) -> usize {
         match self {
             Self::Create(_) | Self::Delete(_) => 256,
             Self::Commit(_, batch) => {
@@ -122,6 +129,86 @@ pub(super) struct Writer {
     checkpointer: Checkpointer,
     group: Vec<(Change, Reply)>,
     outcomes: Vec<(Reply, Result<bool>)>,
+    /// Outcomes of the last group, sent once the lock is let go: a caller woken by its answer
+    /// then finds the writer free.
+    answers: Vec<(Reply, Result<bool>)>,
+    /// Closed: the final checkpoint ran; nothing is applied after it.
+    stopped: bool,
+}
+
+/// Sends the answers of a group (after the writer's lock is let go).
+fn answer(answers: Vec<(Reply, Result<bool>)>) {
+    for (reply, outcome) in answers {
+        reply.send(outcome);
+    }
+}
+
+/// The writer, shared by its thread and by callers committing at once when it is free.
+#[derive(Clone)]
+pub(super) struct SharedWriter(Arc<Mutex<Writer>>);
+
+impl SharedWriter {
+    pub(super) fn new(writer: Writer) -> Self {
+        Self(Arc::new(Mutex::new(writer)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Writer> {
+        // A panic while applying left at worst an open transaction, which the next group
+        // rolls back before it begins.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `change` now, on the caller's thread, as a group of one — if the writer is free
+    /// this instant. `Err(change)` gives it back to be queued instead.
+    pub(super) fn try_commit_now(&self, change: Change) -> std::result::Result<Result<()>, Change> {
+        let mut writer = match self.0.try_lock() {
+            Ok(writer) => writer,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(change),
+        };
+        if writer.stopped {
+            return Err(change);
+        }
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        writer.group.push((change, Reply::Done(tx)));
+        writer.run_group();
+        let answers = std::mem::take(&mut writer.answers);
+        drop(writer);
+        answer(answers);
+        Ok(rx.try_recv().unwrap_or_else(|_| {
+            Err(StoreError::task("sqlite store: a commit applied in place gave no outcome").into())
+        }))
+    }
+
+    /// The thread's loop: runs until [`WriteOp::Close`] or until every sender is gone. The lock
+    /// is held per operation (a whole group), never while waiting for one.
+    pub(super) fn run(self, mut rx: mpsc::Receiver<WriteOp>) {
+        let mut carried: Option<WriteOp> = None;
+        loop {
+            let op = match carried.take() {
+                Some(op) => op,
+                None => match rx.blocking_recv() {
+                    Some(op) => op,
+                    None => break,
+                },
+            };
+            let (next, answers, stopped) = {
+                let mut writer = self.lock();
+                let next = writer.handle(op, &mut rx);
+                (next, std::mem::take(&mut writer.answers), writer.stopped)
+            };
+            answer(answers);
+            carried = next;
+            if stopped {
+                return;
+            }
+        }
+        let mut writer = self.lock();
+        writer.stopped = true;
+        if let Err(e) = writer.checkpoint() {
+            tracing::warn!(error = %e, "sqlite store: final checkpoint failed");
+        }
+    }
 }
 
 impl Writer {
@@ -136,70 +223,63 @@ impl Writer {
             checkpointer,
             group: Vec::with_capacity(MAX_GROUP_CHANGES),
             outcomes: Vec::with_capacity(MAX_GROUP_CHANGES),
+            answers: Vec::new(),
+            stopped: false,
         }
     }
 
-    /// The thread's loop: runs until [`WriteOp::Close`] or until every sender is gone.
-    pub(super) fn run(mut self, mut rx: mpsc::Receiver<WriteOp>) {
-        let mut carried: Option<WriteOp> = None;
-        loop {
-            let op = match carried.take() {
-                Some(op) => op,
-                None => match rx.blocking_recv() {
-                    Some(op) => op,
-                    None => break,
-                },
-            };
-            match op {
-                WriteOp::Change(change, reply) => {
-                    let mut bytes = change.weight();
-                    self.group.push((change, reply));
-                    while self.group.len() < MAX_GROUP_CHANGES && bytes < MAX_GROUP_BYTES {
-                        match rx.try_recv() {
-                            Ok(WriteOp::Change(change, reply)) => {
-                                bytes += change.weight();
-                                self.group.push((change, reply));
-                            }
-                            Ok(other) => {
-                                carried = Some(other);
-                                break;
-                            }
-                            Err(_) => break,
+    /// Handles one operation taken from the queue (a change drains more into its group); an
+    /// operation taken while draining that is not a change is given back, to be handled next.
+    fn handle(&mut self, op: WriteOp, rx: &mut mpsc::Receiver<WriteOp>) -> Option<WriteOp> {
+        let mut carried = None;
+        match op {
+            WriteOp::Change(change, reply) => {
+                let mut bytes = change.weight();
+                self.group.push((change, reply));
+                while self.group.len() < MAX_GROUP_CHANGES && bytes < MAX_GROUP_BYTES {
+                    match rx.try_recv() {
+                        Ok(WriteOp::Change(change, reply)) => {
+                            bytes += change.weight();
+                            self.group.push((change, reply));
                         }
+                        Ok(other) => {
+                            carried = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
                     }
-                    self.run_group();
                 }
-                WriteOp::Synchronous(reply) => {
-                    let _ = reply.send(
-                        self.conn
-                            .pragma_query_value(None, "synchronous", |row| row.get(0))
-                            .context("reading PRAGMA synchronous"),
-                    );
-                }
-                WriteOp::Close(reply) => {
-                    let _ = reply.send(self.checkpoint());
-                    return;
-                }
-                WriteOp::Expire {
-                    before,
-                    limit,
-                    reply,
-                } => {
-                    let _ = reply.send(self.expire(before, limit));
-                }
-                WriteOp::Reclaim { max_pages, reply } => {
-                    let _ = reply.send(self.reclaim(max_pages));
-                }
-                #[cfg(test)]
-                WriteOp::Pause { paused, resume } => {
-                    let _ = paused.send(());
-                    let _ = resume.blocking_recv();
-                }
+                self.run_group();
+            }
+            WriteOp::Synchronous(reply) => {
+                let _ = reply.send(
+                    self.conn
+                        .pragma_query_value(None, "synchronous", |row| row.get(0))
+                        .context("reading PRAGMA synchronous"),
+                );
+            }
+            WriteOp::Close(reply) => {
+                self.stopped = true;
+                let _ = reply.send(self.checkpoint());
+            }
+            WriteOp::Expire {
+                before,
+                limit,
+                reply,
+            } => {
+                let _ = reply.send(self.expire(before, limit));
+            }
+            WriteOp::Reclaim { max_pages, reply } => {
+                let _ = reply.send(self.reclaim(max_pages));
+            }
+            #[cfg(test)]
+            WriteOp::Pause { paused, resume } => {
+                // Held with the lock, so nobody commits in place meanwhile either.
+                let _ = paused.send(());
+                let _ = resume.blocking_recv();
             }
         }
-        if let Err(e) = self.checkpoint() {
-            tracing::warn!(error = %e, "sqlite store: final checkpoint failed");
-        }
+        carried
     }
 
     /// The final checkpoint, emptying the WAL, once the checkpointer thread has stopped.
@@ -282,7 +362,7 @@ impl Writer {
         if let Err(e) = self.exec("BEGIN IMMEDIATE") {
             let error = internal("starting a transaction", e);
             for (_, reply) in group.drain(..) {
-                reply.send(Err(error.clone()));
+                self.answers.push((reply, Err(error.clone())));
             }
             self.group = group;
             return;
@@ -344,12 +424,13 @@ impl Writer {
             },
         };
         for (reply, outcome) in outcomes.drain(..) {
-            match (&finished, outcome) {
-                (Ok(()), outcome) => reply.send(outcome),
+            let answer = match (&finished, outcome) {
+                (Ok(()), outcome) => outcome,
                 // A change that failed on its own keeps its own error; the others were lost.
-                (Err(_), Err(own)) => reply.send(Err(own)),
-                (Err(error), Ok(_)) => reply.send(Err(error.clone())),
-            }
+                (Err(_), Err(own)) => Err(own),
+                (Err(error), Ok(_)) => Err(error.clone()),
+            };
+            self.answers.push((reply, answer));
         }
         self.group = group;
         self.outcomes = outcomes;
