@@ -13,6 +13,12 @@ use tokio::{
 
 /// How many bytes of an invalid line are kept in its fault event.
 pub const PREVIEW_BYTES: usize = 1024;
+/// The read and write buffers of a runtime's pipes. Small on purpose: they live as long as the
+/// runtime, idle or not, and the read buffer is zeroed when made (so it is resident at once);
+/// a longer line is read in several fills and a longer write bypasses the buffer.
+const PIPE_BUFFER: usize = 8 * 1024;
+/// A line buffer that grew past this for a long line is given back after it.
+const LINE_BUFFER_KEPT: usize = 64 * 1024;
 /// Lines waiting to be written to a runtime before it counts as not reading its input.
 pub(crate) const WRITE_QUEUE_LINES: usize = 4096;
 
@@ -61,7 +67,7 @@ pub async fn read_lines<R: AsyncRead + Unpin>(
     max_line: usize,
     events: mpsc::Sender<RuntimeEvent>,
 ) {
-    let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+    let mut reader = BufReader::with_capacity(PIPE_BUFFER, stdout);
     let mut line: Vec<u8> = Vec::with_capacity(4096);
     let send = |inbound| {
         let events = events.clone();
@@ -69,6 +75,7 @@ pub async fn read_lines<R: AsyncRead + Unpin>(
     };
     loop {
         line.clear();
+        line.shrink_to(LINE_BUFFER_KEPT);
         // Read one line without ever holding more than `max_line` bytes of it.
         let complete = loop {
             let available = match reader.fill_buf().await {
@@ -174,7 +181,7 @@ impl LineWriter {
             reported_full: Default::default(),
         };
         tokio::spawn(async move {
-            let mut out = BufWriter::with_capacity(64 * 1024, stdin);
+            let mut out = BufWriter::with_capacity(PIPE_BUFFER, stdin);
             while let Some(line) = rx.recv().await {
                 let mut result = write_line(&mut out, &line).await;
                 // Batch whatever else is already waiting, then flush once.

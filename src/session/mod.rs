@@ -400,7 +400,9 @@ type Reply<T> = oneshot::Sender<Result<T>>;
 pub(crate) enum Command {
     Control {
         principal: Principal,
-        input: ControlInput,
+        /// Boxed: a channel's slots are as large as its largest command, and every session's
+        /// command channel keeps a block of them once used.
+        input: Box<ControlInput>,
         traceparent: Option<String>,
         reply: Reply<ControlOutcome>,
     },

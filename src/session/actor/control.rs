@@ -53,7 +53,7 @@ impl Actor {
                     });
                     return;
                 }
-                let result = self.on_control(principal, input, traceparent).await;
+                let result = self.on_control(principal, *input, traceparent).await;
                 let _ = reply.send(result);
             }
             Command::GetQueue { reply } => {

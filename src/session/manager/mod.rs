@@ -238,7 +238,7 @@ impl Sessions {
         handle
             .ask(|reply| Command::Control {
                 principal,
-                input,
+                input: Box::new(input),
                 traceparent,
                 reply,
             })
