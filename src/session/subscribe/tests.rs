@@ -587,3 +587,49 @@ async fn a_hundred_messages_streams_of_an_idle_session_hold_one_transcript_betwe
         STREAMS + 3
     );
 }
+
+#[tokio::test]
+async fn messages_streams_sharing_a_fold_each_send_every_change_live_and_share_again_when_idle() {
+    let store = Watched::new(false);
+    let streams = RemoteStreams::polling_every(NEVER);
+    let record = stored_session(&store, 1).await;
+    let handle = local_session(&record, crate::session::EVENT_FEED_CAPACITY);
+    let mut opened = Vec::new();
+    for view in [View::Messages, View::All, View::Messages] {
+        opened.push(open_local(&store, &streams, &handle, 0, view).await.0);
+    }
+    // Round by round, each stream folds the new chunk itself (its snapshot shows exactly the
+    // text so far) and meets the others at its next coalesced flush.
+    let word = "chunk ";
+    for round in 1..=5u64 {
+        append(&store, &handle, vec![chunk(round, word)]).await;
+        for stream in &mut opened {
+            let text = within("the round's snapshot", async {
+                loop {
+                    if let StreamEvent::Message(message) = news(stream).await {
+                        return message.parts.clone();
+                    }
+                }
+            })
+            .await;
+            assert_eq!(
+                text,
+                [crate::acp::transcript::Part::Text(
+                    word.repeat(round as usize)
+                )]
+            );
+        }
+    }
+    within("the streams share their fold again", async {
+        loop {
+            let shared = streams.0.folds.latest(record.id).expect("a shared fold");
+            // The registry, the three streams and this look.
+            if shared.head() == 5 && shared.sharers() == 5 {
+                return;
+            }
+            drop(shared);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
