@@ -15,7 +15,7 @@
 
 mod views;
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use serde_json::Value;
 
@@ -82,27 +82,32 @@ struct PartRef {
 }
 
 /// The fold's state: the transcript so far plus what later entries refer to.
+///
+/// Cloning is cheap and the clones share everything neither has changed since: the messages and
+/// the maps are held behind `Arc`s and copied on write, one message at a time. Streams of one
+/// session adopt a common fold this way (`session/subscribe/shared_fold.rs`), so a hundred of
+/// them hold one transcript, not a hundred.
 #[derive(Debug, Clone)]
 pub struct Fold {
-    meta_key: String,
-    messages: Vec<Message>,
-    index: HashMap<String, usize>,
+    meta_key: Arc<str>,
+    messages: Arc<Vec<Arc<Message>>>,
+    index: Arc<HashMap<String, usize>>,
     turns: u32,
     /// Turn number of each action with a frame of its own.
-    turn_of: HashMap<ActionId, u32>,
+    turn_of: Arc<HashMap<ActionId, u32>>,
     /// The prompt or compact whose response has not arrived.
     open_turn: Option<u32>,
     /// The last prompt or compact turn, for agent output that arrives between turns.
     last_prompt_turn: Option<u32>,
-    permissions: HashMap<JsonRpcId, PartRef>,
-    elicitations: HashMap<JsonRpcId, PartRef>,
+    permissions: Arc<HashMap<JsonRpcId, PartRef>>,
+    elicitations: Arc<HashMap<JsonRpcId, PartRef>>,
     /// Requests the harness made whose replies replay history (`session/load`), by id text.
     replaying: Option<String>,
     /// Why the agent's session was rebuilt, until the next prompt (which carries the transcript
     /// and shows it).
     context_rebuilt: Option<String>,
-    config_options: Vec<Value>,
-    metadata: Metadata,
+    config_options: Arc<Vec<Value>>,
+    metadata: Arc<Metadata>,
     head: u64,
     /// Turns ended by the entries folded since [`Fold::take_turn_ends`] was last called.
     ended: Vec<TurnEnd>,
@@ -114,19 +119,19 @@ pub struct Fold {
 impl Fold {
     pub fn new(meta_key: impl Into<String>) -> Self {
         Self {
-            meta_key: meta_key.into(),
-            messages: Vec::new(),
-            index: HashMap::new(),
+            meta_key: Arc::from(meta_key.into()),
+            messages: Default::default(),
+            index: Default::default(),
             turns: 0,
-            turn_of: HashMap::new(),
+            turn_of: Default::default(),
             open_turn: None,
             last_prompt_turn: None,
-            permissions: HashMap::new(),
-            elicitations: HashMap::new(),
+            permissions: Default::default(),
+            elicitations: Default::default(),
             replaying: None,
             context_rebuilt: None,
-            config_options: Vec::new(),
-            metadata: Metadata::default(),
+            config_options: Default::default(),
+            metadata: Default::default(),
             head: 0,
             ended: Vec::new(),
             urgent: false,
@@ -148,12 +153,33 @@ impl Fold {
         self.context_rebuilt.as_deref()
     }
 
-    pub fn messages(&self) -> &[Message] {
+    /// The messages in transcript order, each shared with the fold's clones until one changes it.
+    pub fn messages(&self) -> &[Arc<Message>] {
         &self.messages
     }
 
     pub fn message(&self, id: &str) -> Option<&Message> {
-        self.index.get(id).map(|&i| &self.messages[i])
+        self.index.get(id).map(|&i| &*self.messages[i])
+    }
+
+    /// How many folds hold this one's messages (itself included): clones that changed none.
+    #[cfg(test)]
+    pub(crate) fn sharers(&self) -> usize {
+        Arc::strong_count(&self.messages)
+    }
+
+    /// The `_meta` key of the hidden invocation block this fold reads prompts with.
+    pub fn meta_key(&self) -> &str {
+        &self.meta_key
+    }
+
+    /// The message at `i`, to change: copied first if a clone of the fold shares it.
+    fn message_mut(&mut self, i: usize) -> &mut Message {
+        Arc::make_mut(&mut Arc::make_mut(&mut self.messages)[i])
+    }
+
+    fn metadata_mut(&mut self) -> &mut Metadata {
+        Arc::make_mut(&mut self.metadata)
     }
 
     /// Where the message `id` is in transcript order.
@@ -183,6 +209,7 @@ impl Fold {
         let from = if from <= 1 { 0 } else { from };
         self.messages
             .iter()
+            .map(|m| &**m)
             .filter(move |m| m.turn >= from && m.turn <= to)
     }
 
@@ -209,7 +236,10 @@ impl Fold {
             Direction::FromRuntime => self.inbound(entry, &frame, &mut changed),
             Direction::Event => self.event(entry, &frame, &mut changed),
         }
-        self.metadata.pending_interactions = self.pending_interactions();
+        let pending = self.pending_interactions();
+        if self.metadata.pending_interactions != pending {
+            self.metadata_mut().pending_interactions = pending;
+        }
         changed.ids
     }
 
@@ -240,8 +270,9 @@ impl Fold {
             }
         );
         if let Some(&i) = self.index.get(&id) {
-            let message = &mut self.messages[i];
-            message.last_offset = message.last_offset.max(entry.offset);
+            if self.messages[i].last_offset < entry.offset {
+                self.message_mut(i).last_offset = entry.offset;
+            }
             return i;
         }
         // The agent message answers its turn's user message: same request id.
@@ -252,7 +283,7 @@ impl Fold {
                 .get(&format!("{turn}:user"))
                 .and_then(|&u| self.messages[u].request_id),
         };
-        self.messages.push(Message {
+        Arc::make_mut(&mut self.messages).push(Arc::new(Message {
             id: id.clone(),
             turn,
             role,
@@ -264,9 +295,9 @@ impl Fold {
             first_offset: entry.offset,
             last_offset: entry.offset,
             inherited: false,
-        });
+        }));
         let i = self.messages.len() - 1;
-        self.index.insert(id, i);
+        Arc::make_mut(&mut self.index).insert(id, i);
         i
     }
 
@@ -280,17 +311,25 @@ impl Fold {
         self.turns += 1;
         let turn = self.turns;
         if let Some(action_id) = action_id {
-            self.turn_of.insert(action_id, turn);
+            Arc::make_mut(&mut self.turn_of).insert(action_id, turn);
         }
         let i = self.upsert(turn, Role::User, entry, &entry.actor);
-        self.messages[i].request_id = action_id;
+        self.message_mut(i).request_id = action_id;
         (turn, i)
     }
 
     fn control_part_mut(&mut self, action_id: &ActionId) -> Option<(usize, &mut ControlPart)> {
         let turn = *self.turn_of.get(action_id)?;
         let &i = self.index.get(&format!("{turn}:user"))?;
-        self.messages[i]
+        // Looked for before the message is written to (a prompt's has none).
+        if !self.messages[i]
+            .parts
+            .iter()
+            .any(|p| matches!(p, Part::Control(_)))
+        {
+            return None;
+        }
+        self.message_mut(i)
             .parts
             .iter_mut()
             .find_map(|p| match p {
@@ -326,7 +365,7 @@ impl Fold {
                         bytes,
                     }
                 });
-                let message = &mut self.messages[i];
+                let message = self.message_mut(i);
                 message.parts.extend(rebuilt.map(Part::ContextRebuilt));
                 if !prompt.prompt.is_empty() {
                     message.parts.push(Part::Text(prompt.prompt));
@@ -340,7 +379,7 @@ impl Fold {
             }
             Some(Action::Compact) => {
                 let (turn, i) = self.new_turn(action_id, entry);
-                self.messages[i].parts.push(Part::Control(ControlPart {
+                self.message_mut(i).parts.push(Part::Control(ControlPart {
                     kind: ControlKind::Compact,
                     value: String::new(),
                     outcome: Outcome::Pending,
@@ -413,7 +452,7 @@ impl Fold {
             return;
         }
         let (_, i) = self.new_turn(action_id, entry);
-        self.messages[i].parts.push(Part::Control(ControlPart {
+        self.message_mut(i).parts.push(Part::Control(ControlPart {
             kind,
             value,
             outcome,
@@ -431,7 +470,13 @@ impl Fold {
         let Some(&at) = self.permissions.get(request_id) else {
             return;
         };
-        let message = &mut self.messages[at.message];
+        if !matches!(
+            self.messages[at.message].parts[at.part],
+            Part::Permission(_)
+        ) {
+            return;
+        }
+        let message = self.message_mut(at.message);
         if let Part::Permission(part) = &mut message.parts[at.part] {
             match answer {
                 PermissionAnswer::Selected { option_id } => {
@@ -456,7 +501,13 @@ impl Fold {
         let Some(&at) = self.elicitations.get(request_id) else {
             return;
         };
-        let message = &mut self.messages[at.message];
+        if !matches!(
+            self.messages[at.message].parts[at.part],
+            Part::Elicitation(_)
+        ) {
+            return;
+        }
+        let message = self.message_mut(at.message);
         if let Part::Elicitation(part) = &mut message.parts[at.part] {
             part.outcome = outcome;
             part.answer_json = answer_json;
@@ -527,7 +578,7 @@ impl Fold {
                     })
                     .collect();
                 let i = self.agent_message(entry);
-                self.messages[i]
+                self.message_mut(i)
                     .parts
                     .push(Part::Permission(PermissionPart {
                         request_id: request_id.clone(),
@@ -544,7 +595,7 @@ impl Fold {
                     message: i,
                     part: self.messages[i].parts.len() - 1,
                 };
-                self.permissions.insert(request_id, at);
+                Arc::make_mut(&mut self.permissions).insert(request_id, at);
                 self.urgent = true;
                 changed.push(&self.messages[i].id);
             }
@@ -558,7 +609,7 @@ impl Fold {
                     .unwrap_or_default()
                     .to_owned();
                 let i = self.agent_message(entry);
-                self.messages[i]
+                self.message_mut(i)
                     .parts
                     .push(Part::Elicitation(ElicitationPart {
                         request_id: request_id.clone(),
@@ -571,7 +622,7 @@ impl Fold {
                     message: i,
                     part: self.messages[i].parts.len() - 1,
                 };
-                self.elicitations.insert(request_id, at);
+                Arc::make_mut(&mut self.elicitations).insert(request_id, at);
                 self.urgent = true;
                 changed.push(&self.messages[i].id);
             }
@@ -598,10 +649,10 @@ impl Fold {
         }
         // Only `initialize` answers with these (what the agent says about itself).
         if let Some(capabilities) = &result.agent_capabilities {
-            self.metadata.agent_capabilities_json = bounded_json(capabilities);
+            self.metadata_mut().agent_capabilities_json = bounded_json(capabilities);
         }
         if let Some(info) = result.agent_info {
-            self.metadata.agent_info = Some(AgentInfo {
+            self.metadata_mut().agent_info = Some(AgentInfo {
                 name: cap_foreign(info.name.unwrap_or_default()),
                 version: cap_foreign(info.version.unwrap_or_default()),
                 title: info.title.map(cap_foreign),
@@ -628,7 +679,7 @@ impl Fold {
                 Outcome::Accepted
             };
             let is_compact = control.kind == ControlKind::Compact;
-            let message = &mut self.messages[i];
+            let message = self.message_mut(i);
             message.last_offset = message.last_offset.max(entry.offset);
             changed.push(&message.id);
             if !is_compact {
@@ -655,19 +706,19 @@ impl Fold {
         changed: &mut Changed,
     ) {
         let i = self.upsert(turn, Role::Agent, entry, "runtime");
-        let message = &mut self.messages[i];
+        let mut ended = None;
+        let message = Arc::make_mut(&mut Arc::make_mut(&mut self.messages)[i]);
         if message.stop_reason.is_none()
             && let Some(reason) = stop_reason
         {
             message.stop_reason = stop_reason;
             message.error = error.clone();
-            self.ended.push(TurnEnd {
+            ended = Some(TurnEnd {
                 turn,
                 request_id: message.request_id,
                 stop_reason: reason,
                 error,
             });
-            self.urgent = true;
         }
         // Requests of the turn still held are released with it.
         for part in &mut message.parts {
@@ -682,6 +733,10 @@ impl Fold {
             }
         }
         changed.push(&message.id);
+        if let Some(ended) = ended {
+            self.ended.push(ended);
+            self.urgent = true;
+        }
         if self.open_turn == Some(turn) {
             self.open_turn = None;
         }
@@ -695,13 +750,13 @@ impl Fold {
                 };
                 let i = self.agent_message(entry);
                 let thought = kind == "agent_thought_chunk";
-                push_content(&mut self.messages[i].parts, content, thought);
+                push_content(&mut self.message_mut(i).parts, content, thought);
                 changed.push(&self.messages[i].id);
             }
             Some(kind @ ("tool_call" | "tool_call_update")) => {
                 let tool_call_id = update.tool_call_id.unwrap_or_default().to_owned();
                 let i = self.agent_message(entry);
-                let parts = &mut self.messages[i].parts;
+                let parts = &mut self.message_mut(i).parts;
                 let existing = parts.iter_mut().find_map(|p| match p {
                     Part::Tool(t) if t.tool_call_id == tool_call_id => Some(t),
                     _ => None,
@@ -764,10 +819,10 @@ impl Fold {
                     })
                     .unwrap_or_default();
                 if let Some(entries) = &update.entries {
-                    self.metadata.plan_json = bounded_json(entries);
+                    self.metadata_mut().plan_json = bounded_json(entries);
                 }
                 let i = self.agent_message(entry);
-                let parts = &mut self.messages[i].parts;
+                let parts = &mut self.message_mut(i).parts;
                 match parts.iter_mut().find(|p| matches!(p, Part::Plan(_))) {
                     Some(plan) => *plan = Part::Plan(entries),
                     None => parts.push(Part::Plan(entries)),
@@ -776,7 +831,7 @@ impl Fold {
             }
             Some("available_commands_update") => {
                 if let Some(commands) = &update.available_commands {
-                    self.metadata.available_commands_json = bounded_json(commands);
+                    self.metadata_mut().available_commands_json = bounded_json(commands);
                 }
             }
             Some("config_option_update") => {
@@ -789,7 +844,7 @@ impl Fold {
                     let cost = update.cost.and_then(|cost| {
                         Some((cost.amount?, cap_foreign(cost.currency.unwrap_or_default())))
                     });
-                    self.metadata.usage = Some(Usage { used, size, cost });
+                    self.metadata_mut().usage = Some(Usage { used, size, cost });
                 }
             }
             _ => {}
@@ -797,19 +852,21 @@ impl Fold {
     }
 
     fn adopt_config_options(&mut self, options: Vec<Value>) {
-        self.metadata.config_options_json = bounded_json(&Value::Array(options.clone()));
-        self.config_options = options;
-        match acp_frames::model_option(&self.config_options) {
+        let options = Arc::new(options);
+        let metadata = Arc::make_mut(&mut self.metadata);
+        metadata.config_options_json = bounded_json(&Value::Array(options.to_vec()));
+        match acp_frames::model_option(&options) {
             Some(option) => {
                 let option_view: ConfigOption = view(option);
-                self.metadata.model = option_view.current_id().unwrap_or_default().to_owned();
-                self.metadata.models = model_values(option);
+                metadata.model = option_view.current_id().unwrap_or_default().to_owned();
+                metadata.models = model_values(option);
             }
             None => {
-                self.metadata.model.clear();
-                self.metadata.models.clear();
+                metadata.model.clear();
+                metadata.models.clear();
             }
         }
+        self.config_options = options;
     }
 
     // ---- harness events ------------------------------------------------------------------------
@@ -826,15 +883,19 @@ impl Fold {
             .filter_map(inherited_entry)
             .collect();
         let parent = Fold::of(&self.meta_key, &entries);
-        for message in parent.messages {
-            let mut message = message;
-            message.inherited = true;
-            self.index.insert(message.id.clone(), self.messages.len());
-            self.messages.push(message);
-            changed.push(&self.messages[self.messages.len() - 1].id);
+        let parent_turns = parent.turns;
+        let parent_last_prompt_turn = parent.last_prompt_turn;
+        let inherited = Arc::unwrap_or_clone(parent.messages);
+        let messages = Arc::make_mut(&mut self.messages);
+        let index = Arc::make_mut(&mut self.index);
+        for mut message in inherited {
+            Arc::make_mut(&mut message).inherited = true;
+            index.insert(message.id.clone(), messages.len());
+            changed.push(&message.id);
+            messages.push(message);
         }
-        self.turns = self.turns.max(parent.turns);
-        self.last_prompt_turn = parent.last_prompt_turn.or(self.last_prompt_turn);
+        self.turns = self.turns.max(parent_turns);
+        self.last_prompt_turn = parent_last_prompt_turn.or(self.last_prompt_turn);
     }
 
     fn event(&mut self, entry: &LogEntry, frame: &Value, changed: &mut Changed) {
@@ -865,16 +926,22 @@ impl Fold {
             "owner_replica_lost" => "owner replica lost".to_owned(),
             _ => "harness restarted".to_owned(),
         };
-        // A model or option change the runtime never answered ends with it, rejected.
-        for message in &mut self.messages {
+        // A model or option change the runtime never answered ends with it, rejected. Looked for
+        // before anything is written: only the messages that change are copied from the clones.
+        let unanswered = |part: &Part| {
+            matches!(part, Part::Control(control)
+                if control.outcome == Outcome::Pending
+                    && matches!(control.kind, ControlKind::SetModel | ControlKind::SetConfigOption))
+        };
+        let open: Vec<usize> = (0..self.messages.len())
+            .filter(|&i| self.messages[i].parts.iter().any(unanswered))
+            .collect();
+        for i in open {
+            let message = self.message_mut(i);
             let mut closed = false;
             for part in &mut message.parts {
-                if let Part::Control(control) = part
-                    && control.outcome == Outcome::Pending
-                    && matches!(
-                        control.kind,
-                        ControlKind::SetModel | ControlKind::SetConfigOption
-                    )
+                if unanswered(part)
+                    && let Part::Control(control) = part
                 {
                     control.outcome = Outcome::Rejected;
                     closed = true;

@@ -16,9 +16,13 @@ pub struct ContextPrimer {
 /// The primer for `messages` (the transcript so far), at most `budget` bytes; `None` when the
 /// budget is 0 or the transcript holds nothing to tell. Whole turns, newest first, as many as
 /// fit; when not even the newest fits, its end.
-pub fn build(messages: &[Message], budget: usize, reason: &str) -> Option<ContextPrimer> {
+pub fn build<M: std::borrow::Borrow<Message>>(
+    messages: &[M],
+    budget: usize,
+    reason: &str,
+) -> Option<ContextPrimer> {
     let mut turns: Vec<(u32, String)> = Vec::new();
-    for message in messages {
+    for message in messages.iter().map(M::borrow) {
         let text = message_text(message);
         if text.is_empty() {
             continue;
@@ -174,7 +178,7 @@ mod tests {
     #[test]
     fn no_budget_or_nothing_to_tell_is_no_primer() {
         assert_eq!(build(&transcript(2), 0, "gone"), None);
-        assert_eq!(build(&[], 1000, "gone"), None);
+        assert_eq!(build::<Message>(&[], 1000, "gone"), None);
     }
 
     #[test]

@@ -21,6 +21,11 @@
 //! read of a mark of every session streamed that way, waking only the streams whose session
 //! changed. A stream of an idle session therefore reads nothing at all. Everything else — the
 //! catch-up, the folding, the cursors — is the same code.
+//!
+//! What streams of one session need alike is done once per replica: the pages of the log read
+//! while catching up ([`pages`]: a thousand streams that fall behind together cost one read per
+//! page, not a thousand) and the transcript folded for MESSAGES and ALL ([`shared_fold`]: a
+//! hundred streams of an idle session hold one transcript, not a hundred).
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -34,6 +39,9 @@ use tokio::{
 };
 
 use uuid::Uuid;
+
+mod pages;
+mod shared_fold;
 
 use super::{SessionEvent, SessionHandle, SharedEntry};
 use crate::{
@@ -79,7 +87,8 @@ impl View {
 #[derive(Debug, Clone)]
 pub(crate) enum StreamEvent {
     Entry(Arc<SharedEntry>),
-    Message(Box<Message>),
+    /// Shared with the session's fold (and every other stream sending this version of it).
+    Message(Arc<Message>),
     Queue(Arc<Vec<QueuedEntry>>),
     TurnEnded(TurnEnd),
     Status {
@@ -230,6 +239,10 @@ struct Feeds {
     polled: std::sync::OnceLock<broadcast::Sender<Wake>>,
     /// The poll's period.
     every: Duration,
+    /// The log pages streams of one session read while catching up, read once for them all.
+    pages: Arc<pages::CatchUpPages>,
+    /// The fold MESSAGES and ALL streams of one session share.
+    folds: Arc<shared_fold::SharedFolds>,
 }
 
 impl Default for RemoteStreams {
@@ -249,10 +262,17 @@ impl std::fmt::Debug for RemoteStreams {
 impl RemoteStreams {
     /// With a safety poll of this period ([`SAFETY_POLL`] but in tests).
     pub(crate) fn polling_every(every: Duration) -> Self {
+        Self::with(every, REPLAY_PAGE)
+    }
+
+    /// With a safety poll of this period, reading catch-up pages of `page` entries.
+    fn with(every: Duration, page: usize) -> Self {
         Self(Arc::new(Feeds {
             open: Default::default(),
             polled: Default::default(),
             every,
+            pages: Arc::new(pages::CatchUpPages::with_page(page)),
+            folds: Default::default(),
         }))
     }
 
@@ -406,14 +426,15 @@ fn spawn(
         id,
         source,
         store: feed.store,
-        streams: feed.streams,
         tx,
         view: from.view,
         last: from.after,
         clean: from.after,
         turn_end_pending: false,
         live_mode: false,
+        fold_share: from.view.messages().then(|| feed.streams.0.folds.join(id)),
         fold: from.view.messages().then(|| Fold::new(meta_key)),
+        streams: feed.streams,
         dirty: BTreeSet::new(),
         next_heartbeat: Instant::now() + HEARTBEAT,
         sent: false,
@@ -490,7 +511,8 @@ async fn next_wake(
 /// What woke a live stream.
 enum Woken {
     Event(std::result::Result<SessionEvent, broadcast::error::RecvError>),
-    Store,
+    /// Look at the store; with the head the wake-up announced, if it did.
+    Store(Option<u64>),
     /// The session's lease moved to another replica: from now on the store is the source.
     LeaseLost,
 }
@@ -510,10 +532,12 @@ async fn next_live(source: &mut Source, id: Uuid) -> Woken {
                 wake = next_wake(&mut remote.polled) => (wake, true),
             };
             match wake {
-                Ok(wake) if wake.concerns(id) && remote.is_news(wake) => return Woken::Store,
+                Ok(wake) if wake.concerns(id) && remote.is_news(wake) => {
+                    return Woken::Store((wake.head != 0).then_some(wake.head));
+                }
                 Ok(_) => {}
                 // Some wake-up for us may be among those dropped.
-                Err(broadcast::error::RecvError::Lagged(_)) => return Woken::Store,
+                Err(broadcast::error::RecvError::Lagged(_)) => return Woken::Store(None),
                 Err(broadcast::error::RecvError::Closed) if from_poll => remote.polled = None,
                 Err(broadcast::error::RecvError::Closed) => remote.wakes = None,
             }
@@ -558,6 +582,8 @@ struct Subscription {
     /// Past the catch-up: snapshots are coalesced, except urgent ones.
     live_mode: bool,
     fold: Option<Fold>,
+    /// The session's shared fold, which `fold` meets now and then (with it, for MESSAGES/ALL).
+    fold_share: Option<shared_fold::FoldShare>,
     /// Messages changed since their last snapshot.
     dirty: BTreeSet<String>,
     next_heartbeat: Instant,
@@ -577,17 +603,19 @@ impl Subscription {
     }
 
     async fn serve(&mut self) -> std::result::Result<(), Gone> {
-        if let Some(mut fold) = self.fold.take() {
+        let start = self.fold.take().and_then(|fold| {
+            let share = self.fold_share.as_ref()?;
+            Some(share.start(fold.meta_key(), self.last))
+        });
+        if let Some(mut fold) = start {
             // The fold state as of `after_offset`: folded, not sent (what the client saw before
-            // it left is not news).
-            if let Err(e) =
-                super::fold_stored_log(self.store.as_ref(), self.id, &mut fold, self.last).await
-            {
-                return Err(self.fail_now(e));
-            }
+            // it left is not news). From the session's shared fold when it is not past there.
+            self.fold_to(&mut fold, self.last).await?;
             self.fold = Some(fold);
+            self.meet_shared_fold();
         }
         self.catch_up_to_head().await?;
+        self.meet_shared_fold();
         self.send_status_and_queue().await?;
         self.send(StreamEvent::CaughtUp { head: self.last }).await?;
         self.live_mode = true;
@@ -710,12 +738,45 @@ impl Subscription {
         Ok(())
     }
 
+    /// Folds the log into `fold` from where it stands up to `up_to` (inclusive), through the
+    /// shared pages, and drops its turn-end and urgency notes: this is history, not news.
+    async fn fold_to(&mut self, fold: &mut Fold, up_to: u64) -> std::result::Result<(), Gone> {
+        if fold.head() < up_to {
+            let reader = self.streams.0.pages.reader(self.id, Some(up_to));
+            while fold.head() < up_to {
+                let (page, start, _) = match reader.next(self.store.as_ref(), fold.head()).await {
+                    Ok(page) => page,
+                    Err(e) => return Err(self.fail_now(e)),
+                };
+                let before = fold.head();
+                for entry in page[start..].iter().take_while(|e| e.offset <= up_to) {
+                    fold.apply(entry);
+                }
+                if fold.head() == before {
+                    break; // the session was deleted under us: the live feed says so
+                }
+            }
+        }
+        fold.take_turn_ends();
+        fold.take_urgent();
+        Ok(())
+    }
+
+    /// Meets the session's shared fold (see [`shared_fold`]); only between entries, when the
+    /// fold holds no turn-end or urgency note.
+    fn meet_shared_fold(&mut self) {
+        if let (Some(fold), Some(share)) = (&mut self.fold, &self.fold_share) {
+            share.meet(fold);
+        }
+    }
+
     /// Catches up until the head is reached: an entry committed while this subscriber
     /// registered may not be on the live feed, but the head already counts it.
     async fn catch_up_to_head(&mut self) -> std::result::Result<(), Gone> {
         loop {
             let before = self.last;
-            self.catch_up().await?;
+            let target = self.source_head();
+            self.catch_up(target).await?;
             // No progress although the head says more: the session was deleted under us (the
             // store has every entry the head counts). The live feed says so; spinning never would.
             if self.source_head().is_none_or(|head| head <= self.last) || self.last == before {
@@ -724,18 +785,19 @@ impl Subscription {
         }
     }
 
-    /// Reads the log from `last + 1` up to the head, in bounded pages.
-    async fn catch_up(&mut self) -> std::result::Result<(), Gone> {
+    /// Reads the log from `last + 1` up to the head, in bounded pages shared with the session's
+    /// other streams catching up (see [`pages`]). `target`: an offset known to be committed
+    /// now, if the caller knows one (it lets a page read a moment ago serve this stream too).
+    async fn catch_up(&mut self, target: Option<u64>) -> std::result::Result<(), Gone> {
+        let reader = self.streams.0.pages.reader(self.id, target);
         loop {
             self.check_draining()?;
-            let page = self
-                .store
-                .read_log(self.id, self.last, REPLAY_PAGE)
-                .await
-                .map_err(|e| self.fail_now(e))?;
-            let full = page.len() == REPLAY_PAGE;
-            for entry in page {
-                self.deliver(Arc::new(SharedEntry::from(entry))).await?;
+            let (page, start, full) = match reader.next(self.store.as_ref(), self.last).await {
+                Ok(page) => page,
+                Err(e) => return Err(self.fail_now(e)),
+            };
+            for entry in &page[start..] {
+                self.deliver(entry.clone()).await?;
             }
             if !full {
                 return Ok(());
@@ -761,7 +823,12 @@ impl Subscription {
         if let Some(turn_end) = turn_end {
             self.flush_messages().await?;
             self.turn_end_pending = false;
-            return self.send(StreamEvent::TurnEnded(turn_end)).await;
+            self.send(StreamEvent::TurnEnded(turn_end)).await?;
+            if self.live_mode {
+                // The turn's messages are final: give this stream's copies of them back.
+                self.meet_shared_fold();
+            }
+            return Ok(());
         }
         if urgent && self.live_mode {
             // A turn's final snapshot or a new held request: never held back by coalescing.
@@ -783,7 +850,7 @@ impl Subscription {
         let dirty = std::mem::take(&mut self.dirty);
         let mut positions: Vec<usize> = dirty.iter().filter_map(|id| fold.position(id)).collect();
         positions.sort_unstable();
-        let snapshots: Vec<Message> = positions
+        let snapshots: Vec<Arc<Message>> = positions
             .into_iter()
             .map(|i| fold.messages()[i].clone())
             .collect();
@@ -798,8 +865,7 @@ impl Subscription {
             } else {
                 clean
             };
-            self.send_at(cursor, StreamEvent::Message(Box::new(message)))
-                .await?;
+            self.send_at(cursor, StreamEvent::Message(message)).await?;
         }
         Ok(())
     }
@@ -836,11 +902,11 @@ impl Subscription {
                             self.on_live(event).await?;
                         }
                     }
-                    Woken::Store => {
+                    Woken::Store(head) => {
                         // Status and queue read before the log, so they never run ahead of the
                         // entries sent with them.
                         let stored = self.read_stored().await?;
-                        self.catch_up().await?;
+                        self.catch_up(head).await?;
                         self.send_stored_changes(stored).await?;
                     }
                     Woken::LeaseLost => {
@@ -854,17 +920,19 @@ impl Subscription {
                             _slot: self.streams.join(self.id),
                         });
                         let stored = self.read_stored().await?;
-                        self.catch_up().await?;
+                        self.catch_up(None).await?;
                         self.send_stored_changes(stored).await?;
                     }
                 },
                 _ = sleep_until(heartbeat) => {
                     let head = self.source_head().unwrap_or(self.last).max(self.last);
                     self.send(StreamEvent::Heartbeat { head }).await?;
+                    self.meet_shared_fold();
                 }
                 _ = sleep_until_opt(flush_at) => {
                     flush_at = None;
                     self.flush_messages().await?;
+                    self.meet_shared_fold();
                 }
                 _ = self.stop.changed() => {
                     if *self.stop.borrow() == StreamStop::Draining {
@@ -893,7 +961,7 @@ impl Subscription {
                     return Ok(()); // already read from the log
                 }
                 if entry.offset > self.last + 1 {
-                    return self.catch_up().await; // a gap: the log has it
+                    return self.catch_up(Some(entry.offset)).await; // a gap: the log has it
                 }
                 self.deliver(entry).await
             }
@@ -911,7 +979,8 @@ impl Subscription {
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 // Fell behind the live feed: back to the log, then on with the feed. Status and
                 // queue events dropped with the lag are replaced by how both stand now.
-                self.catch_up().await?;
+                let target = self.source_head();
+                self.catch_up(target).await?;
                 self.send_status_and_queue().await
             }
             Err(broadcast::error::RecvError::Closed) => Err(Gone),

@@ -279,7 +279,7 @@ pub fn fold_entries(entries: &[LogEntry]) {
     assert_eq!(fold.head(), entries.last().map_or(0, |e| e.offset));
 
     let mut ids = HashSet::new();
-    for message in fold.messages() {
+    for message in fold.messages().iter().map(|m| &**m) {
         assert!(ids.insert(message.id.clone()), "message ids are unique");
         assert!(
             message.turn <= fold.turns(),

@@ -44,6 +44,8 @@ struct Watched {
     wakes: Option<broadcast::Sender<Wake>>,
     /// Reads of a session's log, record or queue.
     reads: AtomicUsize,
+    /// Reads of a session's log alone.
+    log_reads: AtomicUsize,
     /// Safety polls so far.
     polls: watch::Sender<usize>,
     /// The sessions the last poll asked for.
@@ -56,6 +58,7 @@ impl Watched {
             inner: MemoryStore::new(),
             wakes: with_wake_ups.then(|| broadcast::channel(64).0),
             reads: AtomicUsize::new(0),
+            log_reads: AtomicUsize::new(0),
             polls: watch::channel(0).0,
             last_poll: AtomicUsize::new(0),
         })
@@ -75,6 +78,10 @@ impl Watched {
 
     fn read(&self) {
         self.reads.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn log_reads(&self) -> usize {
+        self.log_reads.load(Ordering::SeqCst)
     }
 
     /// Waits until the safety poll has run `n` times in all.
@@ -123,6 +130,7 @@ impl Store for Watched {
     }
     async fn read_log(&self, session_id: Uuid, after: u64, limit: usize) -> Result<Vec<LogEntry>> {
         self.read();
+        self.log_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.read_log(session_id, after, limit).await
     }
     async fn head_offset(&self, session_id: Uuid) -> Result<u64> {
@@ -332,4 +340,296 @@ async fn a_change_whose_wake_up_was_lost_reaches_the_stream_at_the_safety_poll()
     .await;
     let error = ended.expect("an error ends the stream").unwrap_err();
     assert_eq!(error.code, ErrorCode::SessionNotFound);
+}
+
+// ---- streams of a session whose actor runs here: what they share ------------------------------
+
+use crate::session::{SessionHandle, Shared};
+
+/// A session "running here" for the streams: its shared state, with no actor behind it (the
+/// queue reads as empty). Entries reach the streams by [`append`]; its live feed holds `feed`.
+fn local_session(record: &SessionRecord, feed: usize) -> SessionHandle {
+    let (commands, _) = mpsc::channel(1);
+    let shared = Shared::new(record.clone(), 0);
+    *shared.events.lock().unwrap() = Some(broadcast::channel(feed).0);
+    SessionHandle {
+        shared: Arc::new(shared),
+        commands,
+    }
+}
+
+thread_local! {
+    /// Never sends: the streams stay open (a stop signal whose sender is gone would wake a stream
+    /// at every turn of its loop).
+    static OPEN: watch::Sender<StreamStop> = watch::channel(StreamStop::Open).0;
+}
+
+/// Commits `log` and then publishes it as the actor does (head first), all without yielding: no
+/// stream runs in between, so a feed shorter than the log leaves every stream behind at once.
+async fn append(store: &Arc<Watched>, handle: &SessionHandle, log: Vec<LogEntry>) {
+    let head = log.last().expect("entries").offset;
+    store
+        .inner
+        .commit(handle.shared.id, entries(log.clone()))
+        .await
+        .unwrap();
+    handle.shared.set_head(head);
+    for entry in log {
+        handle
+            .shared
+            .publish(crate::session::SessionEvent::Entry(Arc::new(entry.into())));
+    }
+}
+
+/// A local stream of the session from `after`, taken to its `caught_up`; the snapshots sent
+/// before it, last per message id.
+async fn open_local(
+    store: &Arc<Watched>,
+    streams: &RemoteStreams,
+    handle: &SessionHandle,
+    after: u64,
+    view: View,
+) -> (
+    mpsc::Receiver<StreamItem>,
+    Vec<Arc<crate::acp::transcript::Message>>,
+) {
+    let dyn_store: Arc<dyn Store> = store.clone();
+    let mut stream = start(
+        handle.clone(),
+        StreamStart {
+            after,
+            head: handle.shared.head(),
+            view,
+        },
+        dyn_store,
+        "test/meta".to_owned(),
+        OPEN.with(|open| open.subscribe()),
+        streams,
+        2000,
+    )
+    .expect("the stream opens");
+    let mut snapshots = Vec::new();
+    within("caught_up", async {
+        loop {
+            match news(&mut stream).await {
+                StreamEvent::CaughtUp { .. } => break,
+                StreamEvent::Message(message) => snapshots.push(message),
+                _ => {}
+            }
+        }
+    })
+    .await;
+    (stream, snapshots)
+}
+
+/// Small pages and a small live feed, so a thousand streams fall behind over a short log (the
+/// sizes change how much is read, not how).
+const SMALL_PAGE: usize = 20;
+const SMALL_FEED: usize = 16;
+
+#[tokio::test]
+async fn a_thousand_streams_that_fall_behind_together_read_each_page_of_the_log_once() {
+    const STREAMS: usize = 1000;
+    let store = Watched::new(false);
+    let streams = RemoteStreams::with(NEVER, SMALL_PAGE);
+    let record = stored_session(&store, 1).await;
+    let handle = local_session(&record, SMALL_FEED);
+    let mut opened = Vec::new();
+    for _ in 0..STREAMS {
+        opened.push(open_local(&store, &streams, &handle, 0, View::Log).await.0);
+    }
+
+    // Three full pages and half of a fourth, four times what the live feed holds: every stream
+    // misses most of it and goes back to the log, all at the same moment.
+    let head = 3 * SMALL_PAGE as u64 + SMALL_PAGE as u64 / 2;
+    assert!(head > 4 * SMALL_FEED as u64);
+    let before = store.log_reads();
+    append(&store, &handle, frames(1, head)).await;
+
+    for stream in &mut opened {
+        let offsets = entry_offsets(stream, head as usize).await;
+        assert!(
+            offsets.iter().copied().eq(1..=head),
+            "every offset once, in order"
+        );
+    }
+    let pages = head.div_ceil(SMALL_PAGE as u64) as usize;
+    // Exactly one read per page, however the streams' catch-ups interleave: a page is kept while
+    // any stream reads and for a while after, the pages are aligned (so every stream meets the
+    // same ones), a full page never changes, and the last (partial) one reaches the head every
+    // stream knew of when it fell behind, so none reads it again.
+    assert_eq!(store.log_reads() - before, pages, "one read per page");
+
+    within("the pages let go", async {
+        while streams.0.pages.sessions_held() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn streams_starting_behind_together_share_their_page_reads_too() {
+    let store = Watched::new(false);
+    let streams = RemoteStreams::with(NEVER, SMALL_PAGE);
+    let record = stored_session(&store, 1).await;
+    let handle = local_session(&record, SMALL_FEED);
+    let head = SMALL_PAGE as u64 + 10;
+    append(&store, &handle, frames(1, head)).await;
+
+    // Opened together (none is read before all are): each starts from the beginning.
+    let before = store.log_reads();
+    let dyn_store: Arc<dyn Store> = store.clone();
+    let mut opened: Vec<_> = (0..100)
+        .map(|_| {
+            start(
+                handle.clone(),
+                StreamStart {
+                    after: 0,
+                    head,
+                    view: View::Log,
+                },
+                dyn_store.clone(),
+                "test/meta".to_owned(),
+                OPEN.with(|open| open.subscribe()),
+                &streams,
+                2000,
+            )
+            .expect("the stream opens")
+        })
+        .collect();
+    for stream in &mut opened {
+        assert!(
+            entry_offsets(stream, head as usize)
+                .await
+                .into_iter()
+                .eq(1..=head)
+        );
+    }
+    assert_eq!(store.log_reads() - before, 2, "two pages, each read once");
+}
+
+/// A `session/update` frame from the agent adding `text` to its message.
+fn chunk(offset: u64, text: &str) -> LogEntry {
+    crate::store::conformance::fixtures::frame(
+        offset,
+        &serde_json::json!({"jsonrpc": "2.0", "method": "session/update", "params": {
+            "sessionId": "s",
+            "update": {"sessionUpdate": "agent_message_chunk",
+                       "content": {"type": "text", "text": text}}}})
+        .to_string(),
+    )
+}
+
+#[tokio::test]
+async fn a_hundred_messages_streams_of_an_idle_session_hold_one_transcript_between_them() {
+    const STREAMS: usize = 100;
+    let store = Watched::new(false);
+    let streams = RemoteStreams::polling_every(NEVER);
+    let record = stored_session(&store, 1).await;
+    let handle = local_session(&record, crate::session::EVENT_FEED_CAPACITY);
+    // One big message: 200 chunks of 10 KiB.
+    let text = "x".repeat(10 * 1024);
+    let log: Vec<LogEntry> = (1..=200).map(|offset| chunk(offset, &text)).collect();
+    append(&store, &handle, log).await;
+
+    let mut opened = Vec::new();
+    for _ in 0..STREAMS {
+        let (stream, snapshots) = open_local(&store, &streams, &handle, 0, View::Messages).await;
+        let last = snapshots.last().expect("the message's snapshot");
+        assert_eq!(last.id, "0:agent");
+        assert_eq!(
+            last.parts,
+            [crate::acp::transcript::Part::Text(text.repeat(200))],
+            "each stream sends the message whole"
+        );
+        opened.push((stream, snapshots));
+    }
+    // Snapshots already sent are the client's business: only what the streams hold counts.
+    for (_, snapshots) in &mut opened {
+        snapshots.clear();
+    }
+
+    let shared = streams.0.folds.latest(record.id).expect("a shared fold");
+    assert_eq!(shared.head(), 200);
+    assert_eq!(
+        shared.sharers(),
+        STREAMS + 2,
+        "every stream's fold holds the session's one transcript (and so do the registry and \
+         this test's look at it)"
+    );
+    let message = &shared.messages()[0];
+    assert_eq!(
+        Arc::strong_count(message),
+        1,
+        "and that transcript holds the one copy of the big message"
+    );
+    drop(shared);
+
+    // A stream resuming where the shared fold stands starts from it: nothing is folded again.
+    // (Once the pages the others read are let go, so that any read would show.)
+    within("the pages let go", async {
+        while streams.0.pages.sessions_held() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let before = store.log_reads();
+    let (_resumed, snapshots) = open_local(&store, &streams, &handle, 200, View::Messages).await;
+    assert!(snapshots.is_empty(), "nothing new to send");
+    assert_eq!(
+        store.log_reads() - before,
+        1,
+        "only the empty tail after 200 is read, not the 200 entries before it"
+    );
+    assert_eq!(
+        streams.0.folds.latest(record.id).unwrap().sharers(),
+        STREAMS + 3
+    );
+}
+
+#[tokio::test]
+async fn messages_streams_sharing_a_fold_each_send_every_change_live_and_share_again_when_idle() {
+    let store = Watched::new(false);
+    let streams = RemoteStreams::polling_every(NEVER);
+    let record = stored_session(&store, 1).await;
+    let handle = local_session(&record, crate::session::EVENT_FEED_CAPACITY);
+    let mut opened = Vec::new();
+    for view in [View::Messages, View::All, View::Messages] {
+        opened.push(open_local(&store, &streams, &handle, 0, view).await.0);
+    }
+    // Round by round, each stream folds the new chunk itself (its snapshot shows exactly the
+    // text so far) and meets the others at its next coalesced flush.
+    let word = "chunk ";
+    for round in 1..=5u64 {
+        append(&store, &handle, vec![chunk(round, word)]).await;
+        for stream in &mut opened {
+            let text = within("the round's snapshot", async {
+                loop {
+                    if let StreamEvent::Message(message) = news(stream).await {
+                        return message.parts.clone();
+                    }
+                }
+            })
+            .await;
+            assert_eq!(
+                text,
+                [crate::acp::transcript::Part::Text(
+                    word.repeat(round as usize)
+                )]
+            );
+        }
+    }
+    within("the streams share their fold again", async {
+        loop {
+            let shared = streams.0.folds.latest(record.id).expect("a shared fold");
+            // The registry, the three streams and this look.
+            if shared.head() == 5 && shared.sharers() == 5 {
+                return;
+            }
+            drop(shared);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
 }
