@@ -27,7 +27,7 @@ use agent_harness::{
     domain::{ActionId, PromptAction},
     pb::v1 as pb,
 };
-use agent_harness_model_fakes::{Api, FakeServer};
+use agent_harness_model_fakes::{Api, FakeServer, Recorder};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use tokio::{
@@ -124,7 +124,7 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
     let fake = FakeServer::start(Api::Anthropic)
         .await
         .context("starting the fake model server")?;
-    let (timed, warmup) = turns(ctx);
+    let (count, warmup) = turns(ctx);
 
     // What both sides give the adapter besides PATH and LANG (HOME differs: one each).
     let mut env: BTreeMap<String, String> = preset.env_map();
@@ -151,16 +151,16 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
             work: &work,
             options: preset.config_options_map(),
         },
-        timed,
+        fake.recorder(),
+        count,
         warmup,
     )
     .await;
     server.stop().await?;
-    let (mut harness, mut direct) = outcome?;
-    let model_calls = fake.recorder().len();
+    let mut timed = outcome?;
 
-    let h = Summary::of(&mut harness).context("no harness turns")?;
-    let d = Summary::of(&mut direct).context("no direct turns")?;
+    let h = Summary::of(&mut timed.harness).context("no harness turns")?;
+    let d = Summary::of(&mut timed.direct).context("no direct turns")?;
     let overhead = h.p50.as_secs_f64() * 1e3 - d.p50.as_secs_f64() * 1e3;
     Ok(PhaseReport {
         rows: vec![Row {
@@ -176,13 +176,15 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
             format!(
                 "real-agent: {} {} on Node ({}), fake Anthropic Messages server on {}; {} turns \
                  each way after {warmup} warm-up turns, prompt {TEXT:?}, {BLOCKS} interleaved \
-                 blocks; {model_calls} model requests in all ({:.2} per turn)",
+                 blocks, each side first in every other one; model requests per timed turn: \
+                 harness {:.2}, direct {:.2}",
                 preset.package,
                 preset.version,
                 node.display(),
                 fake.base_url(),
                 h.count,
-                model_calls as f64 / ((h.count + d.count + 2 * warmup) as f64),
+                timed.harness_model_calls as f64 / h.count as f64,
+                timed.direct_model_calls as f64 / d.count as f64,
             ),
             format!(
                 "real-agent: harness p99 {}, max {}; direct p99 {}, max {}",
@@ -234,13 +236,14 @@ struct Side<'a> {
     options: BTreeMap<String, String>,
 }
 
-/// Times the turns of both sides, interleaved; (harness, direct).
+/// Times the turns of both sides, interleaved, and counts the model requests of each.
 async fn measure(
     server: &ServerProcess,
     side: Side<'_>,
-    timed: usize,
+    recorder: &Recorder,
+    count: usize,
     warmup: usize,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+) -> anyhow::Result<Timed> {
     let pool = connect_pool(server.addr(), 2).await?;
     let created = tokio::time::timeout(
         EXCHANGE_TIMEOUT,
@@ -277,19 +280,38 @@ async fn measure(
         direct.turn().await?;
         harness_turn().await?;
     }
-    let per_block = timed.div_ceil(BLOCKS).max(1);
-    let mut harness = Vec::with_capacity(per_block * BLOCKS);
-    let mut direct_times = Vec::with_capacity(per_block * BLOCKS);
-    for _ in 0..BLOCKS {
-        for _ in 0..per_block {
-            direct_times.push(direct.turn().await?);
-        }
-        for _ in 0..per_block {
-            harness.push(harness_turn().await?);
+    let per_block = count.div_ceil(BLOCKS).max(1);
+    let mut timed = Timed::default();
+    // Each side goes first in every other block, so neither always follows the other.
+    for block in 0..BLOCKS {
+        for harness_now in [block % 2 == 1, block % 2 == 0] {
+            let before = recorder.len();
+            for _ in 0..per_block {
+                if harness_now {
+                    timed.harness.push(harness_turn().await?);
+                } else {
+                    timed.direct.push(direct.turn().await?);
+                }
+            }
+            let calls = recorder.len() - before;
+            *if harness_now {
+                &mut timed.harness_model_calls
+            } else {
+                &mut timed.direct_model_calls
+            } += calls;
         }
     }
     direct.stop().await;
-    Ok((harness, direct_times))
+    Ok(timed)
+}
+
+/// The timed turns of both sides, and the model requests each side's turns made.
+#[derive(Default)]
+struct Timed {
+    harness: Vec<Duration>,
+    direct: Vec<Duration>,
+    harness_model_calls: usize,
+    direct_model_calls: usize,
 }
 
 /// The adapter spoken to directly over its stdio.
@@ -319,6 +341,18 @@ impl DirectAdapter {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true);
+        // A session of its own, as the harness gives every runtime: with the kernel's autogroup
+        // scheduling, a session is a CPU group of its own, so on a busy machine the adapter gets
+        // the same share of the CPU on both sides.
+        // SAFETY: setsid(2) is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = command.spawn().context("spawning the Claude adapter")?;
         let stdin = BufWriter::new(child.stdin.take().context("the adapter's stdin")?);
         let stdout = BufReader::new(child.stdout.take().context("the adapter's stdout")?);
