@@ -187,11 +187,14 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
                 timed.direct_model_calls as f64 / d.count as f64,
             ),
             format!(
-                "real-agent: harness p99 {}, max {}; direct p99 {}, max {}",
+                "real-agent: harness p99 {}, max {}; direct p99 {}, max {}; the direct adapter \
+                 wrote {} bytes to stderr in {} turns",
                 ms(h.p99),
                 ms(h.max),
                 ms(d.p99),
-                ms(d.max)
+                ms(d.max),
+                timed.direct_stderr_bytes,
+                d.count + warmup,
             ),
         ],
     })
@@ -301,6 +304,9 @@ async fn measure(
             } += calls;
         }
     }
+    timed.direct_stderr_bytes = direct
+        .stderr_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
     direct.stop().await;
     Ok(timed)
 }
@@ -312,6 +318,8 @@ struct Timed {
     direct: Vec<Duration>,
     harness_model_calls: usize,
     direct_model_calls: usize,
+    /// What the direct adapter wrote to its stderr over the whole run.
+    direct_stderr_bytes: u64,
 }
 
 /// The adapter spoken to directly over its stdio.
@@ -321,6 +329,8 @@ struct DirectAdapter {
     stdout: BufReader<ChildStdout>,
     line: String,
     session_id: String,
+    /// Bytes the adapter wrote to its stderr so far.
+    stderr_bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl DirectAdapter {
@@ -339,7 +349,8 @@ impl DirectAdapter {
             .env("HOME", side.home)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // A pipe read and dropped, as the harness reads a runtime's stderr.
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         // A session of its own, as the harness gives every runtime: with the kernel's autogroup
         // scheduling, a session is a CPU group of its own, so on a busy machine the adapter gets
@@ -354,6 +365,15 @@ impl DirectAdapter {
             });
         }
         let mut child = command.spawn().context("spawning the Claude adapter")?;
+        let mut stderr = child.stderr.take().context("the adapter's stderr")?;
+        let stderr_bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = stderr_bytes.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(n @ 1..) = tokio::io::AsyncReadExt::read(&mut stderr, &mut buf).await {
+                counted.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
         let stdin = BufWriter::new(child.stdin.take().context("the adapter's stdin")?);
         let stdout = BufReader::new(child.stdout.take().context("the adapter's stdout")?);
         let mut adapter = Self {
@@ -362,6 +382,7 @@ impl DirectAdapter {
             stdout,
             line: String::new(),
             session_id: String::new(),
+            stderr_bytes,
         };
         let id = json!("direct:init");
         adapter
