@@ -19,7 +19,9 @@
 //! | `turns-pg` | sustained turns/s on PostgreSQL ([`replicas`]) | SQLite, same phase |
 //! | `replica-lag` | cross-replica Subscribe lag | same-replica delivery, same turns |
 //! | `bridge-rtt-p50` | turn round trip through a bridge ([`bridge`]) | a local runtime, same run |
-//! | `peers-log`, `peers-messages` | the same agent through sandbox-agent and acpx ([`peers`]) | direct stdio and the peers, same run |
+//! | `peers-log`, `peers-messages` | the same agent through sandbox-agent and acpx ([`peers`]), Node client | direct stdio and the peers, same run |
+//! | `peers-log-python`, `peers-messages-python` | the same with the Python client (no acpx: Node-only) | direct stdio and sandbox-agent, same run |
+//! | `real-agent` | a Claude Code turn against the fake model server ([`real_agent`]) | the same adapter over stdio, same run |
 //! | `warm-create` | CreateSession to first turn ended, warm pool ([`warm`]) | a cold profile, same run |
 //! | `idle-db` | PostgreSQL transactions/s, many idle sessions on 3 replicas ([`idle`]) | fewer idle sessions, same run |
 //! | `idle-subscribers` | transactions/s added by idle subscribers on a non-owner replica | the same replicas without them |
@@ -34,6 +36,7 @@ mod fanout;
 mod idle;
 mod machine;
 mod peers;
+mod real_agent;
 mod replay;
 mod replicas;
 mod report;
@@ -66,10 +69,11 @@ pub enum Figure {
     Warm,
     IdleCost,
     Peers,
+    RealAgent,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 11] = [
+    pub const ALL: [Figure; 12] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
@@ -81,6 +85,7 @@ impl Figure {
         Figure::Warm,
         Figure::IdleCost,
         Figure::Peers,
+        Figure::RealAgent,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -129,7 +134,18 @@ impl Figure {
                     peers::MESSAGES_FIGURE,
                     peers::MESSAGES_TARGET,
                 ),
+                (
+                    "peers-log-python",
+                    peers::PYTHON_LOG_FIGURE,
+                    peers::PYTHON_LOG_TARGET,
+                ),
+                (
+                    "peers-messages-python",
+                    peers::PYTHON_MESSAGES_FIGURE,
+                    peers::MESSAGES_TARGET,
+                ),
             ],
+            Figure::RealAgent => &[("real-agent", real_agent::FIGURE, real_agent::TARGET)],
         }
     }
 }
@@ -190,8 +206,8 @@ pub struct BenchArgs {
     /// Timed turns of acpx in the peer comparison (about 1 s each) [full: 40]
     #[arg(long)]
     pub peers_slow_turns: Option<usize>,
-    /// Where `scripts/test bench-peers` installed the peers and the Python echo agent
-    /// [default: .tools of the source tree]
+    /// Where `scripts/test bench-peers` installed the peers, the Python echo agent, the Python
+    /// client's venv and the Claude adapter [default: .tools of the source tree]
     #[arg(long, value_name = "DIR")]
     pub tools: Option<PathBuf>,
     /// HTTP/2 connections per client pool (more for fan-out: 128 streams each at most) [full: 4]
@@ -446,6 +462,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usiz
             Figure::Warm => warm::run(ctx, smoke).await,
             Figure::IdleCost => idle::run(ctx, smoke).await,
             Figure::Peers => peers::run(ctx, smoke).await,
+            Figure::RealAgent => real_agent::run(ctx, smoke).await,
         };
         match outcome {
             Ok(PhaseReport {

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 /// Every row key, in print order (the smoke stage of `scripts/test` checks each is printed; the
 /// bench's tests hold the figures and the script to this list).
 #[cfg(test)]
-pub const ROW_KEYS: [&str; 18] = [
+pub const ROW_KEYS: [&str; 21] = [
     "rtt-p50",
     "rtt-p99",
     "rtt-stretch",
@@ -25,6 +25,9 @@ pub const ROW_KEYS: [&str; 18] = [
     "idle-subscribers",
     "peers-log",
     "peers-messages",
+    "peers-log-python",
+    "peers-messages-python",
+    "real-agent",
 ];
 
 /// Whether a target is met.
