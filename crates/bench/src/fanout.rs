@@ -541,7 +541,7 @@ pub async fn run_behind(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
         BEHIND_CHUNKS
     };
     let setup = Setup::start(ctx, "fanout-behind").await?;
-    let (shared, pool, session_id) = (&setup.shared, &setup.pool, &setup.session_id);
+    let (shared, session_id) = (&setup.shared, &setup.session_id);
 
     let keeping_up = saturated(ctx, &setup, 0).await?;
     // Every subscriber has every turn the driver sent before anyone pauses.
@@ -552,19 +552,24 @@ pub async fn run_behind(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
 
     // All stop reading; one turn streams far past the live feed and the flow-control windows;
     // its response is committed (seen by a fresh stream that keeps up) before anyone resumes.
+    // The prompt and that stream go over a connection of their own: the paused streams fill
+    // their connections' HTTP/2 windows, which would hold anything else on them.
+    let own = super::server::connect(setup.server.addr()).await?;
     shared.phase.store(BETWEEN, Ordering::Relaxed);
     shared.paused.store(true, Ordering::Release);
     let turn = keeping_up.turns;
     shared.arrived[turn % RING].store(0, Ordering::Release);
-    let head = head_offset(&pool[0], session_id).await?;
-    let mut watcher = LogStream::open(&pool[0], session_id, head).await?;
+    let head = head_offset(&own, session_id).await?;
+    let mut watcher = LogStream::open(&own, session_id, head).await?;
     let text = format!("@chunks {behind_chunks} 100");
-    let action_id = client::prompt(&mut client::sessions(&pool[0]), session_id, &text).await?;
-    tokio::time::timeout(BEHIND_TIMEOUT, watcher.response_to(&action_id))
+    let action_id = client::prompt(&mut client::sessions(&own), session_id, &text).await?;
+    watcher
+        .response_to(&action_id)
         .await
-        .context("the fallen-behind turn did not end")??;
+        .context("the fallen-behind turn did not end")?;
     drop(watcher);
-    let written = head_offset(&pool[0], session_id).await? - head;
+    let written = head_offset(&own, session_id).await? - head;
+    drop(own);
 
     let before = setup.server.counters();
     let start = Instant::now();
