@@ -135,8 +135,8 @@ fn latency(plots: &Plots, path: &Path, text: bool) -> anyhow::Result<()> {
         mesh.x_labels(0).y_labels(0);
     }
     mesh.light_line_style(RGBColor(238, 238, 238)).draw()?;
-    let lines: [(&str, fn(&LatencyPoint) -> Duration); 2] =
-        [("p50", |p| p.p50), ("p99", |p| p.p99)];
+    type Pick = fn(&LatencyPoint) -> Duration;
+    let lines: [(&str, Pick); 2] = [("p50", |p| p.p50), ("p99", |p| p.p99)];
     for (i, (name, pick)) in lines.into_iter().enumerate() {
         let colour = COLOURS[i];
         let series: Vec<(f64, f64)> = points
