@@ -20,10 +20,19 @@ pub fn sessions(channel: &Channel) -> AgentSessionServiceClient<Channel> {
 
 /// Creates a session of the built-in `mock` profile; returns its id and head offset.
 pub async fn create_session(channel: &Channel, cwd: &Path) -> anyhow::Result<(String, u64)> {
+    create_session_of(channel, cwd, "mock").await
+}
+
+/// Creates a session of `profile`; returns its id and head offset.
+pub async fn create_session_of(
+    channel: &Channel,
+    cwd: &Path,
+    profile: &str,
+) -> anyhow::Result<(String, u64)> {
     let created = tokio::time::timeout(
         WAIT_TIMEOUT,
         sessions(channel).create_session(pb::CreateSessionRequest {
-            profile: "mock".to_owned(),
+            profile: profile.to_owned(),
             cwd: cwd.to_string_lossy().into_owned(),
             ..Default::default()
         }),

@@ -13,6 +13,13 @@
 //!   delivered per second is the most the harness sustains. (Its lag, reported in the notes, is
 //!   mostly the time to push a two-turn burst to every subscriber.)
 //!
+//! - **Fallen behind (`fanout-behind`, its own figure).** After a saturated window (delivery
+//!   while keeping up, the figure it is held against), every subscriber stops reading at once
+//!   while one turn streams far more entries than the session's live feed holds (512) plus what
+//!   HTTP/2 flow control lets the server buffer; then all resume at once. Entries delivered per
+//!   second from the resumption until every subscriber has the turn's response: the catch-up of
+//!   a thousand subscribers that all fell behind together.
+//!
 //! Lag clock: each entry's `created_at` is stamped by the harness with the wall clock
 //! (`CLOCK_REALTIME`, truncated to the microsecond) when the entry is built, just before its
 //! commit; the benchmark reads the same host clock (`SystemTime::now()`) as soon as the stream
@@ -24,7 +31,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU8, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering},
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -61,6 +68,18 @@ const MEASURING_PACED: u8 = 1;
 const BETWEEN: u8 = 2;
 const MEASURING_SATURATED: u8 = 3;
 const STOPPING: u8 = 4;
+const MEASURING_BEHIND: u8 = 5;
+
+pub const BEHIND_FIGURE: &str =
+    "fan-out, 1 session to many LOG subscribers that all fell behind at once";
+pub const BEHIND_TARGET: &str = ">= 0.80 of keeping up";
+const BEHIND_RATIO: f64 = 0.8;
+/// 100-byte chunks of the turn streamed while every subscriber is paused: several times the live
+/// feed's 512 entries (the smoke run's too, so even it exercises the catch-up path).
+const BEHIND_CHUNKS: usize = 3000;
+const BEHIND_CHUNKS_SMOKE: usize = 1000;
+/// How long the fallen-behind subscribers may take to catch up.
+const BEHIND_TIMEOUT: Duration = Duration::from_secs(300);
 
 struct Shared {
     subscribers: usize,
@@ -70,7 +89,46 @@ struct Shared {
     /// Per turn (mod RING): how many subscribers have received its response.
     arrived: Vec<AtomicUsize>,
     turn_seen_by_all: Notify,
+    /// Ends the subscribers.
     stop: tokio::sync::watch::Sender<bool>,
+    /// Ends the saturated part's driver (the subscribers go on).
+    stop_driver: tokio::sync::watch::Sender<bool>,
+    /// While set, no subscriber reads its stream (each may finish the read it is in).
+    paused: AtomicBool,
+    resumed: Notify,
+}
+
+impl Shared {
+    fn new(subscribers: usize) -> Self {
+        Self {
+            subscribers,
+            phase: AtomicU8::new(WARMING),
+            caught_up: AtomicUsize::new(0),
+            all_caught_up: Notify::new(),
+            arrived: (0..RING).map(|_| AtomicUsize::new(0)).collect(),
+            turn_seen_by_all: Notify::new(),
+            stop: tokio::sync::watch::channel(false).0,
+            stop_driver: tokio::sync::watch::channel(false).0,
+            paused: AtomicBool::new(false),
+            resumed: Notify::new(),
+        }
+    }
+
+    /// Waits while the subscribers are paused; false once stopped.
+    async fn unpaused(&self, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+        loop {
+            let resumed = self.resumed.notified();
+            tokio::pin!(resumed);
+            resumed.as_mut().enable();
+            if !self.paused.load(Ordering::Acquire) {
+                return true;
+            }
+            tokio::select! {
+                _ = resumed => {}
+                _ = stop.changed() => return false,
+            }
+        }
+    }
 }
 
 /// What one subscriber saw in a measured window.
@@ -110,24 +168,29 @@ async fn subscriber(
     session_id: String,
     head: u64,
     shared: Arc<Shared>,
-) -> anyhow::Result<[Seen; 2]> {
+) -> anyhow::Result<[Seen; 3]> {
     let mut stop = shared.stop.subscribe();
     let mut stream = LogStream::open(&channel, &session_id, head).await?;
     if shared.caught_up.fetch_add(1, Ordering::AcqRel) + 1 == shared.subscribers {
         shared.all_caught_up.notify_one();
     }
-    let [mut paced, mut saturated] = [Seen::default(), Seen::default()];
+    let [mut paced, mut saturated, mut behind] =
+        [Seen::default(), Seen::default(), Seen::default()];
     let mut responses = 0usize;
     loop {
+        if shared.paused.load(Ordering::Relaxed) && !shared.unpaused(&mut stop).await {
+            return Ok([paced, saturated, behind]);
+        }
         let event = tokio::select! {
             event = stream.next() => event?,
-            _ = stop.changed() => return Ok([paced, saturated]),
+            _ = stop.changed() => return Ok([paced, saturated, behind]),
         };
         let Event::Entry(entry) = event else { continue };
         let now = SystemTime::now();
         match shared.phase.load(Ordering::Relaxed) {
             MEASURING_PACED => paced.record(&entry, now)?,
             MEASURING_SATURATED => saturated.record(&entry, now)?,
+            MEASURING_BEHIND => behind.record(&entry, now)?,
             _ => {}
         }
         // The response of a prompt (the only frames that carry a stop reason).
@@ -149,7 +212,16 @@ async fn seen_by_all(
     turn: usize,
     stop: &mut tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<bool> {
-    let deadline = Instant::now() + WAIT_TIMEOUT;
+    seen_by_all_within(shared, turn, stop, WAIT_TIMEOUT).await
+}
+
+async fn seen_by_all_within(
+    shared: &Shared,
+    turn: usize,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let deadline = Instant::now() + timeout;
     while shared.arrived[turn % RING].load(Ordering::Acquire) < shared.subscribers {
         tokio::select! {
             _ = shared.turn_seen_by_all.notified() => {}
@@ -157,7 +229,7 @@ async fn seen_by_all(
             _ = stop.changed() => return Ok(false),
         }
         if Instant::now() > deadline {
-            bail!("turn {turn} did not reach every subscriber within {WAIT_TIMEOUT:?}");
+            bail!("turn {turn} did not reach every subscriber within {timeout:?}");
         }
     }
     Ok(!*stop.borrow())
@@ -173,7 +245,7 @@ async fn drive(
     shared: Arc<Shared>,
 ) -> anyhow::Result<usize> {
     let mut control = client::sessions(&channel);
-    let mut stop = shared.stop.subscribe();
+    let mut stop = shared.stop_driver.subscribe();
     let mut next = first;
     let mut send = async |next: &mut usize| -> anyhow::Result<()> {
         shared.arrived[*next % RING].store(0, Ordering::Release);
@@ -231,46 +303,126 @@ async fn head_offset(channel: &tonic::transport::Channel, session_id: &str) -> a
     Ok(session.head_offset)
 }
 
+/// One session with its subscribers, all caught up.
+struct Setup {
+    server: ServerProcess,
+    pool: Vec<tonic::transport::Channel>,
+    connections: usize,
+    session_id: String,
+    shared: Arc<Shared>,
+    subscribers: Vec<tokio::task::JoinHandle<anyhow::Result<[Seen; 3]>>>,
+}
+
+impl Setup {
+    async fn start(ctx: &Ctx, label: &str) -> anyhow::Result<Self> {
+        let m = ctx.plan.subscribers;
+        let server = ServerProcess::serve(
+            &ctx.bin,
+            label,
+            &ctx.config(&[("subscribers_per_session", m + 8)]),
+        )
+        .await?;
+        let connections = ctx.plan.connections.max(m.div_ceil(PER_CONNECTION));
+        let pool = connect_pool(server.addr(), connections).await?;
+        let (session_id, head) = client::create_session(&pool[0], server.scratch()).await?;
+        let shared = Arc::new(Shared::new(m));
+        let subscribers: Vec<_> = (0..m)
+            .map(|i| {
+                tokio::spawn(subscriber(
+                    pool[i % pool.len()].clone(),
+                    session_id.clone(),
+                    head,
+                    shared.clone(),
+                ))
+            })
+            .collect();
+        tokio::time::timeout(WAIT_TIMEOUT, async {
+            while shared.caught_up.load(Ordering::Acquire) < m {
+                shared.all_caught_up.notified().await;
+            }
+        })
+        .await
+        .context("the subscribers did not all catch up")?;
+        Ok(Self {
+            server,
+            pool,
+            connections,
+            session_id,
+            shared,
+            subscribers,
+        })
+    }
+
+    /// Stops the subscribers and the server; what each part saw, summed over the subscribers.
+    async fn finish(self) -> anyhow::Result<[Seen; 3]> {
+        self.shared.stop_driver.send_replace(true);
+        self.shared.stop.send_replace(true);
+        let mut all = [Seen::default(), Seen::default(), Seen::default()];
+        for task in self.subscribers {
+            let seen = tokio::time::timeout(WAIT_TIMEOUT, task)
+                .await
+                .context("a subscriber did not stop")?
+                .context("a subscriber panicked")??;
+            for (sum, part) in all.iter_mut().zip(&seen) {
+                sum.merge(part);
+            }
+        }
+        drop(self.pool);
+        self.server.stop().await?;
+        Ok(all)
+    }
+}
+
+/// What the saturated part measured (its entries are counted by the subscribers).
+struct Saturated {
+    text: String,
+    window: Duration,
+    usage: super::report::Usage,
+    /// Turns sent, from the first.
+    turns: usize,
+}
+
+/// The saturated part: turns from `first` on, two in the pipeline, measured for the plan's
+/// duration after its warm-up; the driver is stopped after it (the subscribers go on).
+async fn saturated(ctx: &Ctx, setup: &Setup, first: usize) -> anyhow::Result<Saturated> {
+    let plan = &ctx.plan;
+    let shared = &setup.shared;
+    let text = format!("@chunks {} 100", plan.fanout_chunks);
+    shared.stop_driver.send_replace(false);
+    let driver = tokio::spawn(drive(
+        setup.pool[0].clone(),
+        setup.session_id.clone(),
+        text.clone(),
+        first,
+        shared.clone(),
+    ));
+    tokio::time::sleep(plan.warmup).await;
+    let before = setup.server.counters();
+    let start = Instant::now();
+    shared.phase.store(MEASURING_SATURATED, Ordering::Relaxed);
+    tokio::time::sleep(plan.duration).await;
+    shared.phase.store(STOPPING, Ordering::Relaxed);
+    let window = start.elapsed();
+    let usage = before.until(&setup.server.counters());
+    shared.stop_driver.send_replace(true);
+    let turns = tokio::time::timeout(WAIT_TIMEOUT, driver)
+        .await
+        .context("the driver did not stop")?
+        .context("the driver panicked")??;
+    Ok(Saturated {
+        text,
+        window,
+        usage,
+        turns,
+    })
+}
+
 pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     let plan = &ctx.plan;
     let m = plan.subscribers;
     let chunks = plan.fanout_chunks;
-    let server = ServerProcess::serve(
-        &ctx.bin,
-        "fanout",
-        &ctx.config(&[("subscribers_per_session", m + 8)]),
-    )
-    .await?;
-    let connections = plan.connections.max(m.div_ceil(PER_CONNECTION));
-    let pool = connect_pool(server.addr(), connections).await?;
-    let (session_id, head) = client::create_session(&pool[0], server.scratch()).await?;
-
-    let shared = Arc::new(Shared {
-        subscribers: m,
-        phase: AtomicU8::new(WARMING),
-        caught_up: AtomicUsize::new(0),
-        all_caught_up: Notify::new(),
-        arrived: (0..RING).map(|_| AtomicUsize::new(0)).collect(),
-        turn_seen_by_all: Notify::new(),
-        stop: tokio::sync::watch::channel(false).0,
-    });
-    let subscribers: Vec<_> = (0..m)
-        .map(|i| {
-            tokio::spawn(subscriber(
-                pool[i % pool.len()].clone(),
-                session_id.clone(),
-                head,
-                shared.clone(),
-            ))
-        })
-        .collect();
-    tokio::time::timeout(WAIT_TIMEOUT, async {
-        while shared.caught_up.load(Ordering::Acquire) < m {
-            shared.all_caught_up.notified().await;
-        }
-    })
-    .await
-    .context("the subscribers did not all catch up")?;
+    let setup = Setup::start(ctx, "fanout").await?;
+    let (shared, pool, session_id) = (&setup.shared, &setup.pool, &setup.session_id);
 
     // Paced: one long turn offering the target rate, measured after the warm-up.
     let per_session = plan.fanout_rate as f64 / m as f64;
@@ -279,58 +431,33 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     let offered_ticks = (plan.warmup + plan.duration).as_millis() as u64 / TICK_MS + 200;
     let paced = paced_prompt(chunks_per_tick, offered_ticks)?;
     let mut control = client::sessions(&pool[0]);
-    client::prompt(&mut control, &session_id, &paced).await?;
+    client::prompt(&mut control, session_id, &paced).await?;
     tokio::time::sleep(plan.warmup).await;
-    let head_before = head_offset(&pool[0], &session_id).await?;
-    let before = server.counters();
+    let head_before = head_offset(&pool[0], session_id).await?;
+    let before = setup.server.counters();
     let start = Instant::now();
     shared.phase.store(MEASURING_PACED, Ordering::Relaxed);
     tokio::time::sleep(plan.duration).await;
     shared.phase.store(BETWEEN, Ordering::Relaxed);
     let paced_window = start.elapsed();
-    let paced_usage = before.until(&server.counters());
-    let offered = (head_offset(&pool[0], &session_id).await? - head_before) as f64
+    let paced_usage = before.until(&setup.server.counters());
+    let offered = (head_offset(&pool[0], session_id).await? - head_before) as f64
         / paced_window.as_secs_f64();
-    stop_turn(&pool[0], &session_id).await?;
+    stop_turn(&pool[0], session_id).await?;
     let mut stop = shared.stop.subscribe();
-    if !seen_by_all(&shared, 0, &mut stop).await? {
+    if !seen_by_all(shared, 0, &mut stop).await? {
         bail!("stopped before the paced turn ended");
     }
 
     // Saturated: turns back to back, two in the pipeline, from turn 1 on.
-    let text = format!("@chunks {chunks} 100");
-    let driver = tokio::spawn(drive(
-        pool[0].clone(),
-        session_id.clone(),
-        text.clone(),
-        1,
-        shared.clone(),
-    ));
-    tokio::time::sleep(plan.warmup).await;
-    let before = server.counters();
-    let start = Instant::now();
-    shared.phase.store(MEASURING_SATURATED, Ordering::Relaxed);
-    tokio::time::sleep(plan.duration).await;
-    shared.phase.store(STOPPING, Ordering::Relaxed);
-    let window = start.elapsed();
-    let usage = before.until(&server.counters());
-    shared.stop.send_replace(true);
-
-    let turns = tokio::time::timeout(WAIT_TIMEOUT, driver)
-        .await
-        .context("the driver did not stop")?
-        .context("the driver panicked")??;
-    let [mut at_pace, mut saturated] = [Seen::default(), Seen::default()];
-    for task in subscribers {
-        let [p, s] = tokio::time::timeout(WAIT_TIMEOUT, task)
-            .await
-            .context("a subscriber did not stop")?
-            .context("a subscriber panicked")??;
-        at_pace.merge(&p);
-        saturated.merge(&s);
-    }
-    drop(pool);
-    server.stop().await?;
+    let Saturated {
+        text,
+        window,
+        usage,
+        turns,
+    } = saturated(ctx, &setup, 1).await?;
+    let connections = setup.connections;
+    let [at_pace, saturated, _] = setup.finish().await?;
 
     let rate = saturated.entries as f64 / window.as_secs_f64();
     let paced_rate = at_pace.entries as f64 / paced_window.as_secs_f64();
@@ -399,6 +526,103 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
                 "fanout saturated: {}; {}",
                 usage.describe(),
                 per_delivery(&usage, saturated.entries)
+            ),
+        ],
+    })
+}
+
+/// `fanout-behind`: delivery while every subscriber catches up at once, held against delivery
+/// while they keep up (the saturated part, same server, same subscribers, just before).
+pub async fn run_behind(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
+    let m = ctx.plan.subscribers;
+    let behind_chunks = if smoke {
+        BEHIND_CHUNKS_SMOKE
+    } else {
+        BEHIND_CHUNKS
+    };
+    let setup = Setup::start(ctx, "fanout-behind").await?;
+    let (shared, session_id) = (&setup.shared, &setup.session_id);
+
+    let keeping_up = saturated(ctx, &setup, 0).await?;
+    // Every subscriber has every turn the driver sent before anyone pauses.
+    let mut stop = shared.stop.subscribe();
+    if !seen_by_all(shared, keeping_up.turns - 1, &mut stop).await? {
+        bail!("stopped before the saturated turns reached every subscriber");
+    }
+
+    // All stop reading; one turn streams far past the live feed and the flow-control windows;
+    // its response is committed (seen by a fresh stream that keeps up) before anyone resumes.
+    // The prompt and that stream go over a connection of their own: the paused streams fill
+    // their connections' HTTP/2 windows, which would hold anything else on them.
+    let own = super::server::connect(setup.server.addr()).await?;
+    shared.phase.store(BETWEEN, Ordering::Relaxed);
+    shared.paused.store(true, Ordering::Release);
+    let turn = keeping_up.turns;
+    shared.arrived[turn % RING].store(0, Ordering::Release);
+    let head = head_offset(&own, session_id).await?;
+    let mut watcher = LogStream::open(&own, session_id, head).await?;
+    let text = format!("@chunks {behind_chunks} 100");
+    let action_id = client::prompt(&mut client::sessions(&own), session_id, &text).await?;
+    watcher
+        .response_to(&action_id)
+        .await
+        .context("the fallen-behind turn did not end")?;
+    drop(watcher);
+    let written = head_offset(&own, session_id).await? - head;
+    drop(own);
+
+    let before = setup.server.counters();
+    let start = Instant::now();
+    shared.phase.store(MEASURING_BEHIND, Ordering::Relaxed);
+    shared.paused.store(false, Ordering::Release);
+    shared.resumed.notify_waiters();
+    if !seen_by_all_within(shared, turn, &mut stop, BEHIND_TIMEOUT).await? {
+        bail!("stopped before the fallen-behind subscribers caught up");
+    }
+    let caught_up_in = start.elapsed();
+    shared.phase.store(STOPPING, Ordering::Relaxed);
+    let usage = before.until(&setup.server.counters());
+    let connections = setup.connections;
+    let [_, kept, behind] = setup.finish().await?;
+
+    let keeping_rate = kept.entries as f64 / keeping_up.window.as_secs_f64();
+    let behind_rate = behind.entries as f64 / caught_up_in.as_secs_f64();
+    let ratio = behind_rate / keeping_rate.max(1.0);
+    let q = |h: &Histogram, q: f64| ms(h.quantile(q).unwrap_or_default());
+    Ok(PhaseReport {
+        rows: vec![Row {
+            key: "fanout-behind",
+            figure: format!("{BEHIND_FIGURE}, {m} subscribers, events delivered"),
+            measured: format!("{} events/s", grouped(behind_rate, 0)),
+            against: format!("keeping up {} events/s", grouped(keeping_rate, 0)),
+            ratio: Some(ratio),
+            target: BEHIND_TARGET.to_owned(),
+            verdict: Verdict::of(ratio >= BEHIND_RATIO),
+        }],
+        notes: vec![
+            format!(
+                "fanout-behind: keeping up, {} entries delivered in {:.2} s ({} turns of {:?}, \
+                 two in the pipeline, {m} subscribers over {connections} connections); then \
+                 every subscriber paused while one turn of {text:?} wrote {written} entries \
+                 (the live feed holds 512), all resumed at once: {} entries delivered in {:.2} \
+                 s until every subscriber had the turn's response (expected {})",
+                kept.entries,
+                keeping_up.window.as_secs_f64(),
+                keeping_up.turns,
+                keeping_up.text,
+                behind.entries,
+                caught_up_in.as_secs_f64(),
+                written * m as u64,
+            ),
+            format!(
+                "fanout-behind: catching up, lag p50 {}, p99 {}, max {}; keeping up: {}; \
+                 catching up: {}; {}",
+                q(&behind.lag, 0.5),
+                q(&behind.lag, 0.99),
+                ms(behind.lag.max().unwrap_or_default()),
+                per_delivery(&keeping_up.usage, kept.entries),
+                usage.describe(),
+                per_delivery(&usage, behind.entries),
             ),
         ],
     })

@@ -13,9 +13,12 @@
 //! | `rtt-messages-p50` | the same, seen by a MESSAGES-view subscriber (TurnEnded) | the LOG view, same run |
 //! | `turns` | sustained turns/s, many sessions | the target |
 //! | `fanout-rate`, `fanout-lag` | one session to many LOG subscribers | the targets |
+//! | `fanout-behind` | the same when every subscriber fell behind at once ([`fanout`]) | delivery while keeping up, same run |
 //! | `replay` | catch-up replay of a long log | the target |
 //! | `translate` | TranslateChannelMessage req/s | a bare tonic echo ([`echo`]) |
-//! | `rss` | harness RSS per idle session | the target |
+//! | `rss`, `rss-48` | harness RSS per idle session | the first and third waves' targets |
+//! | `messages-memory` | server memory of MESSAGES subscribers of a long transcript ([`memory`]) | 1 subscriber, same run |
+//! | `sessions-latency` | turn latency of active sessions among many ([`crowd`]) | the fewest sessions, same run |
 //! | `turns-pg` | sustained turns/s on PostgreSQL ([`replicas`]) | SQLite, same phase |
 //! | `replica-lag` | cross-replica Subscribe lag | same-replica delivery, same turns |
 //! | `bridge-rtt-p50` | turn round trip through a bridge ([`bridge`]) | a local runtime, same run |
@@ -26,16 +29,22 @@
 //! | `idle-db` | PostgreSQL transactions/s, many idle sessions on 3 replicas ([`idle`]) | fewer idle sessions, same run |
 //! | `idle-subscribers` | transactions/s added by idle subscribers on a non-owner replica | the same replicas without them |
 //!
+//! `--wave3` runs the third wave's figures ([`WAVE3_KEYS`]) and prints them as one table;
+//! `--plots DIR` draws the plots of the run ([`plot`]).
+//!
 //! `docs/benchmarks.md` has the command, the machine, the figures and what bounds each one.
 
 mod bridge;
 mod client;
+mod crowd;
 mod direct;
 mod echo;
 mod fanout;
 mod idle;
 mod machine;
+mod memory;
 mod peers;
+mod plot;
 mod real_agent;
 mod replay;
 mod replicas;
@@ -61,9 +70,12 @@ pub enum Figure {
     Rtt,
     Turns,
     Fanout,
+    FanoutBehind,
     Replay,
     Translate,
     Rss,
+    MessagesMemory,
+    SessionsLatency,
     Replicas,
     Bridge,
     Warm,
@@ -73,13 +85,16 @@ pub enum Figure {
 }
 
 impl Figure {
-    pub const ALL: [Figure; 12] = [
+    pub const ALL: [Figure; 15] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
+        Figure::FanoutBehind,
         Figure::Replay,
         Figure::Translate,
         Figure::Rss,
+        Figure::MessagesMemory,
+        Figure::SessionsLatency,
         Figure::Replicas,
         Figure::Bridge,
         Figure::Warm,
@@ -106,9 +121,19 @@ impl Figure {
                 ("fanout-rate", fanout::FIGURE, ">= 1 M events/s (stretch)"),
                 ("fanout-lag", fanout::FIGURE, "p99 <= 20.000 ms"),
             ],
+            Figure::FanoutBehind => &[(
+                "fanout-behind",
+                fanout::BEHIND_FIGURE,
+                fanout::BEHIND_TARGET,
+            )],
             Figure::Replay => &[("replay", replay::FIGURE, ">= 200,000 frames/s")],
             Figure::Translate => &[("translate", translate::FIGURE, ">= 0.80 of echo")],
-            Figure::Rss => &[("rss", rss::FIGURE, "<= 64 KiB")],
+            Figure::Rss => &[
+                ("rss", rss::FIGURE, "<= 64 KiB"),
+                ("rss-48", rss::FIGURE, rss::THIRD_WAVE_TARGET),
+            ],
+            Figure::MessagesMemory => &[("messages-memory", memory::FIGURE, memory::TARGET)],
+            Figure::SessionsLatency => &[("sessions-latency", crowd::FIGURE, crowd::TARGET)],
             Figure::Replicas => &[
                 ("turns-pg", replicas::TURNS_FIGURE, replicas::TURNS_TARGET),
                 ("replica-lag", replicas::LAG_FIGURE, replicas::LAG_TARGET),
@@ -160,6 +185,13 @@ pub struct BenchArgs {
     /// Only these figures, comma-separated [default: all]
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Figure>,
+    /// Only the third wave's figures, printed as one table in the order of docs/benchmarks.md
+    #[arg(long, conflicts_with = "only")]
+    pub wave3: bool,
+    /// Draw the plots of the figures measured (latency against sessions, memory against
+    /// subscribers and transcript size) as PNG files into DIR
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
     /// Print the table as Markdown too
     #[arg(long)]
     pub markdown: bool,
@@ -376,7 +408,9 @@ fn main() -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => sibling_server()?,
     };
-    let figures: Vec<Figure> = if args.only.is_empty() {
+    let figures: Vec<Figure> = if args.wave3 {
+        wave3_figures()
+    } else if args.only.is_empty() {
         Figure::ALL.to_vec()
     } else {
         Figure::ALL
@@ -393,11 +427,56 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let failed = runtime.block_on(run(&ctx, &figures, args.smoke, args.markdown));
+    let failed = runtime.block_on(run(&ctx, &figures, &args));
     if failed > 0 {
         anyhow::bail!("{failed} figure(s) could not be measured");
     }
     Ok(())
+}
+
+/// The third wave's rows, in the order of docs/benchmarks.md's third-wave table. `--wave3` runs
+/// every figure that prints one of them and prints exactly these. Rows of figures that another
+/// branch adds are listed here by key (MERGE: `peers-log-python` and `real-agent` come with the
+/// Python-client peers row and the real-agent row); a key no figure prints reads SKIPPED.
+pub const WAVE3_KEYS: [&str; 8] = [
+    "peers-log-python",
+    "peers-log",
+    "fanout-behind",
+    "rss-48",
+    "idle-db",
+    "messages-memory",
+    "sessions-latency",
+    "real-agent",
+];
+
+/// The figures that print a third-wave row.
+fn wave3_figures() -> Vec<Figure> {
+    Figure::ALL
+        .into_iter()
+        .filter(|f| f.rows().iter().any(|(key, _, _)| WAVE3_KEYS.contains(key)))
+        .collect()
+}
+
+/// The third wave's rows of a run, in [`WAVE3_KEYS`] order; a key no figure printed reads
+/// SKIPPED.
+fn wave3_rows(rows: Vec<Row>) -> Vec<Row> {
+    WAVE3_KEYS
+        .iter()
+        .map(|key| {
+            rows.iter()
+                .find(|row| row.key == *key)
+                .cloned()
+                .unwrap_or_else(|| Row {
+                    key,
+                    figure: "-".to_owned(),
+                    measured: "no figure of this build prints it".to_owned(),
+                    against: "-".to_owned(),
+                    ratio: None,
+                    target: "-".to_owned(),
+                    verdict: report::Verdict::Skipped,
+                })
+        })
+        .collect()
 }
 
 /// The `agent-harness` beside this executable: cargo puts every binary of the workspace in the
@@ -441,8 +520,10 @@ fn header(ctx: &Ctx, smoke: bool) {
     println!("  plan: {:?}", ctx.plan);
 }
 
-async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usize {
+async fn run(ctx: &Ctx, figures: &[Figure], args: &BenchArgs) -> usize {
+    let (smoke, markdown) = (args.smoke, args.markdown);
     header(ctx, smoke);
+    let mut plots = plot::Plots::default();
     let started = Instant::now();
     let mut rows: Vec<Row> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -454,9 +535,19 @@ async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usiz
             Figure::Rtt => rtt::run(ctx).await,
             Figure::Turns => turns::run(ctx).await,
             Figure::Fanout => fanout::run(ctx).await,
+            Figure::FanoutBehind => fanout::run_behind(ctx, smoke).await,
             Figure::Replay => replay::run(ctx).await,
             Figure::Translate => translate::run(ctx).await,
             Figure::Rss => rss::run(ctx).await,
+            Figure::MessagesMemory => memory::run(ctx, smoke).await.map(|(report, points)| {
+                plots.memory = points;
+                report
+            }),
+            Figure::SessionsLatency => crowd::run(ctx, smoke).await.map(|(report, points)| {
+                plots.latency = points;
+                plots.active = ctx.plan.sessions;
+                report
+            }),
             Figure::Replicas => replicas::run(ctx).await,
             Figure::Bridge => bridge::run(ctx).await,
             Figure::Warm => warm::run(ctx, smoke).await,
@@ -488,6 +579,23 @@ async fn run(ctx: &Ctx, figures: &[Figure], smoke: bool, markdown: bool) -> usiz
             "  ... {figure:?} took {:.1} s",
             phase_start.elapsed().as_secs_f64()
         );
+    }
+    if args.wave3 {
+        rows = wave3_rows(rows);
+    }
+    if let Some(dir) = &args.plots {
+        match plot::write(&plots, dir) {
+            Ok((written, missing)) => {
+                for path in written {
+                    notes.push(format!("plot: wrote {}", path.display()));
+                }
+                notes.extend(missing.into_iter().map(|m| format!("plot: {m}")));
+            }
+            Err(error) => {
+                failed += 1;
+                eprintln!("  the plots could not be drawn: {error:#}");
+            }
+        }
     }
     println!();
     print!("{}", report::text_table(&rows));
@@ -547,6 +655,54 @@ mod tests {
             .split_whitespace()
             .collect();
         assert_eq!(keys, report::ROW_KEYS);
+    }
+
+    #[test]
+    fn the_third_wave_runs_only_the_figures_that_print_its_rows() {
+        let figures = wave3_figures();
+        for figure in [
+            Figure::FanoutBehind,
+            Figure::Rss,
+            Figure::IdleCost,
+            Figure::MessagesMemory,
+            Figure::SessionsLatency,
+            Figure::Peers,
+        ] {
+            assert!(figures.contains(&figure), "{figure:?}");
+        }
+        for figure in [Figure::Rtt, Figure::Turns, Figure::Fanout, Figure::Replay] {
+            assert!(!figures.contains(&figure), "{figure:?}");
+        }
+    }
+
+    #[test]
+    fn the_third_wave_table_has_its_rows_in_order_and_says_which_no_figure_printed() {
+        let printed = [
+            "turns",
+            "rss",
+            "sessions-latency",
+            "rss-48",
+            "fanout-behind",
+        ]
+        .map(|key| Row::failed(key, "a figure", "a target", "an error"));
+        let rows = wave3_rows(printed.to_vec());
+        let keys: Vec<&str> = rows.iter().map(|row| row.key).collect();
+        assert_eq!(keys, WAVE3_KEYS);
+        let verdict = |key: &str| rows.iter().find(|row| row.key == key).unwrap().verdict;
+        assert_eq!(verdict("rss-48"), report::Verdict::Failed);
+        assert_eq!(verdict("sessions-latency"), report::Verdict::Failed);
+        assert_eq!(verdict("real-agent"), report::Verdict::Skipped);
+    }
+
+    #[test]
+    fn every_third_wave_key_is_a_row_key_or_awaits_a_merge() {
+        let awaiting_merge = ["peers-log-python", "real-agent"];
+        for key in WAVE3_KEYS {
+            assert!(
+                report::ROW_KEYS.contains(&key) || awaiting_merge.contains(&key),
+                "{key}"
+            );
+        }
     }
 
     #[test]

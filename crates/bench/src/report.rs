@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 /// Every row key, in print order (the smoke stage of `scripts/test` checks each is printed; the
 /// bench's tests hold the figures and the script to this list).
 #[cfg(test)]
-pub const ROW_KEYS: [&str; 21] = [
+pub const ROW_KEYS: [&str; 25] = [
     "rtt-p50",
     "rtt-p99",
     "rtt-stretch",
@@ -14,9 +14,13 @@ pub const ROW_KEYS: [&str; 21] = [
     "turns",
     "fanout-rate",
     "fanout-lag",
+    "fanout-behind",
     "replay",
     "translate",
     "rss",
+    "rss-48",
+    "messages-memory",
+    "sessions-latency",
     "turns-pg",
     "replica-lag",
     "bridge-rtt-p50",

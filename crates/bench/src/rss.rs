@@ -29,6 +29,9 @@ use agent_harness::pb::v1 as pb;
 
 pub const FIGURE: &str = "harness RSS per idle session after one turn";
 const LIMIT_KIB: f64 = 64.0;
+/// The third wave's limit, on the same measurement (row `rss-48`).
+pub const THIRD_WAVE_LIMIT_KIB: f64 = 48.0;
+pub const THIRD_WAVE_TARGET: &str = "<= 48 KiB (third wave)";
 /// Time the server gets to finish closing streams before its memory is read.
 const SETTLE: Duration = Duration::from_millis(1000);
 
@@ -104,15 +107,26 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
         })
         .collect();
     Ok(PhaseReport {
-        rows: vec![Row {
-            key: "rss",
-            figure: format!("{FIGURE}, {n} sessions"),
-            measured: format!("{rss:.1} KiB/session"),
-            against: format!("limit {LIMIT_KIB:.0} KiB"),
-            ratio: Some(rss / LIMIT_KIB),
-            target: format!("<= {LIMIT_KIB:.0} KiB"),
-            verdict: Verdict::of(rss <= LIMIT_KIB),
-        }],
+        rows: vec![
+            Row {
+                key: "rss",
+                figure: format!("{FIGURE}, {n} sessions"),
+                measured: format!("{rss:.1} KiB/session"),
+                against: format!("limit {LIMIT_KIB:.0} KiB"),
+                ratio: Some(rss / LIMIT_KIB),
+                target: format!("<= {LIMIT_KIB:.0} KiB"),
+                verdict: Verdict::of(rss <= LIMIT_KIB),
+            },
+            Row {
+                key: "rss-48",
+                figure: format!("{FIGURE}, {n} sessions (the same reading)"),
+                measured: format!("{rss:.1} KiB/session"),
+                against: format!("limit {THIRD_WAVE_LIMIT_KIB:.0} KiB"),
+                ratio: Some(rss / THIRD_WAVE_LIMIT_KIB),
+                target: THIRD_WAVE_TARGET.to_owned(),
+                verdict: Verdict::of(rss <= THIRD_WAVE_LIMIT_KIB),
+            },
+        ],
         notes: vec![
             format!(
                 "rss: server VmRSS {} -> {} KiB (RssAnon {} -> {} KiB, {anon:.1} KiB/session) \

@@ -89,7 +89,18 @@ impl ServerProcess {
     /// Starts `agent-harness serve` with `config` (TOML) on a fresh data dir and waits until it
     /// answers health checks as SERVING.
     pub async fn serve(bin: &Path, label: &str, config: &str) -> anyhow::Result<Self> {
-        let dir = ScratchDir::new(label)?;
+        Self::serve_in(bin, ScratchDir::new(label)?, config).await
+    }
+
+    /// Stops the server (as [`ServerProcess::stop`]) and starts a fresh process on the same data
+    /// dir with `config`: the sessions stay, the new process has touched none of them yet.
+    pub async fn restart(mut self, bin: &Path, config: &str) -> anyhow::Result<Self> {
+        self.halt().await?;
+        let ServerProcess { dir, .. } = self;
+        Self::serve_in(bin, dir, config).await
+    }
+
+    async fn serve_in(bin: &Path, dir: ScratchDir, config: &str) -> anyhow::Result<Self> {
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, config).context("writing the server config")?;
         let data_dir = dir.path().join("data");
@@ -232,6 +243,10 @@ impl ServerProcess {
 
     /// SIGTERM, then waits for a clean exit (SIGKILL after [`STOP_TIMEOUT`]).
     pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.halt().await
+    }
+
+    async fn halt(&mut self) -> anyhow::Result<()> {
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
             libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
