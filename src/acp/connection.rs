@@ -16,7 +16,7 @@ pub const PREVIEW_BYTES: usize = 1024;
 /// The read and write buffers of a runtime's pipes. Small on purpose: they live as long as the
 /// runtime, idle or not, and the read buffer is zeroed when made (so it is resident at once);
 /// a longer line is read in several fills and a longer write bypasses the buffer.
-const PIPE_BUFFER: usize = 8 * 1024;
+const PIPE_BUFFER: usize = 4 * 1024;
 /// A line buffer that grew past this for a long line is given back after it.
 const LINE_BUFFER_KEPT: usize = 64 * 1024;
 /// Lines waiting to be written to a runtime before it counts as not reading its input.
@@ -68,7 +68,7 @@ pub async fn read_lines<R: AsyncRead + Unpin>(
     events: mpsc::Sender<RuntimeEvent>,
 ) {
     let mut reader = BufReader::with_capacity(PIPE_BUFFER, stdout);
-    let mut line: Vec<u8> = Vec::with_capacity(4096);
+    let mut line: Vec<u8> = Vec::with_capacity(1024);
     let send = |inbound| {
         let events = events.clone();
         async move { events.send(RuntimeEvent { epoch, inbound }).await.is_ok() }

@@ -662,7 +662,8 @@ pub fn spawn(
     let stderr = Arc::new(StderrTail::default());
     let tail = stderr.clone();
     tokio::spawn(async move {
-        let mut buf = [0u8; 4096];
+        // Small: it lives in the task of every runtime, idle or not, and stderr is rarely busy.
+        let mut buf = [0u8; 1024];
         while let Ok(n) = stderr_pipe.read(&mut buf).await {
             if n == 0 {
                 break;
