@@ -295,6 +295,7 @@ impl SqliteStore {
     /// A small commit applied on this thread when nothing waits for the writer and it is free:
     /// a group of one without the hand-offs to the writer thread and back. Anything else
     /// (a sync per commit, a queue, a big batch, a deletion) goes through the queue.
+    #[allow(clippy::result_large_err)] // as `SharedWriter::try_commit_now`
     fn try_commit_now(&self, change: Change) -> std::result::Result<Result<()>, Change> {
         let small =
             matches!(&change, Change::Commit(..)) && change.weight() <= COMMIT_IN_PLACE_BYTES;

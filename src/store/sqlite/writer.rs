@@ -160,6 +160,8 @@ impl SharedWriter {
 
     /// Applies `change` now, on the caller's thread, as a group of one — if the writer is free
     /// this instant. `Err(change)` gives it back to be queued instead.
+    // The change comes back as it went in: boxing it would cost an allocation per commit.
+    #[allow(clippy::result_large_err)]
     pub(super) fn try_commit_now(&self, change: Change) -> std::result::Result<Result<()>, Change> {
         let mut writer = match self.0.try_lock() {
             Ok(writer) => writer,
