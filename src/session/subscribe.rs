@@ -824,10 +824,6 @@ impl Subscription {
             self.flush_messages().await?;
             self.turn_end_pending = false;
             self.send(StreamEvent::TurnEnded(turn_end)).await?;
-            if self.live_mode {
-                // The turn's messages are final: give this stream's copies of them back.
-                self.meet_shared_fold();
-            }
             return Ok(());
         }
         if urgent && self.live_mode {
@@ -927,12 +923,13 @@ impl Subscription {
                 _ = sleep_until(heartbeat) => {
                     let head = self.source_head().unwrap_or(self.last).max(self.last);
                     self.send(StreamEvent::Heartbeat { head }).await?;
+                    // Only when idle: the first change after a meet copies the fold's index
+                    // (a cost of the whole transcript), which must not come with every turn.
                     self.meet_shared_fold();
                 }
                 _ = sleep_until_opt(flush_at) => {
                     flush_at = None;
                     self.flush_messages().await?;
-                    self.meet_shared_fold();
                 }
                 _ = self.stop.changed() => {
                     if *self.stop.borrow() == StreamStop::Draining {

@@ -10,9 +10,10 @@
 //! changes it, and given back at the next meeting.
 //!
 //! A stream meets the shared fold when it starts (to begin from it instead of folding the log
-//! from the start), when it has caught up, after a coalesced flush, after a turn's end and at a
-//! heartbeat: often enough to let copies go, never per entry (each meeting makes the next change
-//! of a shared message copy it once).
+//! from the start), when it has caught up, and at a heartbeat (sent only when the session is
+//! idle). Never per turn: after a meeting, the stream's first change copies the fold's message
+//! list and index — pointers and keys, but as many as the transcript has messages — so meeting
+//! at every turn's end would make each turn cost the whole history once per stream.
 
 use std::{
     collections::HashMap,
