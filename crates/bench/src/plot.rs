@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::Context;
-use plotters::prelude::*;
+use plotters::{coord::types::RangedCoordf64, prelude::*};
 
 /// Where the text's font is read from.
 pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -138,31 +138,14 @@ fn latency(plots: &Plots, path: &Path, text: bool) -> anyhow::Result<()> {
     type Pick = fn(&LatencyPoint) -> Duration;
     let lines: [(&str, Pick); 2] = [("p50", |p| p.p50), ("p99", |p| p.p99)];
     for (i, (name, pick)) in lines.into_iter().enumerate() {
-        let colour = COLOURS[i];
-        let series: Vec<(f64, f64)> = points
+        let series = points
             .iter()
             .map(|p| (p.sessions as f64, ms(pick(p))))
             .collect();
-        chart
-            .draw_series(LineSeries::new(series.clone(), colour.stroke_width(3)))?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3))
-            });
-        chart.draw_series(
-            series
-                .into_iter()
-                .map(|point| Circle::new(point, 5, colour.filled())),
-        )?;
+        draw_line(&mut chart, series, COLOURS[i], name.to_owned())?;
     }
     if text {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 18))
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()?;
+        draw_legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
@@ -202,8 +185,7 @@ fn memory(plots: &Plots, path: &Path, text: bool) -> anyhow::Result<()> {
     sizes.sort_unstable();
     sizes.dedup();
     for (i, bytes) in sizes.into_iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let series: Vec<(f64, f64)> = points
+        let series = points
             .iter()
             .filter(|p| p.transcript_bytes == bytes)
             .map(|p| (p.subscribers as f64, mib(p)))
@@ -213,28 +195,46 @@ fn memory(plots: &Plots, path: &Path, text: bool) -> anyhow::Result<()> {
         } else {
             format!("{} KiB transcript", bytes / 1024)
         };
-        chart
-            .draw_series(LineSeries::new(series.clone(), colour.stroke_width(3)))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3))
-            });
-        chart.draw_series(
-            series
-                .into_iter()
-                .map(|point| Circle::new(point, 5, colour.filled())),
-        )?;
+        draw_line(&mut chart, series, COLOURS[i % COLOURS.len()], label)?;
     }
     if text {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 18))
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()?;
+        draw_legend(&mut chart)?;
     }
     root.present()?;
+    Ok(())
+}
+
+/// Both plots: sessions or subscribers on a log scale, milliseconds or MiB on a linear one.
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<LogCoord<f64>, RangedCoordf64>>;
+
+/// One line with a dot at each of its points, and its entry in the legend.
+fn draw_line(
+    chart: &mut Chart<'_, '_>,
+    series: Vec<(f64, f64)>,
+    colour: RGBColor,
+    label: String,
+) -> anyhow::Result<()> {
+    chart
+        .draw_series(LineSeries::new(series.clone(), colour.stroke_width(3)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3)));
+    chart.draw_series(
+        series
+            .into_iter()
+            .map(|point| Circle::new(point, 5, colour.filled())),
+    )?;
+    Ok(())
+}
+
+fn draw_legend<'a>(chart: &mut Chart<'a, 'a>) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 18))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
     Ok(())
 }
 

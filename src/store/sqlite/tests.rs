@@ -375,27 +375,20 @@ async fn a_commit_made_while_others_wait_for_the_writer_joins_their_group() {
         store.create_session(&b).await.unwrap();
         let resume = store.pause_writer().await;
         let before = store.write_transactions();
-        let first = tokio::spawn({
+        // Each commits its session's first entry from a task of its own.
+        let commit_first_entry = |id: Uuid| {
             let store = store.clone();
-            async move {
+            tokio::spawn(async move {
                 let batch = Batch {
-                    entries: vec![frame(1, r#"{"a":1}"#)],
+                    entries: vec![frame(1, r#"{"n":1}"#)],
                     ..Batch::default()
                 };
-                store.commit(a.id, batch).await
-            }
-        });
+                store.commit(id, batch).await
+            })
+        };
+        let first = commit_first_entry(a.id);
         until_queued(&store, 1).await;
-        let second = tokio::spawn({
-            let store = store.clone();
-            async move {
-                let batch = Batch {
-                    entries: vec![frame(1, r#"{"b":1}"#)],
-                    ..Batch::default()
-                };
-                store.commit(b.id, batch).await
-            }
-        });
+        let second = commit_first_entry(b.id);
         until_queued(&store, 2).await;
         resume.send(()).unwrap();
         first.await.unwrap().unwrap();
