@@ -3,8 +3,10 @@
 //! (also survives power loss).
 //!
 //! - **Writes** (`create_session`, `commit`, `delete_session`) go to a single writer thread that
-//!   owns the only write connection and group-commits whatever is waiting: many batches, one
-//!   transaction, one savepoint each, replies after `COMMIT` (see `sqlite/writer.rs`).
+//!   holds the only write connection and group-commits whatever is waiting: many batches, one
+//!   transaction, one savepoint each, replies after `COMMIT`. A small commit that finds nothing
+//!   waiting and the connection free is applied by its caller instead, under the same lock
+//!   (see `sqlite/writer.rs`).
 //! - **Reads** run on a small pool of read-only connections on tokio's blocking threads, so they
 //!   never block the async runtime and never wait behind the writer (WAL readers see the last
 //!   committed state).
