@@ -69,22 +69,28 @@ pub fn write(plots: &Plots, dir: &Path) -> anyhow::Result<(Vec<PathBuf>, Vec<Str
     if !text {
         missing.push(format!("no font at {FONT}: the plots carry no text"));
     }
-    if plots.latency.is_empty() {
-        missing.push(format!(
-            "{LATENCY_FILE}: not drawn, sessions-latency was not measured"
-        ));
-    } else {
-        let path = dir.join(LATENCY_FILE);
-        latency(plots, &path, text).with_context(|| format!("drawing {}", path.display()))?;
-        written.push(path);
-    }
-    if plots.memory.is_empty() {
-        missing.push(format!(
-            "{MEMORY_FILE}: not drawn, messages-memory was not measured"
-        ));
-    } else {
-        let path = dir.join(MEMORY_FILE);
-        memory(plots, &path, text).with_context(|| format!("drawing {}", path.display()))?;
+    type Draw = fn(&Plots, &Path, bool) -> anyhow::Result<()>;
+    let drawings: [(&str, bool, &str, Draw); 2] = [
+        (
+            LATENCY_FILE,
+            plots.latency.is_empty(),
+            "sessions-latency",
+            latency,
+        ),
+        (
+            MEMORY_FILE,
+            plots.memory.is_empty(),
+            "messages-memory",
+            memory,
+        ),
+    ];
+    for (file, unmeasured, figure, draw) in drawings {
+        if unmeasured {
+            missing.push(format!("{file}: not drawn, {figure} was not measured"));
+            continue;
+        }
+        let path = dir.join(file);
+        draw(plots, &path, text).with_context(|| format!("drawing {}", path.display()))?;
         written.push(path);
     }
     Ok((written, missing))
