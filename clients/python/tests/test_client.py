@@ -163,3 +163,40 @@ def test_subscribe_survives_a_server_restart_with_every_event_once(server, tmp_p
     ended = [e.turn_ended.request_id for e in events.seen if e.WhichOneof("event") == "turn_ended"]
     assert ended == [first.action_id, second.action_id]
     client.close()
+
+
+def test_a_subscription_is_read_on_the_iterating_thread_and_another_thread_can_cancel_it(client, tmp_path):
+    from agent_harness_client.v1 import agent_session_service_pb2 as service_pb2
+
+    session = client.create_session(profile="mock", cwd=str(tmp_path))
+    call = client.sessions.Subscribe(
+        service_pb2.SubscribeRequest(session_id=session.id, view=service_pb2.SUBSCRIBE_VIEW_LOG), timeout=TIMEOUT
+    )
+    # No hand-over from grpcio's polling thread: the iterating thread reads each event itself.
+    assert "SingleThreaded" in type(call).__name__
+    assert any(event.WhichOneof("event") == "caught_up" for event in _until_caught_up(call))
+
+    # The stream is idle now; a cancel from another thread ends the wait of the one iterating.
+    waiting = threading.Event()
+    outcome: "queue.Queue" = queue.Queue()
+
+    def read() -> None:
+        waiting.set()
+        try:
+            outcome.put(next(call))
+        except grpc.RpcError as error:
+            outcome.put(error.code())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert waiting.wait(TIMEOUT)
+    call.cancel()
+    assert outcome.get(timeout=TIMEOUT) == grpc.StatusCode.CANCELLED
+    reader.join(TIMEOUT)
+
+
+def _until_caught_up(call):
+    for event in call:
+        yield event
+        if event.WhichOneof("event") == "caught_up":
+            return
