@@ -6,6 +6,7 @@ use crate::domain::{log::Direction, session::SessionStatus};
 
 pub(crate) const FRAMES_APPENDED: &str = "agent_harness_frames_appended_total";
 pub(crate) const TURNS: &str = "agent_harness_turns_total";
+pub(crate) const LOG_COMMITS: &str = "agent_harness_log_commits_total";
 pub(crate) const RETENTION_DELETED: &str = "agent_harness_retention_deleted_sessions_total";
 pub(crate) const RETENTION_PASSES: &str = "agent_harness_retention_passes_total";
 pub(crate) const RETENTION_RECLAIMED: &str = "agent_harness_retention_reclaimed_pages_total";
@@ -53,6 +54,12 @@ pub(crate) fn frames_appended(direction: Direction, count: u64) {
         Direction::Event => "event",
     };
     metrics::counter!(FRAMES_APPENDED, "direction" => direction).increment(count);
+}
+
+/// A session's step stored (one transaction of its log, record, queue and actions): against
+/// `agent_harness_turns_total`, what a turn costs the store.
+pub(crate) fn log_committed() {
+    metrics::counter!(LOG_COMMITS).increment(1);
 }
 
 pub(crate) fn turn_ended(stop_reason: &str) {

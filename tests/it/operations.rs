@@ -72,6 +72,37 @@ async fn a_metrics_scrape_after_a_turn_finds_the_counters_moved() {
 }
 
 #[tokio::test]
+async fn a_turn_the_agent_answers_in_one_write_costs_two_commits_the_prompt_and_the_answer_with_the_turns_end()
+ {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            config.metrics_listen = Some("127.0.0.1:0".parse().unwrap())
+        })
+        .await;
+        let addr = h.metrics_addr().expect("a metrics endpoint");
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        watch.status(pb::SessionStatus::Idle).await;
+        let commits = || async { sample(&scrape(addr).await, "agent_harness_log_commits_total") };
+        let before = commits().await;
+        // The mock agent writes its echo and its answer in one write.
+        let reply = session.prompt("one write").await;
+        watch.response_to(&reply.action_id).await;
+        let ended = watch.event("turn_ended").await;
+        assert_eq!(ended["request_id"], reply.action_id.as_str());
+        watch.status(pb::SessionStatus::Idle).await;
+        assert_eq!(
+            commits().await - before,
+            2.0,
+            "the prompt with its record, then the answer with its turn_ended and the idle status"
+        );
+        let stored = session.get().await;
+        assert_eq!(stored.status, pb::SessionStatus::Idle as i32);
+    })
+    .await
+}
+
+#[tokio::test]
 async fn the_traceparent_of_an_incoming_call_reaches_the_runtime_in_the_prompts_meta() {
     bounded(async {
         let h = Harness::start().await;

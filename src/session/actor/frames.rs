@@ -23,6 +23,7 @@ use crate::{
     domain::{
         ActionId, ElicitationAnswer, ErrorCode, JsonRpcId, PermissionAnswer, Result,
         queue::{Queue, QueuedEntry, QueuedWork},
+        session::SessionStatus,
     },
     store::{ActionRecord, ActionState, Direction, QueueOp},
 };
@@ -72,7 +73,12 @@ impl Actor {
             }
         }
         let usage = self.meter(&mut out, &frames).await;
+        let status_before = self.record.status;
+        if terminal.is_none() {
+            self.end_status_with_answer(&mut out, &frames);
+        }
         if let Err(error) = self.flush(out).await {
+            self.record.status = status_before;
             self.unmetered();
             // Nothing may be acted on before it is logged.
             return self
@@ -194,24 +200,80 @@ impl Actor {
                 kind => self.on_handshake_response(kind, frame).await,
             };
         }
-        let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
+        if let Some((ended, stop_reason)) = self.turn_end_of(id, frame) {
+            if let Some(turn) = &self.work.turn {
+                turn.ended(stop_reason);
+            }
+            self.end_turn(ended).await;
+        }
+    }
+
+    /// How the running turn ends when `frame` (a reply with this `id`) answers its prompt, and
+    /// the stop reason; `None` when it answers something else.
+    fn turn_end_of<'f>(&self, id: &Value, frame: &'f Value) -> Option<(TurnEnd, &'f str)> {
+        let action_id = ActionId::from_jsonrpc_id(id)?;
+        let turn = self
+            .work
+            .turn
+            .as_ref()
+            .filter(|t| t.action_id == action_id)?;
+        let reply: Reply<PromptResult> = view(frame);
+        let stop_reason = match &reply.result {
+            Some(result) => result.stop_reason.unwrap_or("end_turn"),
+            None => "failed",
+        };
+        let ended = if stop_reason == "cancelled" || turn.cancel_deadline.is_some() {
+            TurnEnd::Cancelled
+        } else if reply.error.is_some() {
+            TurnEnd::Error
+        } else {
+            TurnEnd::Answered
+        };
+        Some((ended, stop_reason))
+    }
+
+    /// Why the runtime restarts after a turn that ended so, if it does.
+    fn restart_after(&self, ended: TurnEnd) -> Option<&'static str> {
+        let resilience = &self.profile.resilience;
+        let reason = match ended {
+            TurnEnd::Cancelled if resilience.restart_after_cancel => RESTARTED_AFTER_CANCEL,
+            TurnEnd::Error if resilience.restart_after_error => RESTARTED_AFTER_ERROR,
+            _ => return None,
+        };
+        self.profile
+            .can_come_back(self.record.can_resume, self.record.can_load)
+            .then_some(reason)
+    }
+
+    /// The common end of a turn — a batch of the agent's lines whose last is its answer to the
+    /// running prompt, after plain updates only, with no restart to follow — changes nothing
+    /// but the session's status. That status goes into the batch that logs the answer, so the
+    /// turn ends in one commit, not two, and the answer reaches subscribers without waiting
+    /// behind a second one. The reactions still come after the commit, in order; the turn's
+    /// end then finds the status already stored and commits nothing more. Anything less plain
+    /// (a request, a cancel, a config change, a restart) keeps the two steps.
+    fn end_status_with_answer(&mut self, out: &mut Out, frames: &[Value]) {
+        let Some((answer, before)) = frames.split_last() else {
             return;
         };
-        if let Some(turn) = self.work.turn.as_ref().filter(|t| t.action_id == action_id) {
-            let reply: Reply<PromptResult> = view(frame);
-            let stop_reason = match &reply.result {
-                Some(result) => result.stop_reason.unwrap_or("end_turn"),
-                None => "failed",
-            };
-            turn.ended(stop_reason);
-            let ended = if stop_reason == "cancelled" || turn.cancel_deadline.is_some() {
-                TurnEnd::Cancelled
-            } else if reply.error.is_some() {
-                TurnEnd::Error
-            } else {
-                TurnEnd::Answered
-            };
-            self.end_turn(ended).await;
+        if !self.runtime.state.is_ready() || self.record.status == SessionStatus::Closed {
+            return;
+        }
+        let envelope: Envelope = view(answer);
+        let Some(id) = envelope.id.filter(|_| envelope.method.is_missing()) else {
+            return;
+        };
+        let plain_end = self
+            .turn_end_of(&id, answer)
+            .is_some_and(|(ended, _)| self.restart_after(ended).is_none());
+        if !plain_end || !before.iter().all(is_plain_update) {
+            return;
+        }
+        // What `end_turn` would store: no turn and nothing held.
+        if self.record.status != SessionStatus::Idle {
+            self.record.status = SessionStatus::Idle;
+            self.record.status_reason.clear();
+            self.touch(out);
         }
     }
 
@@ -258,21 +320,16 @@ impl Actor {
         self.work.turn = None;
         // Held requests of the turn are released: a later answer gets *_NOT_PENDING.
         self.work.held.clear();
-        let resilience = &self.profile.resilience;
-        let restart = match ended {
-            TurnEnd::Cancelled if resilience.restart_after_cancel => Some(RESTARTED_AFTER_CANCEL),
-            TurnEnd::Error if resilience.restart_after_error => Some(RESTARTED_AFTER_ERROR),
-            _ => None,
-        };
-        if let Some(reason) = restart
-            && self
-                .profile
-                .can_come_back(self.record.can_resume, self.record.can_load)
-        {
+        if let Some(reason) = self.restart_after(ended) {
             return self.restart_runtime_after_turn(reason).await;
         }
         let mut out = Out::default();
         self.refresh_status(&mut out);
+        if out.batch.is_empty() {
+            // The status was stored with the agent's answer (`end_status_with_answer`), so
+            // nothing is committed here; the idle timer starts now that no turn runs.
+            self.arm_idle_timer();
+        }
         let _ = self.flush(out).await;
         self.dispatch_next().await;
     }
@@ -289,7 +346,7 @@ impl Actor {
             json!({"event": "runtime_stopped", "epoch": self.runtime.epoch, "reason": reason}),
             None,
         );
-        self.record.status = crate::domain::session::SessionStatus::Suspended;
+        self.record.status = SessionStatus::Suspended;
         self.record.status_reason = reason.to_owned();
         self.touch(&mut out);
         if let Err(error) = self.flush(out).await {
@@ -547,4 +604,17 @@ impl Actor {
         }
         Ok(())
     }
+}
+
+/// A `session/update` notification whose reaction writes nothing (it is not a config change).
+fn is_plain_update(frame: &Value) -> bool {
+    let envelope: Envelope = view(frame);
+    if envelope.method.ok() != Some("session/update") || envelope.id.is_some() {
+        return false;
+    }
+    let params: Params<UpdateParams> = view(frame);
+    params
+        .params
+        .and_then(|p| p.update)
+        .is_none_or(|update| update.session_update != Some("config_option_update"))
 }

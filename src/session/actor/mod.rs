@@ -542,6 +542,7 @@ impl Actor {
         }
         self.head += appended;
         self.shared.set_head(self.head);
+        metrics::log_committed();
         for (direction, count) in [
             Direction::ToRuntime,
             Direction::FromRuntime,
