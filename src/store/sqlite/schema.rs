@@ -22,7 +22,7 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) const WAL_BOUND_PAGES: u32 = 10_000;
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -132,6 +132,41 @@ CREATE TABLE usage_records (
 );
 CREATE INDEX usage_records_by_principal ON usage_records (principal, at);
 CREATE INDEX usage_records_by_session ON usage_records (session_id);
+"#;
+
+/// Version 4: a turn's commits dirty fewer pages. A turn changes its session's status twice
+/// (idle → running → idle), and the two indexes on `status` moved an entry between their pages
+/// each time: at least four index pages written per turn beside the row's own. Indexes now name `status`
+/// only as the condition of partial indexes of closed sessions, which a live session is in
+/// neither before nor after such a change, so SQLite leaves them alone:
+///
+/// - `sessions_by_owner` is on `owner` alone; live sessions per owner are counted as all of the
+///   owner's minus the closed ones (`sessions_closed_by_owner`).
+/// - `sessions_closed_by_time` serves retention (closed sessions, oldest first).
+/// - Listing by status reads newest first and filters, as every other listing filter does.
+///
+/// `actions` becomes a `WITHOUT ROWID` table keyed by its primary key: recording an action id
+/// writes one B-tree page instead of the table's and its key index's.
+const V4: &str = r#"
+DROP INDEX sessions_by_status;
+DROP INDEX sessions_by_owner;
+CREATE INDEX sessions_by_owner ON sessions (owner);
+CREATE INDEX sessions_closed_by_owner ON sessions (owner) WHERE status = 'closed';
+CREATE INDEX sessions_closed_by_time ON sessions (updated_at) WHERE status = 'closed';
+
+CREATE TABLE actions_by_key (
+    session_pk  INTEGER NOT NULL REFERENCES sessions (pk) ON DELETE CASCADE,
+    action_id   BLOB    NOT NULL,
+    state       TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    fingerprint TEXT    NOT NULL,
+    PRIMARY KEY (session_pk, action_id)
+) WITHOUT ROWID;
+INSERT INTO actions_by_key (session_pk, action_id, state, created_at, fingerprint)
+    SELECT session_pk, action_id, state, created_at, fingerprint FROM actions NOT INDEXED
+    ORDER BY session_pk, action_id;
+DROP TABLE actions;
+ALTER TABLE actions_by_key RENAME TO actions;
 "#;
 
 /// Settings of the one write connection: WAL, the configured `synchronous`, foreign keys, and an
@@ -305,6 +340,54 @@ mod tests {
             0,
             "NONE: switching needs a VACUUM"
         );
+    }
+
+    #[test]
+    fn version_4_rebuilds_actions_on_its_key_and_keeps_every_recorded_action_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = Connection::open(dir.path().join("db.sqlite3")).unwrap();
+        configure_writer(&conn, SqliteSynchronous::Normal).unwrap();
+        conn.execute_batch(&[V1, V2, V3].concat()).unwrap();
+        conn.pragma_update(None, "user_version", 3).unwrap();
+        conn.execute_batch(
+            "INSERT INTO sessions (pk, id, name, owner, profile, cwd, model, acp_session_id, \
+             status, status_reason, created_at, updated_at, profile_fingerprint, \
+             request_fingerprint, can_resume, can_load) VALUES \
+             (1, x'01', '', 'user:a', 'mock', '/', '', '', 'idle', '', 1, 1, '', '', 0, 0), \
+             (2, x'02', '', 'user:a', 'mock', '/', '', '', 'closed', '', 2, 2, '', '', 0, 0); \
+             INSERT INTO actions VALUES (2, x'bb', 'sent', 5, 'fp-b'), (1, x'aa', 'queued', 4, 'fp-a');",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let actions: Vec<(i64, Vec<u8>, String, i64, String)> = conn
+            .prepare("SELECT * FROM actions")
+            .unwrap()
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            actions,
+            [
+                (1, vec![0xaa], "queued".to_owned(), 4, "fp-a".to_owned()),
+                (2, vec![0xbb], "sent".to_owned(), 5, "fp-b".to_owned()),
+            ]
+        );
+        let without_rowid: i64 = conn
+            .query_row("SELECT \"wr\" FROM pragma_table_list('actions')", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(without_rowid, 1);
+        // Deleting a session still takes its action ids with it.
+        conn.execute("DELETE FROM sessions WHERE pk = 2", [])
+            .unwrap();
+        let left: i64 = conn
+            .query_row("SELECT count(*) FROM actions", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left, 1);
     }
 
     #[test]

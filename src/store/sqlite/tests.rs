@@ -1043,3 +1043,126 @@ async fn a_read_whose_caller_goes_away_is_interrupted_and_frees_its_connection()
     })
     .await
 }
+
+/// The pages (WAL frames) that one transaction applying `batch` to `session_id` writes, on a raw
+/// connection to the store's file configured as the writer's.
+fn pages_written(conn: &mut rusqlite::Connection, session_id: Uuid, batch: Batch) -> i64 {
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    let tx = conn.transaction().unwrap();
+    super::writer::commit(&tx, session_id, batch).unwrap();
+    tx.commit().unwrap();
+    // A passive checkpoint reports how many frames the WAL holds: this transaction's.
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))
+        .unwrap()
+}
+
+/// A file with `count` sessions (so every index of `sessions` spans several pages), written
+/// through the store and then opened raw, as the writer opens it.
+async fn raw_file_with_sessions(
+    dir: &TempDir,
+    count: u64,
+) -> (rusqlite::Connection, Vec<SessionRecord>) {
+    let path = db_path(dir);
+    let store = open(&path);
+    let mut records = Vec::new();
+    for i in 0..count {
+        let owner = format!("user:{}", i % 7);
+        let record = session(&owner, i);
+        store.create_session(&record).await.unwrap();
+        records.push(record);
+    }
+    store.close().await.unwrap();
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    super::schema::configure_writer(&conn, SqliteSynchronous::Normal).unwrap();
+    (conn, records)
+}
+
+/// A turn changes its session's status twice; neither change may move an index entry, or every
+/// turn pays for the index pages in its commits (four of them, before schema version 4).
+#[tokio::test]
+async fn a_turns_status_changes_write_the_sessions_row_and_no_index_page() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut conn, records) = raw_file_with_sessions(&dir, 400).await;
+        let mut record = records[200].clone();
+        for status in [SessionStatus::Running, SessionStatus::Idle] {
+            record.status = status;
+            let batch = Batch {
+                session: Some(record.clone()),
+                ..Batch::default()
+            };
+            assert_eq!(
+                pages_written(&mut conn, record.id, batch),
+                1,
+                "to {status:?}: the row's page alone"
+            );
+        }
+        // Closing does move the session into the closed sessions' indexes.
+        record.status = SessionStatus::Closed;
+        let batch = Batch {
+            session: Some(record.clone()),
+            ..Batch::default()
+        };
+        assert_eq!(pages_written(&mut conn, record.id, batch), 3);
+    })
+    .await;
+}
+
+/// A prompt's acceptance records its action id: one page of `actions`, not the table's and its
+/// key index's.
+#[tokio::test]
+async fn recording_an_action_id_writes_one_page() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut conn, records) = raw_file_with_sessions(&dir, 3).await;
+        let id = records[1].id;
+        for _ in 0..3 {
+            let batch = Batch {
+                new_actions: vec![action(ActionId::mint(), ActionState::Sent)],
+                ..Batch::default()
+            };
+            assert_eq!(pages_written(&mut conn, id, batch), 1);
+        }
+    })
+    .await;
+}
+
+/// Counting an owner's live sessions and finding expired closed sessions read the partial
+/// indexes of closed sessions (the status in their SQL must match the indexes' literal).
+#[tokio::test]
+async fn live_counts_and_retention_read_the_closed_sessions_indexes() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (conn, _) = raw_file_with_sessions(&dir, 3).await;
+        assert_eq!(SessionStatus::Closed.as_str(), "closed");
+        for (sql, index) in [
+            (
+                "SELECT count(*) FROM sessions WHERE owner = ?1 AND status = 'closed'",
+                "sessions_closed_by_owner",
+            ),
+            (
+                "SELECT id FROM sessions WHERE status = 'closed' AND updated_at < ?1 \
+                 ORDER BY updated_at LIMIT ?2",
+                "sessions_closed_by_time",
+            ),
+        ] {
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(
+                    rusqlite::params_from_iter([0i64; 2].iter().take(sql.matches('?').count())),
+                    |row| row.get::<_, String>(3),
+                )
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert!(
+                plan.iter().any(|step| step.contains(index)),
+                "{sql}: {plan:?}"
+            );
+        }
+    })
+    .await;
+}

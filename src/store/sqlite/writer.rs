@@ -30,10 +30,7 @@ use super::{
     rows::{Context, action_id_bytes},
 };
 use crate::{
-    domain::{
-        Error, ErrorCode, Result,
-        session::{SessionRecord, SessionStatus},
-    },
+    domain::{Error, ErrorCode, Result, session::SessionRecord},
     store::{Batch, QueueOp, StoreError, context_to_json, to_micros, work_to_json},
 };
 
@@ -652,14 +649,13 @@ fn expire_batch(conn: &Connection, before: i64, limit: usize) -> Result<Vec<Uuid
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut select = conn
         .prepare_cached(
-            "SELECT id FROM sessions WHERE status = ?1 AND updated_at < ?2 \
-             ORDER BY updated_at LIMIT ?3",
+            // The status is a literal so the planner may use `sessions_closed_by_time`.
+            "SELECT id FROM sessions WHERE status = 'closed' AND updated_at < ?1 \
+             ORDER BY updated_at LIMIT ?2",
         )
         .context("finding expired sessions")?;
     let ids = select
-        .query_map((SessionStatus::Closed.as_str(), before, limit), |row| {
-            row.get::<_, Vec<u8>>(0)
-        })
+        .query_map((before, limit), |row| row.get::<_, Vec<u8>>(0))
         .context("finding expired sessions")?
         .map(|id| {
             let id = id.context("finding expired sessions")?;
@@ -688,7 +684,7 @@ fn head_offset(conn: &Connection, pk: i64) -> Result<u64> {
     }
 }
 
-fn commit(conn: &Connection, session_id: Uuid, batch: Batch) -> Result<()> {
+pub(super) fn commit(conn: &Connection, session_id: Uuid, batch: Batch) -> Result<()> {
     let pk = session_pk(conn, session_id)?
         .ok_or_else(|| Error::session_not_found(&session_id.to_string()))?;
 
