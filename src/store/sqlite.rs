@@ -487,6 +487,12 @@ fn list_sql(query: &SessionQuery) -> (String, Vec<SqlValue>) {
     (sql, params)
 }
 
+/// An owner's live sessions, as all of them minus the closed ones: both counts read an index
+/// only (see the schema's version 4). The status is a literal so the planner may use the
+/// partial index (the connections keep their plans stable, so a bound value would not).
+pub(super) const COUNT_LIVE_SESSIONS: &str = "SELECT (SELECT count(*) FROM sessions WHERE owner = ?1) \
+     - (SELECT count(*) FROM sessions WHERE owner = ?1 AND status = 'closed')";
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn create_session(&self, record: &SessionRecord) -> Result<()> {
@@ -520,12 +526,7 @@ impl Store for SqliteStore {
         let owner = owner.to_owned();
         self.read(move |conn| {
             let count: i64 = conn
-                // Both counts read an index only (see the schema's version 4); the status is
-                // a literal so the planner may use the partial index.
-                .prepare_cached(
-                    "SELECT (SELECT count(*) FROM sessions WHERE owner = ?1) \
-                     - (SELECT count(*) FROM sessions WHERE owner = ?1 AND status = 'closed')",
-                )
+                .prepare_cached(COUNT_LIVE_SESSIONS)
                 .and_then(|mut stmt| stmt.query_row([&owner], |row| row.get(0)))
                 .context("counting live sessions")?;
             Ok(count as u64)

@@ -73,12 +73,15 @@ impl Actor {
             }
         }
         let usage = self.meter(&mut out, &frames).await;
-        let status_before = self.record.status;
-        if terminal.is_none() {
-            self.end_status_with_answer(&mut out, &frames);
-        }
+        let replaced_status = terminal
+            .is_none()
+            .then(|| self.end_status_with_answer(&mut out, &frames))
+            .flatten();
         if let Err(error) = self.flush(out).await {
-            self.record.status = status_before;
+            if let Some((status, reason)) = replaced_status {
+                self.record.status = status;
+                self.record.status_reason = reason;
+            }
             self.unmetered();
             // Nothing may be acted on before it is logged.
             return self
@@ -251,30 +254,35 @@ impl Actor {
     /// turn ends in one commit, not two, and the answer reaches subscribers without waiting
     /// behind a second one. The reactions still come after the commit, in order; the turn's
     /// end then finds the status already stored and commits nothing more. Anything less plain
-    /// (a request, a cancel, a config change, a restart) keeps the two steps.
-    fn end_status_with_answer(&mut self, out: &mut Out, frames: &[Value]) {
-        let Some((answer, before)) = frames.split_last() else {
-            return;
-        };
+    /// (a request, a cancel, a config change, a restart) keeps the two steps. Returns the status
+    /// and reason it replaced, for the caller to put back if the batch is not stored.
+    fn end_status_with_answer(
+        &mut self,
+        out: &mut Out,
+        frames: &[Value],
+    ) -> Option<(SessionStatus, String)> {
+        let (answer, before) = frames.split_last()?;
         if !self.runtime.state.is_ready() || self.record.status == SessionStatus::Closed {
-            return;
+            return None;
         }
         let envelope: Envelope = view(answer);
-        let Some(id) = envelope.id.filter(|_| envelope.method.is_missing()) else {
-            return;
-        };
+        let id = envelope.id.filter(|_| envelope.method.is_missing())?;
         let plain_end = self
             .turn_end_of(&id, answer)
             .is_some_and(|(ended, _)| self.restart_after(ended).is_none());
         if !plain_end || !before.iter().all(is_plain_update) {
-            return;
+            return None;
         }
         // What `end_turn` would store: no turn and nothing held.
-        if self.record.status != SessionStatus::Idle {
-            self.record.status = SessionStatus::Idle;
-            self.record.status_reason.clear();
-            self.touch(out);
+        if self.record.status == SessionStatus::Idle {
+            return None;
         }
+        let replaced = (
+            std::mem::replace(&mut self.record.status, SessionStatus::Idle),
+            std::mem::take(&mut self.record.status_reason),
+        );
+        self.touch(out);
+        Some(replaced)
     }
 
     pub(super) async fn on_set_config_response(&mut self, action_id: ActionId, frame: &Value) {

@@ -1138,23 +1138,13 @@ async fn live_counts_and_retention_read_the_closed_sessions_indexes() {
         let (conn, _) = raw_file_with_sessions(&dir, 3).await;
         assert_eq!(SessionStatus::Closed.as_str(), "closed");
         for (sql, index) in [
-            (
-                "SELECT count(*) FROM sessions WHERE owner = ?1 AND status = 'closed'",
-                "sessions_closed_by_owner",
-            ),
-            (
-                "SELECT id FROM sessions WHERE status = 'closed' AND updated_at < ?1 \
-                 ORDER BY updated_at LIMIT ?2",
-                "sessions_closed_by_time",
-            ),
+            (super::COUNT_LIVE_SESSIONS, "sessions_closed_by_owner"),
+            (super::writer::EXPIRED_SESSIONS, "sessions_closed_by_time"),
         ] {
-            let plan: Vec<String> = conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap()
-                .query_map(
-                    rusqlite::params_from_iter([0i64; 2].iter().take(sql.matches('?').count())),
-                    |row| row.get::<_, String>(3),
-                )
+            let mut explain = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let unbound = std::iter::repeat_n(0i64, explain.parameter_count());
+            let plan: Vec<String> = explain
+                .query_map(rusqlite::params_from_iter(unbound), |row| row.get(3))
                 .unwrap()
                 .collect::<rusqlite::Result<_>>()
                 .unwrap();

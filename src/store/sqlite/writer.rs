@@ -645,14 +645,15 @@ fn delete(conn: &Connection, session_id: Uuid) -> Result<bool> {
     Ok(deleted > 0)
 }
 
+/// Closed sessions last changed before `?1`, oldest first, at most `?2`. The status is a literal
+/// so the planner may use `sessions_closed_by_time`.
+pub(super) const EXPIRED_SESSIONS: &str = "SELECT id FROM sessions WHERE status = 'closed' \
+     AND updated_at < ?1 ORDER BY updated_at LIMIT ?2";
+
 fn expire_batch(conn: &Connection, before: i64, limit: usize) -> Result<Vec<Uuid>> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut select = conn
-        .prepare_cached(
-            // The status is a literal so the planner may use `sessions_closed_by_time`.
-            "SELECT id FROM sessions WHERE status = 'closed' AND updated_at < ?1 \
-             ORDER BY updated_at LIMIT ?2",
-        )
+        .prepare_cached(EXPIRED_SESSIONS)
         .context("finding expired sessions")?;
     let ids = select
         .query_map((before, limit), |row| row.get::<_, Vec<u8>>(0))
