@@ -265,7 +265,7 @@ async fn open_sessions(
         }
     };
     let processes = ProcessTable::open(&config.data_dir).context("the runtime process table")?;
-    let mut options = config.engine_options(bound);
+    let mut options = config.engine_options(bound)?;
     options.budgets = auth.budgets();
     options.traces = traces.clone();
     tracing::info!(
@@ -275,7 +275,45 @@ async fn open_sessions(
         "replica identity"
     );
     let ctx = Arc::new(EngineContext::new(store.clone(), processes, options));
+    describe_sandbox(config, &ctx, bound);
     Ok((Sessions::open(ctx).await?, store))
+}
+
+/// Says at start what the boxes enforce here, which profiles run unboxed or with an open
+/// network, and which limits cannot be applied (their sessions would fail to start).
+fn describe_sandbox(config: &ServeConfig, ctx: &EngineContext, bound: std::net::SocketAddr) {
+    let sandbox = ctx.sandbox();
+    sandbox.set_harness_addresses(
+        std::iter::once(bound)
+            .chain(config.metrics_listen)
+            .collect(),
+    );
+    let local = config.profiles.values().filter(|p| p.remote.is_none());
+    let (boxed, unboxed): (Vec<_>, Vec<_>) = local.partition(|p| p.sandbox.is_some());
+    if !boxed.is_empty() {
+        let removed = sandbox.remove_leftovers(ctx.processes());
+        if removed > 0 {
+            tracing::info!(removed, "removed runtime cgroups a previous process left");
+        }
+        tracing::info!(
+            profiles = ?boxed.iter().map(|p| &p.name).collect::<Vec<_>>(),
+            homes_dir = %sandbox.settings().homes_dir.display(),
+            "sandbox: {}",
+            sandbox.describe()
+        );
+    }
+    for profile in &boxed {
+        let policy = profile.sandbox.as_ref().expect("boxed");
+        if policy.egress == crate::acp::sandbox::Egress::Open {
+            tracing::warn!(profile = %profile.name, "egress = \"open\": this profile's agents reach any host the server can, its own ports included");
+        }
+        if let Err(why) = sandbox.check_limits(policy) {
+            tracing::error!(profile = %profile.name, %why, "this profile's limits cannot be applied here: its sessions will fail to start (lift them with sandbox.memory = \"none\" and sandbox.pids = \"none\", or fix the cause)");
+        }
+    }
+    for profile in unboxed {
+        tracing::warn!(profile = %profile.name, "sandbox = \"off\": this profile's agents run as the server's user, with its files and network in reach");
+    }
 }
 
 /// The token this replica presents when it forwards a call to a peer, from

@@ -47,6 +47,14 @@ enum Command {
         #[arg(long)]
         marker_prefix: String,
     },
+    /// Internal: started by `serve` (and `bridge`) as a runtime's process; builds its box and
+    /// starts the agent in it, as told over descriptor 3.
+    #[command(hide = true)]
+    SandboxExec,
+    /// Internal: run by `profiles --check` inside a profile's box; says whether the agent's
+    /// command is there and its directories take writes.
+    #[command(hide = true)]
+    SandboxProbe { command: String },
 }
 
 /// Waits for SIGTERM or SIGINT. SIGHUP never stops the server: with a tokens file the token
@@ -80,10 +88,15 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Backup(args) => std::process::exit(agent_harness::backup::run(args).into()),
         Command::People(command) => std::process::exit(agent_harness::cli::main(command).into()),
+        Command::SandboxExec => std::process::exit(agent_harness::acp::sandbox::launcher::main()),
+        Command::SandboxProbe { command } => {
+            std::process::exit(agent_harness::acp::sandbox::probe::main(&command))
+        }
         Command::RuntimeWatchdog { marker_prefix } => {
             std::process::exit(agent_harness::acp::process::watchdog_main(&marker_prefix))
         }
         Command::Bridge(args) => {
+            agent_harness::acp::sandbox::make_non_dumpable()?;
             agent_harness::acp::process::set_watchdog_program(std::env::current_exe()?);
             agent_harness::telemetry::init_logging(Default::default());
             tokio::runtime::Builder::new_multi_thread()
@@ -92,6 +105,7 @@ fn main() -> anyhow::Result<()> {
                 .block_on(agent_harness::bridge::run(args))
         }
         Command::Serve(args) => {
+            agent_harness::acp::sandbox::make_non_dumpable()?;
             let program = std::env::current_exe()?;
             agent_harness::acp::process::set_watchdog_program(program.clone());
             let config = ServeConfig::resolve(*args, program)?;

@@ -7,10 +7,12 @@ pub mod connection;
 pub mod env;
 pub mod fold;
 pub mod frames;
+pub mod launch;
 mod lenient;
 pub mod primer;
 pub mod process;
 pub mod remote;
+pub mod sandbox;
 pub mod transcript;
 pub(crate) mod views;
 

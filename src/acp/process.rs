@@ -215,12 +215,17 @@ impl ProcessTable {
 
     /// Whether a watchdog guards this table's runtimes (then the parent-death signal is SIGTERM and
     /// the watchdog enforces the grace).
-    fn has_watchdog(&self) -> bool {
+    pub(crate) fn has_watchdog(&self) -> bool {
         self._watchdog.is_some()
     }
 
+    /// The marker prefixes of every runtime on this data dir, and of this instance's.
+    pub(crate) fn marker_prefixes(&self) -> (&str, &str) {
+        (&self.data_dir_prefix, &self.instance_prefix)
+    }
+
     /// A fresh marker value for the next runtime.
-    fn next_marker(&self) -> String {
+    pub(crate) fn next_marker(&self) -> String {
         let n = self
             .next_runtime
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -506,6 +511,9 @@ pub struct SpawnedRuntime {
     pub killer: RuntimeKiller,
     /// Resolves with the exit status once the process has exited and been reaped.
     pub exited: oneshot::Receiver<io::Result<ExitStatus>>,
+    /// Set when a limit of the runtime's box ended it ("memory limit 2 GiB reached"), before
+    /// `exited` resolves.
+    pub limit: Arc<std::sync::OnceLock<String>>,
 }
 
 /// How a runtime is to end.
@@ -605,7 +613,7 @@ impl Drop for RuntimeKiller {
     }
 }
 
-/// Starts a runtime in `cwd`.
+/// Starts a runtime in `cwd`, unboxed: the profile's program with its environment.
 pub fn spawn(
     profile: RuntimeSpec<'_>,
     cwd: &Path,
@@ -613,14 +621,54 @@ pub fn spawn(
 ) -> io::Result<SpawnedRuntime> {
     let env = runtime_env(profile.env, profile.secrets)?;
     let marker = processes.next_marker();
-    let mut command = Command::new(profile.command);
+    start(
+        Program {
+            path: profile.command,
+            args: profile.args,
+            env,
+            cwd,
+            marker,
+            stop_grace: profile.stop_grace,
+            control: None,
+        },
+        processes,
+        None,
+    )
+}
+
+/// One process to start as a runtime's leader.
+pub(crate) struct Program<'a> {
+    pub path: &'a Path,
+    pub args: &'a [String],
+    /// Its whole environment but the marker and the grace, which are added.
+    pub env: Vec<(OsString, OsString)>,
+    pub cwd: &'a Path,
+    /// From [`ProcessTable::next_marker`].
+    pub marker: String,
+    pub stop_grace: Duration,
+    /// A descriptor the program gets as descriptor 3 (the sandbox launcher's control socket).
+    pub control: Option<std::os::fd::RawFd>,
+}
+
+/// What runs once nothing of a runtime is left, before its exit is reported: the box's cleanup,
+/// which returns the limit that ended the runtime, if one did.
+pub(crate) type Aftercare = Box<dyn FnOnce() -> Option<String> + Send>;
+
+/// Starts `program` as a runtime: its own process group, marked, killed with the harness.
+pub(crate) fn start(
+    program: Program<'_>,
+    processes: &ProcessTable,
+    aftercare: Option<Aftercare>,
+) -> io::Result<SpawnedRuntime> {
+    let marker = program.marker;
+    let mut command = Command::new(program.path);
     command
-        .args(profile.args)
-        .current_dir(cwd)
+        .args(program.args)
+        .current_dir(program.cwd)
         .env_clear()
-        .envs(env)
+        .envs(program.env)
         .env(MARKER_VAR, &marker)
-        .env(STOP_GRACE_VAR, profile.stop_grace.as_millis().to_string())
+        .env(STOP_GRACE_VAR, program.stop_grace.as_millis().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -635,6 +683,7 @@ pub fn spawn(
         true => libc::SIGTERM,
         false => libc::SIGKILL,
     };
+    let control = program.control;
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -646,6 +695,18 @@ pub fn spawn(
             // The harness may have died before prctl took effect.
             if libc::getppid() as u32 != parent {
                 libc::_exit(1);
+            }
+            // The control socket at descriptor 3, kept across the exec (dup2 clears
+            // close-on-exec; a socket already at 3 has it cleared by hand).
+            if let Some(fd) = control {
+                if fd == 3 {
+                    let flags = libc::fcntl(3, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, 3) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -677,6 +738,7 @@ pub fn spawn(
     let (exit_tx, exit_rx) = oneshot::channel();
     let processes = processes.clone();
     let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let limit = Arc::new(std::sync::OnceLock::new());
     tokio::spawn(supervise(
         child,
         pid,
@@ -685,6 +747,7 @@ pub fn spawn(
         exit_tx,
         processes,
         reaped.clone(),
+        aftercare.map(|aftercare| (aftercare, limit.clone())),
     ));
     Ok(SpawnedRuntime {
         pid,
@@ -693,11 +756,13 @@ pub fn spawn(
         stderr,
         killer: RuntimeKiller::new(kill_tx, Some(pid), reaped.clone()),
         exited: exit_rx,
+        limit,
     })
 }
 
 /// Owns the child: reports its exit, or ends its tree when asked (at once when the killer is
 /// dropped), and always reaps it.
+#[allow(clippy::too_many_arguments)]
 async fn supervise(
     mut child: Child,
     pid: u32,
@@ -706,6 +771,7 @@ async fn supervise(
     exited: oneshot::Sender<io::Result<ExitStatus>>,
     processes: ProcessTable,
     reaped: Arc<std::sync::atomic::AtomicBool>,
+    aftercare: Option<(Aftercare, Arc<std::sync::OnceLock<String>>)>,
 ) {
     let status = tokio::select! {
         status = child.wait() => {
@@ -723,7 +789,15 @@ async fn supervise(
     };
     reaped.store(true, std::sync::atomic::Ordering::Release);
     // Descendants that left the group (or outlived a wrapper) still carry the marker.
-    let _ = tokio::task::spawn_blocking(move || sweep(|m| m == marker)).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        sweep(|m| m == marker);
+        if let Some((aftercare, limit)) = aftercare
+            && let Some(reason) = aftercare()
+        {
+            let _ = limit.set(reason);
+        }
+    })
+    .await;
     processes.forget(pid);
     let _ = exited.send(status);
 }

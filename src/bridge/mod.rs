@@ -26,7 +26,6 @@ use anyhow::Context;
 use serde::Deserialize;
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
-    process::{ChildStdin, ChildStdout},
     sync::mpsc,
     time::Instant,
 };
@@ -36,6 +35,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use crate::{
     acp::{
         RuntimeSpec,
+        launch::{self, Launch},
         process::{self, ProcessTable, StderrTail},
         remote::DEFAULT_RECONNECT_GRACE,
     },
@@ -102,6 +102,10 @@ pub struct BridgeProfile {
     /// How long its runtimes get between SIGTERM and SIGKILL when the bridge itself goes away
     /// (its watchdog stops them; default "2s"). A stop the harness asks for carries its own grace.
     pub stop_grace: Option<String>,
+    /// `"off"`, `"on"` (the default) or the box's settings, as a harness profile has them.
+    pub sandbox: Option<toml::Value>,
+    /// Where its boxed runtimes may connect, as a harness profile says it.
+    pub egress: Option<toml::Value>,
 }
 
 impl BridgeProfile {
@@ -117,6 +121,32 @@ impl BridgeProfile {
             env_files: self.env_files.clone(),
         }
         .resolve(&table, preset)
+    }
+
+    /// Its box (`None`: unboxed), checked against the bridge's own files.
+    pub fn box_policy(
+        &self,
+        name: &str,
+        defaults: &crate::config::sandbox::SandboxDefaults,
+        protected: &[PathBuf],
+    ) -> anyhow::Result<Option<crate::acp::sandbox::BoxPolicy>> {
+        let table = format!("profiles.{name}");
+        let preset = crate::config::named_preset(&table, self.preset.as_deref())?;
+        let policy = crate::config::sandbox::box_policy(
+            &table,
+            self.sandbox.as_ref(),
+            self.egress.as_ref(),
+            preset.map(|p| p.egress).unwrap_or_default(),
+            defaults,
+            Some(protected),
+        )?;
+        if policy.is_some() && self.env.contains_key("HOME") {
+            anyhow::bail!(
+                "{table} sets HOME, but a boxed runtime's HOME is its owner's under \
+                 sandbox.homes_dir; remove it, or set sandbox = \"off\""
+            );
+        }
+        Ok(policy)
     }
 
     fn stop_grace(&self) -> anyhow::Result<Duration> {
@@ -148,6 +178,10 @@ pub struct BridgeConfig {
     /// Where runtime records live, so leftovers of a crashed bridge are reaped (default: a
     /// directory under the system's temporary directory, per bridge id).
     pub data_dir: Option<PathBuf>,
+    /// The boxes its runtimes run in, as a harness's `[sandbox]` (HOMEs default to
+    /// `<data_dir>/homes`).
+    #[serde(default)]
+    pub sandbox: crate::config::sandbox::SandboxFile,
     #[serde(default)]
     pub profiles: BTreeMap<String, BridgeProfile>,
 }
@@ -225,6 +259,9 @@ struct Bridge {
     grace: Duration,
     processes: ProcessTable,
     runtimes: Mutex<HashMap<String, Handle>>,
+    sandbox: crate::acp::sandbox::Sandbox,
+    /// Each profile's box (`None`: unboxed), by name.
+    boxes: BTreeMap<String, Option<crate::acp::sandbox::BoxPolicy>>,
 }
 
 /// Runs the bridge until the process is stopped.
@@ -249,6 +286,42 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", data_dir.display()))?;
     let processes = ProcessTable::open(&data_dir).context("the runtime process table")?;
     processes.reap_leftovers();
+    // The bridge's own files stay out of every box: its token, its config, its data dir.
+    let protected: Vec<PathBuf> = [
+        Some(&data_dir),
+        Some(&args.config),
+        args.token_file.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .chain(config.profiles.values().flat_map(|p| p.env_files.values()))
+    .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+    .collect();
+    let defaults = config.sandbox.defaults()?;
+    let launcher = std::env::current_exe().context("this executable's path")?;
+    let settings = config
+        .sandbox
+        .settings(&data_dir, launcher, protected.clone())?;
+    let sandbox = crate::acp::sandbox::Sandbox::new(settings);
+    let mut boxes = BTreeMap::new();
+    for (name, profile) in &config.profiles {
+        let policy = profile.box_policy(name, &defaults, &protected)?;
+        match &policy {
+            Some(policy) => {
+                if let Err(why) = sandbox.check_limits(policy) {
+                    tracing::error!(profile = %name, %why, "this profile's limits cannot be applied here: its runtimes will fail to start");
+                }
+            }
+            None => {
+                tracing::warn!(profile = %name, "sandbox = \"off\": this profile's agents run as the bridge's user, with its files (its token among them) in reach")
+            }
+        }
+        boxes.insert(name.clone(), policy);
+    }
+    if boxes.values().any(Option::is_some) {
+        sandbox.remove_leftovers(&processes);
+        tracing::info!(homes_dir = %sandbox.settings().homes_dir.display(), "sandbox: {}", sandbox.describe());
+    }
     let token = match &args.token_file {
         Some(path) => {
             let token = std::fs::read_to_string(path)
@@ -293,6 +366,8 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
         grace,
         processes,
         runtimes: Mutex::new(HashMap::new()),
+        sandbox,
+        boxes,
     });
     let mut attempt: u32 = 0;
     loop {
@@ -474,14 +549,7 @@ impl Bridge {
                 .await;
             return;
         }
-        // Checking the cwd asks the file system: on a blocking thread, so a slow mount holds up
-        // this spawn only, never the worker thread the other runtimes' tasks run on.
-        let started = {
-            let (bridge, request) = (self.clone(), spawn.clone());
-            tokio::task::spawn_blocking(move || bridge.start(&request))
-                .await
-                .unwrap_or_else(|e| Err(format!("could not start the runtime: {e}")))
-        };
+        let started = self.start(&spawn).await;
         let (child, profile) = match started {
             Ok(started) => started,
             Err(error) => {
@@ -490,7 +558,7 @@ impl Bridge {
                 return;
             }
         };
-        tracing::info!(bridge = %self.id, session = %spawn.session_id, runtime = %key, profile, pid = child.pid, "runtime started");
+        tracing::info!(bridge = %self.id, session = %spawn.session_id, runtime = %key, profile, started = ?child.described, "runtime started");
         let (events_tx, events_rx) = mpsc::channel(RUNTIME_EVENTS);
         let seqs = Arc::new(Seqs::default());
         self.runtimes.lock().expect("not poisoned").insert(
@@ -526,33 +594,24 @@ impl Bridge {
         });
     }
 
-    fn start(&self, spawn: &SpawnRuntime) -> Result<(process::SpawnedRuntime, String), String> {
-        let Some(profile) = self.config.profiles.get(&spawn.profile) else {
-            let known: Vec<&String> = self.config.profiles.keys().collect();
-            return Err(format!(
-                "bridge {} has no profile {:?} (it has {known:?})",
-                self.id, spawn.profile
-            ));
+    /// Starts a runtime the harness asked for, through the one launch path (boxed unless its
+    /// profile says `sandbox = "off"`).
+    async fn start(&self, spawn: &SpawnRuntime) -> Result<(launch::Runtime, String), String> {
+        // Checking the cwd asks the file system: on a blocking thread, so a slow mount holds up
+        // this spawn only, never the worker thread the other runtimes' tasks run on.
+        let checked = {
+            let (config, request) = (self.config.clone(), spawn.clone());
+            let forbidden = {
+                let settings = self.sandbox.settings();
+                let mut forbidden = settings.protected.clone();
+                forbidden.push(settings.homes_dir.clone());
+                forbidden
+            };
+            tokio::task::spawn_blocking(move || check_cwd(&config, &request, &forbidden))
+                .await
+                .unwrap_or_else(|e| Err(format!("could not start the runtime: {e}")))?
         };
-        let cwd = Path::new(&spawn.cwd);
-        if !cwd.is_absolute() {
-            return Err(format!("cwd {:?} is not absolute", spawn.cwd));
-        }
-        let canonical = std::fs::canonicalize(cwd)
-            .map_err(|e| format!("cwd {:?} cannot be used here: {e}", spawn.cwd))?;
-        if !canonical.is_dir() {
-            return Err(format!("cwd {:?} is not a directory", spawn.cwd));
-        }
-        if let Some(roots) = &profile.allowed_cwd_roots
-            && !roots.iter().any(|root| {
-                std::fs::canonicalize(root).is_ok_and(|root| canonical.starts_with(root))
-            })
-        {
-            return Err(format!(
-                "cwd {:?} is not under an allowed root of profile {}",
-                spawn.cwd, spawn.profile
-            ));
-        }
+        let profile = &self.config.profiles[&spawn.profile];
         // Checked when the config was loaded.
         let launch = profile
             .launch(&spawn.profile)
@@ -566,10 +625,74 @@ impl Bridge {
             // Checked when the config was loaded.
             stop_grace: profile.stop_grace().unwrap_or(process::DEFAULT_STOP_GRACE),
         };
-        process::spawn(spec, &canonical, &self.processes)
-            .map(|child| (child, spawn.profile.clone()))
-            .map_err(|e| format!("could not start {:?}: {e}", launch.command))
+        let home = self.sandbox.home_of(&spawn.profile, &spawn.owner);
+        let boxed = self
+            .boxes
+            .get(&spawn.profile)
+            .and_then(Option::as_ref)
+            .map(|policy| launch::Boxed {
+                sandbox: &self.sandbox,
+                policy,
+                home: &home,
+            });
+        launch::launch(Launch::Local(launch::LocalLaunch {
+            runtime: spec,
+            profile: &spawn.profile,
+            cwd: &checked,
+            boxed,
+            processes: &self.processes,
+            timeout: BOX_TIMEOUT,
+        }))
+        .await
+        .map(|runtime| (runtime, spawn.profile.clone()))
     }
+}
+
+/// How long a box may take to be built on a bridge.
+const BOX_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The canonical cwd of a spawn: absolute, a directory, under an allowed root of its profile
+/// (`{principal}` expanded for the session's owner) and clear of the bridge's own files.
+fn check_cwd(
+    config: &BridgeConfig,
+    spawn: &SpawnRuntime,
+    forbidden: &[PathBuf],
+) -> Result<PathBuf, String> {
+    let Some(profile) = config.profiles.get(&spawn.profile) else {
+        let known: Vec<&String> = config.profiles.keys().collect();
+        return Err(format!(
+            "this bridge has no profile {:?} (it has {known:?})",
+            spawn.profile
+        ));
+    };
+    let cwd = Path::new(&spawn.cwd);
+    if !cwd.is_absolute() {
+        return Err(format!("cwd {:?} is not absolute", spawn.cwd));
+    }
+    let canonical = std::fs::canonicalize(cwd)
+        .map_err(|e| format!("cwd {:?} cannot be used here: {e}", spawn.cwd))?;
+    if !canonical.is_dir() {
+        return Err(format!("cwd {:?} is not a directory", spawn.cwd));
+    }
+    let roots = profile
+        .allowed_cwd_roots
+        .as_deref()
+        .map(|roots| crate::acp::sandbox::workspace_roots(roots, &spawn.owner));
+    let clear = !forbidden
+        .iter()
+        .any(|f| canonical.starts_with(f) || f.starts_with(&canonical));
+    let under_a_root = roots.as_ref().is_none_or(|roots| {
+        roots
+            .iter()
+            .any(|root| std::fs::canonicalize(root).is_ok_and(|root| canonical.starts_with(root)))
+    });
+    if !clear || !under_a_root {
+        return Err(format!(
+            "cwd {:?} is not under an allowed root of profile {}",
+            spawn.cwd, spawn.profile
+        ));
+    }
+    Ok(canonical)
 }
 
 /// One runtime's side of the bridge (module doc).
@@ -593,8 +716,8 @@ impl RuntimeTask {
         }
     }
 
-    async fn run(mut self, child: process::SpawnedRuntime, mut events: mpsc::Receiver<Event>) {
-        let process::SpawnedRuntime {
+    async fn run(mut self, child: launch::Runtime, mut events: mpsc::Receiver<Event>) {
+        let launch::Runtime {
             stdin,
             stdout,
             stderr,
@@ -688,7 +811,12 @@ impl RuntimeTask {
         drop(killer);
     }
 
-    async fn on_stdin(&mut self, stdin: &mut Option<ChildStdin>, seq: u64, line: Vec<u8>) {
+    async fn on_stdin(
+        &mut self,
+        stdin: &mut Option<Box<dyn tokio::io::AsyncWrite + Unpin + Send>>,
+        seq: u64,
+        line: Vec<u8>,
+    ) {
         if seq <= self.last_stdin_seq {
             return; // a duplicate of a resent line
         }
@@ -755,7 +883,10 @@ async fn exit_of(
 
 /// One line of the agent's stdout without its ending, cut at [`MAX_LINE_BYTES`]; `None` at the
 /// end of the output.
-async fn read_line(stdout: &mut BufReader<ChildStdout>, line: &mut Vec<u8>) -> Option<()> {
+async fn read_line(
+    stdout: &mut BufReader<Box<dyn tokio::io::AsyncRead + Unpin + Send>>,
+    line: &mut Vec<u8>,
+) -> Option<()> {
     loop {
         let available = stdout.fill_buf().await.ok()?;
         if available.is_empty() {

@@ -18,9 +18,12 @@ pub const PROFILES_HELP: &str = "Examples:
 A profile names a preset with `preset = \"claude\"` and writes only what differs (README,
 \"Agents and presets\"; docs/agents.md says what each was tested with).
 
+  agent-harness profiles --config harness.toml --check   # and start each profile's box once
+
 Exit codes:
-  0  every profile resolves
-  1  the config file cannot be read, or a profile does not resolve (the error names it)";
+  0  every profile resolves (and with --check, every box starts)
+  1  the config file cannot be read, a profile does not resolve (the error names it), or with
+     --check a box does not start (each failure says why)";
 
 #[derive(Args)]
 pub struct ProfilesArgs {
@@ -30,6 +33,12 @@ pub struct ProfilesArgs {
     /// One JSON object per preset and per profile, for scripts
     #[arg(long)]
     json: bool,
+    /// Start each local profile's box once (the agent replaced by a probe) and say what fails
+    /// and why: user namespaces, mounts, limits, whether its command is in the box, HOME and
+    /// cwd taking writes. Reads the same flags' environment as `serve` (AGENT_HARNESS_DATA_DIR,
+    /// …)
+    #[arg(long)]
+    check: bool,
 }
 
 /// Lists the presets, then the built-in `mock` profile and the file's profiles; the exit code.
@@ -69,7 +78,83 @@ pub fn run(args: ProfilesArgs) -> u8 {
     for error in &failed {
         eprintln!("error: {error}");
     }
+    if args.check && failed.is_empty() {
+        return check(args.config);
+    }
     u8::from(!failed.is_empty())
+}
+
+/// `serve`'s flags, as far as their environment sets them.
+#[derive(clap::Parser)]
+struct ServeEnvironment {
+    #[command(flatten)]
+    args: super::ServeArgs,
+}
+
+/// `--check`: every local profile's box started once; its exit code.
+fn check(config: Option<PathBuf>) -> u8 {
+    use clap::Parser;
+    let mut serve = ServeEnvironment::parse_from(["serve"]).args;
+    serve.config = config;
+    let program = std::env::current_exe().unwrap_or_else(|_| "agent-harness".into());
+    let config = match super::ServeConfig::resolve(serve, program) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return 1;
+        }
+    };
+    let settings = match config.sandbox_settings() {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return 1;
+        }
+    };
+    let sandbox = crate::acp::sandbox::Sandbox::new(settings);
+    println!("sandbox: {}", sandbox.describe());
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return 1;
+        }
+    };
+    let mut failures = 0;
+    for profile in config.profiles.values().filter(|p| p.remote.is_none()) {
+        let Some(policy) = &profile.sandbox else {
+            println!("profile {}: unboxed (sandbox = \"off\")", profile.name);
+            continue;
+        };
+        let problems = match sandbox.check_limits(policy) {
+            Err(why) => vec![format!("its limits cannot be applied: {why}")],
+            Ok(()) => match runtime.block_on(
+                sandbox.check(
+                    &profile.name,
+                    profile.launch(),
+                    policy,
+                    profile
+                        .startup_timeout
+                        .min(std::time::Duration::from_secs(30)),
+                ),
+            ) {
+                Ok(report) => report.problems(&profile.command.to_string_lossy()),
+                Err(why) => vec![why],
+            },
+        };
+        if problems.is_empty() {
+            println!("profile {}: its box starts", profile.name);
+        } else {
+            failures += 1;
+            for problem in problems {
+                println!("profile {}: FAILS: {problem}", profile.name);
+            }
+        }
+    }
+    u8::from(failures > 0)
 }
 
 fn resolve(name: &str, table: ProfileFile) -> anyhow::Result<Value> {

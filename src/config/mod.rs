@@ -5,6 +5,7 @@
 pub mod listing;
 pub mod preset;
 pub(crate) mod profile;
+pub mod sandbox;
 
 use std::{
     collections::BTreeMap,
@@ -244,6 +245,9 @@ pub struct FileConfig {
     pub invocation_meta_key: Option<String>,
     #[serde(default)]
     pub limits: Limits,
+    /// The boxes runtimes run in (config/sandbox.rs).
+    #[serde(default)]
+    pub sandbox: sandbox::SandboxFile,
     #[serde(default)]
     pub profiles: BTreeMap<String, ProfileFile>,
 }
@@ -375,6 +379,14 @@ pub struct ServeConfig {
     pub profiles: BTreeMap<String, Arc<Profile>>,
     /// gRPC-Web, CORS and the console.
     pub browser: BrowserConfig,
+    /// The config file this was read from, if any (no box may show it).
+    pub config_file: Option<PathBuf>,
+    /// The `[sandbox]` table: what every box shares (where HOMEs live, the agents' ids, the
+    /// cgroup parent). The paths no box may show are found from the rest of this config when the
+    /// server starts ([`ServeConfig::sandbox_settings`]).
+    pub sandbox: sandbox::SandboxFile,
+    /// This very executable: the sandbox launcher (`sandbox-exec`) and the `mock` agent.
+    pub program: PathBuf,
 }
 
 impl ServeConfig {
@@ -391,8 +403,32 @@ impl ServeConfig {
             })
     }
 
-    pub(crate) fn engine_options(&self, bound: SocketAddr) -> crate::session::EngineOptions {
-        crate::session::EngineOptions {
+    /// What every box shares, from the `[sandbox]` table and the server's own files as this
+    /// config names them now (the data dir, config, tokens file, TLS files, secrets).
+    pub fn sandbox_settings(&self) -> anyhow::Result<crate::acp::sandbox::SandboxSettings> {
+        let tls = self.tls.as_ref();
+        let protected = protected_paths(
+            &self.data_dir,
+            self.config_file.as_deref(),
+            self.tokens_file.as_deref(),
+            tls,
+            [
+                self.replica_token_file.as_ref(),
+                self.replica_tls_ca.as_ref(),
+            ],
+            self.profiles
+                .values()
+                .flat_map(|p| p.secrets.files.values()),
+        );
+        self.sandbox
+            .settings(&self.data_dir, self.program.clone(), protected)
+    }
+
+    pub(crate) fn engine_options(
+        &self,
+        bound: SocketAddr,
+    ) -> anyhow::Result<crate::session::EngineOptions> {
+        Ok(crate::session::EngineOptions {
             limits: self.limits.clone(),
             profiles: self.profiles.clone(),
             meta_key: self.invocation_meta_key.clone(),
@@ -407,7 +443,8 @@ impl ServeConfig {
             ),
             budgets: Default::default(),
             traces: Default::default(),
-        }
+            sandbox: self.sandbox_settings()?,
+        })
     }
 
     /// Flags (and their env fallbacks) over the config file over defaults. `mock_program` is the
@@ -508,22 +545,50 @@ impl ServeConfig {
             args.console.or(file.console).unwrap_or(false),
         )?;
 
-        let mut profiles = BTreeMap::new();
-        profiles.insert(
-            MOCK_PROFILE.to_owned(),
-            Arc::new(Profile::builtin_mock(mock_program)),
+        let data_dir = args
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let protected = protected_paths(
+            &data_dir,
+            args.config.as_deref(),
+            tokens_file.as_deref(),
+            tls.as_ref(),
+            [
+                args.replica_token_file
+                    .as_ref()
+                    .or(file.replica_token_file.as_ref()),
+                args.replica_tls_ca
+                    .as_ref()
+                    .or(file.replica_tls_ca.as_ref()),
+            ],
+            file.profiles.values().flat_map(|p| p.env_files.values()),
         );
+        let sandbox_defaults = file.sandbox.defaults()?;
+        // Checked now, so a bad [sandbox] table stops the config from loading.
+        file.sandbox
+            .settings(&data_dir, mock_program.clone(), protected.clone())?;
+        let program = mock_program.clone();
+        let mut profiles = BTreeMap::new();
+        let mut mock = Profile::builtin_mock(mock_program);
+        if let Some(policy) = &mut mock.sandbox {
+            policy.limits = sandbox_defaults.limits;
+        }
+        profiles.insert(MOCK_PROFILE.to_owned(), Arc::new(mock));
         for (name, profile) in file.profiles {
             if name.is_empty()
+                || name == "."
+                || name == ".."
                 || !name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
             {
                 anyhow::bail!(
-                    "profile name {name:?} may hold only letters, digits, '-', '_' and '.'"
+                    "profile name {name:?} may hold only letters, digits, '-', '_' and '.' \
+                     (and is neither . nor ..: it names a folder of HOMEs)"
                 );
             }
-            let profile = profile.resolve(&name)?;
+            let profile = profile.resolve_with(&name, &sandbox_defaults, Some(&protected))?;
             // With real principals, a runtime's working directory must be fenced in. (The
             // built-in mock profile, unless redefined here, then refuses every cwd.)
             if tokens_file.is_some() && profile.allowed_cwd_roots.is_none() {
@@ -548,10 +613,7 @@ impl ServeConfig {
                 .listen
                 .or(file.listen)
                 .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
-            data_dir: args
-                .data_dir
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            data_dir,
             static_files_base_url,
             services,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
@@ -587,8 +649,47 @@ impl ServeConfig {
             limits: file.limits,
             profiles,
             browser,
+            sandbox: file.sandbox,
+            program,
+            config_file: args.config,
         })
     }
+}
+
+/// The server's own files, which no box may show: the data dir, the config file, the tokens
+/// file, TLS keys and certificates, the replica's token and CA, every profile's `env_files`.
+/// Canonical where they exist (a path through a link is caught as well as the link itself).
+fn protected_paths<'a>(
+    data_dir: &'a Path,
+    config: Option<&'a Path>,
+    tokens_file: Option<&'a Path>,
+    tls: Option<&'a TlsFiles>,
+    replica: [Option<&'a PathBuf>; 2],
+    env_files: impl Iterator<Item = &'a PathBuf>,
+) -> Vec<PathBuf> {
+    let tls_files = tls
+        .into_iter()
+        .flat_map(|t| [Some(&t.cert), Some(&t.key), t.client_ca.as_ref()])
+        .flatten()
+        .map(PathBuf::as_path);
+    let mut paths: Vec<PathBuf> = std::iter::once(data_dir)
+        .chain(config)
+        .chain(tokens_file)
+        .chain(tls_files)
+        .chain(replica.into_iter().flatten().map(PathBuf::as_path))
+        .chain(env_files.map(PathBuf::as_path))
+        .map(|path| {
+            std::fs::canonicalize(path).unwrap_or_else(|_| match path.is_absolute() {
+                true => path.to_path_buf(),
+                false => std::env::current_dir()
+                    .map(|dir| dir.join(path))
+                    .unwrap_or_else(|_| path.to_path_buf()),
+            })
+        })
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
 }
 
 #[cfg(test)]
@@ -605,7 +706,7 @@ mod tests {
         let config = resolve(ServeArgs::default(), "").unwrap();
         assert_eq!(config.lease_ttl, Duration::from_secs(10));
         let bound: SocketAddr = "127.0.0.1:4321".parse().unwrap();
-        let replica = config.engine_options(bound).replica;
+        let replica = config.engine_options(bound).unwrap().replica;
         assert!(replica.id.ends_with("@127.0.0.1:4321"), "{}", replica.id);
         assert!(!replica.shared_store);
 
@@ -615,7 +716,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.lease_ttl, Duration::from_secs(2));
-        let replica = config.engine_options(bound).replica;
+        let replica = config.engine_options(bound).unwrap().replica;
         assert!(
             replica.id.ends_with("@pod-1.harness:50051"),
             "{}",
@@ -756,12 +857,13 @@ mod tests {
     #[test]
     fn warm_pools_must_leave_room_under_the_live_runtime_cap() {
         let file = "[limits]\nlive_runtimes = 4\n[profiles.a]\ncommand = \"x\"\nwarm_pool = 2\n\
-                    [profiles.b]\ncommand = \"x\"\nwarm_pool = 2";
+                    sandbox = \"off\"\n[profiles.b]\ncommand = \"x\"\nwarm_pool = 2\n\
+                    sandbox = \"off\"";
         let err = resolve(ServeArgs::default(), file).unwrap_err();
         assert!(err.to_string().contains("live_runtimes"), "{err}");
         let config = resolve(
             ServeArgs::default(),
-            "[limits]\nlive_runtimes = 4\n[profiles.a]\ncommand = \"x\"\nwarm_pool = 3",
+            "[limits]\nlive_runtimes = 4\n[profiles.a]\ncommand = \"x\"\nwarm_pool = 3\nsandbox = \"off\"",
         )
         .unwrap();
         assert_eq!(config.profiles["a"].warm_pool, 3);

@@ -34,6 +34,9 @@ pub struct Preset {
     pub restart_after_error: bool,
     /// A first start through `npx` downloads the package.
     pub startup_timeout: &'static str,
+    /// The hosts its box may reach (`egress.allow` unless the profile names its own): the
+    /// model API, and the npm registry its `npx` command downloads from.
+    pub egress: &'static [&'static str],
 }
 
 /// Claude Code's switches against calling home; the stage runs with them.
@@ -43,6 +46,9 @@ const CLAUDE_ENV: &[(&str, &str)] = &[
     ("DISABLE_ERROR_REPORTING", "1"),
     ("DISABLE_TELEMETRY", "1"),
 ];
+
+/// Where the presets' `npx` commands download their package from.
+const NPM_REGISTRY: &str = "registry.npmjs.org:443";
 
 /// Every preset, newest first within an agent.
 pub const PRESETS: &[Preset] = &[
@@ -62,6 +68,7 @@ pub const PRESETS: &[Preset] = &[
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",
+        egress: &["api.anthropic.com:443", NPM_REGISTRY],
     },
     Preset {
         name: "claude-0.23.1",
@@ -80,6 +87,7 @@ pub const PRESETS: &[Preset] = &[
         restart_after_cancel: true,
         restart_after_error: true,
         startup_timeout: "120s",
+        egress: &["api.anthropic.com:443", NPM_REGISTRY],
     },
     Preset {
         name: "codex-0.16.0",
@@ -100,6 +108,7 @@ pub const PRESETS: &[Preset] = &[
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",
+        egress: &["api.openai.com:443", NPM_REGISTRY],
     },
     Preset {
         name: "opencode-1.18.33",
@@ -120,6 +129,13 @@ pub const PRESETS: &[Preset] = &[
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",
+        // It reads its list of models from models.dev at start (and carries a copy offline).
+        egress: &[
+            "api.anthropic.com:443",
+            "api.openai.com:443",
+            "models.dev:443",
+            NPM_REGISTRY,
+        ],
     },
 ];
 
@@ -182,6 +198,12 @@ mod tests {
             );
             assert!(preset.name.ends_with(preset.version), "{}", preset.name);
             assert!(humantime::parse_duration(preset.startup_timeout).is_ok());
+            for host in preset.egress {
+                assert!(
+                    crate::acp::sandbox::EgressRule::parse(host).is_ok(),
+                    "{host}"
+                );
+            }
         }
         assert_eq!(find("claude").unwrap().version, "0.101.0");
         // The Helm chart's schema lists the same names.

@@ -89,6 +89,10 @@ pub struct ProfileFile {
     pub on_reopen_failure: OnReopenFailure,
     /// Bytes of the transcript a fresh session is primed with (default 32768).
     pub reopen_context_bytes: Option<usize>,
+    /// Local: `"off"`, `"on"` (the default) or a table of the box's settings (config/sandbox.rs).
+    pub sandbox: Option<toml::Value>,
+    /// Local, boxed: `"open"` or `{ allow = ["host[:port]", …] }` (default: the preset's hosts).
+    pub egress: Option<toml::Value>,
 }
 
 /// What a runtime runs, from a profile's keys over its preset's (a harness profile and a
@@ -190,6 +194,29 @@ pub fn named_preset(table: &str, name: Option<&str>) -> anyhow::Result<Option<&'
     })
 }
 
+/// What a boxed profile may not say: its own HOME (the box gives each owner one), and a warm
+/// pool (a warm runtime starts before its session's owner and cwd are known, so its box could
+/// not hold them).
+fn check_boxed(table: &str, launch: &Launch, warm_pool: usize) -> anyhow::Result<()> {
+    let names_home = launch.env.contains_key("HOME")
+        || launch.secrets.passthrough.iter().any(|n| n == "HOME")
+        || launch.secrets.files.contains_key("HOME");
+    if names_home {
+        anyhow::bail!(
+            "{table} sets HOME, but a boxed runtime's HOME is its owner's under \
+             sandbox.homes_dir; remove it (other variables may name \"{{home}}\", e.g. \
+             CODEX_HOME = \"{{home}}/.codex\"), or set sandbox = \"off\""
+        );
+    }
+    if warm_pool > 0 {
+        anyhow::bail!(
+            "{table}.warm_pool needs sandbox = \"off\": a warm runtime starts before its \
+             session's owner and cwd are known, so its box could not hold that cwd and HOME"
+        );
+    }
+    Ok(())
+}
+
 /// The most runtimes one profile may keep warm (each is a live process that counts against
 /// `limits.live_runtimes`).
 pub const MAX_WARM_POOL: usize = 64;
@@ -212,8 +239,19 @@ pub(crate) fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration
 
 impl ProfileFile {
     /// The profile this table describes, named `name`, over its preset; durations parsed,
-    /// paths checked.
+    /// paths checked; boxed with the default limits, its sandbox paths checked for form only.
     pub fn resolve(self, name: &str) -> anyhow::Result<Profile> {
+        self.resolve_with(name, &super::sandbox::SandboxDefaults::default(), None)
+    }
+
+    /// [`Self::resolve`] with the `[sandbox]` table's defaults, and the server's own files that
+    /// no sandbox path may overlap (`None`: not checked, as when a config file is only listed).
+    pub fn resolve_with(
+        self,
+        name: &str,
+        defaults: &super::sandbox::SandboxDefaults,
+        protected: Option<&[PathBuf]>,
+    ) -> anyhow::Result<Profile> {
         let file = self;
         let table = format!("profiles.{name}");
         let field = |key: &str| format!("{table}.{key}");
@@ -229,6 +267,34 @@ impl ProfileFile {
             ProfileKind::Remote => (Launch::default(), Some(file.remote_target(&table)?)),
         };
         file.check_warm_pool(&table, remote.is_some())?;
+        let sandbox = match file.kind {
+            ProfileKind::Remote => {
+                // The bridge boxes its runtimes by its own profile's settings.
+                for (key, set) in [
+                    ("sandbox", file.sandbox.is_some()),
+                    ("egress", file.egress.is_some()),
+                ] {
+                    if set {
+                        anyhow::bail!(
+                            "{table}.{key} is for local profiles: a bridge boxes its runtimes by \
+                             its own profile's {key}"
+                        );
+                    }
+                }
+                None
+            }
+            ProfileKind::Local => super::sandbox::box_policy(
+                &table,
+                file.sandbox.as_ref(),
+                file.egress.as_ref(),
+                preset.map(|p| p.egress).unwrap_or_default(),
+                defaults,
+                protected,
+            )?,
+        };
+        if sandbox.is_some() {
+            check_boxed(&table, &launch, file.warm_pool)?;
+        }
         if let Some(roots) = &file.allowed_cwd_roots {
             for root in roots {
                 if !root.is_absolute() {
@@ -273,6 +339,7 @@ impl ProfileFile {
             remote,
             warm_pool: file.warm_pool,
             resilience,
+            sandbox,
         })
     }
 
@@ -553,8 +620,11 @@ mod tests {
     }
 
     #[test]
-    fn a_warm_pool_is_read_for_local_profiles_and_refused_for_remote_ones_or_when_too_big() {
-        let profile = file("command = \"x\"\nwarm_pool = 2").resolve("p").unwrap();
+    fn a_warm_pool_is_read_for_unboxed_local_profiles_and_refused_for_boxed_or_remote_ones_or_when_too_big()
+     {
+        let profile = file("command = \"x\"\nwarm_pool = 2\nsandbox = \"off\"")
+            .resolve("p")
+            .unwrap();
         assert_eq!(profile.warm_pool, 2);
         assert_eq!(file("command = \"x\"").resolve("p").unwrap().warm_pool, 0);
         let err = file("kind = \"remote\"\nbridge_profile = \"b\"\nwarm_pool = 1")
@@ -567,6 +637,29 @@ mod tests {
         assert!(err.to_string().contains("profiles.p.warm_pool"), "{err}");
         let err = toml::from_str::<ProfileFile>("command = \"x\"\nwarm_pool = -1").unwrap_err();
         assert!(err.to_string().contains("warm_pool"), "{err}");
+        let err = file("command = \"x\"\nwarm_pool = 1")
+            .resolve("p")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("profiles.p.warm_pool needs sandbox = \"off\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_boxed_profile_may_not_set_its_own_home() {
+        for text in [
+            "command = \"x\"\nenv = { HOME = \"/root\" }",
+            "command = \"x\"\nenv_passthrough = [\"HOME\"]",
+        ] {
+            let err = file(text).resolve("p").unwrap_err();
+            assert!(err.to_string().contains("sets HOME"), "{text}: {err}");
+        }
+        let unboxed = file("command = \"x\"\nenv = { HOME = \"/root\" }\nsandbox = \"off\"")
+            .resolve("p")
+            .unwrap();
+        assert!(unboxed.sandbox.is_none());
     }
 
     #[test]

@@ -39,6 +39,24 @@ pub struct Principal {
     pub acting_user: Option<String>,
 }
 
+/// The most bytes of a principal used as one path component.
+pub const MAX_PATH_SEGMENT_BYTES: usize = 128;
+
+/// `principal` when it can stand as one component of a path as it is (in `{principal}` of an
+/// allowed cwd root, or as a HOME's directory name): letters, digits and `._@+=,-`, at most
+/// [`MAX_PATH_SEGMENT_BYTES`], and neither `.` nor `..`. Anything else (a `/`, `..`, spaces,
+/// non-ASCII) would let a name reach another place, or read ambiguously.
+pub fn path_segment(principal: &str) -> Option<&str> {
+    let plain = !principal.is_empty()
+        && principal.len() <= MAX_PATH_SEGMENT_BYTES
+        && principal != "."
+        && principal != ".."
+        && principal
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._@+=,-".contains(&b));
+    plain.then_some(principal)
+}
+
 /// The id of the no-token principal.
 pub const LOCAL_PRINCIPAL: &str = "local";
 
@@ -124,5 +142,25 @@ mod tests {
         assert!(Principal::user("eve").may_access("ada", &editors));
         assert!(!Principal::user("bob").may_access("ada", &editors));
         assert!(Principal::local().may_access("ada", &[]));
+    }
+
+    #[test]
+    fn only_plain_names_stand_as_a_path_component() {
+        for plain in ["alice", "ada@example.com", "svc-ci_1.prod", "a+b=c,d"] {
+            assert_eq!(path_segment(plain), Some(plain));
+        }
+        for odd in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../etc",
+            "a b",
+            "é",
+            "a\\b",
+            &"x".repeat(129),
+        ] {
+            assert_eq!(path_segment(odd), None, "{odd:?}");
+        }
     }
 }

@@ -78,6 +78,11 @@ pub struct SessionRecord {
     /// The action id of the prompt given at creation, if any: an idempotent CreateSession retry
     /// answers with it. Set once, when the session is stored.
     pub first_action_id: Option<crate::domain::ActionId>,
+    /// The agent's HOME of a sandboxed session, chosen when it was created and kept for its
+    /// life (a changed `sandbox.homes_dir` leaves it where its agent's files are). Set once,
+    /// when the session is stored; `None` for unboxed sessions and those stored before HOMEs
+    /// were per owner.
+    pub home: Option<String>,
 }
 
 impl SessionRecord {

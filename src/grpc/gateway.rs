@@ -125,11 +125,13 @@ fn encode(message: ToBridge) -> ConnectResponse {
             profile,
             cwd,
             session_id,
+            owner,
         } => Out::Spawn(SpawnRuntime {
             runtime_key: key,
             profile,
             cwd,
             session_id,
+            owner,
         }),
         ToBridge::Stdin { key, seq, line } => Out::Stdin(RuntimeStdin {
             runtime_key: key,

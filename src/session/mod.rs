@@ -12,6 +12,7 @@ pub(crate) mod profile;
 pub(crate) mod subscribe;
 pub(crate) mod traces;
 pub(crate) mod warm;
+pub(crate) mod workspace;
 
 use std::{
     collections::BTreeMap,
@@ -99,6 +100,8 @@ pub(crate) struct EngineOptions {
     pub budgets: metering::BudgetSource,
     /// Where turn spans go (off unless OTLP export is configured).
     pub traces: traces::Traces,
+    /// What every box shares.
+    pub sandbox: crate::acp::sandbox::SandboxSettings,
 }
 
 /// Who this replica is and how it holds sessions.
@@ -158,6 +161,8 @@ pub(crate) struct EngineContext {
     warm_pools: BTreeMap<String, Arc<warm::WarmPool>>,
     budgets: metering::BudgetSource,
     traces: traces::Traces,
+    /// The boxes of local runtimes.
+    sandbox: Arc<crate::acp::sandbox::Sandbox>,
 }
 
 impl EngineContext {
@@ -169,7 +174,9 @@ impl EngineContext {
         let warm_pools = options
             .profiles
             .iter()
-            .filter(|(_, p)| p.warm_pool > 0 && p.remote.is_none())
+            // A boxed profile has no warm pool (the config refuses one): its box needs the
+            // session's cwd and owner, which a warm runtime starts without.
+            .filter(|(_, p)| p.warm_pool > 0 && p.remote.is_none() && p.sandbox.is_none())
             .map(|(name, p)| (name.clone(), warm::WarmPool::new(p.clone())))
             .collect();
         Self {
@@ -190,7 +197,26 @@ impl EngineContext {
             replica: options.replica,
             budgets: options.budgets,
             traces: options.traces,
+            sandbox: Arc::new(crate::acp::sandbox::Sandbox::new(options.sandbox)),
         }
+    }
+
+    /// The local runtime processes started here.
+    pub(crate) fn processes(&self) -> &ProcessTable {
+        &self.processes
+    }
+
+    /// The boxes of local runtimes.
+    pub(crate) fn sandbox(&self) -> &Arc<crate::acp::sandbox::Sandbox> {
+        &self.sandbox
+    }
+
+    /// The paths no session's cwd may hold or lie in: the server's own files and the HOMEs.
+    pub(crate) fn forbidden_cwds(&self) -> Vec<std::path::PathBuf> {
+        let settings = self.sandbox.settings();
+        let mut forbidden = settings.protected.clone();
+        forbidden.push(settings.homes_dir.clone());
+        forbidden
     }
 
     /// The bridges' side of the engine, which `RuntimeGatewayService.Connect` serves.

@@ -113,6 +113,9 @@ pub struct Profile {
     /// How its runtimes are stopped and reopened. Not part of the fingerprint either: it changes
     /// how the harness treats a runtime, not what runs.
     pub resilience: Resilience,
+    /// The box its local runtimes run in (`None`: `sandbox = "off"`, unboxed). Not part of the
+    /// fingerprint: it changes where the agent runs, not what it is.
+    pub sandbox: Option<crate::acp::sandbox::BoxPolicy>,
 }
 
 /// How a profile's runtimes are stopped and reopened, and the defences of their sessions
@@ -218,6 +221,7 @@ impl Profile {
             remote: None,
             warm_pool: 0,
             resilience: Resilience::default(),
+            sandbox: Some(crate::acp::sandbox::BoxPolicy::default()),
         }
     }
 

@@ -155,6 +155,7 @@ pub(crate) mod fixtures {
             can_resume: true,
             can_load: false,
             first_action_id: Some(ActionId::mint()),
+            home: Some(format!("/srv/homes/mock/{owner}")),
         }
     }
 

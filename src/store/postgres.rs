@@ -642,6 +642,11 @@ async fn insert_session(
         .await
         .context("storing a new session")?;
     }
+    if let Some(home) = &record.home {
+        tx.execute("UPDATE sessions SET home = $2 WHERE pk = $1", &[&pk, home])
+            .await
+            .context("storing a new session")?;
+    }
     write_side_rows(tx, pk, record).await
 }
 

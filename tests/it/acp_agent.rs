@@ -4,7 +4,11 @@
 //! Python SDK) are at the end, ignored in a plain `cargo test` and run by `scripts/test
 //! acp-agent`, which installs those clients.
 
-use std::{path::Path, process::Stdio, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
 
 use agent_harness::pb::v1::{self as pb, message_part::Kind, subscribe_response::Event};
 use agent_harness_testkit::service_bin;
@@ -183,8 +187,8 @@ impl Peer {
     }
 }
 
-fn cwd(h: &Harness) -> &Path {
-    h.data_dir()
+fn cwd(h: &Harness) -> PathBuf {
+    h.workspace()
 }
 
 #[tokio::test]
@@ -196,7 +200,7 @@ async fn an_acp_client_runs_a_prompt_and_reads_the_mock_agents_reply_as_updates(
         assert_eq!(init["agentInfo"]["name"], "agent-harness");
         assert_eq!(init["agentCapabilities"]["loadSession"], true);
         assert!(init["agentCapabilities"]["sessionCapabilities"]["resume"].is_object());
-        let session = peer.new_session(cwd(&h)).await;
+        let session = peer.new_session(&cwd(&h)).await;
         let answer = peer
             .call(
                 "session/prompt",
@@ -233,7 +237,7 @@ async fn two_acp_clients_see_every_update_of_both_turns_in_order_and_the_second_
         let h = Harness::start().await;
         let mut first = Peer::spawn(&h);
         first.initialize().await;
-        let session = first.new_session(cwd(&h)).await;
+        let session = first.new_session(&cwd(&h)).await;
         let mut second = Peer::spawn(&h);
         second.initialize().await;
         let resumed = second
@@ -312,7 +316,7 @@ async fn a_permission_answered_from_the_cli_is_withdrawn_from_the_waiting_acp_cl
         let h = Harness::start().await;
         let mut peer = Peer::spawn(&h);
         peer.initialize().await;
-        let session = peer.new_session(cwd(&h)).await;
+        let session = peer.new_session(&cwd(&h)).await;
         let prompt = peer
             .send(
                 "session/prompt",
@@ -369,7 +373,7 @@ async fn a_client_killed_mid_turn_leaves_the_turn_running_and_a_new_process_repl
         let h = Harness::start().await;
         let mut peer = Peer::spawn(&h);
         peer.initialize().await;
-        let session = peer.new_session(cwd(&h)).await;
+        let session = peer.new_session(&cwd(&h)).await;
         peer.send(
             "session/prompt",
             json!({"sessionId": session, "prompt": [{"type": "text", "text": "@permission"}]}),
@@ -465,7 +469,7 @@ async fn bad_lines_unknown_methods_and_unknown_sessions_get_json_rpc_errors_and_
             "{missing}"
         );
         // Still serving.
-        let session = peer.new_session(cwd(&h)).await;
+        let session = peer.new_session(&cwd(&h)).await;
         let answer = peer
             .call(
                 "session/prompt",
@@ -519,7 +523,7 @@ async fn a_running_turn_and_a_queued_prompt(
     queued_text: &str,
 ) -> (String, i64, i64, String) {
     peer.initialize().await;
-    let session = peer.new_session(cwd(h)).await;
+    let session = peer.new_session(&cwd(h)).await;
     let mut watch = Session::attach(h.sessions(), &session).watch().await;
     let running = peer
         .send(
@@ -622,7 +626,7 @@ async fn an_elicitation_goes_to_a_client_that_handles_them_and_its_answer_reache
             )
             .await;
         assert!(init.get("result").is_some(), "{init}");
-        let session = peer.new_session(cwd(&h)).await;
+        let session = peer.new_session(&cwd(&h)).await;
         let prompt = peer
             .send(
                 "session/prompt",
@@ -659,7 +663,7 @@ async fn a_process_pinned_to_a_session_attaches_to_it_on_session_new_and_replays
         watch.response_to(&turn.action_id).await;
         let mut peer = Peer::spawn_on(&format!("http://{}", h.addr()), &["--session", &session.id]);
         peer.initialize().await;
-        let attached = peer.new_session(cwd(&h)).await;
+        let attached = peer.new_session(&cwd(&h)).await;
         assert_eq!(attached, session.id);
         peer.until(|m| m["params"]["update"]["content"]["text"] == "echo: before the editor")
             .await;
@@ -674,7 +678,7 @@ async fn session_list_and_close_map_onto_the_harness_sessions() {
         let h = Harness::start().await;
         let mut peer = Peer::spawn(&h);
         peer.initialize().await;
-        let session = peer.new_session(cwd(&h)).await;
+        let session = peer.new_session(&cwd(&h)).await;
         let listed = peer.call("session/list", json!({})).await;
         let sessions = listed["result"]["sessions"].as_array().expect("sessions");
         assert!(
@@ -707,7 +711,7 @@ async fn a_config_option_set_through_acp_answers_with_the_agents_new_options() {
         let h = Harness::start().await;
         let mut peer = Peer::spawn(&h);
         peer.initialize().await;
-        let session = peer.new_session(cwd(&h)).await;
+        let session = peer.new_session(&cwd(&h)).await;
         let set = peer
             .call(
                 "session/set_config_option",

@@ -372,6 +372,7 @@ fn record() -> SessionRecord {
         can_resume: false,
         can_load: false,
         first_action_id: None,
+        home: None,
     }
 }
 

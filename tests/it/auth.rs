@@ -83,7 +83,7 @@ impl TokensFile {
 pub fn with_tokens(config: &mut ServeConfig, file: &Path, poll: Option<Duration>) {
     config.tokens_file = Some(file.to_owned());
     config.tokens_poll_interval = poll;
-    let root = config.data_dir.clone();
+    let root = agent_harness_testkit::harness::workspace_for(config);
     mock_profile_with(config, "mock", &[], |profile| {
         profile.allowed_cwd_roots = Some(vec![root]);
     });
@@ -145,7 +145,7 @@ pub fn as_user(h: &Harness, token: &str) -> Client {
 pub fn create_request(h: &Harness) -> pb::CreateSessionRequest {
     pb::CreateSessionRequest {
         profile: "mock".into(),
-        cwd: h.data_dir().to_string_lossy().into_owned(),
+        cwd: h.workspace().to_string_lossy().into_owned(),
         ..Default::default()
     }
 }

@@ -68,10 +68,12 @@ pub(crate) fn remote_profile_of(
     startup_timeout: Duration,
     reconnect_grace: Duration,
 ) {
-    let root = config.data_dir.clone();
+    let root = agent_harness_testkit::harness::workspace_for(config);
     let fenced = config.tokens_file.is_some();
     mock_profile_with(config, name, &[], |profile| {
         profile.startup_timeout = startup_timeout;
+        // The bridge boxes what it runs, by its own profile.
+        profile.sandbox = None;
         if fenced {
             profile.allowed_cwd_roots = Some(vec![root]);
         }
@@ -149,6 +151,11 @@ impl Bridge {
         }
         let child = command.spawn().expect("the bridge starts");
         Self { child, _dir: dir }
+    }
+
+    /// The file the bridge reads its token from (when started with one).
+    pub(crate) fn token_file(&self) -> std::path::PathBuf {
+        self._dir.path().join("token")
     }
 
     pub(crate) async fn kill(&mut self) {
@@ -361,7 +368,7 @@ async fn a_runtime_token_runs_a_bridge_but_calls_no_session_rpc_and_a_user_token
             Bearer::new(Some(ADA_TOKEN), None),
         );
         let mut request = create_request(&h, "far");
-        request.cwd = h.data_dir().to_string_lossy().into_owned();
+        request.cwd = h.workspace().to_string_lossy().into_owned();
         let created = client
             .clone()
             .create_session(request)
@@ -573,9 +580,10 @@ async fn a_bridge_dials_an_https_harness_trusting_the_ca_it_was_given_and_runs_a
             .await
             .expect("a TLS connection");
         let client = pb::agent_session_service_client::AgentSessionServiceClient::new(channel);
+        let work = tempfile::tempdir().unwrap();
         let request = pb::CreateSessionRequest {
             profile: "far".into(),
-            cwd: data.path().to_string_lossy().into_owned(),
+            cwd: work.path().to_string_lossy().into_owned(),
             ..Default::default()
         };
         let mut session = Session::create_with_client(client, request).await;
@@ -681,7 +689,7 @@ async fn hostile_session(h: &Harness, id: usize, moves: Vec<Hostile>) {
     let mut bridge = RawBridge::connect(h.channel(), &label, &[("pool", "hostile")]).await;
     let mut sessions = h.sessions();
     let mut request = create_request(h, "hostile");
-    request.cwd = h.data_dir().to_string_lossy().into_owned();
+    request.cwd = h.workspace().to_string_lossy().into_owned();
     let create = tokio::spawn(async move { sessions.create_session(request).await });
     let Some(Down::Spawn(spawn)) = bridge.next().await else {
         panic!("the harness asks for a spawn first")
@@ -882,7 +890,7 @@ async fn harness_with_bridge_tokens(
 /// Ada creates a session of `profile` in the data dir; its id.
 async fn create(client: &mut Client, h: &Harness, profile: &str) -> Result<String, tonic::Status> {
     let mut request = create_request(h, profile);
-    request.cwd = h.data_dir().to_string_lossy().into_owned();
+    request.cwd = h.workspace().to_string_lossy().into_owned();
     let created = client.create_session(request).await?.into_inner();
     Ok(created.session.unwrap().id)
 }

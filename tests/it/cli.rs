@@ -54,7 +54,7 @@ pub(crate) fn stderr(output: &Output) -> String {
 }
 
 pub(crate) async fn create_session(h: &Harness) -> String {
-    let cwd = h.data_dir().to_string_lossy().into_owned();
+    let cwd = h.workspace().to_string_lossy().into_owned();
     let output = run(
         h,
         &["sessions", "create", "--profile", "mock", "--cwd", &cwd],
@@ -436,7 +436,8 @@ async fn a_cli_call_over_https_trusting_the_given_ca_succeeds() {
             .expect("the TLS server starts");
         let port = server.local_addr().port();
         let ca_file = files.write("ca.pem", &ca.pem());
-        let cwd = data.path().to_string_lossy().into_owned();
+        let work = tempfile::tempdir().unwrap();
+        let cwd = work.path().to_string_lossy().into_owned();
 
         let output = cli_over_https(port, &["sessions", "create", "--cwd", &cwd])
             .env("AGENT_HARNESS_CA_FILE", &ca_file)

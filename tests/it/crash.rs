@@ -69,7 +69,9 @@ async fn crash_with_work_in_flight(
         client,
         pb::CreateSessionRequest {
             profile: profile.into(),
-            cwd: dir.path().to_string_lossy().into_owned(),
+            cwd: agent_harness_testkit::workspace_in(dir.path())
+                .to_string_lossy()
+                .into_owned(),
             ..Default::default()
         },
     )
@@ -169,7 +171,9 @@ async fn after_kill_9_a_session_with_only_a_turn_in_flight_on_the_builtin_mock_p
             server.client().await,
             pb::CreateSessionRequest {
                 profile: "mock".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             },
         )

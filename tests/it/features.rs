@@ -229,11 +229,13 @@ async fn a_model_chosen_before_a_restart_is_re_applied_after_the_reopen() {
         // The data directory and the session's cwd outlive the first server.
         let data = tempfile::TempDir::new().unwrap();
         let on_data = |c: &mut agent_harness::config::ServeConfig| {
-            c.data_dir = data.path().to_path_buf();
+            c.data_dir = data.path().join("data");
         };
         let first = Harness::start_with(on_data).await;
         let mut request = crate::support::create_request(&first, "mock");
-        request.cwd = data.path().to_string_lossy().into_owned();
+        request.cwd = agent_harness_testkit::workspace_in(data.path())
+            .to_string_lossy()
+            .into_owned();
         let mut session = Session::create_with(&first, request).await;
         let mut watch = session.watch().await;
         let chosen = session
@@ -418,7 +420,7 @@ async fn a_config_option_chosen_before_a_restart_is_re_applied_after_the_reopen(
         // server's agent no longer offers `tone`.
         let data = tempfile::TempDir::new().unwrap();
         let with = |flags: &'static [&'static str]| {
-            let dir = data.path().to_path_buf();
+            let dir = data.path().join("data");
             move |c: &mut agent_harness::config::ServeConfig| {
                 c.data_dir = dir;
                 mock_profile_with(c, "opts", flags, |_| {});
@@ -435,7 +437,9 @@ async fn a_config_option_chosen_before_a_restart_is_re_applied_after_the_reopen(
         ]))
         .await;
         let mut request = crate::support::create_request(&first, "opts");
-        request.cwd = data.path().to_string_lossy().into_owned();
+        request.cwd = agent_harness_testkit::workspace_in(data.path())
+            .to_string_lossy()
+            .into_owned();
         let mut session = Session::create_with(&first, request).await;
         let mut watch = session.watch().await;
         for (config_id, value) in [("effort", "high"), ("tone", "warm"), ("web", "true")] {

@@ -27,9 +27,11 @@ fn lazy_config(dir: &Path, marker: &str) -> std::path::PathBuf {
             r#"
 [profiles.lazy]
 command = "{program}"
-args = ["mock-agent", "--resume", "--session-dir", "{}", "--save-delay", "60000", "--stderr-at-start", "{marker}"]
+args = ["mock-agent", "--resume", "--session-dir", "{sessions}", "--save-delay", "60000", "--stderr-at-start", "{marker}"]
+# The agent keeps its session files there: its box shows it read-write.
+sandbox = {{ read_write = ["{sessions}"] }}
 "#,
-            sessions.display()
+            sessions = sessions.display()
         ),
     )
     .unwrap();
@@ -41,7 +43,9 @@ async fn create(server: &ServeProcess, dir: &Path, profile: &str) -> Session {
         server.client().await,
         pb::CreateSessionRequest {
             profile: profile.into(),
-            cwd: dir.to_string_lossy().into_owned(),
+            cwd: agent_harness_testkit::workspace_in(dir)
+                .to_string_lossy()
+                .into_owned(),
             ..Default::default()
         },
     )
@@ -246,9 +250,10 @@ async fn a_bridge_stops_its_runtime_gracefully_so_a_lazily_written_session_reope
         })
         .await;
         let bridge_profile = format!(
-            "[profiles.lazy]\ncommand = {:?}\nargs = [\"mock-agent\", \"--resume\", \"--session-dir\", {:?}, \"--save-delay\", \"60000\"]\n",
+            "[profiles.lazy]\ncommand = {:?}\nargs = [\"mock-agent\", \"--resume\", \"--session-dir\", {sessions:?}, \"--save-delay\", \"60000\"]\n\
+             sandbox = {{ read_write = [{sessions:?}] }}\n",
             agent_harness_testkit::service_bin().to_string_lossy(),
-            sessions.path().to_string_lossy(),
+            sessions = sessions.path().to_string_lossy(),
         );
         let _bridge = crate::bridge::Bridge::start(
             &crate::bridge::url(h.addr()),

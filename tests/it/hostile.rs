@@ -1336,6 +1336,7 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
         let base = dir.path().canonicalize().unwrap();
         let data = base.join("data");
         std::fs::create_dir_all(&data).unwrap();
+        let work = agent_harness_testkit::workspace_in(&base);
         let tokens = crate::auth::TokensFile::new(crate::auth::EVERYONE);
         let binary = env!("CARGO_BIN_EXE_agent-harness");
         let config = base.join("config.toml");
@@ -1343,10 +1344,10 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
             &config,
             format!(
                 "[profiles.envcheck]\ncommand = {binary:?}\nargs = [\"mock-agent\"]\n\
-                 env = {{ PROFILE_VISIBLE = \"yes\" }}\nallowed_cwd_roots = [{data:?}]\n\n\
+                 env = {{ PROFILE_VISIBLE = \"yes\" }}\nallowed_cwd_roots = [{work:?}]\n\n\
                  [profiles.other]\ncommand = \"/bin/false\"\n\
                  env = {{ OTHER_PROFILE_SECRET = \"server-secret-other-profile-0005\" }}\n\
-                 allowed_cwd_roots = [{data:?}]\n"
+                 allowed_cwd_roots = [{work:?}]\n"
             ),
         )
         .unwrap();
@@ -1389,7 +1390,7 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
         let session = ada
             .create_session(pb::CreateSessionRequest {
                 profile: "envcheck".into(),
-                cwd: data.to_string_lossy().into_owned(),
+                cwd: work.to_string_lossy().into_owned(),
                 ..Default::default()
             })
             .await
@@ -1407,7 +1408,8 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
         let env = env.as_object().expect("an object");
         let names: BTreeSet<&str> = env.keys().map(String::as_str).collect();
         // Besides the documented list: the marker that finds the runtime's descendants (a hash of
-        // the data directory and ids, nothing of the server's) and its stop grace (the profile's).
+        // the data directory and ids, nothing of the server's), its stop grace (the profile's),
+        // and what its box adds (who the agent is, where its proxy is).
         let allowed: BTreeSet<&str> = [
             "PATH",
             "HOME",
@@ -1416,7 +1418,9 @@ async fn a_runtimes_environment_and_descriptors_hold_none_of_the_servers_secrets
             agent_harness::acp::process::MARKER_VAR,
             agent_harness::acp::process::STOP_GRACE_VAR,
         ]
-        .into();
+        .into_iter()
+        .chain(agent_harness::acp::sandbox::BOX_VARIABLES.iter().copied())
+        .collect();
         assert!(
             names.is_subset(&allowed),
             "the runtime got more than a profile allows: {names:?}"

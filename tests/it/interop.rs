@@ -40,6 +40,29 @@ fn which(program: &str) -> String {
 }
 
 fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<String>) {
+    // Boxed like any configured profile: the box shows the installed agents (the `.tools` folder
+    // they sit in) and the interpreter's own prefix read-only.
+    let mut read_only: Vec<std::path::PathBuf> = Vec::new();
+    for path in std::iter::once(&command).chain(&args) {
+        let Ok(path) = std::fs::canonicalize(path) else {
+            continue;
+        };
+        let shown = match path.ancestors().find(|a| a.ends_with(".tools")) {
+            Some(tools) => tools.to_path_buf(),
+            // An interpreter: its prefix (`<prefix>/bin/python3`), unless the system's.
+            None => match path.parent().and_then(|bin| bin.parent()) {
+                Some(prefix)
+                    if !prefix.starts_with("/usr") && prefix != std::path::Path::new("/") =>
+                {
+                    prefix.to_path_buf()
+                }
+                _ => continue,
+            },
+        };
+        if !read_only.contains(&shown) {
+            read_only.push(shown);
+        }
+    }
     config.profiles.insert(
         name.to_owned(),
         Arc::new(Profile {
@@ -60,6 +83,10 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             secrets: Default::default(),
             config_options: Default::default(),
             auth_method: None,
+            sandbox: Some(agent_harness::acp::sandbox::BoxPolicy {
+                read_only,
+                ..Default::default()
+            }),
         }),
     );
 }

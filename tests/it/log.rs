@@ -261,11 +261,18 @@ async fn no_frame_reaches_a_runtime_or_a_subscriber_before_it_is_in_the_log() {
             mock_profile_with(config, "scripted", &[], |p| {
                 p.command = "/usr/bin/env".into();
                 p.args = vec!["python3".into(), "-c".into(), relay];
+                // The relay reaches this test's port through its box's forward of it.
+                if let Some(policy) = p.sandbox.as_mut() {
+                    policy.egress = agent_harness::acp::sandbox::Egress::Allow(vec![
+                        agent_harness::acp::sandbox::EgressRule::parse(&format!("127.0.0.1:{port}"))
+                            .unwrap(),
+                    ]);
+                }
             })
         })
         .await;
         let mut client = h.sessions();
-        let cwd = h.data_dir().to_string_lossy().into_owned();
+        let cwd = h.workspace().to_string_lossy().into_owned();
         let creating = tokio::spawn(async move {
             client.create_session(pb::CreateSessionRequest { profile: "scripted".into(), cwd, ..Default::default() }).await
         });

@@ -48,6 +48,7 @@ mod replica_tls;
 mod replicas;
 mod resume;
 mod retention;
+mod sandbox;
 mod scale;
 mod secrets;
 mod self_fencing;

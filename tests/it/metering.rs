@@ -54,7 +54,7 @@ async fn three_turns_across_two_sessions_sum_per_principal_and_profile_and_survi
     bounded(async {
         let data = tempfile::tempdir().unwrap();
         let configure = |config: &mut agent_harness::config::ServeConfig| {
-            config.data_dir = data.path().to_path_buf();
+            config.data_dir = data.path().join("data");
             config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
             // Resumable, so the session reopens after the restart.
             mock_profile(config, "metered", &["--resume"]);
@@ -63,7 +63,9 @@ async fn three_turns_across_two_sessions_sum_per_principal_and_profile_and_survi
         // In the data dir that outlives the first server, so the session reopens after it.
         let request = pb::CreateSessionRequest {
             profile: "metered".into(),
-            cwd: data.path().to_string_lossy().into_owned(),
+            cwd: agent_harness_testkit::workspace_in(data.path())
+                .to_string_lossy()
+                .into_owned(),
             ..Default::default()
         };
         let mut first = Session::create_with(&h, request.clone()).await;

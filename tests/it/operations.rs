@@ -152,7 +152,9 @@ async fn sigterm_drains_readiness_refuses_new_turns_accepts_stops_ends_streams_a
             AgentSessionServiceClient::new(channel.clone()),
             pb::CreateSessionRequest {
                 profile: "mock".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             },
         )

@@ -50,12 +50,14 @@ async fn a_profiles_config_options_are_set_on_a_new_session_and_again_after_a_re
     bounded(async {
         let data = tempfile::TempDir::new().unwrap();
         let on_data = |c: &mut agent_harness::config::ServeConfig| {
-            c.data_dir = data.path().to_path_buf();
+            c.data_dir = data.path().join("data");
             moded(c);
         };
         let first = Harness::start_with(on_data).await;
         let mut request = create_request(&first, "moded");
-        request.cwd = data.path().to_string_lossy().into_owned();
+        request.cwd = agent_harness_testkit::workspace_in(data.path())
+            .to_string_lossy()
+            .into_owned();
         // The caller's model and the profile's options, all before the session is ready.
         request.model = Some("mock-smart".into());
         let mut session = Session::create_with(&first, request).await;

@@ -80,7 +80,9 @@ async fn after_kill_9_of_the_harness_no_process_of_a_wrapped_runtime_is_alive_tw
             server.client().await,
             pb::CreateSessionRequest {
                 profile: "wrapped".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             },
         )
@@ -160,6 +162,9 @@ async fn closing_a_session_kills_a_descendant_that_left_the_runtimes_process_gro
             crate::support::mock_profile_with(config, "wrapped", &[], |profile| {
                 profile.command = "sh".into();
                 profile.args = vec!["-c".into(), script, program.into()];
+                // The marker sweep of an unboxed runtime is what this tests (a boxed runtime's
+                // descendants die with its PID namespace, and its pids are not the host's).
+                profile.sandbox = None;
             })
         })
         .await;

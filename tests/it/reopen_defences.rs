@@ -48,6 +48,7 @@ async fn with_restart_after_cancel_the_runtime_stops_after_a_cancelled_turn_and_
         let h = Harness::start_with(|config| {
             mock_profile_with(config, "restarting", &flags, |p| {
                 p.resilience.restart_after_cancel = true;
+                shows(p, sessions.path());
             });
         })
         .await;
@@ -207,6 +208,7 @@ fn losing_profile(
 ) {
     let dir = sessions.to_str().unwrap();
     mock_profile_with(config, name, &["--resume", "--session-dir", dir], |p| {
+        shows(p, sessions);
         p.idle_timeout = Some(std::time::Duration::from_millis(100));
         if fresh {
             p.resilience.on_reopen_failure = OnReopenFailure::Fresh;
@@ -377,7 +379,9 @@ on_reopen_failure = "fresh"
             server.client().await,
             pb::CreateSessionRequest {
                 profile: "forgetful".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             },
         )
@@ -417,4 +421,13 @@ on_reopen_failure = "fresh"
         assert_eq!(sent_running, 1, "the interrupted turn is not re-sent");
     })
     .await
+}
+
+/// The agent's box shows `dir` read-write (where the mock agent keeps its session files).
+fn shows(profile: &mut agent_harness::config::Profile, dir: &std::path::Path) {
+    if let Some(policy) = profile.sandbox.as_mut() {
+        policy
+            .read_write
+            .push(dir.canonicalize().expect("the directory exists"));
+    }
 }

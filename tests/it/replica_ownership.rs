@@ -168,7 +168,7 @@ async fn control_sent_to_a_replica_that_does_not_own_the_session_is_served_by_th
         return;
     };
     within(TEST_BOUND, async {
-        let mut owner = create_on(&a, dir.path()).await;
+        let mut owner = create_on(&a, &agent_harness_testkit::workspace_in(dir.path())).await;
         let mut watch = owner.watch().await;
         let mut via_b = Session::attach(b.client().await, &owner.id);
         let reply = via_b.prompt("through b").await;
@@ -199,7 +199,7 @@ async fn after_kill_9_of_the_owner_another_replica_fails_the_turn_and_drains_the
         return;
     };
     within(TEST_BOUND, async {
-        let mut session = create_on(&a, dir.path()).await;
+        let mut session = create_on(&a, &agent_harness_testkit::workspace_in(dir.path())).await;
         let mut watch = session.watch().await;
         let running = session.prompt("@wait-cancel").await;
         watch.chunk("echo: @wait-cancel").await;
@@ -275,7 +275,7 @@ async fn a_paused_owner_resumed_after_its_lease_moved_is_fenced_off_and_stops_it
         return;
     };
     within(TEST_BOUND, async {
-        let mut session = create_on(&a, dir.path()).await;
+        let mut session = create_on(&a, &agent_harness_testkit::workspace_in(dir.path())).await;
         let mut watch = session.watch().await;
         let running = session.prompt("@wait-cancel").await;
         watch.chunk("echo: @wait-cancel").await;
@@ -334,7 +334,7 @@ async fn reads_on_another_replica_answer_from_the_store_while_the_owner_is_pause
         Replica { process, marker }
     });
     within(TEST_BOUND, async {
-        let mut session = create_on(&a, dir.path()).await;
+        let mut session = create_on(&a, &agent_harness_testkit::workspace_in(dir.path())).await;
         let mut watch = session.watch().await;
         let done = session.prompt("before the pause").await;
         watch.response_to(&done.action_id).await;
@@ -404,7 +404,9 @@ async fn with_tokens_a_forwarded_call_acts_as_the_original_caller_and_only_repli
                 &[("x-acting-user", "ada")],
                 pb::CreateSessionRequest {
                     profile: "resumable".into(),
-                    cwd: dir.path().to_string_lossy().into_owned(),
+                    cwd: agent_harness_testkit::workspace_in(dir.path())
+                        .to_string_lossy()
+                        .into_owned(),
                     ..Default::default()
                 },
             ))
@@ -556,7 +558,7 @@ async fn malformed_calls_about_a_session_nobody_holds_are_refused_without_claimi
         return;
     };
     within(TEST_BOUND, async {
-        let session = create_on(&a, dir.path()).await;
+        let session = create_on(&a, &agent_harness_testkit::workspace_in(dir.path())).await;
         let id = session.id.clone();
         let (holder, _) = lease_of(&url, &schema, &id).await;
         a.kill_9();
@@ -631,7 +633,7 @@ async fn calls_racing_the_failover_tick_for_an_orphaned_session_bring_back_one_a
         return;
     };
     within(TEST_BOUND, async {
-        let mut session = create_on(&a, dir.path()).await;
+        let mut session = create_on(&a, &agent_harness_testkit::workspace_in(dir.path())).await;
         let mut watch = session.watch().await;
         let running = session.prompt("@wait-cancel").await;
         watch.chunk("echo: @wait-cancel").await;
@@ -714,7 +716,7 @@ async fn a_stream_on_a_replica_that_lost_the_lease_goes_on_with_what_the_new_own
         return;
     };
     within(TEST_BOUND, async {
-        let mut session = create_on(&a, dir.path()).await;
+        let mut session = create_on(&a, &agent_harness_testkit::workspace_in(dir.path())).await;
         let id = session.id.clone();
         let mut on_a = session.watch().await;
         let first = session.prompt("before the move").await;

@@ -87,7 +87,9 @@ async fn with_mutual_tls_a_call_to_a_replica_that_does_not_own_the_session_is_fo
             client_of(&a, &ca, &caller).await,
             pb::CreateSessionRequest {
                 profile: "mock".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             },
         )

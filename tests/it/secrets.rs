@@ -90,7 +90,9 @@ async fn secrets_passed_through_or_read_from_files_reach_the_runtime_and_appear_
             server.client().await,
             pb::CreateSessionRequest {
                 profile: "secret".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             },
         )
@@ -132,7 +134,9 @@ async fn secrets_passed_through_or_read_from_files_reach_the_runtime_and_appear_
             .await
             .create_session(pb::CreateSessionRequest {
                 profile: "broken".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             })
             .await

@@ -139,7 +139,7 @@ async fn cut_mid_turn(fault: impl FnOnce(&FaultProxy)) {
         return;
     };
     within(TEST_BOUND, async {
-        let mut session = create_on(&a, dir.path()).await;
+        let mut session = create_on(&a, &agent_harness_testkit::workspace_in(dir.path())).await;
         let id = session.id.clone();
         let mut watch = session.watch().await;
         let running = session.prompt(&streaming_turn()).await;

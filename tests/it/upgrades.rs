@@ -402,8 +402,14 @@ async fn queued_prompt_runs(h: &Harness, expected: &Expected) {
 }
 
 /// A copy of a fixture's data directory, to start a server on.
+/// A directory outside `/tmp`: the fixtures' sessions work in `/tmp`, and no session's cwd may
+/// hold its server's data dir.
+fn outside_tmp() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
 fn copy_data_dir(fixture: &Path) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = outside_tmp();
     std::fs::copy(
         fixture.join("sqlite/data").join(DB_FILE),
         dir.path().join(DB_FILE),
@@ -459,8 +465,12 @@ async fn a_postgres_dump_of_each_released_version_migrates_at_start_reads_alike_
         within(FIXTURE_BOUND, async {
             restore_dump(&url, &fixture, &schema).await;
             let database_url = url_in_schema(&url, &schema);
-            let h =
-                Harness::start_with(|c| c.database_url = Some(database_url.clone().into())).await;
+            let data = outside_tmp();
+            let h = Harness::start_with(|c| {
+                c.database_url = Some(database_url.clone().into());
+                c.data_dir = data.path().to_path_buf();
+            })
+            .await;
             reads_and_reopens(&h, &Expected::read(&fixture.join("postgres"))).await;
             h.shutdown().await;
         })
@@ -758,7 +768,9 @@ async fn replicas_rolled_one_at_a_time_from_the_previous_release_keep_a_session_
             a.client().await,
             pb::CreateSessionRequest {
                 profile: "mock".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             },
         )

@@ -28,7 +28,11 @@ async fn warm_harness(marker: &str, size: usize, live_runtimes: Option<usize>) -
             config,
             "warm",
             &["--resume", "--stderr-at-start", marker],
-            |p| p.warm_pool = size,
+            |p| {
+                p.warm_pool = size;
+                // A warm runtime starts before its session's owner and cwd: never boxed.
+                p.sandbox = None;
+            },
         );
         mock_profile_with(config, "cold", &["--resume"], |_| {});
     })
@@ -109,7 +113,7 @@ async fn a_session_on_a_warm_profile_takes_an_already_started_runtime() {
         );
         assert_eq!(
             frames[new_session].1["params"]["cwd"],
-            h.data_dir().to_string_lossy().as_ref(),
+            h.workspace().to_string_lossy().as_ref(),
             "session/new carries the session's cwd"
         );
 
@@ -184,7 +188,10 @@ async fn a_warm_runtime_that_dies_during_the_handshake_is_replaced_by_a_cold_sta
                     "--crash-on-new-session-once",
                     &crash_arg,
                 ],
-                |p| p.warm_pool = 1,
+                |p| {
+                    p.warm_pool = 1;
+                    p.sandbox = None;
+                },
             );
         })
         .await;
@@ -284,7 +291,7 @@ async fn draining_kills_the_warm_runtimes_while_turns_still_run() {
             &config,
             format!(
                 "[profiles.warm]\ncommand = {:?}\nargs = [\"mock-agent\", \"--stderr-at-start\", \
-                 {marker:?}]\nwarm_pool = 2\n",
+                 {marker:?}]\nwarm_pool = 2\nsandbox = \"off\"\n",
                 agent_harness_testkit::service_bin().to_string_lossy()
             ),
         )
@@ -305,7 +312,9 @@ async fn draining_kills_the_warm_runtimes_while_turns_still_run() {
             AgentSessionServiceClient::new(channel),
             pb::CreateSessionRequest {
                 profile: "mock".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
                 ..Default::default()
             },
         )

@@ -67,7 +67,19 @@ pub struct Harness {
     channel: Channel,
     addr: SocketAddr,
     config: ServeConfig,
-    data_dir: TempDir,
+    /// Holds the data dir (`data/`) and a workspace beside it (`work/`): no session's cwd may
+    /// hold or lie in the data dir.
+    root: TempDir,
+}
+
+/// The workspace beside a test configuration's data dir (see [`Harness::workspace`]), for a
+/// profile's `allowed_cwd_roots` set before the server starts.
+pub fn workspace_for(config: &ServeConfig) -> PathBuf {
+    config
+        .data_dir
+        .parent()
+        .expect("the data dir has a parent")
+        .join("work")
 }
 
 impl Harness {
@@ -79,11 +91,14 @@ impl Harness {
 
     /// Like [`Harness::start`], after `configure` has edited the configuration.
     pub async fn start_with(configure: impl FnOnce(&mut ServeConfig)) -> Self {
-        let data_dir = tempfile::Builder::new()
+        let root = tempfile::Builder::new()
             .prefix("agent-harness-it-")
             .tempdir()
             .expect("temporary data dir");
-        let mut config = test_config(data_dir.path().to_path_buf(), crate::service_bin());
+        let data_dir = root.path().join("data");
+        std::fs::create_dir(&data_dir).expect("the data dir");
+        let mut config = test_config(data_dir, crate::service_bin());
+        std::fs::create_dir(workspace_for(&config)).expect("the workspace");
         config.static_files_base_url = Some(STATIC_BASE_URL.to_owned());
         configure(&mut config);
 
@@ -100,8 +115,13 @@ impl Harness {
             channel,
             addr,
             config,
-            data_dir,
+            root,
         }
+    }
+
+    /// A directory sessions may work in (the default cwd of [`crate::support::create_request`]).
+    pub fn workspace(&self) -> PathBuf {
+        self.root.path().join("work")
     }
 
     /// The address the server listens on.
@@ -126,7 +146,7 @@ impl Harness {
 
     /// The server's (temporary) data dir.
     pub fn data_dir(&self) -> &Path {
-        self.data_dir.path()
+        &self.config.data_dir
     }
 
     /// The shared connection (cheap to clone); for a client not covered below.

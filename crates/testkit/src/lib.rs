@@ -39,6 +39,26 @@ pub async fn bounded<F: Future>(body: F) -> F::Output {
     within(TEST_TIMEOUT, body).await
 }
 
+/// A workspace for sessions in `dir`, beside a data dir there (`dir/work`, made if missing): no
+/// session's cwd may hold or lie in its server's data dir.
+pub fn workspace_in(dir: &std::path::Path) -> PathBuf {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).expect("the workspace is made");
+    work
+}
+
+/// `hostile-agent` of this build (`src/bin/hostile_agent.rs`): the test-only agent that does what
+/// its prompt says, for the sandbox tests.
+pub fn hostile_agent_bin() -> PathBuf {
+    let bin = service_bin().with_file_name("hostile-agent");
+    assert!(
+        bin.is_file(),
+        "{} not found: build it first (`cargo build -p agent-harness-testkit --bin hostile-agent`)",
+        bin.display()
+    );
+    bin
+}
+
 /// The `agent-harness` executable of this build: the mock agent's program in the test profiles.
 /// Cargo builds a package's binaries before its integration tests, into the directory above the
 /// test executable's `deps/`.

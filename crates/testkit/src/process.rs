@@ -39,6 +39,8 @@ pub struct Serve {
     env: Vec<(OsString, OsString)>,
     /// Variables of the test's environment the process does not inherit.
     env_removed: Vec<OsString>,
+    /// A command the server is started through (`setpriv … --`), with its arguments.
+    wrapper: Vec<OsString>,
 }
 
 impl Serve {
@@ -90,6 +92,23 @@ impl Serve {
         self
     }
 
+    /// Runs the server as `uid` and `gid` with no supplementary groups (through `setpriv`, which
+    /// execs it: its pid stays the server's). The test must be root.
+    pub fn run_as(mut self, uid: u32, gid: u32) -> Self {
+        self.wrapper = [
+            "setpriv",
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &gid.to_string(),
+        ]
+        .into_iter()
+        .chain(["--clear-groups", "--"])
+        .map(OsString::from)
+        .collect();
+        self
+    }
+
     /// The process does not inherit `key` from the test's environment (unless [`Serve::env`]
     /// sets it).
     pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Self {
@@ -111,7 +130,14 @@ impl Serve {
 
     fn spawn(&self) -> (Child, SocketAddr, Arc<Log>) {
         let program = self.program.clone().unwrap_or_else(crate::service_bin);
-        let mut command = Command::new(program);
+        let mut command = match self.wrapper.split_first() {
+            Some((wrapper, args)) => {
+                let mut command = Command::new(wrapper);
+                command.args(args).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
         for key in &self.env_removed {
             command.env_remove(key);
         }

@@ -47,6 +47,11 @@ pub fn mock_profile_with(
         secrets: Default::default(),
         config_options: Default::default(),
         auth_method: None,
+        // Boxed, with the default limits, as a configured profile is.
+        sandbox: Some(agent_harness::acp::sandbox::BoxPolicy {
+            limits: agent_harness::config::sandbox::SandboxDefaults::default().limits,
+            ..Default::default()
+        }),
     };
     edit(&mut profile);
     config.profiles.insert(name.to_owned(), Arc::new(profile));
@@ -62,7 +67,7 @@ pub struct Session {
 pub fn create_request(h: &Harness, profile: &str) -> pb::CreateSessionRequest {
     pb::CreateSessionRequest {
         profile: profile.to_owned(),
-        cwd: h.data_dir().to_string_lossy().into_owned(),
+        cwd: h.workspace().to_string_lossy().into_owned(),
         ..Default::default()
     }
 }

@@ -31,6 +31,9 @@ pub struct RemoteSpec<'a> {
     pub bridge_profile: &'a str,
     pub cwd: &'a str,
     pub session_id: &'a str,
+    /// Who the session belongs to: the bridge expands `{principal}` in its roots and keeps a
+    /// HOME per owner with it.
+    pub owner: &'a str,
     /// How long to wait for a matching bridge, then for it to start the runtime.
     pub startup_timeout: Duration,
     pub reconnect_grace: Duration,
@@ -287,6 +290,7 @@ impl Gateway {
             profile: spec.bridge_profile.to_owned(),
             cwd: spec.cwd.to_owned(),
             session_id: spec.session_id.to_owned(),
+            owner: spec.owner.to_owned(),
         };
         if out.send(spawn).await.is_err() {
             return Err(format!("bridge {bridge_id} disconnected"));

@@ -30,6 +30,7 @@ fn spec<'a>(labels: &'a BTreeMap<String, String>) -> RemoteSpec<'a> {
         bridge_profile: "mock",
         cwd: "/",
         session_id: "s",
+        owner: "local",
         startup_timeout: Duration::from_secs(5),
         reconnect_grace: Duration::from_secs(5),
     }

@@ -67,6 +67,7 @@ pub enum ToBridge {
         profile: String,
         cwd: String,
         session_id: String,
+        owner: String,
     },
     Stdin {
         key: String,

@@ -1,10 +1,14 @@
 //! A session's runtime over its life: start (the handshake itself is in `handshake`), recovery
 //! after a harness restart, faults, deadlines, suspension and draining.
 
-use std::{io, path::Path, process::ExitStatus, time::Instant};
+use std::{
+    io,
+    path::{Path, PathBuf},
+    process::ExitStatus,
+    time::Instant,
+};
 
 use serde_json::{Value, json};
-use tokio::io::AsyncReadExt;
 
 use super::{
     Actor, CANNOT_REOPEN, CLOSE_GRACE, Conn, EXIT_DRAIN, HARNESS_ACTOR, Out, Pending, PendingKind,
@@ -13,13 +17,14 @@ use super::{
 use crate::{
     acp::{
         connection::{self, LineWriter},
-        frames as acp_frames, process,
-        remote::{RemoteSpec, SpawnedRemote},
+        frames as acp_frames,
+        launch::{self, Launch},
+        remote::RemoteSpec,
     },
     domain::{Error, ErrorCode, Result, session::SessionStatus, text::cap_foreign},
     session::{
         interactions::{self, HeldPermission},
-        warm,
+        warm, workspace,
     },
 };
 
@@ -45,12 +50,6 @@ impl Interruption {
             ),
         }
     }
-}
-
-/// A freshly started runtime, before the actor wraps it into its connection.
-enum Link {
-    Local(process::SpawnedRuntime),
-    Remote(SpawnedRemote),
 }
 
 impl Actor {
@@ -134,117 +133,111 @@ impl Actor {
         self.touch(out);
     }
 
+    /// Brings the session's runtime up (the one launch path, `acp::launch`): a new session's
+    /// first may come from its profile's warm pool; otherwise it starts here, in its box (or
+    /// unboxed), or on a bridge. Then the handshake begins: `initialize` is sent (a warm
+    /// runtime's was sent already, with this epoch's first request id, and is logged as such).
     pub(super) async fn start_runtime(&mut self, purpose: StartPurpose) {
-        // A new session's first runtime may come from the profile's warm pool.
-        if matches!(purpose, StartPurpose::Create { .. })
+        let warm = if matches!(purpose, StartPurpose::Create { .. })
             && self.runtime.epoch + 1 == warm::FIRST_EPOCH
             && is_dir(Path::new(&self.record.cwd)).await
-            && let Some(runtime) = self.ctx.take_warm(&self.profile.name)
         {
-            return self.adopt_warm(purpose, runtime).await;
-        }
-        // The runtime stopped last may still be writing its session on the way out: a reopen
-        // must find it written (at most its grace, usually far less).
-        self.wait_stopped().await;
-        let permit = match self.ctx.runtime_slots.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                let error = Error::new(
-                    ErrorCode::TooManyRuntimes,
-                    format!(
-                        "the harness runs its maximum of {} live runtimes",
-                        self.ctx.limits.live_runtimes
-                    ),
-                )
-                .with("max", self.ctx.limits.live_runtimes);
-                return self.start_failed(purpose, error).await;
+            self.ctx.take_warm(&self.profile.name)
+        } else {
+            None
+        };
+        let (permit, launched, initialize) = match warm {
+            Some(warm) => {
+                let launched = launch::launch(Launch::Warm {
+                    spawned: warm.spawned,
+                    unread: warm.unread,
+                })
+                .await;
+                (warm.permit, launched, Some(warm.initialize))
+            }
+            None => {
+                // The runtime stopped last may still be writing its session on the way out: a
+                // reopen must find it written (at most its grace, usually far less).
+                self.wait_stopped().await;
+                let permit = match self.ctx.runtime_slots.clone().try_acquire_owned() {
+                    Ok(permit) => permit,
+                    Err(_) => {
+                        let error = Error::new(
+                            ErrorCode::TooManyRuntimes,
+                            format!(
+                                "the harness runs its maximum of {} live runtimes",
+                                self.ctx.limits.live_runtimes
+                            ),
+                        )
+                        .with("max", self.ctx.limits.live_runtimes);
+                        return self.start_failed(purpose, error).await;
+                    }
+                };
+                let launched = match self.start_here_or_on_a_bridge().await {
+                    Ok(launched) => launched,
+                    Err(error) => return self.start_failed(purpose, error).await,
+                };
+                (permit, Ok(launched), None)
             }
         };
-        let link = match self.spawn_link().await {
-            Ok(link) => link,
-            Err(error) => return self.start_failed(purpose, error).await,
+        let runtime = match launched {
+            Ok(runtime) => runtime,
+            Err(why) => {
+                return self
+                    .start_failed(purpose, Error::new(ErrorCode::RuntimeStartFailed, why))
+                    .await;
+            }
         };
         self.runtime.epoch += 1;
         let epoch = self.runtime.epoch;
-        let (writer, started, killer, stderr, exited) = match link {
-            Link::Local(spawned) => (
-                self.connect(epoch, spawned.stdin, spawned.stdout),
-                json!({"pid": spawned.pid}),
-                spawned.killer,
-                spawned.stderr,
-                spawned.exited,
-            ),
-            Link::Remote(spawned) => {
-                *self.shared.bridge.lock().expect("not poisoned") = Some(spawned.bridge_id.clone());
-                (
-                    self.connect(epoch, spawned.stdin, spawned.stdout),
-                    json!({"bridge": spawned.bridge_id, "runtime_key": spawned.key}),
-                    spawned.killer,
-                    spawned.stderr,
-                    spawned.exited,
-                )
-            }
-        };
+        if let Some(bridge) = &runtime.bridge {
+            *self.shared.bridge.lock().expect("not poisoned") = Some(bridge.clone());
+        }
+        let writer = self.connect(epoch, runtime.stdin, runtime.stdout);
         let lost = self.shared.watch_lost();
-        let conn = Conn::new(epoch, writer, killer, stderr, exited, permit, lost);
-        self.runtime.state.start(conn, purpose, false);
-        let mut out = Out::default();
-        let mut event = json!({"event": "runtime_started", "epoch": epoch,
-               "profile": self.profile.name, "profile_fingerprint": self.record.profile_fingerprint});
-        if let (Some(event), Value::Object(started)) = (event.as_object_mut(), started) {
-            event.extend(started);
-        }
-        self.log_event(&mut out, event, None);
-        let id = self.harness_request_id();
-        let frame = acp_frames::initialize_request(id.clone());
-        self.expect(&id, PendingKind::Initialize, "initialize");
-        self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
-        self.refresh_status(&mut out);
-        self.flush_or_fault(out).await;
-    }
-
-    /// Takes a warm runtime as this session's first: its `initialize` request is logged as
-    /// this epoch's first harness request (it was sent with that id), and its response, still
-    /// unread, reaches the actor like any frame, so the handshake goes on with `session/new`.
-    async fn adopt_warm(&mut self, purpose: StartPurpose, runtime: warm::WarmRuntime) {
-        self.runtime.epoch += 1;
-        let epoch = self.runtime.epoch;
-        let spawned = runtime.spawned;
-        let output = std::io::Cursor::new(runtime.unread).chain(spawned.stdout);
-        let writer = self.connect(epoch, spawned.stdin, output);
         let conn = Conn::new(
             epoch,
             writer,
-            spawned.killer,
-            spawned.stderr,
-            spawned.exited,
-            runtime.permit,
-            self.shared.watch_lost(),
-        );
-        self.runtime.state.start(conn, purpose, true);
+            runtime.killer,
+            runtime.stderr,
+            runtime.exited,
+            permit,
+            lost,
+        )
+        .with_limit(runtime.limit);
+        self.runtime
+            .state
+            .start(conn, purpose, initialize.is_some());
         let mut out = Out::default();
-        self.log_event(
-            &mut out,
-            json!({"event": "runtime_started", "epoch": epoch, "profile": self.profile.name,
-                   "profile_fingerprint": self.record.profile_fingerprint,
-                   "pid": spawned.pid, "warm": true}),
-            None,
-        );
+        let mut event = json!({"event": "runtime_started", "epoch": epoch,
+               "profile": self.profile.name, "profile_fingerprint": self.record.profile_fingerprint});
+        if let Some(event) = event.as_object_mut() {
+            event.extend(runtime.described);
+        }
+        self.log_event(&mut out, event, None);
         let id = self.harness_request_id();
-        debug_assert_eq!(id, acp_frames::harness_request_id(warm::FIRST_EPOCH, 0));
         self.expect(&id, PendingKind::Initialize, "initialize");
-        self.log(
-            &mut out,
-            crate::store::Direction::ToRuntime,
-            runtime.initialize,
-            HARNESS_ACTOR,
-            None,
-        );
+        match initialize {
+            Some(sent) => {
+                debug_assert_eq!(id, acp_frames::harness_request_id(warm::FIRST_EPOCH, 0));
+                self.log(
+                    &mut out,
+                    crate::store::Direction::ToRuntime,
+                    sent,
+                    HARNESS_ACTOR,
+                    None,
+                );
+            }
+            None => {
+                let frame = acp_frames::initialize_request(id.clone());
+                self.log_send(&mut out, &frame, HARNESS_ACTOR, None);
+            }
+        }
         self.refresh_status(&mut out);
         self.flush_or_fault(out).await;
     }
 
-    /// Starts the writer and the reader of a runtime's lines for `epoch`; the writer.
+    /// Starts writing and reading a runtime's lines for `epoch`; the writer.
     fn connect(
         &self,
         epoch: u32,
@@ -261,60 +254,103 @@ impl Actor {
         writer
     }
 
-    /// Starts the profile's runtime: a local child, or one on a bridge.
-    async fn spawn_link(&mut self) -> Result<Link> {
-        let Some(remote) = &self.profile.remote else {
-            let cwd = std::path::PathBuf::from(&self.record.cwd);
-            // With several replicas the workspace must be on storage each of them mounts
-            // (README, "Several replicas on PostgreSQL"); a replica that claimed the session without it says so, not a bare spawn error.
-            if !is_dir(&cwd).await {
-                return Err(Error::new(
-                    ErrorCode::RuntimeStartFailed,
-                    format!(
-                        "the session's cwd {} does not exist on this replica",
-                        cwd.display()
-                    ),
-                ));
-            }
-            return process::spawn(self.profile.launch(), &cwd, &self.ctx.processes)
-                .map(Link::Local)
-                .map_err(|e| {
-                    Error::new(
-                        ErrorCode::RuntimeStartFailed,
-                        format!(
-                            "could not start runtime {:?} of profile {}: {e}",
-                            self.profile.command, self.profile.name
-                        ),
-                    )
-                });
-        };
+    /// Starts the profile's runtime here (its cwd checked again first) or on a bridge.
+    async fn start_here_or_on_a_bridge(&mut self) -> Result<launch::Runtime> {
         let session_id = self.record.id.to_string();
-        let spec = RemoteSpec {
-            labels: &remote.bridge_labels,
-            principals: remote.bridge_principals.as_deref(),
-            bridge_profile: &remote.bridge_profile,
-            cwd: &self.record.cwd,
-            session_id: &session_id,
-            startup_timeout: self.profile.startup_timeout,
-            reconnect_grace: remote.reconnect_grace,
-        };
-        // Waiting for a bridge holds this session's commands back (at most startup_timeout),
-        // as a local handshake would; other sessions are unaffected.
-        self.ctx
-            .gateway()
-            .spawn(spec)
-            .await
-            .map(Link::Remote)
-            .map_err(|why| {
-                // `why` may hold the bridge's text; whoever stores or shows it caps it.
-                Error::new(
-                    ErrorCode::RuntimeStartFailed,
-                    format!(
-                        "could not start a remote runtime of profile {}: {why}",
-                        self.profile.name
-                    ),
-                )
+        if let Some(remote) = &self.profile.remote {
+            let spec = RemoteSpec {
+                labels: &remote.bridge_labels,
+                principals: remote.bridge_principals.as_deref(),
+                bridge_profile: &remote.bridge_profile,
+                cwd: &self.record.cwd,
+                session_id: &session_id,
+                owner: &self.record.owner,
+                startup_timeout: self.profile.startup_timeout,
+                reconnect_grace: remote.reconnect_grace,
+            };
+            // Waiting for a bridge holds this session's commands back (at most
+            // startup_timeout), as a local handshake would; other sessions are unaffected.
+            return launch::launch(Launch::Bridge {
+                gateway: self.ctx.gateway(),
+                spec,
             })
+            .await
+            .map_err(|why| Error::new(ErrorCode::RuntimeStartFailed, why));
+        }
+        let cwd = self.checked_cwd().await?;
+        let home = self
+            .record
+            .home
+            .clone()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                // Stored before HOMEs were per owner: the owner's HOME as configured now.
+                self.ctx
+                    .sandbox()
+                    .home_of(&self.profile.name, &self.record.owner)
+            });
+        let sandbox = self.ctx.sandbox().clone();
+        let boxed = self.profile.sandbox.as_ref().map(|policy| launch::Boxed {
+            sandbox: &sandbox,
+            policy,
+            home: &home,
+        });
+        launch::launch(Launch::Local(launch::LocalLaunch {
+            runtime: self.profile.launch(),
+            profile: &self.profile.name,
+            cwd: &cwd,
+            boxed,
+            processes: &self.ctx.processes,
+            timeout: self.profile.startup_timeout,
+        }))
+        .await
+        .map_err(|why| Error::new(ErrorCode::RuntimeStartFailed, why))
+    }
+
+    /// The session's cwd, checked again before its runtime starts: it still exists on this
+    /// replica, is still the canonical path it was at creation (no component swapped for a
+    /// link), and is still allowed for its owner and clear of the server's files.
+    async fn checked_cwd(&self) -> Result<PathBuf> {
+        let cwd = PathBuf::from(&self.record.cwd);
+        // With several replicas the workspace must be on storage each of them mounts
+        // (README, "Several replicas on PostgreSQL"); a replica that claimed the session
+        // without it says so, not a bare spawn error.
+        if !is_dir(&cwd).await {
+            return Err(Error::new(
+                ErrorCode::RuntimeStartFailed,
+                format!(
+                    "the session's cwd {} does not exist on this replica",
+                    cwd.display()
+                ),
+            ));
+        }
+        let roots = self
+            .profile
+            .allowed_cwd_roots
+            .as_deref()
+            .map(|roots| workspace::roots_for(roots, &self.record.owner));
+        let refused = || {
+            Error::new(
+                ErrorCode::RuntimeStartFailed,
+                format!(
+                    "the session's cwd {} is no longer allowed (it changed since the session \
+                     was created, or is not under an allowed root of this profile)",
+                    cwd.display()
+                ),
+            )
+        };
+        let looked_up =
+            workspace::look_up_on_a_thread(cwd.clone(), roots, self.ctx.forbidden_cwds())
+                .await
+                .map_err(|_| refused())?;
+        match looked_up {
+            workspace::Lookup::Directory { canonical, allowed }
+                if canonical == cwd && allowed != Some(false) =>
+            {
+                Ok(canonical)
+            }
+            _ => Err(refused()),
+        }
     }
 
     pub(super) fn harness_request_id(&mut self) -> Value {
@@ -520,7 +556,10 @@ impl Actor {
             return;
         };
         conn.exited = None;
+        let limit = conn.limit.get().cloned();
         let text = match status {
+            // A limit of its box ended it: that is the reason, not the signal it died of.
+            _ if limit.is_some() => format!("was stopped: {}", limit.unwrap_or_default()),
             Some(Ok(status)) => describe_exit(status),
             // A remote runtime whose bridge is gone.
             Some(Err(e)) if e.kind() == io::ErrorKind::ConnectionAborted => {

@@ -179,6 +179,8 @@ pub(super) struct Conn {
     /// The harness's own requests on this connection awaiting answers, by JSON-RPC id: they
     /// end with it.
     pub pending: HashMap<String, Pending>,
+    /// Set when a limit of the runtime's box ended it: the reason its end is given.
+    pub limit: Arc<std::sync::OnceLock<String>>,
     _permit: OwnedSemaphorePermit,
     _fence: FenceGuard,
 }
@@ -255,6 +257,12 @@ impl Conn {
         }
     }
 
+    /// The slot where the runtime's box says which limit ended it.
+    pub(super) fn with_limit(mut self, limit: Arc<std::sync::OnceLock<String>>) -> Self {
+        self.limit = limit;
+        self
+    }
+
     /// A connection to a started runtime; `lost` tells when the session's lease is lost (the
     /// runtime is then killed at once).
     pub(super) fn new(
@@ -278,6 +286,7 @@ impl Conn {
             exit_deadline: None,
             next_id: 0,
             pending: HashMap::new(),
+            limit: Arc::default(),
             _permit: permit,
         }
     }

@@ -19,7 +19,10 @@ use crate::{
         origin::Origin,
         session::{SessionRecord, SessionStatus},
     },
-    session::actor::{Actor, FirstPrompt, Resume, StartPurpose},
+    session::{
+        actor::{Actor, FirstPrompt, Resume, StartPurpose},
+        workspace,
+    },
     store::CappedCreate,
 };
 
@@ -96,8 +99,8 @@ impl Sessions {
         traceparent: Option<String>,
         fork: Option<ForkFrom>,
     ) -> Result<Creation> {
-        let checked = self.check_new(&input).await?;
         let owner = principal.actor().to_owned();
+        let checked = self.check_new(&input, &owner).await?;
         let request_fingerprint = request_fingerprint(&owner, &input);
         if input.session_id.is_some()
             && let Some(existing) = self.ctx.store.get_session(checked.session_id).await?
@@ -140,7 +143,7 @@ impl Sessions {
     }
 
     /// Everything about a new session that can be checked before anything is stored.
-    async fn check_new(&self, input: &CreateInput) -> Result<Checked> {
+    async fn check_new(&self, input: &CreateInput, owner: &str) -> Result<Checked> {
         let ctx = &self.ctx;
         let limits = &ctx.limits;
         let profile = ctx.profiles.get(&input.profile).cloned().ok_or_else(|| {
@@ -154,12 +157,13 @@ impl Sessions {
                 ),
             )
         })?;
+        let roots = profile
+            .allowed_cwd_roots
+            .as_deref()
+            .map(|roots| workspace::roots_for(roots, owner));
         let cwd = match &profile.remote {
-            Some(_) => self.check_remote_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())?,
-            None => {
-                self.check_cwd(&input.cwd, profile.allowed_cwd_roots.as_deref())
-                    .await?
-            }
+            Some(_) => self.check_remote_cwd(&input.cwd, roots.as_deref())?,
+            None => self.check_cwd(&input.cwd, roots).await?,
         };
         let session_id = match &input.session_id {
             Some(id) => parse_session_id(id)?,
@@ -225,6 +229,15 @@ impl Sessions {
             can_resume: false,
             can_load: false,
             first_action_id: checked.first_prompt.as_ref().map(|_| ActionId::mint()),
+            // A boxed runtime's HOME is its owner's for this profile, kept with the session.
+            home: (checked.profile.remote.is_none() && checked.profile.sandbox.is_some()).then(
+                || {
+                    ctx.sandbox()
+                        .home_of(&checked.profile.name, &owner)
+                        .to_string_lossy()
+                        .into_owned()
+                },
+            ),
         };
         // Counted in the store with the insert, so the cap holds across replicas.
         let stored = ctx
@@ -466,10 +479,11 @@ impl Sessions {
         }
     }
 
-    /// `cwd` must be absolute, exist, and — canonicalised — lie under an allowed root. The file
-    /// system is asked on a blocking thread: a slow or hung mount must not stall the runtime's
-    /// worker threads (every session on them).
-    async fn check_cwd(&self, cwd: &str, roots: Option<&[PathBuf]>) -> Result<PathBuf> {
+    /// `cwd` must be absolute, exist, and — canonicalised — lie under an allowed root (as
+    /// expanded for the owner) and clear of the server's files (`workspace`). The file system
+    /// is asked on a blocking thread: a slow or hung mount must not stall the runtime's worker
+    /// threads (every session on them).
+    async fn check_cwd(&self, cwd: &str, roots: Option<Vec<PathBuf>>) -> Result<PathBuf> {
         let path = Path::new(cwd);
         if cwd.is_empty() || !path.is_absolute() {
             return Err(Error::invalid(format!(
@@ -483,12 +497,13 @@ impl Sessions {
                 format_args!("a cwd of {} bytes", cwd.len()),
             ));
         }
-        let looked_up = look_up_cwd(path.to_path_buf(), roots.map(<[PathBuf]>::to_vec))
-            .await
-            .map_err(|e| Error::invalid(format!("cwd {cwd:?} cannot be used: {e}")))?;
-        let CwdLookup::Directory {
+        let looked_up =
+            workspace::look_up_on_a_thread(path.to_path_buf(), roots, self.ctx.forbidden_cwds())
+                .await
+                .map_err(|e| Error::invalid(format!("cwd {cwd:?} cannot be used: {e}")))?;
+        let workspace::Lookup::Directory {
             canonical,
-            under_a_root,
+            allowed: under_a_root,
         } = looked_up
         else {
             return Err(Error::invalid(format!("cwd {cwd:?} is not a directory")));
@@ -568,35 +583,4 @@ fn request_fingerprint(owner: &str, input: &CreateInput) -> String {
         "name": input.name, "origin": origin, "labels": input.labels, "editors": input.editors,
     });
     hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
-}
-
-/// What the file system says of a session's cwd.
-enum CwdLookup {
-    NotADirectory,
-    Directory {
-        canonical: PathBuf,
-        /// Whether it lies under one of the profile's roots (`None`: the profile has none).
-        under_a_root: Option<bool>,
-    },
-}
-
-/// Canonicalises `path` and checks it against `roots`, on a blocking thread (see `check_cwd`).
-async fn look_up_cwd(path: PathBuf, roots: Option<Vec<PathBuf>>) -> std::io::Result<CwdLookup> {
-    let looked_up = tokio::task::spawn_blocking(move || {
-        let canonical = std::fs::canonicalize(&path)?;
-        if !canonical.is_dir() {
-            return Ok(CwdLookup::NotADirectory);
-        }
-        let under_a_root = roots.map(|roots| {
-            roots.iter().any(|root| {
-                std::fs::canonicalize(root).is_ok_and(|root| canonical.starts_with(root))
-            })
-        });
-        Ok(CwdLookup::Directory {
-            canonical,
-            under_a_root,
-        })
-    })
-    .await;
-    looked_up.unwrap_or_else(|e| Err(std::io::Error::other(e)))
 }

@@ -59,7 +59,8 @@ pub(super) const SESSION_COLUMNS: &str = "s.id, s.name, s.owner, s.profile, s.cw
      ARRAY(SELECT l.key FROM session_labels l WHERE l.session_pk = s.pk ORDER BY l.key), \
      ARRAY(SELECT l.value FROM session_labels l WHERE l.session_pk = s.pk ORDER BY l.key), \
      ARRAY(SELECT e.principal FROM session_editors e WHERE e.session_pk = s.pk \
-           ORDER BY e.position)";
+           ORDER BY e.position), \
+     s.home";
 
 pub(super) fn session(row: &Row) -> Result<SessionRecord> {
     let at = At {
@@ -98,6 +99,7 @@ pub(super) fn session(row: &Row) -> Result<SessionRecord> {
         first_action_id: at
             .get::<Option<Uuid>>(15, "first_action_id")?
             .map(action_id_of),
+        home: at.get(19, "home")?,
     })
 }
 

@@ -12,7 +12,7 @@ use super::Context;
 use crate::{domain::Result, store::StoreError};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -140,6 +140,10 @@ const V4: &str = r#"
 ALTER TABLE bridges ADD COLUMN principal text NOT NULL DEFAULT '';
 ALTER TABLE bridges ADD COLUMN connected boolean NOT NULL DEFAULT true;
 "#;
+
+/// The HOME a sandboxed session's agent runs with (set at creation; older sessions read NULL and
+/// find theirs from the configuration).
+const V6: &str = "ALTER TABLE sessions ADD COLUMN home text;";
 
 /// Usage records: what agents reported, kept apart from sessions (no cascade) so that deleting a
 /// session does not refund its owner's budget.

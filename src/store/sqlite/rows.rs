@@ -152,7 +152,7 @@ macro_rules! session_columns {
     () => {
         "s.pk, s.id, s.name, s.owner, s.profile, s.cwd, s.model, s.acp_session_id, s.status, \
          s.status_reason, s.created_at, s.updated_at, s.profile_fingerprint, \
-         s.request_fingerprint, s.can_resume, s.can_load, s.first_action_id"
+         s.request_fingerprint, s.can_resume, s.can_load, s.first_action_id, s.home"
     };
 }
 pub(super) use session_columns;
@@ -195,6 +195,7 @@ pub(super) fn session(row: &Row<'_>) -> Result<(i64, SessionRecord)> {
             ),
             None => None,
         },
+        home: at.optional_text(17, "home")?,
     };
     Ok((pk, record))
 }

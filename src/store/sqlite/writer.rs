@@ -564,6 +564,11 @@ fn create(conn: &Connection, record: &SessionRecord) -> Result<()> {
             .and_then(|mut stmt| stmt.execute((pk, first.to_string())))
             .context("storing a new session")?;
     }
+    if let Some(home) = &record.home {
+        conn.prepare_cached("UPDATE sessions SET home = ?2 WHERE pk = ?1")
+            .and_then(|mut stmt| stmt.execute((pk, home)))
+            .context("storing a new session")?;
+    }
     write_side_rows(conn, pk, record)
 }
 

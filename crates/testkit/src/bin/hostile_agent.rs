@@ -1,0 +1,223 @@
+//! `hostile-agent`: a test-only ACP agent that does what its prompt says, as a prompt-injected
+//! coding agent would with its shell tool. The sandbox tests drive it to try every way out of
+//! its box. It never ships: the built-in `mock` agent has no such directive, since that would
+//! hand every user of the embedded default a shell.
+//!
+//! A prompt's first text block is one command; the reply is one agent message, then `end_turn`:
+//!
+//! - `sh <command>`: `/bin/sh -c`, answering `exit=<code>` and what it printed;
+//! - `read <path>` / `write <path>`: read a file, or append a line to one;
+//! - `kill <pid>` / `ptrace <pid>`: SIGTERM, or `PTRACE_ATTACH`;
+//! - `mount`: a tmpfs on `/tmp`;
+//! - `connect <host:port>`: a TCP connection; `proxy <host:port>`: CONNECT through the box's
+//!   proxy, answering its status line;
+//! - `forkbomb <n>`: up to n processes, answering how many it got before the kernel said no;
+//! - `alloc <MiB>`: that much memory, touched;
+//! - `exit <code>`: ends the process.
+//!
+//! Each answer starts `ok` or `error: <what the system said>`.
+
+use std::{
+    io::{BufRead, Read, Write},
+    net::{TcpStream, ToSocketAddrs},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+
+fn main() {
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    let mut sessions = 0u64;
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let Ok(frame) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let id = frame.get("id").cloned();
+        let method = frame
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let result = match method {
+            "initialize" => json!({
+                "protocolVersion": 1,
+                "agentCapabilities": {"loadSession": false, "sessionCapabilities": {"resume": {}}},
+                "authMethods": [],
+                "agentInfo": {"name": "hostile-agent", "version": "0"},
+            }),
+            "session/new" => {
+                sessions += 1;
+                json!({"sessionId": format!("hostile-{sessions}")})
+            }
+            "session/resume" => json!({}),
+            "session/prompt" => {
+                let params = &frame["params"];
+                let session = params["sessionId"].clone();
+                let text = params["prompt"]
+                    .as_array()
+                    .and_then(|blocks| blocks.iter().find_map(|b| b["text"].as_str()))
+                    .unwrap_or_default()
+                    .to_owned();
+                let answer = run(text.trim());
+                send(
+                    &mut stdout,
+                    &json!({"jsonrpc": "2.0", "method": "session/update", "params": {
+                        "sessionId": session,
+                        "update": {"sessionUpdate": "agent_message_chunk",
+                                   "content": {"type": "text", "text": answer}}}}),
+                );
+                json!({"stopReason": "end_turn"})
+            }
+            _ => {
+                if let Some(id) = id {
+                    send(
+                        &mut stdout,
+                        &json!({"jsonrpc": "2.0", "id": id,
+                                "error": {"code": -32601, "message": "method not found"}}),
+                    );
+                }
+                continue;
+            }
+        };
+        if let Some(id) = id {
+            send(
+                &mut stdout,
+                &json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            );
+        }
+    }
+}
+
+fn send(out: &mut std::io::Stdout, frame: &Value) {
+    let mut out = out.lock();
+    let _ = writeln!(out, "{frame}");
+    let _ = out.flush();
+}
+
+fn errno() -> String {
+    format!("error: {}", std::io::Error::last_os_error())
+}
+
+fn run(command: &str) -> String {
+    let (verb, rest) = command.split_once(' ').unwrap_or((command, ""));
+    match verb {
+        "sh" => match std::process::Command::new("/bin/sh")
+            .args(["-c", rest])
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(output) => {
+                let mut text = format!("exit={}\n", output.status.code().unwrap_or(-1));
+                text.push_str(&String::from_utf8_lossy(&output.stdout));
+                text.push_str(&String::from_utf8_lossy(&output.stderr));
+                text.chars().take(64 * 1024).collect()
+            }
+            Err(e) => format!("error: {e}"),
+        },
+        "read" => match std::fs::read(rest) {
+            Ok(bytes) => format!("ok {}", String::from_utf8_lossy(&bytes)),
+            Err(e) => format!("error: {e}"),
+        },
+        "write" => match std::fs::OpenOptions::new().append(true).open(rest) {
+            Ok(mut file) => match file.write_all(b"\n[[tokens]]\n") {
+                Ok(()) => "ok".into(),
+                Err(e) => format!("error: {e}"),
+            },
+            Err(e) => format!("error: {e}"),
+        },
+        "kill" | "ptrace" => {
+            let Ok(pid) = rest.parse::<libc::pid_t>() else {
+                return "error: not a pid".into();
+            };
+            // SAFETY: plain system calls on a pid.
+            let result = unsafe {
+                match verb {
+                    "kill" => libc::kill(pid, libc::SIGTERM) as libc::c_long,
+                    _ => libc::ptrace(libc::PTRACE_ATTACH, pid, 0, 0),
+                }
+            };
+            if result == 0 { "ok".into() } else { errno() }
+        }
+        "mount" => {
+            // SAFETY: mount reads the strings given.
+            let result = unsafe {
+                libc::mount(
+                    c"none".as_ptr(),
+                    c"/tmp".as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+            if result == 0 { "ok".into() } else { errno() }
+        }
+        "connect" => match connect(rest) {
+            Ok(_) => "ok".into(),
+            Err(e) => format!("error: {e}"),
+        },
+        "proxy" => {
+            let proxy = std::env::var("HTTPS_PROXY").unwrap_or_default();
+            let address = proxy.trim_start_matches("http://").trim_end_matches('/');
+            let mut stream = match connect(address) {
+                Ok(stream) => stream,
+                Err(e) => return format!("error: the proxy {proxy:?}: {e}"),
+            };
+            let request = format!("CONNECT {rest} HTTP/1.1\r\nHost: {rest}\r\n\r\n");
+            if let Err(e) = stream.write_all(request.as_bytes()) {
+                return format!("error: {e}");
+            }
+            let mut buf = [0u8; 512];
+            let n = stream.read(&mut buf).unwrap_or(0);
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            format!("ok {}", text.lines().next().unwrap_or_default())
+        }
+        "forkbomb" => {
+            let limit: usize = rest.parse().unwrap_or(1000);
+            let mut children = Vec::new();
+            let mut error = String::from("none");
+            for _ in 0..limit {
+                // SAFETY: the child only waits to be killed.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    loop {
+                        // SAFETY: the forked child sleeps until it is killed.
+                        unsafe { libc::pause() };
+                    }
+                }
+                if pid < 0 {
+                    error = errno();
+                    break;
+                }
+                children.push(pid);
+            }
+            let forked = children.len();
+            for pid in children {
+                // SAFETY: our own children.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, std::ptr::null_mut(), 0);
+                }
+            }
+            format!("ok forked={forked} {error}")
+        }
+        "alloc" => {
+            let mib: usize = rest.parse().unwrap_or(1);
+            let mut blocks: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..mib {
+                blocks.push(vec![1u8; 1 << 20]);
+            }
+            format!("ok allocated {} MiB", blocks.len())
+        }
+        "exit" => std::process::exit(rest.parse().unwrap_or(0)),
+        _ => format!("error: unknown command {verb:?}"),
+    }
+}
+
+fn connect(address: &str) -> std::io::Result<TcpStream> {
+    let target = address
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other("no address"))?;
+    TcpStream::connect_timeout(&target, Duration::from_secs(3))
+}

@@ -1,0 +1,725 @@
+//! Every agent in a box: a hostile agent (`hostile-agent`, test-only; it does what its prompt
+//! says, as a prompt-injected agent with a shell tool would) tries each way out of its box — the
+//! server's files, its process, other owners' HOMEs and workspaces, mounting, tracing, the
+//! network, the machine's processes and memory — and each attempt fails while the server serves
+//! on. Every test runs twice: with the server as root (as in CI), and as an unprivileged user
+//! (`setpriv`, uid 65534, with a cgroup delegated to it for its limits, as a service manager
+//! would). Both need the test to run as root (to start the second, and delegate); otherwise they
+//! say loudly that they were skipped.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use agent_harness::pb::v1 as pb;
+use tempfile::TempDir;
+use tonic::{Code, transport::Channel};
+
+use crate::{
+    auth::{ADA, BOB, Bearer, CI, EVERYONE, control, tokens_text},
+    harness::{error_reason, within},
+    process::{Serve, ServeProcess},
+    support::{Watch, prompt},
+};
+
+type Client = pb::agent_session_service_client::AgentSessionServiceClient<
+    tonic::service::interceptor::InterceptedService<Channel, Bearer>,
+>;
+
+/// The unprivileged user the second run uses.
+const NOBODY: u32 = 65534;
+/// The limits of the hostile profile: low, so the fork bomb and the memory hog stay cheap.
+const MEMORY_MIB: u64 = 128;
+const PIDS: u64 = 48;
+/// A secret planted in the server's environment.
+const PLANTED: &str = "planted-server-secret-7f3a";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Root,
+    Unprivileged,
+}
+
+fn running_as_root() -> bool {
+    // SAFETY: a plain getter.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A server with two profiles running the hostile agent (`shell`, and `other`, which holds a
+/// secret from a file), tokens for ada, bob and the service ci, and a workspace per owner.
+struct World {
+    _dir: TempDir,
+    base: PathBuf,
+    data: PathBuf,
+    config: PathBuf,
+    tokens: PathBuf,
+    secret: PathBuf,
+    cache: PathBuf,
+    ws: PathBuf,
+    server: ServeProcess,
+    /// A loopback port the profile's `egress.allow` names (it accepts and closes).
+    allowed_port: u16,
+    _allowed: std::net::TcpListener,
+    _cgroups: Option<Delegated>,
+}
+
+impl World {
+    fn start(mode: Mode) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let data = base.join("data");
+        let ws = base.join("ws");
+        let cache = base.join("npm-cache");
+        for d in [&data, &ws.join("ada"), &ws.join("bob"), &cache] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(cache.join("_cacache"), "shared").unwrap();
+        let secret = base.join("other-secret");
+        std::fs::write(&secret, "other-profile-secret-1c9e\n").unwrap();
+        let tokens = base.join("tokens.toml");
+        std::fs::write(&tokens, tokens_text(EVERYONE)).unwrap();
+        let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let allowed_port = allowed.local_addr().unwrap().port();
+        let cgroups = (mode == Mode::Unprivileged).then(Delegated::new);
+        let cgroup_line = match &cgroups {
+            Some(delegated) => format!("cgroup = {:?}\n", delegated.name),
+            None => String::new(),
+        };
+        let agent = agent_harness_testkit::hostile_agent_bin();
+        let config = base.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[sandbox]
+npm_cache = {cache:?}
+memory = "{MEMORY_MIB}MiB"
+pids = {PIDS}
+{cgroup_line}
+[profiles.shell]
+command = {agent:?}
+allowed_cwd_roots = ["{ws}/{{principal}}"]
+egress = {{ allow = ["127.0.0.1:{allowed_port}", "allowed.invalid"] }}
+
+[profiles.other]
+command = {agent:?}
+env_files = {{ OTHER_SECRET = {secret:?} }}
+allowed_cwd_roots = ["{ws}/{{principal}}"]
+"#,
+                ws = ws.display(),
+            ),
+        )
+        .unwrap();
+        if mode == Mode::Unprivileged {
+            for path in [&data, &ws.join("ada"), &ws.join("bob"), &secret, &tokens] {
+                std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
+            }
+            std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let mut serve = Serve::on(&data, &config)
+            .arg("--tokens-file")
+            .arg(&tokens)
+            .env("AGENT_HARNESS_PLANTED", PLANTED);
+        if mode == Mode::Unprivileged {
+            serve = serve.run_as(NOBODY, NOBODY);
+        }
+        let server = serve.start();
+        Self {
+            _dir: dir,
+            base,
+            data,
+            config,
+            tokens,
+            secret,
+            cache,
+            ws,
+            server,
+            allowed_port,
+            _allowed: allowed,
+            _cgroups: cgroups,
+        }
+    }
+
+    async fn client(&self, token: &str, acting: Option<&str>) -> Client {
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.server.addr()))
+                .unwrap()
+                .connect()
+                .await
+                .expect("a connection");
+        pb::agent_session_service_client::AgentSessionServiceClient::with_interceptor(
+            channel,
+            Bearer::new(Some(token), acting),
+        )
+    }
+
+    fn workspace(&self, owner: &str) -> PathBuf {
+        self.ws.join(owner)
+    }
+
+    /// A session of `profile` owned by the token's user, in its workspace.
+    async fn session(&self, token: &str, owner: &str, profile: &str) -> Agent {
+        let mut client = self.client(token, None).await;
+        let session = client
+            .create_session(pb::CreateSessionRequest {
+                profile: profile.into(),
+                cwd: self.workspace(owner).to_string_lossy().into_owned(),
+                ..Default::default()
+            })
+            .await
+            .expect("the session is created")
+            .into_inner()
+            .session
+            .unwrap();
+        let watch = crate::auth::watch(&mut client, &session.id).await;
+        Agent {
+            client,
+            id: session.id,
+            watch,
+            answers: 0,
+        }
+    }
+}
+
+/// A session of the hostile agent, and what it answered so far.
+struct Agent {
+    client: Client,
+    id: String,
+    watch: Watch,
+    answers: usize,
+}
+
+impl Agent {
+    /// Sends `command` as a prompt and returns the agent's answer.
+    async fn ask(&mut self, command: &str) -> String {
+        self.client
+            .control(control(&self.id, prompt(command)))
+            .await
+            .expect("the prompt is taken");
+        self.next_answer().await
+    }
+
+    async fn next_answer(&mut self) -> String {
+        loop {
+            let chunks: Vec<String> = self
+                .watch
+                .entries
+                .iter()
+                .filter_map(|e| {
+                    let frame: serde_json::Value = serde_json::from_str(&e.json).ok()?;
+                    (frame["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+                        .then(|| {
+                            frame["params"]["update"]["content"]["text"]
+                                .as_str()
+                                .map(str::to_owned)
+                        })
+                        .flatten()
+                })
+                .collect();
+            if let Some(answer) = chunks.get(self.answers) {
+                self.answers += 1;
+                return answer.clone();
+            }
+            self.watch
+                .next()
+                .await
+                .expect("the stream stays open")
+                .expect("the stream does not fail");
+        }
+    }
+
+    async fn get(&mut self) -> pb::AgentSession {
+        self.client
+            .get_session(pb::GetSessionRequest {
+                session_id: self.id.clone(),
+            })
+            .await
+            .expect("the session reads")
+            .into_inner()
+            .session
+            .unwrap()
+    }
+}
+
+/// cgroups the test hands to the unprivileged server (as a service manager delegates one), and
+/// removes afterwards.
+struct Delegated {
+    name: String,
+    dirs: Vec<PathBuf>,
+}
+
+impl Delegated {
+    fn new() -> Self {
+        let name = format!("/agent-harness-test-{}", uuid::Uuid::now_v7().simple());
+        let mut dirs = Vec::new();
+        for controller in ["memory", "pids"] {
+            let dir = Path::new("/sys/fs/cgroup")
+                .join(controller)
+                .join(&name[1..]);
+            std::fs::create_dir_all(&dir).expect("a delegated cgroup (cgroup v1 is mounted here)");
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let _ = std::os::unix::fs::chown(entry.path(), Some(NOBODY), Some(NOBODY));
+            }
+            std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+            dirs.push(dir);
+        }
+        Self { name, dirs }
+    }
+}
+
+impl Drop for Delegated {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if entry.path().is_dir() {
+                    let _ = std::fs::remove_dir(entry.path());
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Runs `body` with the server as root and as an unprivileged user (only the latter when the
+/// test is not root).
+macro_rules! both_ways {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn with_the_server_as_root() {
+                if skipped() {
+                    return;
+                }
+                within(Duration::from_secs(90), $body(Mode::Root)).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn with_the_server_unprivileged() {
+                if skipped() {
+                    return;
+                }
+                within(Duration::from_secs(90), $body(Mode::Unprivileged)).await
+            }
+        }
+    };
+}
+
+/// Whether this run cannot start the servers the tests need (not root); said loudly.
+fn skipped() -> bool {
+    if running_as_root() {
+        return false;
+    }
+    let banner = "!".repeat(78);
+    eprintln!(
+        "{banner}\n!! SKIPPED: the sandbox tests start servers as root and as uid {NOBODY} (with a \
+         delegated cgroup):\n!! run them as root (CI does).\n{banner}"
+    );
+    true
+}
+
+fn refused(answer: &str, what: &str) {
+    assert!(
+        answer.starts_with("error:")
+            || answer.starts_with("exit=") && !answer.starts_with("exit=0"),
+        "{what} should fail, the agent got: {answer}"
+    );
+}
+
+both_ways!(
+    the_store_config_tokens_and_another_profiles_secret_are_not_in_the_box,
+    |mode| async move {
+        let world = World::start(mode);
+        let mut agent = world.session(ADA, "ada", "shell").await;
+        for path in [
+            world.data.join("agent-harness.sqlite3"),
+            world.config.clone(),
+            world.tokens.clone(),
+            world.secret.clone(),
+        ] {
+            let answer = agent.ask(&format!("read {}", path.display())).await;
+            refused(&answer, &format!("reading {}", path.display()));
+        }
+        // The data dir's path is there only as far as the agent's own HOME lies in it.
+        let answer = agent
+            .ask(&format!("sh ls -A {}", world.data.display()))
+            .await;
+        assert_eq!(
+            answer, "exit=0\nhomes\n",
+            "the data dir shows nothing of the server's"
+        );
+        let answer = agent
+            .ask(&format!("sh ls -A {}/homes/shell", world.data.display()))
+            .await;
+        assert_eq!(answer, "exit=0\nada\n", "nor anyone else's HOME");
+        // The other profile's secret is not in this agent's environment either.
+        let answer = agent.ask("sh env").await;
+        assert!(!answer.contains("other-profile-secret-1c9e"), "{answer}");
+        assert!(!answer.contains(PLANTED), "{answer}");
+        // The server serves on.
+        assert_eq!(agent.get().await.id, agent.id);
+    }
+);
+
+both_ways!(
+    the_servers_process_environment_and_command_line_are_out_of_sight,
+    |mode| async move {
+        let world = World::start(mode);
+        let mut agent = world.session(ADA, "ada", "shell").await;
+        let pid = world.server.pid();
+        for command in [
+            format!("read /proc/{pid}/environ"),
+            format!("read /proc/{pid}/cmdline"),
+            format!("kill {pid}"),
+            format!("ptrace {pid}"),
+        ] {
+            refused(&agent.ask(&command).await, &command);
+        }
+        // Only the box's own processes are visible, and none carries the server's secret.
+        let listing = agent
+            .ask("sh ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '")
+            .await;
+        assert!(!listing.contains(&format!(" {pid} ")), "{listing}");
+        let environ = agent
+            .ask("sh cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c AGENT_HARNESS_PLANTED")
+            .await;
+        assert!(environ.starts_with("exit=1\n0"), "{environ}");
+        assert!(!environ.contains(PLANTED));
+        // The agent is not root, and has no capabilities.
+        let id = agent.ask("sh id -u; grep CapEff /proc/self/status").await;
+        assert!(!id.contains("\n0\n"), "{id}");
+        assert!(id.contains("0000000000000000"), "{id}");
+        assert_eq!(agent.get().await.id, agent.id);
+    }
+);
+
+both_ways!(
+    another_owners_home_and_workspace_are_out_of_sight,
+    |mode| async move {
+        let world = World::start(mode);
+        let mut bob = world.session(BOB, "bob", "shell").await;
+        let left = bob
+            .ask("sh echo bob-was-here > \"$HOME/note\" && echo bob-was-here > note && echo \"$HOME\"")
+            .await;
+        assert!(left.starts_with("exit=0"), "{left}");
+        let bob_home = left.lines().nth(1).unwrap().to_owned();
+        let mut ada = world.session(ADA, "ada", "shell").await;
+        let ada_home = ada.ask("sh echo \"$HOME\"").await;
+        assert!(
+            !ada_home.contains(&bob_home),
+            "one HOME per owner: {ada_home}"
+        );
+        for path in [
+            format!("{bob_home}/note"),
+            world.workspace("bob").join("note").display().to_string(),
+        ] {
+            refused(&ada.ask(&format!("read {path}")).await, &path);
+        }
+        let homes = ada
+            .ask(&format!(
+                "sh ls {}",
+                Path::new(&bob_home).parent().unwrap().display()
+            ))
+            .await;
+        assert!(!homes.contains("bob"), "{homes}");
+        // Nor may ada start a session in bob's workspace: it reads as any disallowed cwd.
+        let mut client = world.client(ADA, None).await;
+        let status = client
+            .create_session(pb::CreateSessionRequest {
+                profile: "shell".into(),
+                cwd: world.workspace("bob").to_string_lossy().into_owned(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains("not under an allowed root")
+                && !status.message().contains("bob's"),
+            "{status:?}"
+        );
+    }
+);
+
+both_ways!(
+    the_tokens_file_and_the_shared_npm_cache_cannot_be_written,
+    |mode| async move {
+        let world = World::start(mode);
+        let mut agent = world.session(ADA, "ada", "shell").await;
+        refused(
+            &agent
+                .ask(&format!("write {}", world.tokens.display()))
+                .await,
+            "writing the tokens file",
+        );
+        let cached = world.cache.join("_cacache");
+        let read = agent.ask(&format!("read {}", cached.display())).await;
+        assert_eq!(read, "ok shared", "the shared cache is there, read-only");
+        refused(
+            &agent.ask(&format!("write {}", cached.display())).await,
+            "writing the shared npm cache",
+        );
+        assert_eq!(std::fs::read_to_string(&cached).unwrap(), "shared");
+        assert!(
+            !std::fs::read_to_string(&world.tokens)
+                .unwrap()
+                .ends_with("[[tokens]]\n")
+        );
+    }
+);
+
+both_ways!(
+    mounting_tracing_and_new_user_namespaces_are_refused,
+    |mode| async move {
+        let world = World::start(mode);
+        let mut agent = world.session(ADA, "ada", "shell").await;
+        refused(&agent.ask("mount").await, "mounting");
+        refused(&agent.ask("ptrace 1").await, "tracing the box's init");
+        refused(
+            &agent.ask("sh unshare -U true").await,
+            "a new user namespace",
+        );
+        let filter = agent
+            .ask("sh grep -E 'NoNewPrivs|Seccomp:' /proc/self/status")
+            .await;
+        assert!(
+            filter.contains("NoNewPrivs:\t1") && filter.contains("Seccomp:\t2"),
+            "{filter}"
+        );
+        assert_eq!(agent.get().await.id, agent.id);
+    }
+);
+
+both_ways!(
+    the_network_reaches_only_what_egress_allows,
+    |mode| async move {
+        let world = World::start(mode);
+        let mut agent = world.session(ADA, "ada", "shell").await;
+        let harness = world.server.addr().port();
+        for target in [
+            format!("127.0.0.1:{harness}"),
+            "127.0.0.1:5432".into(),
+            "1.1.1.1:443".into(),
+        ] {
+            refused(&agent.ask(&format!("connect {target}")).await, &target);
+        }
+        // Through the box's proxy: only what egress.allow names, and never the harness.
+        for target in [
+            format!("127.0.0.1:{harness}"),
+            "127.0.0.1:5432".into(),
+            "169.254.169.254:80".into(),
+            "example.com:443".into(),
+        ] {
+            let answer = agent.ask(&format!("proxy {target}")).await;
+            assert!(answer.starts_with("ok HTTP/1.1 403"), "{target}: {answer}");
+        }
+        // An allowed loopback port is forwarded at the same address.
+        let answer = agent
+            .ask(&format!("connect 127.0.0.1:{}", world.allowed_port))
+            .await;
+        assert_eq!(answer, "ok", "the allowed port is reachable");
+        assert_eq!(agent.get().await.id, agent.id);
+    }
+);
+
+both_ways!(
+    a_fork_bomb_stops_at_the_process_limit_and_the_server_serves_on,
+    |mode| async move {
+        let world = World::start(mode);
+        let mut agent = world.session(ADA, "ada", "shell").await;
+        let answer = agent.ask("forkbomb 10000").await;
+        let forked: u64 = answer
+            .strip_prefix("ok forked=")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{answer}"));
+        assert!(forked < PIDS, "{answer}");
+        assert!(answer.contains("error:"), "the kernel said no: {answer}");
+        // Another tenant is unaffected, and this agent goes on.
+        let mut bob = world.session(BOB, "bob", "shell").await;
+        assert!(bob.ask("sh echo fine").await.starts_with("exit=0\nfine"));
+        assert!(agent.ask("sh echo still here").await.starts_with("exit=0"));
+    }
+);
+
+both_ways!(
+    a_memory_hog_kills_its_whole_runtime_and_the_session_says_which_limit,
+    |mode| async move {
+        let world = World::start(mode);
+        let mut agent = world.session(ADA, "ada", "shell").await;
+        assert!(agent.ask("sh echo warm").await.starts_with("exit=0"));
+        agent
+            .client
+            .control(control(
+                &agent.id,
+                prompt(&format!("alloc {}", MEMORY_MIB * 4)),
+            ))
+            .await
+            .expect("the prompt is taken");
+        agent.watch.event("fault").await;
+        let session = agent.get().await;
+        assert_eq!(session.status, pb::SessionStatus::Disconnected as i32);
+        assert!(
+            session
+                .status_reason
+                .contains(&format!("memory limit {MEMORY_MIB} MiB reached")),
+            "{}",
+            session.status_reason
+        );
+        // The next prompt reopens it.
+        assert!(agent.ask("sh echo back").await.starts_with("exit=0\nback"));
+    }
+);
+
+both_ways!(
+    a_cwd_swapped_for_a_link_to_the_data_dir_is_refused_when_the_runtime_starts_again,
+    |mode| async move {
+        let world = World::start(mode);
+        let project = world.workspace("ada").join("project");
+        std::fs::create_dir(&project).unwrap();
+        if mode == Mode::Unprivileged {
+            std::os::unix::fs::chown(&project, Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+        let mut client = world.client(ADA, None).await;
+        let session = client
+            .create_session(pb::CreateSessionRequest {
+                profile: "shell".into(),
+                cwd: project.to_string_lossy().into_owned(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .session
+            .unwrap();
+        let watch = crate::auth::watch(&mut client, &session.id).await;
+        let mut agent = Agent {
+            client,
+            id: session.id,
+            watch,
+            answers: 0,
+        };
+        assert!(
+            agent
+                .ask("sh pwd")
+                .await
+                .contains(&project.display().to_string())
+        );
+        // The agent exits; meanwhile the project becomes a link to the server's data dir.
+        agent
+            .client
+            .control(control(&agent.id, prompt("exit 0")))
+            .await
+            .unwrap();
+        agent.watch.event("fault").await;
+        std::fs::rename(&project, world.base.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&world.data, &project).unwrap();
+        let answer = agent
+            .client
+            .control(control(&agent.id, prompt("sh ls")))
+            .await;
+        let reopen = agent.watch.event("reopen_failed").await;
+        assert!(
+            reopen["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("no longer allowed"),
+            "{reopen} (the prompt: {answer:?})"
+        );
+        assert_eq!(agent.answers, 1, "the agent never ran in the data dir");
+    }
+);
+
+both_ways!(
+    a_principal_that_is_not_a_plain_name_has_no_workspace,
+    |mode| async move {
+        let world = World::start(mode);
+        for (acting, cwd) in [
+            ("..", world.ws.clone()),
+            ("../ada", world.workspace("ada")),
+            ("ada/..", world.ws.clone()),
+        ] {
+            let mut client = world.client(CI, Some(acting)).await;
+            let status = client
+                .create_session(pb::CreateSessionRequest {
+                    profile: "shell".into(),
+                    cwd: cwd.to_string_lossy().into_owned(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument, "{acting}: {status:?}");
+            assert_eq!(error_reason(&status), "INVALID_ARGUMENT");
+        }
+        // Acting for ada, the service gets ada's workspace.
+        let mut client = world.client(CI, Some("ada")).await;
+        client
+            .create_session(pb::CreateSessionRequest {
+                profile: "shell".into(),
+                cwd: world.workspace("ada").to_string_lossy().into_owned(),
+                ..Default::default()
+            })
+            .await
+            .expect("ada's workspace, for ada");
+    }
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_agent_cannot_read_its_bridges_token_file() {
+    if skipped() {
+        return;
+    }
+    within(Duration::from_secs(90), async {
+        let h = crate::harness::Harness::start_with(|config| {
+            crate::bridge::remote_profile(
+                config,
+                "far",
+                &[("pool", "boxed")],
+                "shell",
+                Duration::from_secs(20),
+                Duration::from_secs(30),
+            );
+        })
+        .await;
+        let profile = format!(
+            "[profiles.shell]\ncommand = {:?}\n",
+            agent_harness_testkit::hostile_agent_bin()
+        );
+        let bridge = crate::bridge::Bridge::start(
+            &crate::bridge::url(h.addr()),
+            "boxed-bridge",
+            &[("pool", "boxed")],
+            &profile,
+            Some("bridge-token-never-in-a-box"),
+        );
+        let mut session = crate::support::Session::create(&h, "far").await;
+        let mut watch = session.watch().await;
+        let token = bridge.token_file();
+        assert!(token.is_file());
+        session.prompt(&format!("read {}", token.display())).await;
+        let answer = watch.chunk("error").await;
+        assert!(
+            answer["params"]["update"]["content"]["text"]
+                .as_str()
+                .is_some_and(|t| !t.contains("bridge-token")),
+            "{answer}"
+        );
+        session
+            .prompt("sh id -u; ls /proc | grep -cE '^[0-9]+$'")
+            .await;
+        let boxed = watch.chunk("exit=0").await;
+        let text = boxed["params"]["update"]["content"]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            text.starts_with("exit=0\n65532\n"),
+            "the bridged agent is boxed: {text}"
+        );
+    })
+    .await
+}
