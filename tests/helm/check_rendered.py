@@ -182,14 +182,45 @@ def the_service_port_is_named_grpc_with_app_protocol_grpc(r, _):
     expect(r.sts["spec"]["serviceName"] == headless["metadata"]["name"])
 
 
+def sandboxed(r):
+    return r.values.get("sandbox", {}).get("enabled", True)
+
+
 def the_pod_runs_as_the_image_user_and_never_as_root(r, dockerfile):
     uid = int(re.search(r"^ARG APP_UID=([0-9]+)$", dockerfile, re.M).group(1))
     pod, container = r.pod["securityContext"], r.container["securityContext"]
     for context in (pod, container):
         expect(context["runAsNonRoot"] is True, context)
         expect(context["runAsUser"] == uid, f"runAsUser {context['runAsUser']} != Dockerfile {uid}")
-        expect(context["seccompProfile"] == {"type": "RuntimeDefault"}, context)
+    expect(pod["seccompProfile"] == {"type": "RuntimeDefault"}, pod)
     expect(pod["fsGroup"] == uid, pod)
+
+
+def the_server_container_gets_what_the_agents_boxes_need_and_no_more(r, _):
+    """With the sandbox on: a user namespace for the pod, seccomp and AppArmor unconfined and
+    /proc unmasked for the server's container only, still no capability; per-runtime limits off
+    (a pod has no cgroup to hand down). Off: the default profile, and every local profile says
+    sandbox = "off"."""
+    container = r.container["securityContext"]
+    annotations = r.sts["spec"]["template"]["metadata"]["annotations"]
+    apparmor = annotations.get("container.apparmor.security.beta.kubernetes.io/agent-harness")
+    config = r.config()
+    local = {n: p for n, p in config.get("profiles", {}).items() if p.get("kind") != "remote"}
+    if sandboxed(r):
+        expect(r.pod.get("hostUsers") is False, r.pod)
+        expect(container["seccompProfile"] == {"type": "Unconfined"}, container)
+        expect(container["procMount"] == "Unmasked", container)
+        expect(apparmor == "unconfined", annotations)
+        expect(config["sandbox"] == {"memory": "none", "pids": "none"}, config.get("sandbox"))
+        expect(all("sandbox" not in p for p in local.values()), local)
+    else:
+        expect("hostUsers" not in r.pod, r.pod)
+        expect(container["seccompProfile"] == {"type": "RuntimeDefault"}, container)
+        expect("procMount" not in container and apparmor is None, (container, annotations))
+        expect("sandbox" not in config, config)
+        expect(all(p.get("sandbox") == "off" for p in local.values()), local)
+    expect(container["capabilities"] == {"drop": ["ALL"]}, container["capabilities"])
+    expect(container["allowPrivilegeEscalation"] is False, container)
 
 
 def the_container_has_a_read_only_root_and_no_capabilities(r, _):
@@ -265,6 +296,7 @@ ALWAYS = [
     liveness_asks_the_empty_service_and_readiness_the_first_served_harness_service,
     the_service_port_is_named_grpc_with_app_protocol_grpc,
     the_pod_runs_as_the_image_user_and_never_as_root,
+    the_server_container_gets_what_the_agents_boxes_need_and_no_more,
     the_container_has_a_read_only_root_and_no_capabilities,
     only_data_tmp_home_and_workspace_are_writable,
     termination_grace_exceeds_the_drain_grace,
@@ -346,6 +378,7 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
             "restart_after_cancel": True,
             "on_reopen_failure": "fresh",
             "reopen_context_bytes": 16384,
+            "sandbox": "off",
         },
         claude,
     )
@@ -360,6 +393,7 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
             "env_passthrough": ["OPENAI_API_KEY"],
             "auth_method": "",
             "allowed_cwd_roots": ["/workspaces"],
+            "sandbox": "off",
         },
         codex,
     )
@@ -589,7 +623,15 @@ def the_bridge_config_holds_its_labels_profiles_and_grace(r, _):
                 in [s["secret"] for s in volume["projected"]["sources"]],
                 volume,
             )
-    expect(not set(bridge) - {"labels", "reconnect_grace", "profiles"}, bridge)
+    expect(not set(bridge) - {"labels", "reconnect_grace", "profiles", "sandbox"}, bridge)
+    if sandboxed(r):
+        expect(bridge["sandbox"] == {"memory": "none", "pids": "none"}, bridge)
+        expect(all("sandbox" not in p for p in bridge["profiles"].values()), bridge)
+        pod = deployment["spec"]["template"]["spec"]
+        expect(pod.get("hostUsers") is False, pod)
+        expect(container["securityContext"]["procMount"] == "Unmasked", container)
+    else:
+        expect(all(p.get("sandbox") == "off" for p in bridge["profiles"].values()), bridge)
     annotation = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     expect(annotation == hashlib.sha256(text.rstrip("\n").encode()).hexdigest() or
            annotation == hashlib.sha256(text.encode()).hexdigest(), annotation)

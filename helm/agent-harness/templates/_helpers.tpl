@@ -106,6 +106,13 @@ duration syntax that values.schema.json admits), rounded up.
 
 {{/* Refusals that a JSON schema cannot express, or that need a clear sentence. */}}
 {{- define "agent-harness.validate" -}}
+{{- if .Values.sandbox.enabled -}}
+{{- range $name, $p := .Values.profiles -}}
+{{- if $p.warmPool -}}
+{{- fail (printf "profiles.%s.warmPool: a warm runtime starts before its session's owner and cwd are known, so it cannot run in a box; set sandbox.enabled: false to keep warm pools" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if .Values.database.url -}}
 {{- fail "database.url: a database URL holds a password, so the chart takes it only from a Secret: put it there and name the Secret in database.existingSecret (its key in database.key)" -}}
 {{- end -}}
@@ -185,9 +192,20 @@ services, static_files_base_url and the insecure flag are passed as flags (see t
 {{- with $p.onReopenFailure }}{{ $_ := set $profile "on_reopen_failure" . }}{{ end -}}
 {{- if hasKey $p "reopenContextBytes" }}{{ $_ := set $profile "reopen_context_bytes" (int64 $p.reopenContextBytes) }}{{ end -}}
 {{- with $p.warmPool }}{{ $_ := set $profile "warm_pool" (int64 .) }}{{ end -}}
+{{- if ne (default "local" $p.kind) "remote" }}
+{{- if $.Values.sandbox.enabled }}
+{{- with $p.egressAllow }}{{ $_ := set $profile "egress" (dict "allow" .) }}{{ end -}}
+{{- else }}
+{{- $_ := set $profile "sandbox" "off" -}}
+{{- end }}
+{{- end }}
 {{- $_ := set $profiles $name $profile -}}
 {{- end -}}
 {{- if $profiles }}{{ $_ := set $config "profiles" $profiles }}{{ end -}}
+{{- if .Values.sandbox.enabled }}
+{{- /* Pods have no cgroup of their own to hand to runtimes: the pod's limits bound them. */ -}}
+{{- $_ := set $config "sandbox" (dict "memory" "none" "pids" "none") -}}
+{{- end -}}
 # agent-harness config, rendered by the Helm chart {{ .Chart.Name }}-{{ .Chart.Version }}.
 {{ toToml $config | trim }}
 {{ end -}}
@@ -238,6 +256,13 @@ reconnect_grace = {{ . | toJson }}
 {{- range $key, $value := .Values.bridge.labels }}
 {{ $key | toJson }} = {{ $value | toJson }}
 {{- end }}
+{{- if .Values.sandbox.enabled }}
+
+# Pods have no cgroup of their own to hand to runtimes: the pod's limits bound them.
+[sandbox]
+memory = "none"
+pids = "none"
+{{- end }}
 {{- range $name, $profile := .Values.bridge.profiles }}
 
 [profiles.{{ $name | toJson }}]
@@ -253,6 +278,9 @@ args = {{ default list $profile.args | toJson }}
 allowed_cwd_roots = {{ default (list $.Values.workspace.mountPath) $profile.allowedCwdRoots | toJson }}
 {{- with $profile.stopGrace }}
 stop_grace = {{ . | toJson }}
+{{- end }}
+{{- if not $.Values.sandbox.enabled }}
+sandbox = "off"
 {{- end }}
 {{- with $profile.envPassthrough }}
 env_passthrough = {{ . | toJson }}
@@ -326,4 +354,15 @@ Takes (list kind profileName), kind "profile" or "bridge-profile". */}}
     {{- end }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The server's (and a bridge's) container securityContext: the chart's, and with the sandbox
+on, seccomp unconfined and /proc unmasked for the boxes it builds (values.yaml, sandbox). */}}
+{{- define "agent-harness.containerSecurityContext" -}}
+{{- $context := deepCopy .Values.containerSecurityContext -}}
+{{- if .Values.sandbox.enabled -}}
+{{- $_ := set $context "seccompProfile" (dict "type" "Unconfined") -}}
+{{- $_ := set $context "procMount" "Unmasked" -}}
+{{- end -}}
+{{- toYaml $context -}}
 {{- end -}}
