@@ -301,6 +301,33 @@ fn describe_sandbox(config: &ServeConfig, ctx: &EngineContext, bound: std::net::
             "sandbox: {}",
             sandbox.describe()
         );
+        // One box built at once, beside serving, so a machine that cannot build boxes says so
+        // now rather than at the first session.
+        if let Some(probe) = config.profiles.get(crate::config::MOCK_PROFILE).cloned() {
+            let sandbox = sandbox.clone();
+            tokio::spawn(async move {
+                let policy = crate::acp::sandbox::BoxPolicy::default();
+                let checked = sandbox
+                    .check(
+                        "(start-up probe)",
+                        probe.launch(),
+                        &policy,
+                        std::time::Duration::from_secs(30),
+                    )
+                    .await;
+                match checked {
+                    Ok(report) if report.problems(&probe.command.to_string_lossy()).is_empty() => {
+                        tracing::info!("sandbox: a box was built and ran here");
+                    }
+                    Ok(report) => {
+                        tracing::error!(problems = ?report.problems(&probe.command.to_string_lossy()), "sandbox: a box was built but is not usable")
+                    }
+                    Err(why) => {
+                        tracing::error!(%why, "sandbox: boxes cannot be built here; boxed sessions will fail to start")
+                    }
+                }
+            });
+        }
     }
     for profile in &boxed {
         let policy = profile.sandbox.as_ref().expect("boxed");

@@ -18,12 +18,9 @@ use crate::kit::{Agent, ProfileSpec, agents_dir, installed, which};
 /// The key the rig puts in the harness's environment for the preset to pass through.
 const KEY: &str = "ANTHROPIC_API_KEY";
 
-fn claude_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
+fn claude_profile(fake: &FakeServer, _seed: &Path) -> ProfileSpec {
     ProfileSpec {
-        env: ProfileSpec::pairs(&[
-            ("ANTHROPIC_BASE_URL", fake.base_url()),
-            ("HOME", home.to_string_lossy().into_owned()),
-        ]),
+        env: ProfileSpec::pairs(&[("ANTHROPIC_BASE_URL", fake.base_url())]),
         harness_env: ProfileSpec::pairs(&[(KEY, "dummy-key-passed-through".to_owned())]),
         ..Default::default()
     }

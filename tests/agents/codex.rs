@@ -18,8 +18,9 @@ use crate::kit::{Agent, ProfileSpec, agents_dir, installed};
 /// tools by it), so it offers `apply_patch` as a freeform tool.
 pub const CODEX_MODEL: &str = "gpt-5.3-codex";
 
-fn codex_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
-    let codex_home = home.join(".codex");
+fn codex_profile(fake: &FakeServer, seed: &Path) -> ProfileSpec {
+    // Its config file is seeded into the owner's HOME before every start (the box's HOME).
+    let codex_home = seed.join(".codex");
     std::fs::create_dir_all(&codex_home).expect("CODEX_HOME");
     let config = format!(
         "model = \"{CODEX_MODEL}\"\nmodel_provider = \"fake\"\n\n[model_providers.fake]\n\
@@ -29,13 +30,11 @@ fn codex_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
         fake.base_url()
     );
     std::fs::write(codex_home.join("config.toml"), config).expect("config.toml");
-    let key_file = home.join("provider-key");
+    // Beside the seed, never in it: a key file is the server's, and no box shows it.
+    let key_file = seed.with_file_name("provider-key");
     std::fs::write(&key_file, "dummy-key-from-a-file\n").expect("the key file");
     ProfileSpec {
-        env: ProfileSpec::pairs(&[
-            ("CODEX_HOME", codex_home.to_string_lossy().into_owned()),
-            ("HOME", home.to_string_lossy().into_owned()),
-        ]),
+        env: ProfileSpec::pairs(&[("CODEX_HOME", "{home}/.codex".to_owned())]),
         harness_env: ProfileSpec::pairs(&[("OPENAI_API_KEY", "dummy-key-passed-through".into())]),
         env_files: vec![("FAKE_OPENAI_API_KEY".to_owned(), key_file)],
         ..Default::default()

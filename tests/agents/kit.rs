@@ -44,8 +44,8 @@ pub struct Agent {
     /// line (the `preset_command` scenario runs the preset's own command instead).
     pub command: PathBuf,
     pub args: Vec<String>,
-    /// Its profile against a fake model server, given its private HOME (it may write files
-    /// there, e.g. a config file).
+    /// Its profile against a fake model server, given the seed of its HOME (it may write files
+    /// there, e.g. a config file, which the harness copies into the owner's HOME in the box).
     pub profile: fn(&FakeServer, &Path) -> ProfileSpec,
     /// What a profile writes to have the agent edit without asking (undoing the preset's
     /// asking choice), for the `modes` scenario: as the matrix says it, and the change.
@@ -233,6 +233,8 @@ fn record(agent: &Agent, scenario: &str, result: &str, detail: &str) {
         "scenario": scenario,
         "result": result,
         "detail": detail,
+        // Every rig runs the agent in its box (`profile_toml` leaves the default on).
+        "sandboxed": true,
     });
     let path = dir.join(format!("{}@{}.{scenario}.json", agent.name, agent.version));
     let mut file = std::fs::File::create(&path).expect("a result file");
@@ -256,6 +258,8 @@ pub struct ProfileSpec {
     /// Run the preset's own command line (`npx`, offline from the npm cache the stage filled)
     /// instead of the installed copy.
     pub preset_command: bool,
+    /// The npm cache every box shows read-only (`[sandbox] npm_cache`).
+    pub npm_cache: Option<PathBuf>,
 }
 
 impl ProfileSpec {
@@ -290,13 +294,30 @@ pub fn serve_with(mut serve: Serve, spec: &ProfileSpec) -> Serve {
 /// The name of the rig's profile.
 pub const PROFILE: &str = "agent";
 
-/// A fake model server, a real harness process and a profile that runs the agent against it,
-/// all in one temporary folder: `home/` (the agent's private HOME), `work/` (the sessions'
-/// working directory), `data/` (the harness's SQLite store).
+/// Where the rig's boxes keep the agents' HOMEs, what seeds them, and the fake they may reach.
+#[derive(Debug, Clone)]
+pub struct Boxing {
+    pub homes_dir: PathBuf,
+    pub seed: PathBuf,
+    pub fake: std::net::SocketAddr,
+}
+
+impl Boxing {
+    /// The HOME of the rig's sessions (all owned by `local`).
+    pub fn home(&self) -> PathBuf {
+        self.homes_dir.join(PROFILE).join("local")
+    }
+}
+
+/// A fake model server, a real harness process and a profile that runs the agent against it
+/// in its box, all in one temporary folder: `seed/` (what the agent's HOME is seeded with),
+/// `homes/` (the HOMEs), `work/` (the sessions' working directory), `data/` (the harness's
+/// SQLite store).
 pub struct Rig {
     pub dir: tempfile::TempDir,
     pub fake: FakeServer,
     pub server: ServeProcess,
+    pub boxing: Boxing,
 }
 
 impl Rig {
@@ -311,22 +332,34 @@ impl Rig {
             .prefix("agent-harness-agents-")
             .tempdir()
             .expect("a temporary folder");
-        for sub in ["home", "work"] {
+        for sub in ["seed", "work"] {
             std::fs::create_dir_all(dir.path().join(sub)).expect("a folder");
         }
         let fake = FakeServer::start(agent.api)
             .await
             .expect("the fake model server starts");
-        let mut spec = (agent.profile)(&fake, &dir.path().join("home"));
+        let boxing = Boxing {
+            homes_dir: dir.path().join("homes"),
+            seed: dir.path().join("seed"),
+            fake: fake.addr(),
+        };
+        let mut spec = (agent.profile)(&fake, &boxing.seed);
         edit(&mut spec);
         let config = dir.path().join("config.toml");
-        std::fs::write(&config, profile_toml(agent, &spec)).expect("the config is written");
+        std::fs::write(&config, profile_toml(agent, &spec, &boxing))
+            .expect("the config is written");
         let server = serve_with(Serve::on(dir.path().join("data"), &config), &spec).start();
-        Rig { dir, fake, server }
+        Rig {
+            dir,
+            fake,
+            server,
+            boxing,
+        }
     }
 
+    /// The agent's HOME in its box.
     pub fn home(&self) -> PathBuf {
-        self.dir.path().join("home")
+        self.boxing.home()
     }
 
     pub fn work(&self) -> PathBuf {
@@ -356,11 +389,30 @@ fn toml_string(text: &str) -> String {
     Value::String(text.to_owned()).to_string()
 }
 
-pub fn profile_toml(agent: &Agent, spec: &ProfileSpec) -> String {
+/// The rig's config: the agent's profile over its preset, boxed (the default) with the installed
+/// agents shown read-only, its HOME seeded, and the fake model server the only place it may
+/// reach (forwarded at its own loopback address inside the box).
+pub fn profile_toml(agent: &Agent, spec: &ProfileSpec, boxing: &Boxing) -> String {
     let mut toml = format!(
-        "[profiles.{PROFILE}]\npreset = {}\ncancel_grace = \"10s\"\n",
-        toml_string(agent.preset)
+        "[sandbox]\nhomes_dir = {}\n",
+        toml_string(&boxing.homes_dir.to_string_lossy())
     );
+    if let Some(cache) = &spec.npm_cache {
+        toml.push_str(&format!(
+            "npm_cache = {}\n",
+            toml_string(&cache.to_string_lossy())
+        ));
+    }
+    let agents = std::env::var(AGENTS_DIR_VAR).expect("the agents' folder");
+    toml.push_str(&format!(
+        "\n[profiles.{PROFILE}]\npreset = {}\ncancel_grace = \"10s\"\n\
+         sandbox = {{ read_only = [{}], home_seed = {} }}\n\
+         egress = {{ allow = [\"127.0.0.1:{}\"] }}\n",
+        toml_string(agent.preset),
+        toml_string(&agents),
+        toml_string(&boxing.seed.to_string_lossy()),
+        boxing.fake.port(),
+    ));
     if !spec.preset_command {
         let args: Vec<String> = agent.args.iter().map(|a| toml_string(a)).collect();
         toml.push_str(&format!(

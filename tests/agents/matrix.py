@@ -4,7 +4,7 @@
     matrix.py RESULTS_DIR COMMIT OUT.md [DOC.md]
 
 Reads every `<agent>@<version>.<scenario>.json` in RESULTS_DIR (one JSON object each: agent,
-package, version, scenario, result, detail), writes the matrix as Markdown to OUT.md and prints
+package, version, scenario, result, detail, sandboxed), writes the matrix as Markdown to OUT.md and prints
 it; with DOC.md, also replaces the part of DOC.md between its `<!-- agents-matrix:begin -->` and
 `<!-- agents-matrix:end -->` lines. Exits 1 when a result file is unreadable or a cell failed.
 """
@@ -80,8 +80,8 @@ def main():
     lines = [
         f"Run on {date}, harness commit `{commit}`, inside a network namespace with only loopback.",
         "",
-        "| agent | version | " + " | ".join(title for _, title in SCENARIOS) + " |",
-        "|---|---|" + "---|" * len(SCENARIOS),
+        "| agent | version | sandboxed | " + " | ".join(title for _, title in SCENARIOS) + " |",
+        "|---|---|---|" + "---|" * len(SCENARIOS),
     ]
     failed = False
     for (agent, package, version), outcomes in sorted(rows.items()):
@@ -90,7 +90,13 @@ def main():
             outcome = outcomes.get(scenario)
             failed |= outcome is not None and outcome["result"] == "fail"
             cells.append(cell(scenario, outcome))
-        lines.append(f"| {agent} (`{package}`) | {version} | " + " | ".join(cells) + " |")
+        boxed = {o.get("sandboxed", False) for o in outcomes.values()}
+        sandboxed = {frozenset([True]): "yes, every scenario", frozenset([False]): "no"}.get(
+            frozenset(boxed), "in some scenarios"
+        )
+        lines.append(
+            f"| {agent} (`{package}`) | {version} | {sandboxed} | " + " | ".join(cells) + " |"
+        )
     table = "\n".join(lines) + "\n"
     out.write_text(table)
     print(table)

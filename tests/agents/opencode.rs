@@ -16,8 +16,9 @@ use serde_json::json;
 
 use crate::kit::{Agent, ProfileSpec, agents_dir, installed};
 
-fn opencode_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
-    let xdg_config = home.join(".config");
+fn opencode_profile(fake: &FakeServer, seed: &Path) -> ProfileSpec {
+    // Its config file is seeded into the owner's HOME before every start (the box's HOME).
+    let xdg_config = seed.join(".config");
     let dir = xdg_config.join("opencode");
     std::fs::create_dir_all(&dir).expect("the config folder");
     let config = json!({
@@ -44,8 +45,7 @@ fn opencode_profile(fake: &FakeServer, home: &Path) -> ProfileSpec {
     // costs about a second at start and again at the first prompt.
     ProfileSpec {
         env: ProfileSpec::pairs(&[
-            ("XDG_CONFIG_HOME", xdg_config.to_string_lossy().into_owned()),
-            ("HOME", home.to_string_lossy().into_owned()),
+            ("XDG_CONFIG_HOME", "{home}/.config".to_owned()),
             ("OPENCODE_DISABLE_MODELS_FETCH", "1".to_owned()),
             ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1".to_owned()),
             ("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1".to_owned()),

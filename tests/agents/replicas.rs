@@ -87,6 +87,13 @@ async fn run(agent: &Agent, homes: Homes, database_url: &str) -> Outcome {
     ));
     a.kill_9();
     agent_harness_testkit::support::exited(&runtimes).await;
+    if homes == Homes::PerReplica {
+        // A session keeps the HOME path it was created with; on another machine that path
+        // holds nothing of the first one's. Both replicas share this machine, so the first
+        // one's HOMEs go with it, as they would with its disk.
+        std::fs::rename(dir.path().join("homes-a"), dir.path().join("homes-a-gone"))
+            .expect("replica a's HOMEs move away");
+    }
 
     let mut session = Session::attach(b.client().await, &session.id);
     let mark = fake.recorder().len();
@@ -142,15 +149,22 @@ fn replica(
     homes: Homes,
     database_url: &str,
 ) -> ServeProcess {
-    let home = match homes {
-        Homes::Shared => dir.join("home"),
-        Homes::PerReplica => dir.join(format!("home-{name}")),
+    // Shared: both replicas keep their agents' HOMEs in one folder (a volume every replica
+    // mounts); per replica: each its own.
+    let homes_dir = match homes {
+        Homes::Shared => dir.join("homes"),
+        Homes::PerReplica => dir.join(format!("homes-{name}")),
     };
-    std::fs::create_dir_all(&home).expect("the agent's HOME");
-    let mut spec: ProfileSpec = (agent.profile)(fake, &home);
+    let boxing = crate::kit::Boxing {
+        homes_dir,
+        seed: dir.join(format!("seed-{name}")),
+        fake: fake.addr(),
+    };
+    std::fs::create_dir_all(&boxing.seed).expect("the seed of the agent's HOME");
+    let mut spec: ProfileSpec = (agent.profile)(fake, &boxing.seed);
     spec.keys.push_str("on_reopen_failure = \"fresh\"\n");
     let config = dir.join(format!("config-{name}.toml"));
-    std::fs::write(&config, profile_toml(agent, &spec)).expect("the config is written");
+    std::fs::write(&config, profile_toml(agent, &spec, &boxing)).expect("the config is written");
     serve_with(Serve::on(dir.join(format!("data-{name}")), &config), &spec)
         .replica(database_url, LEASE_TTL)
         .start()

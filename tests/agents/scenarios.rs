@@ -706,6 +706,8 @@ pub async fn preset_command(agent: Agent) -> Outcome {
     let cache = npm_cache();
     let rig = Rig::start_with(&agent, |spec| {
         spec.preset_command = true;
+        // Shown read-only in the box: npx finds the pinned package there.
+        spec.npm_cache = Some(cache.clone());
         spec.env.extend(ProfileSpec::pairs(&[
             ("npm_config_cache", cache.to_string_lossy().into_owned()),
             ("npm_config_offline", "true".to_owned()),

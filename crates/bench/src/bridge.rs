@@ -76,8 +76,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
         .spawn()
         .context("starting the bridge")?;
     let pool = connect_pool(server.addr(), 2).await?;
-    let (remote_id, remote_head) = create(&pool[0], "far", server.scratch()).await?;
-    let (local_id, local_head) = create(&pool[0], "mock", server.scratch()).await?;
+    let (remote_id, remote_head) = create(&pool[0], "far", &server.workspace()).await?;
+    let (local_id, local_head) = create(&pool[0], "mock", &server.workspace()).await?;
     let mut remote_stream = LogStream::open(&pool[1], &remote_id, remote_head).await?;
     let mut local_stream = LogStream::open(&pool[1], &local_id, local_head).await?;
     let mut control = client::sessions(&pool[0]);

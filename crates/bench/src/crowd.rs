@@ -97,7 +97,7 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<(PhaseReport, Vec<Lat
     // Children of the server that are no session's runtime.
     let (_, others) = super::machine::children_cpu_time(server.pid());
     let pool = Arc::new(connect_pool(server.addr(), plan.connections).await?);
-    let cwd = server.scratch().to_path_buf();
+    let cwd = server.workspace();
 
     let measuring = Arc::new(AtomicUsize::new(IDLE));
     let stages = sizes.totals.len();

@@ -324,7 +324,7 @@ impl Setup {
         .await?;
         let connections = ctx.plan.connections.max(m.div_ceil(PER_CONNECTION));
         let pool = connect_pool(server.addr(), connections).await?;
-        let (session_id, head) = client::create_session(&pool[0], server.scratch()).await?;
+        let (session_id, head) = client::create_session(&pool[0], &server.workspace()).await?;
         let shared = Arc::new(Shared::new(m));
         let subscribers: Vec<_> = (0..m)
             .map(|i| {

@@ -196,7 +196,7 @@ async fn measure(
 async fn seed(ctx: &Ctx, config: &str) -> anyhow::Result<String> {
     let server = ServerProcess::serve(&ctx.bin, "idle-seed", config).await?;
     let channel = connect(server.addr()).await?;
-    let (session_id, head) = client::create_session(&channel, server.scratch()).await?;
+    let (session_id, head) = client::create_session(&channel, &server.workspace()).await?;
     let mut watch = LogStream::open(&channel, &session_id, head).await?;
     let action_id = client::prompt(&mut client::sessions(&channel), &session_id, TURN_TEXT).await?;
     watch.turn_ended(&action_id).await?;
@@ -282,7 +282,7 @@ async fn subscribers(
     let on_a = connect(a.addr()).await?;
     let mut sessions = Vec::with_capacity(sizes.subscribers);
     for _ in 0..sizes.subscribers {
-        sessions.push(client::create_session(&on_a, a.scratch()).await?);
+        sessions.push(client::create_session(&on_a, &a.workspace()).await?);
     }
     tokio::time::sleep(sizes.settle).await;
     let base = admin.rate(database, sizes.window).await?;

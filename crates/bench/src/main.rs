@@ -28,6 +28,7 @@
 //! | `warm-create` | CreateSession to first turn ended, warm pool ([`warm`]) | a cold profile, same run |
 //! | `idle-db` | PostgreSQL transactions/s, many idle sessions on 3 replicas ([`idle`]) | fewer idle sessions, same run |
 //! | `idle-subscribers` | transactions/s added by idle subscribers on a non-owner replica | the same replicas without them |
+//! | `sandbox-cold`, `sandbox-rtt` | a cold start and a turn of a boxed runtime ([`sandbox`]) | the same agent unboxed, same run |
 //!
 //! `--wave3` runs the third wave's figures ([`WAVE3_KEYS`]) and prints them as one table;
 //! `--plots DIR` draws the plots of the run ([`plot`]).
@@ -51,6 +52,7 @@ mod replicas;
 mod report;
 mod rss;
 mod rtt;
+mod sandbox;
 mod server;
 mod stats;
 mod translate;
@@ -82,10 +84,11 @@ pub enum Figure {
     IdleCost,
     Peers,
     RealAgent,
+    Sandbox,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 15] = [
+    pub const ALL: [Figure; 16] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
@@ -101,6 +104,7 @@ impl Figure {
         Figure::IdleCost,
         Figure::Peers,
         Figure::RealAgent,
+        Figure::Sandbox,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -171,6 +175,10 @@ impl Figure {
                 ),
             ],
             Figure::RealAgent => &[("real-agent", real_agent::FIGURE, real_agent::TARGET)],
+            Figure::Sandbox => &[
+                ("sandbox-cold", sandbox::COLD_FIGURE, "adds <= 50.000 ms"),
+                ("sandbox-rtt", sandbox::RTT_FIGURE, "adds <= 0.100 ms"),
+            ],
         }
     }
 }
@@ -554,6 +562,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], args: &BenchArgs) -> usize {
             Figure::IdleCost => idle::run(ctx, smoke).await,
             Figure::Peers => peers::run(ctx, smoke).await,
             Figure::RealAgent => real_agent::run(ctx, smoke).await,
+            Figure::Sandbox => sandbox::run(ctx, smoke).await,
         };
         match outcome {
             Ok(PhaseReport {

@@ -77,7 +77,7 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<(PhaseReport, Vec<Mem
     {
         let pool = connect_pool(server.addr(), 2).await?;
         for &bytes in &sizes.transcripts {
-            sessions.push(build(&pool, server.scratch(), bytes).await?);
+            sessions.push(build(&pool, &server.workspace(), bytes).await?);
         }
     }
 

@@ -252,10 +252,20 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
         python.to_string_lossy().into_owned(),
         agent_py.to_string_lossy().into_owned(),
     ];
+    // Boxed, as users run it: the box shows the tools folder (the agent) and the Python the
+    // venv was made from, read-only.
+    let interpreter = std::fs::canonicalize(&python)
+        .ok()
+        .and_then(|p| p.parent()?.parent().map(Path::to_path_buf));
+    let shown: Vec<String> = std::iter::once(tools.clone())
+        .chain(interpreter.filter(|p| !p.starts_with("/usr")))
+        .map(|p| format!("{:?}", p.to_string_lossy()))
+        .collect();
     let config = format!(
-        "[profiles.echo]\ncommand = {:?}\nargs = [{:?}]\n\n{}",
+        "[profiles.echo]\ncommand = {:?}\nargs = [{:?}]\nsandbox = {{ read_only = [{}] }}\n\n{}",
         agent[0],
         agent[1],
+        shown.join(", "),
         ctx.config(&[])
     );
     let server = ServerProcess::serve(&ctx.bin, "peers", &config).await?;

@@ -139,7 +139,14 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
     for dir in [&home_harness, &home_direct, &work] {
         std::fs::create_dir_all(dir)?;
     }
-    let config = profile_toml(&node, &entry, &env, &home_harness);
+    let config = profile_toml(
+        &node,
+        &entry,
+        &env,
+        &home_harness,
+        &tools,
+        fake.addr().port(),
+    );
     let server = ServerProcess::serve(&ctx.bin, "real-agent", &config).await?;
     let outcome = measure(
         &server,
@@ -206,21 +213,30 @@ fn toml_string(text: &str) -> String {
 
 /// The harness's profile: the preset, with the installed adapter as its command and every
 /// variable written (naming ANTHROPIC_* here drops the preset's passthrough of them, so the
-/// bench's own environment cannot reach the adapter).
-fn profile_toml(node: &Path, entry: &Path, env: &BTreeMap<String, String>, home: &Path) -> String {
+/// bench's own environment cannot reach the adapter); in its box (the default), as a user runs
+/// it: the installed adapter shown read-only, the fake model server the one place it may
+/// reach, its HOME under `homes` (the direct side gets one of its own).
+fn profile_toml(
+    node: &Path,
+    entry: &Path,
+    env: &BTreeMap<String, String>,
+    homes: &Path,
+    tools: &Path,
+    fake_port: u16,
+) -> String {
     let mut toml = format!(
-        "[profiles.{PROFILE}]\npreset = {}\ncommand = {}\nargs = [{}]\n\n[profiles.{PROFILE}.env]\n",
+        "[sandbox]\nhomes_dir = {}\n\n[profiles.{PROFILE}]\npreset = {}\ncommand = {}\nargs = [{}]\n\
+         sandbox = {{ read_only = [{}] }}\negress = {{ allow = [\"127.0.0.1:{fake_port}\"] }}\n\n\
+         [profiles.{PROFILE}.env]\n",
+        toml_string(&homes.to_string_lossy()),
         toml_string(PRESET),
         toml_string(&node.to_string_lossy()),
         toml_string(&entry.to_string_lossy()),
+        toml_string(&tools.to_string_lossy()),
     );
     for (key, value) in env.iter().filter(|(key, _)| !preset_sets(key)) {
         toml.push_str(&format!("{key} = {}\n", toml_string(value)));
     }
-    toml.push_str(&format!(
-        "HOME = {}\n",
-        toml_string(&home.to_string_lossy())
-    ));
     toml
 }
 
@@ -493,6 +509,8 @@ mod tests {
             Path::new("/t/index.js"),
             &env,
             Path::new("/h"),
+            Path::new("/t"),
+            9,
         );
         let file: agent_harness::config::FileConfig = toml::from_str(&text).unwrap();
         let profile = file.profiles.get(PROFILE).expect("the profile");
@@ -508,7 +526,10 @@ mod tests {
         .unwrap();
         assert_eq!(launch.command, "/usr/bin/node");
         assert_eq!(launch.env["ANTHROPIC_BASE_URL"], "http://127.0.0.1:9");
-        assert_eq!(launch.env["HOME"], "/h");
+        assert!(
+            !launch.env.contains_key("HOME"),
+            "the box gives it its owner's"
+        );
         assert!(
             launch.secrets.passthrough.is_empty(),
             "{:?}",

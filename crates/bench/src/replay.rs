@@ -31,7 +31,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     let plan = &ctx.plan;
     let server = ServerProcess::serve(&ctx.bin, "replay", &ctx.config(&[])).await?;
     let pool = connect_pool(server.addr(), 2).await?;
-    let (session_id, head) = client::create_session(&pool[0], server.scratch()).await?;
+    let (session_id, head) = client::create_session(&pool[0], &server.workspace()).await?;
 
     // Build the log: whole turns, queued, until at least the asked number of frames.
     let build_start = Instant::now();

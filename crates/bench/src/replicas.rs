@@ -113,7 +113,7 @@ async fn lag(ctx: &Ctx, config: &str) -> anyhow::Result<(Summary, Summary, Summa
     let a = ServerProcess::serve(&ctx.bin, "replica-a", config).await?;
     let b = ServerProcess::serve(&ctx.bin, "replica-b", config).await?;
     let (on_a, on_b) = (connect(a.addr()).await?, connect(b.addr()).await?);
-    let (session_id, head) = client::create_session(&on_a, a.scratch()).await?;
+    let (session_id, head) = client::create_session(&on_a, &a.workspace()).await?;
     let mut watch_a = LogStream::open(&on_a, &session_id, head).await?;
     let mut watch_b = LogStream::open(&on_b, &session_id, head).await?;
     let mut control = client::sessions(&on_a);

@@ -86,7 +86,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     )
     .await?;
     let pool = Arc::new(connect_pool(server.addr(), plan.connections).await?);
-    let cwd = server.scratch().to_path_buf();
+    let cwd = server.workspace();
 
     sessions(&pool, &cwd, warm).await?;
     let (before, mappings_before) = settled(&server).await?;

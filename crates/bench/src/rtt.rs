@@ -40,13 +40,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     let plan = &ctx.plan;
     let server = ServerProcess::serve(&ctx.bin, "rtt", &ctx.config(&[])).await?;
     let pool = connect_pool(server.addr(), 2).await?;
-    let (session_id, head) = client::create_session(&pool[0], server.scratch()).await?;
+    let (session_id, head) = client::create_session(&pool[0], &server.workspace()).await?;
     // The subscriber has a connection of its own, as a separate client would.
     let mut stream = LogStream::open(&pool[1], &session_id, head).await?;
     let mut control = client::sessions(&pool[0]);
     // A second session for the MESSAGES view, so neither stream carries the other's turns.
     let (messages_session, messages_head) =
-        client::create_session(&pool[0], server.scratch()).await?;
+        client::create_session(&pool[0], &server.workspace()).await?;
     let mut messages = LogStream::open_view(
         &pool[1],
         &messages_session,
@@ -55,7 +55,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<PhaseReport> {
     )
     .await?;
     let mut messages_control = client::sessions(&pool[0]);
-    let mut direct = DirectAgent::start(&ctx.bin, server.scratch()).await?;
+    let mut direct = DirectAgent::start(&ctx.bin, &server.workspace()).await?;
 
     let mut harness_turn = async || -> anyhow::Result<Duration> {
         let start = Instant::now();

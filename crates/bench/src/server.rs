@@ -103,6 +103,7 @@ impl ServerProcess {
     async fn serve_in(bin: &Path, dir: ScratchDir, config: &str) -> anyhow::Result<Self> {
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, config).context("writing the server config")?;
+        std::fs::create_dir_all(dir.path().join("work")).context("the sessions' workspace")?;
         let data_dir = dir.path().join("data");
         Self::start(dir, "serve", health_serving, |addr| {
             let mut command = Command::new(bin);
@@ -220,9 +221,15 @@ impl ServerProcess {
         self.pid
     }
 
-    /// A directory that exists for the server's lifetime (a session cwd).
+    /// A directory that exists for the server's lifetime (its config, the data dir, files of
+    /// the phase).
     pub fn scratch(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The sessions' working directory: beside the data dir, since no session's cwd may hold it.
+    pub fn workspace(&self) -> std::path::PathBuf {
+        self.dir.path().join("work")
     }
 
     pub fn resident(&self) -> Option<Resident> {

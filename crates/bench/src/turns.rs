@@ -94,7 +94,7 @@ pub async fn sustained(ctx: &Ctx, label: &str, config_head: &str) -> anyhow::Res
     );
     let server = ServerProcess::serve(&ctx.bin, label, &config).await?;
     let pool = Arc::new(connect_pool(server.addr(), plan.connections).await?);
-    let cwd = server.scratch().to_path_buf();
+    let cwd = server.workspace();
     let sessions: Vec<(String, u64)> = stream::iter(0..n)
         .map(|i| {
             let pool = pool.clone();

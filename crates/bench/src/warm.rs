@@ -66,7 +66,7 @@ async fn pool_full(metrics: SocketAddr) -> anyhow::Result<()> {
 
 /// One sample: create, subscribe, prompt, response seen. Returns the time and whether the
 /// session's runtime came from the pool.
-async fn sample(
+pub(crate) async fn sample(
     channel: &tonic::transport::Channel,
     profile: &str,
     cwd: &std::path::Path,
@@ -135,8 +135,10 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
         ),
     };
     let config = format!(
+        // Both unboxed: a warm pool runs only unboxed (its runtimes start before a session's
+        // owner and cwd are known), and the cold one is held to it like for like.
         "metrics_listen = \"{metrics}\"\n[profiles.warm]\n{agent}warm_pool = {POOL}\n\
-         [profiles.cold]\n{agent}\n{}",
+         sandbox = \"off\"\n[profiles.cold]\n{agent}sandbox = \"off\"\n{}",
         ctx.config(&[])
     );
     let server = ServerProcess::serve(&ctx.bin, "warm", &config).await?;
@@ -147,10 +149,10 @@ pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<PhaseReport> {
     // One pair of warm-up samples, then the timed ones, alternating.
     for i in 0..=samples {
         pool_full(metrics).await?;
-        let (cold_took, cold_was_warm) = sample(&channel, "cold", server.scratch()).await?;
+        let (cold_took, cold_was_warm) = sample(&channel, "cold", &server.workspace()).await?;
         anyhow::ensure!(!cold_was_warm, "a cold session got a warm runtime");
         pool_full(metrics).await?;
-        let (warm_took, was_warm) = sample(&channel, "warm", server.scratch()).await?;
+        let (warm_took, was_warm) = sample(&channel, "warm", &server.workspace()).await?;
         not_warm += usize::from(!was_warm);
         if i > 0 {
             cold.push(cold_took);

@@ -484,7 +484,8 @@ impl Sandbox {
             mounts.push(named(path, Access::ReadWrite));
         }
         if let Some(cache) = &self.settings.npm_cache {
-            mounts.push(named(cache, Access::ReadOnly));
+            // npm writes to its cache even to read it: the box writes to a layer of its own.
+            mounts.push(named(cache, Access::Layered));
         }
         // The program itself when it lies outside what is shown, and this very binary (the
         // built-in `mock` agent, wrappers that run it): neither holds anything of the server's.

@@ -134,14 +134,21 @@ fn launch_inner(control: &mut Option<OwnedFd>, spec: &BoxSpec) -> io::Result<Nev
     // here, on the host, then attached inside the box.
     let mut mapped = Vec::new();
     if as_root {
-        let writable = [spec.cwd.as_path(), spec.home.as_path()].into_iter().chain(
+        // A layered share is mapped too: its files must be the agent's to be copied up into
+        // its layer when written (the shared files themselves stay read-only).
+        let writable = [
+            (spec.cwd.as_path(), Access::ReadWrite),
+            (spec.home.as_path(), Access::ReadWrite),
+        ]
+        .into_iter()
+        .chain(
             spec.mounts
                 .iter()
-                .filter(|m| m.access == Access::ReadWrite)
-                .map(|m| m.path.as_path()),
+                .filter(|m| matches!(m.access, Access::ReadWrite | Access::Layered))
+                .map(|m| (m.path.as_path(), m.access)),
         );
-        for path in writable {
-            if let Some(tree) = id_mapped_tree(path, uid, gid)? {
+        for (path, access) in writable {
+            if let Some(tree) = id_mapped_tree(path, uid, gid, access)? {
                 mapped.push((path.to_path_buf(), tree));
             }
         }
@@ -222,7 +229,7 @@ fn join_cgroup(dir: &Path) -> io::Result<()> {
 
 /// An id-mapped, detached copy of the mount of `path` that shows its owner as `uid`/`gid`, when
 /// its owner is someone else.
-fn id_mapped_tree(path: &Path, uid: u32, gid: u32) -> io::Result<Option<OwnedFd>> {
+fn id_mapped_tree(path: &Path, uid: u32, gid: u32, access: Access) -> io::Result<Option<OwnedFd>> {
     use std::os::unix::fs::MetadataExt;
     let fd = sys::open_path_no_symlinks(path)?;
     let meta = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
@@ -231,13 +238,7 @@ fn id_mapped_tree(path: &Path, uid: u32, gid: u32) -> io::Result<Option<OwnedFd>
     }
     let userns = mapping_namespace(meta.uid(), uid, meta.gid(), gid)?;
     let tree = sys::clone_tree(&fd, path)?;
-    sys::set_tree_attributes(
-        &tree,
-        libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
-        Some(&userns),
-        path,
-    )
-    .map_err(|e| {
+    sys::set_tree_attributes(&tree, attributes(access), Some(&userns), path).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!(
@@ -635,6 +636,7 @@ fn build_box(
         Some(c"mode=1777"),
     )?;
     sources.sort_by_key(|s| s.path().components().count());
+    let mut layers = 0;
     for source in sources {
         let target = inside(source.path());
         match source {
@@ -649,6 +651,10 @@ fn build_box(
                 let tree = sys::clone_tree(&fd, &mount.path)?;
                 sys::set_tree_attributes(&tree, attributes(mount.access), None, &mount.path)?;
                 sys::move_mount(&tree, &target)?;
+                if mount.access == Access::Layered && is_dir {
+                    layers += 1;
+                    layer_over(&target, &tmp.join(format!(".harness-layers/{layers}")))?;
+                }
             }
             Source::Hidden { is_dir, .. } => {
                 // Under a read-only mount the path exists already; elsewhere it is made here.
@@ -678,6 +684,10 @@ fn build_box(
                         format!("{e} (the id-mapped mount of {})", mount.path.display()),
                     )
                 })?;
+                if mount.access == Access::Layered {
+                    layers += 1;
+                    layer_over(&target, &tmp.join(format!(".harness-layers/{layers}")))?;
+                }
             }
         }
     }
@@ -728,8 +738,40 @@ fn attributes(access: Access) -> u64 {
     let base = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
     match access {
         Access::ReadWrite => base,
-        Access::ReadOnly | Access::Hidden => base | libc::MOUNT_ATTR_RDONLY,
+        Access::ReadOnly | Access::Hidden | Access::Layered => base | libc::MOUNT_ATTR_RDONLY,
     }
+}
+
+/// Puts an overlay on the read-only mount at `target`: reads see it, writes land in `layer`
+/// (in the box's own `/tmp`), so the shared files never change.
+fn layer_over(target: &Path, layer: &Path) -> io::Result<()> {
+    let (upper, work) = (layer.join("upper"), layer.join("work"));
+    std::fs::create_dir_all(&upper)?;
+    std::fs::create_dir_all(&work)?;
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        target.display(),
+        upper.display(),
+        work.display()
+    );
+    let options = CString::new(options)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path holds a NUL byte"))?;
+    sys::mount(
+        c"overlay",
+        target,
+        c"overlay",
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&options),
+    )
+    .map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{e} (a layer over the shared {}: overlayfs in a user namespace needs Linux 5.11)",
+                target.display()
+            ),
+        )
+    })
 }
 
 /// The devices of `/dev` the box gets from the host (read-write: they are the harmless ones).

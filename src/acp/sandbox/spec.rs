@@ -53,6 +53,9 @@ pub enum Access {
     /// Covered with an empty, unreadable mount: a path of the server's (its data dir, config,
     /// secrets) that lies under something the box shows.
     Hidden,
+    /// Shared read-only, with a layer of the box's own on top (in its `/tmp`, gone with it): what
+    /// the agent writes there stays in its box. For caches a program must write to read (npm's).
+    Layered,
 }
 
 /// The box's network.
