@@ -136,7 +136,7 @@ impl BridgeProfile {
             &table,
             self.sandbox.as_ref(),
             self.egress.as_ref(),
-            preset.map(|p| p.egress).unwrap_or_default(),
+            preset,
             defaults,
             Some(protected),
         )?;

@@ -37,6 +37,9 @@ pub struct Preset {
     /// The hosts its box may reach (`egress.allow` unless the profile names its own): the
     /// model API, and the npm registry its `npx` command downloads from.
     pub egress: &'static [&'static str],
+    /// The agent runs its tools in a sandbox of its own (new user namespaces and mounts), which
+    /// its box then allows (`sandbox.nested`).
+    pub nested_sandbox: bool,
 }
 
 /// Claude Code's switches against calling home; the stage runs with them.
@@ -69,6 +72,7 @@ pub const PRESETS: &[Preset] = &[
         restart_after_error: false,
         startup_timeout: "120s",
         egress: &["api.anthropic.com:443", NPM_REGISTRY],
+        nested_sandbox: false,
     },
     Preset {
         name: "claude-0.23.1",
@@ -88,6 +92,7 @@ pub const PRESETS: &[Preset] = &[
         restart_after_error: true,
         startup_timeout: "120s",
         egress: &["api.anthropic.com:443", NPM_REGISTRY],
+        nested_sandbox: false,
     },
     Preset {
         name: "codex-0.16.0",
@@ -109,6 +114,9 @@ pub const PRESETS: &[Preset] = &[
         restart_after_error: false,
         startup_timeout: "120s",
         egress: &["api.openai.com:443", NPM_REGISTRY],
+        // Codex runs its commands under its own sandbox (bundled bubblewrap: a user namespace
+        // and mounts), inside the harness's box.
+        nested_sandbox: true,
     },
     Preset {
         name: "opencode-1.18.33",
@@ -136,6 +144,7 @@ pub const PRESETS: &[Preset] = &[
             "models.dev:443",
             NPM_REGISTRY,
         ],
+        nested_sandbox: false,
     },
 ];
 

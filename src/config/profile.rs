@@ -287,7 +287,7 @@ impl ProfileFile {
                 &table,
                 file.sandbox.as_ref(),
                 file.egress.as_ref(),
-                preset.map(|p| p.egress).unwrap_or_default(),
+                preset,
                 defaults,
                 protected,
             )?,

@@ -183,6 +183,7 @@ struct ProfileSandbox {
     pids: Option<toml::Value>,
     cpu: Option<String>,
     home_seed: Option<PathBuf>,
+    nested: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -199,10 +200,11 @@ pub fn box_policy(
     table: &str,
     sandbox: Option<&toml::Value>,
     egress: Option<&toml::Value>,
-    preset_egress: &[&str],
+    preset: Option<&crate::config::Preset>,
     defaults: &SandboxDefaults,
     protected: Option<&[PathBuf]>,
 ) -> anyhow::Result<Option<BoxPolicy>> {
+    let preset_egress = preset.map(|p| p.egress).unwrap_or_default();
     let written: ProfileSandbox = match sandbox {
         None => ProfileSandbox::default(),
         Some(toml::Value::String(word)) => match word.as_str() {
@@ -308,6 +310,9 @@ pub fn box_policy(
         limits,
         egress,
         home_seed,
+        nested: written
+            .nested
+            .unwrap_or(preset.is_some_and(|p| p.nested_sandbox)),
     }))
 }
 
@@ -353,7 +358,7 @@ mod tests {
             "profiles.p",
             table.get("sandbox"),
             table.get("egress"),
-            &["api.example.com"],
+            crate::config::preset::find("claude"),
             &SandboxDefaults::default(),
             Some(protected),
         )
@@ -367,7 +372,8 @@ mod tests {
         let Egress::Allow(rules) = &boxed.egress else {
             panic!("not open")
         };
-        assert!(rules[0].admits("api.example.com", 443));
+        assert!(rules[0].admits("api.anthropic.com", 443));
+        assert!(!boxed.nested, "claude builds no sandbox of its own");
         assert!(policy("sandbox = \"off\"", &[]).unwrap().is_none());
         let open = policy("egress = \"open\"", &[]).unwrap().unwrap();
         assert_eq!(open.egress, Egress::Open);

@@ -108,6 +108,11 @@ egress = {{ allow = ["127.0.0.1:{allowed_port}", "allowed.invalid"] }}
 command = {agent:?}
 env_files = {{ OTHER_SECRET = {secret:?} }}
 allowed_cwd_roots = ["{ws}/{{principal}}"]
+
+[profiles.nesting]
+command = {agent:?}
+allowed_cwd_roots = ["{ws}/{{principal}}"]
+sandbox = {{ nested = true }}
 "#,
                 ws = ws.display(),
             ),
@@ -494,6 +499,30 @@ both_ways!(
             "{filter}"
         );
         assert_eq!(agent.get().await.id, agent.id);
+    }
+);
+
+both_ways!(
+    an_agent_builds_a_sandbox_of_its_own_only_where_its_profile_allows_it,
+    |mode| async move {
+        let world = World::start(mode);
+        // What Codex's own sandbox does (bubblewrap): a user namespace of its own, and mounts
+        // in it.
+        let nested = "sh unshare --user --map-root-user --mount sh -c \
+             'mount -t tmpfs scratch /tmp && touch /tmp/inner && echo nested-sandbox-ok'";
+        refused(
+            &world.session(ADA, "ada", "shell").await.ask(nested).await,
+            "a nested sandbox",
+        );
+        let mut agent = world.session(ADA, "ada", "nesting").await;
+        let answer = agent.ask(nested).await;
+        assert!(answer.contains("nested-sandbox-ok"), "{answer}");
+        // The mount was the nested sandbox's own: the box's /tmp is as it was.
+        let tmp = agent.ask("sh ls /tmp").await;
+        assert!(!tmp.contains("inner"), "{tmp}");
+        // Tracing is refused all the same, and the agent has no capability in its box.
+        refused(&agent.ask("ptrace 1").await, "tracing");
+        refused(&agent.ask("mount").await, "mounting in the box itself");
     }
 );
 

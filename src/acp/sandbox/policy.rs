@@ -20,6 +20,10 @@ pub struct BoxPolicy {
     /// A directory copied into the owner's HOME before each start (config files the agent
     /// reads from HOME); the files it holds win over the HOME's.
     pub home_seed: Option<PathBuf>,
+    /// The agent may build a sandbox of its own (Codex runs its commands in one): new user
+    /// namespaces, and mounts in them, are not refused. Inside the box's own user namespace the
+    /// agent still has no capability.
+    pub nested: bool,
 }
 
 /// Resource limits of one runtime.

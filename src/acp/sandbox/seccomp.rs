@@ -33,25 +33,31 @@ const fn ret_errno(errno: i32) -> u32 {
     libc::SECCOMP_RET_ERRNO | (errno as u32 & libc::SECCOMP_RET_DATA)
 }
 
-/// Calls refused outright.
-fn refused() -> Vec<libc::c_long> {
+/// The calls that build namespaces and mounts: refused unless the agent may build a sandbox of
+/// its own (`nested`). In the box's own user namespace the agent has no capability, so the
+/// kernel refuses them anyway; they take effect only in a user namespace the agent made.
+const NESTING: &[libc::c_long] = &[
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_fsopen,
+    libc::SYS_fsmount,
+    libc::SYS_fsconfig,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_setns,
+];
+
+/// Calls refused outright (`nested`: but those a sandbox of the agent's own needs).
+fn refused(nested: bool) -> Vec<libc::c_long> {
     let mut calls = vec![
         libc::SYS_ptrace,
         libc::SYS_process_vm_readv,
         libc::SYS_process_vm_writev,
         libc::SYS_process_madvise,
         libc::SYS_pidfd_getfd,
-        libc::SYS_mount,
-        libc::SYS_umount2,
-        libc::SYS_pivot_root,
-        libc::SYS_move_mount,
-        libc::SYS_open_tree,
-        libc::SYS_fsopen,
-        libc::SYS_fsmount,
-        libc::SYS_fsconfig,
-        libc::SYS_fspick,
-        libc::SYS_mount_setattr,
-        libc::SYS_setns,
         libc::SYS_bpf,
         libc::SYS_keyctl,
         libc::SYS_add_key,
@@ -78,20 +84,27 @@ fn refused() -> Vec<libc::c_long> {
     ];
     #[cfg(target_arch = "x86_64")]
     calls.extend([libc::SYS_iopl, libc::SYS_ioperm, libc::SYS_uselib]);
+    if !nested {
+        calls.extend(NESTING);
+    }
     calls
 }
 
 /// Calls refused when an argument has one of these bits: (call, argument, mask).
-fn refused_with() -> Vec<(libc::c_long, u32, u32)> {
+fn refused_with(nested: bool) -> Vec<(libc::c_long, u32, u32)> {
     let new_user = libc::CLONE_NEWUSER as u32;
     let set_id = libc::S_ISUID | libc::S_ISGID;
-    let mut calls = vec![
-        (libc::SYS_clone, 0, new_user),
-        (libc::SYS_unshare, 0, new_user),
-        (libc::SYS_fchmod, 1, set_id),
+    let mut calls = vec![(libc::SYS_fchmod, 1, set_id)];
+    if !nested {
+        calls.extend([
+            (libc::SYS_clone, 0, new_user),
+            (libc::SYS_unshare, 0, new_user),
+        ]);
+    }
+    calls.extend([
         (libc::SYS_fchmodat, 2, set_id),
         (libc::SYS_fchmodat2, 2, set_id),
-    ];
+    ]);
     #[cfg(target_arch = "x86_64")]
     calls.push((libc::SYS_chmod, 1, set_id));
     calls
@@ -121,8 +134,9 @@ const JGE_K: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
 const JSET_K: u32 = libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K;
 const RET_K: u32 = libc::BPF_RET | libc::BPF_K;
 
-/// The filter program. Each rule reloads the call number, so every jump is a short forward one.
-pub(crate) fn program() -> Vec<libc::sock_filter> {
+/// The filter program (`nested`: the agent may build a sandbox of its own). Each rule reloads
+/// the call number, so every jump is a short forward one.
+pub(crate) fn program(nested: bool) -> Vec<libc::sock_filter> {
     let mut p = vec![
         statement(LD_W_ABS, SECCOMP_DATA_ARCH),
         jump(JEQ_K, AUDIT_ARCH, 1, 0),
@@ -135,11 +149,11 @@ pub(crate) fn program() -> Vec<libc::sock_filter> {
     }
     p.push(jump(JEQ_K, libc::SYS_clone3 as u32, 0, 1));
     p.push(statement(RET_K, ret_errno(libc::ENOSYS)));
-    for call in refused() {
+    for call in refused(nested) {
         p.push(jump(JEQ_K, call as u32, 0, 1));
         p.push(statement(RET_K, ret_errno(libc::EPERM)));
     }
-    for (call, arg, mask) in refused_with() {
+    for (call, arg, mask) in refused_with(nested) {
         // Not this call: skip the three statements that test its argument.
         p.push(jump(JEQ_K, call as u32, 0, 3));
         p.push(statement(LD_W_ABS, arg_low(arg)));
@@ -179,7 +193,10 @@ mod tests {
 
     /// Runs `body` in a forked child under the filter; its exit code.
     fn under_filter(body: impl FnOnce() -> i32) -> i32 {
-        let program = program();
+        under(program(false), body)
+    }
+
+    fn under(program: Vec<libc::sock_filter>, body: impl FnOnce() -> i32) -> i32 {
         // SAFETY: the child makes only raw system calls and leaves with _exit.
         unsafe {
             let pid = libc::fork();
@@ -282,5 +299,27 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&file).unwrap().permissions().mode();
         assert_eq!(mode & 0o7777, 0o755);
+    }
+
+    #[test]
+    fn a_nesting_filter_lets_new_user_namespaces_through_and_still_refuses_tracing() {
+        assert_eq!(
+            under(program(true), || unsafe {
+                // Refused by the kernel or taken, but never by the filter.
+                if libc::unshare(libc::CLONE_NEWUSER) != 0 && errno() == libc::EPERM {
+                    let refused_by_kernel =
+                        std::fs::read_to_string("/proc/sys/kernel/unprivileged_userns_clone")
+                            .is_ok_and(|v| v.trim() == "0");
+                    if !refused_by_kernel && libc::geteuid() == 0 {
+                        return 1;
+                    }
+                }
+                if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) == 0 || errno() != libc::EPERM {
+                    return 2;
+                }
+                0
+            }),
+            0
+        );
     }
 }

@@ -33,6 +33,9 @@ pub struct BoxSpec {
     /// cgroup directories the launcher joins before it starts anything (one per hierarchy).
     pub cgroups: Vec<PathBuf>,
     pub network: BoxNetwork,
+    /// The agent may build a sandbox of its own inside (new user namespaces and mounts in them).
+    #[serde(default)]
+    pub nested: bool,
 }
 
 /// A host path shown in the box at the same path (or hidden there).
@@ -74,7 +77,8 @@ pub enum BoxNetwork {
 #[serde(rename_all = "snake_case")]
 pub enum BoxReply {
     /// The program runs in its box; the listening sockets of `BoxNetwork::Own` travel with this
-    /// message, in the order of `listen`.
+    /// message, in the order of `listen`, then a pidfd of the box's init: once init is gone, so
+    /// is everything else in the box (the kernel empties a PID namespace before its init ends).
     Ready,
     /// Nothing runs; why, naming the feature that is missing and the fix where known.
     Failed { error: String },
