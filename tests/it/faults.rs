@@ -10,7 +10,7 @@ use tonic::Code;
 
 use crate::{
     harness::{Harness, assert_error, bounded, expect_err},
-    support::{Session, mock_profile_with, processes_with, prompt, set_model, stop},
+    support::{Session, exited, mock_profile_with, processes_with, prompt, set_model, stop},
 };
 
 /// One fault: the script of the turn that provokes it (and what to send after, if anything).
@@ -112,11 +112,8 @@ async fn every_fault_disconnects_the_session_and_the_server_serves_on() {
                 "{}: a reason is given",
                 fault.kind
             );
-            assert!(
-                processes_with(&marker).is_empty(),
-                "{}: the runtime was killed",
-                fault.kind
-            );
+            // The kill is under way once DISCONNECTED is recorded; the runtime's processes end.
+            exited(&processes_with(&marker)).await;
 
             // The transcript shows the turn FAILED.
             let transcript = session
@@ -227,10 +224,8 @@ async fn an_idle_timeout_suspends_the_runtime_and_a_prompt_reopens_it() {
         let mut session = Session::create(&h, "sleepy").await;
         let mut watch = session.watch().await;
         watch.status(pb::SessionStatus::Suspended).await;
-        assert!(
-            processes_with(&marker).is_empty(),
-            "the runtime was stopped"
-        );
+        // SUSPENDED is recorded as the stop begins; the runtime's processes (its box) end.
+        exited(&processes_with(&marker)).await;
         let got = session.get().await;
         assert_eq!(got.status, pb::SessionStatus::Suspended as i32);
         assert!(got.status_reason.contains("idle"));

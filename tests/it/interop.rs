@@ -330,7 +330,15 @@ async fn interop_ts_a_permission_turn_through_a_bridge_completes_when_answered_a
             )
         })
         .await;
-        let profiles = format!("[profiles.ts-example]\ncommand = {node:?}\nargs = [{agent:?}]\n");
+        // The bridge boxes its agents too: the box shows the installed agent read-only.
+        let tools = std::path::Path::new(&agent)
+            .ancestors()
+            .find(|a| a.ends_with(".tools"))
+            .expect("the TS agent is installed under .tools");
+        let profiles = format!(
+            "[profiles.ts-example]\ncommand = {node:?}\nargs = [{agent:?}]\n\
+             sandbox = {{ read_only = [{tools:?}] }}\n"
+        );
         let _bridge = Bridge::start(&url(h.addr()), "b1", &[], &profiles, None);
         let mut session = Session::create(&h, "ts").await;
         let mut watch = session.watch().await;

@@ -16,6 +16,7 @@ Checks, in order, exiting non-zero with a clear message at the first failure:
 
 import os
 import sys
+import tempfile
 import time
 
 import grpc
@@ -173,9 +174,10 @@ def check_large_transcript(channel, pool):
     get_class, get_session = unary(channel, pool, service + "GetSession")
     page_class, get_transcript = unary(channel, pool, service + "GetTranscript")
     queue_class, get_queue = unary(channel, pool, service + "GetQueue")
-    created = create(
-        create_class(profile="mock", cwd=os.path.abspath(os.sep)), timeout=TIMEOUT_S
-    )
+    # A directory of its own: the agent works there, in its box (the file system root holds
+    # the server's own files, so it is no session's cwd).
+    workdir = tempfile.mkdtemp(prefix="reflection-client-")
+    created = create(create_class(profile="mock", cwd=workdir), timeout=TIMEOUT_S)
     session_id = created.session.id
     for _ in range(3):
         request = control_class(session_id=session_id)

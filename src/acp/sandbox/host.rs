@@ -76,6 +76,11 @@ pub const BOX_VARIABLES: &[&str] = &[
 /// The user and group the agents run as when the server is root (unless configured).
 pub const DEFAULT_AGENT_ID: u32 = 65532;
 
+/// How long a runtime's end waits for its box to empty after the launcher ended (the kernel
+/// kills what is left at once; this bounds a stuck teardown, e.g. a process in uninterruptible
+/// sleep on a hung mount).
+const BOX_END_WAIT: Duration = Duration::from_secs(10);
+
 /// The box settings shared by every profile of a server (or bridge).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxSettings {
@@ -217,12 +222,23 @@ impl Sandbox {
         let spec = self.spec(&launch, &marker, cgroup.as_deref())?;
         let (ours, theirs) = sys::socket_pair().map_err(|e| e.to_string())?;
         let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let box_init: Arc<Mutex<Option<OwnedFd>>> = Arc::default();
         let aftercare: process::Aftercare = {
             let cgroup = cgroup.clone();
             let tasks = tasks.clone();
+            let box_init = box_init.clone();
             Box::new(move || {
                 for task in tasks.lock().expect("not poisoned").drain(..) {
                     task.abort();
+                }
+                // The launcher is gone; the runtime has ended only once its box has. When the
+                // launcher was killed, init dies of that too (and takes the box with it): wait
+                // for it, so nothing of the runtime outlives its reported end.
+                if let Some(init) = box_init.lock().expect("not poisoned").take() {
+                    sys::pidfd_kill(&init);
+                    if !sys::pidfd_wait(&init, BOX_END_WAIT) {
+                        tracing::warn!("a box outlived its launcher by over {BOX_END_WAIT:?}");
+                    }
                 }
                 let cgroup = cgroup?;
                 let reason = cgroup.memory_exceeded();
@@ -269,6 +285,11 @@ impl Sandbox {
         };
         if let BoxReply::Failed { error } = reply {
             return Err(fail(spawned, format!("the box could not be built: {error}")).await);
+        }
+        let mut listeners = listeners;
+        match listeners.pop() {
+            Some(init) => *box_init.lock().expect("not poisoned") = Some(init),
+            None => return Err(fail(spawned, "the box's init: pidfd missing".to_owned()).await),
         }
         if let Some(cgroup) = &cgroup {
             watch_memory(cgroup, &spawned, &tasks);
@@ -446,6 +467,7 @@ impl Sandbox {
             hostname: "agent".to_owned(),
             cgroups: cgroup.map(|c| c.dirs().to_vec()).unwrap_or_default(),
             network,
+            nested: policy.nested,
         })
     }
 

@@ -408,9 +408,13 @@ fn init(
             "the launcher went away before the box was built",
         ));
     }
-    become_agent_ids(uid, gid)?;
     sys::make_all_private()?;
-    let listeners = build_box(spec, uid, gid, mapped)?;
+    // Host paths are looked up with the launcher's own ids (as root: the owner of `/root` and
+    // the like, where an operator may keep an interpreter the box shows); everything made
+    // after belongs to the agent.
+    let sources = open_sources(spec, mapped)?;
+    become_agent_ids(uid, gid)?;
+    let listeners = build_box(spec, uid, gid, sources)?;
     // SIGCHLD and the stop signals are taken with sigwaitinfo below: blocked from now on, so
     // none is lost between the fork and the wait; the agent unblocks them before its exec.
     let signals = blocked_signals();
@@ -437,9 +441,17 @@ fn init(
             ),
         ));
     }
-    let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    // A pidfd of this process (PID 1 here) lets the harness wait for the whole box to end,
+    // even when the launcher it started was killed first.
+    let myself = sys::pidfd_open(1)?;
+    let fds: Vec<RawFd> = listeners
+        .iter()
+        .chain(std::iter::once(&myself))
+        .map(|fd| fd.as_raw_fd())
+        .collect();
     send_reply(control, &BoxReply::Ready, &fds);
     drop(listeners);
+    drop(myself);
     redirect_to_null(&[0, 1, CONTROL_FD]);
     drop_capabilities();
     // SAFETY: plain prctl: nothing in the box may read this process's memory.
@@ -531,14 +543,8 @@ fn drop_capabilities() {
     let _ = capset([CapData::default(); 2]);
 }
 
-/// Builds the box's file system and network (module doc); the listening sockets opened in it.
-fn build_box(
-    spec: &BoxSpec,
-    uid: u32,
-    gid: u32,
-    mut mapped: Vec<(PathBuf, OwnedFd)>,
-) -> io::Result<Vec<OwnedFd>> {
-    // Every host path the box shows, opened before the staging root hides any of them.
+/// Every host path the box shows, opened before the staging root hides any of them.
+fn open_sources(spec: &BoxSpec, mut mapped: Vec<(PathBuf, OwnedFd)>) -> io::Result<Vec<Source>> {
     let mut sources = Vec::new();
     for mount in spec.mounts.iter().cloned() {
         if mount.access == Access::Hidden {
@@ -598,6 +604,17 @@ fn build_box(
             sources.insert(at, Source::Tree { mount, tree });
         }
     }
+    Ok(sources)
+}
+
+/// Builds the box's file system and network (module doc) from the opened host paths; the
+/// listening sockets opened in it.
+fn build_box(
+    spec: &BoxSpec,
+    uid: u32,
+    gid: u32,
+    mut sources: Vec<Source>,
+) -> io::Result<Vec<OwnedFd>> {
     let staging = Path::new(STAGING);
     sys::mount(
         c"tmpfs",
@@ -1004,7 +1021,7 @@ fn start_agent(spec: &BoxSpec, signals: &(libc::sigset_t, libc::sigset_t)) -> io
         .iter()
         .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
         .collect();
-    let filter = seccomp::program();
+    let filter = seccomp::program(spec.nested);
     if let Err(error) = seccomp::install(&filter) {
         return error;
     }

@@ -244,6 +244,51 @@ pub(crate) fn fork() -> io::Result<libc::pid_t> {
 }
 
 /// A connected pair of Unix stream sockets, both close-on-exec.
+/// A pidfd of `pid` (in this process's PID namespace); close-on-exec.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(last_error("opening a pidfd"));
+    }
+    // SAFETY: a fresh descriptor, ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Waits up to `timeout` for the process behind `pidfd` to end; whether it has.
+pub(crate) fn pidfd_wait(pidfd: &OwnedFd, timeout: std::time::Duration) -> bool {
+    let mut poll = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let millis = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    loop {
+        // SAFETY: poll reads and writes the one pollfd.
+        let result = unsafe { libc::poll(&mut poll, 1, millis) };
+        if result >= 0 {
+            return result > 0;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+}
+
+/// SIGKILL through a pidfd; an ended process is no error.
+pub(crate) fn pidfd_kill(pidfd: &OwnedFd) {
+    // SAFETY: pidfd_send_signal takes the descriptor, a signal, no info and no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        );
+    }
+}
+
 pub(crate) fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: socketpair writes two fds into the array.

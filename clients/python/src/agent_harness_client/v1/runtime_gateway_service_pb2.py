@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.agent_harness/v1/runtime_gateway_service.proto\x12\x10\x61gent_harness.v1\x1a\x1egoogle/protobuf/duration.proto\"\xcc\x02\n\x0e\x43onnectRequest\x12.\n\x05hello\x18\x01 \x01(\x0b\x32\x1d.agent_harness.v1.BridgeHelloH\x00\x12\x33\n\x07spawned\x18\x02 \x01(\x0b\x32 .agent_harness.v1.RuntimeSpawnedH\x00\x12<\n\x0cspawn_failed\x18\x03 \x01(\x0b\x32$.agent_harness.v1.RuntimeSpawnFailedH\x00\x12\x31\n\x06stdout\x18\x04 \x01(\x0b\x32\x1f.agent_harness.v1.RuntimeStdoutH\x00\x12\x31\n\x06\x65xited\x18\x05 \x01(\x0b\x32\x1f.agent_harness.v1.RuntimeExitedH\x00\x12(\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32\x19.agent_harness.v1.LineAckH\x00\x42\x07\n\x05\x66rame\"\xd5\x01\n\x0f\x43onnectResponse\x12/\n\x05spawn\x18\x01 \x01(\x0b\x32\x1e.agent_harness.v1.SpawnRuntimeH\x00\x12/\n\x05stdin\x18\x02 \x01(\x0b\x32\x1e.agent_harness.v1.RuntimeStdinH\x00\x12-\n\x04kill\x18\x03 \x01(\x0b\x32\x1d.agent_harness.v1.KillRuntimeH\x00\x12(\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x19.agent_harness.v1.LineAckH\x00\x42\x07\n\x05\x66rame\"\xdf\x01\n\x0b\x42ridgeHello\x12\x11\n\tbridge_id\x18\x01 \x01(\t\x12\x39\n\x06labels\x18\x02 \x03(\x0b\x32).agent_harness.v1.BridgeHello.LabelsEntry\x12\x10\n\x08profiles\x18\x03 \x03(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x30\n\x07running\x18\x05 \x03(\x0b\x32\x1f.agent_harness.v1.BridgeRuntime\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"i\n\rBridgeRuntime\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x16\n\x0elast_stdin_seq\x18\x02 \x01(\x04\x12\x17\n\x0flast_stdout_seq\x18\x03 \x01(\x04\x12\x12\n\nsession_id\x18\x04 \x01(\t\"U\n\x0cSpawnRuntime\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x0f\n\x07profile\x18\x02 \x01(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\"%\n\x0eRuntimeSpawned\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\"M\n\x12RuntimeSpawnFailed\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x13\n\x0bstderr_tail\x18\x03 \x01(\t\"?\n\rRuntimeStdout\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04line\x18\x03 \x01(\x0c\">\n\x0cRuntimeStdin\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04line\x18\x03 \x01(\x0c\"u\n\rRuntimeExited\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x11\n\x04\x63ode\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06signal\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x13\n\x0bstderr_tail\x18\x04 \x01(\tB\x07\n\x05_codeB\t\n\x07_signal\"Q\n\x0bKillRuntime\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12-\n\nstop_grace\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"+\n\x07LineAck\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x32k\n\x15RuntimeGatewayService\x12R\n\x07\x43onnect\x12 .agent_harness.v1.ConnectRequest\x1a!.agent_harness.v1.ConnectResponse(\x01\x30\x01\x42\xa4\x01\n\x17\x64\x65v.agentharness.api.v1B\x1aRuntimeGatewayServiceProtoP\x01Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\xaa\x02\x0f\x41gentHarness.V1\xca\x02\x0f\x41gentHarness\\V1\xea\x02\x10\x41gentHarness::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.agent_harness/v1/runtime_gateway_service.proto\x12\x10\x61gent_harness.v1\x1a\x1egoogle/protobuf/duration.proto\"\xcc\x02\n\x0e\x43onnectRequest\x12.\n\x05hello\x18\x01 \x01(\x0b\x32\x1d.agent_harness.v1.BridgeHelloH\x00\x12\x33\n\x07spawned\x18\x02 \x01(\x0b\x32 .agent_harness.v1.RuntimeSpawnedH\x00\x12<\n\x0cspawn_failed\x18\x03 \x01(\x0b\x32$.agent_harness.v1.RuntimeSpawnFailedH\x00\x12\x31\n\x06stdout\x18\x04 \x01(\x0b\x32\x1f.agent_harness.v1.RuntimeStdoutH\x00\x12\x31\n\x06\x65xited\x18\x05 \x01(\x0b\x32\x1f.agent_harness.v1.RuntimeExitedH\x00\x12(\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32\x19.agent_harness.v1.LineAckH\x00\x42\x07\n\x05\x66rame\"\xd5\x01\n\x0f\x43onnectResponse\x12/\n\x05spawn\x18\x01 \x01(\x0b\x32\x1e.agent_harness.v1.SpawnRuntimeH\x00\x12/\n\x05stdin\x18\x02 \x01(\x0b\x32\x1e.agent_harness.v1.RuntimeStdinH\x00\x12-\n\x04kill\x18\x03 \x01(\x0b\x32\x1d.agent_harness.v1.KillRuntimeH\x00\x12(\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x19.agent_harness.v1.LineAckH\x00\x42\x07\n\x05\x66rame\"\xdf\x01\n\x0b\x42ridgeHello\x12\x11\n\tbridge_id\x18\x01 \x01(\t\x12\x39\n\x06labels\x18\x02 \x03(\x0b\x32).agent_harness.v1.BridgeHello.LabelsEntry\x12\x10\n\x08profiles\x18\x03 \x03(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x30\n\x07running\x18\x05 \x03(\x0b\x32\x1f.agent_harness.v1.BridgeRuntime\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"i\n\rBridgeRuntime\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x16\n\x0elast_stdin_seq\x18\x02 \x01(\x04\x12\x17\n\x0flast_stdout_seq\x18\x03 \x01(\x04\x12\x12\n\nsession_id\x18\x04 \x01(\t\"d\n\x0cSpawnRuntime\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x0f\n\x07profile\x18\x02 \x01(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\r\n\x05owner\x18\x05 \x01(\t\"%\n\x0eRuntimeSpawned\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\"M\n\x12RuntimeSpawnFailed\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x13\n\x0bstderr_tail\x18\x03 \x01(\t\"?\n\rRuntimeStdout\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04line\x18\x03 \x01(\x0c\">\n\x0cRuntimeStdin\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04line\x18\x03 \x01(\x0c\"u\n\rRuntimeExited\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x11\n\x04\x63ode\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06signal\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x13\n\x0bstderr_tail\x18\x04 \x01(\tB\x07\n\x05_codeB\t\n\x07_signal\"Q\n\x0bKillRuntime\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12-\n\nstop_grace\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"+\n\x07LineAck\x12\x13\n\x0bruntime_key\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x32k\n\x15RuntimeGatewayService\x12R\n\x07\x43onnect\x12 .agent_harness.v1.ConnectRequest\x1a!.agent_harness.v1.ConnectResponse(\x01\x30\x01\x42\xa4\x01\n\x17\x64\x65v.agentharness.api.v1B\x1aRuntimeGatewayServiceProtoP\x01Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\xaa\x02\x0f\x41gentHarness.V1\xca\x02\x0f\x41gentHarness\\V1\xea\x02\x10\x41gentHarness::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,21 +46,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BRIDGERUNTIME']._serialized_start=877
   _globals['_BRIDGERUNTIME']._serialized_end=982
   _globals['_SPAWNRUNTIME']._serialized_start=984
-  _globals['_SPAWNRUNTIME']._serialized_end=1069
-  _globals['_RUNTIMESPAWNED']._serialized_start=1071
-  _globals['_RUNTIMESPAWNED']._serialized_end=1108
-  _globals['_RUNTIMESPAWNFAILED']._serialized_start=1110
-  _globals['_RUNTIMESPAWNFAILED']._serialized_end=1187
-  _globals['_RUNTIMESTDOUT']._serialized_start=1189
-  _globals['_RUNTIMESTDOUT']._serialized_end=1252
-  _globals['_RUNTIMESTDIN']._serialized_start=1254
-  _globals['_RUNTIMESTDIN']._serialized_end=1316
-  _globals['_RUNTIMEEXITED']._serialized_start=1318
-  _globals['_RUNTIMEEXITED']._serialized_end=1435
-  _globals['_KILLRUNTIME']._serialized_start=1437
-  _globals['_KILLRUNTIME']._serialized_end=1518
-  _globals['_LINEACK']._serialized_start=1520
-  _globals['_LINEACK']._serialized_end=1563
-  _globals['_RUNTIMEGATEWAYSERVICE']._serialized_start=1565
-  _globals['_RUNTIMEGATEWAYSERVICE']._serialized_end=1672
+  _globals['_SPAWNRUNTIME']._serialized_end=1084
+  _globals['_RUNTIMESPAWNED']._serialized_start=1086
+  _globals['_RUNTIMESPAWNED']._serialized_end=1123
+  _globals['_RUNTIMESPAWNFAILED']._serialized_start=1125
+  _globals['_RUNTIMESPAWNFAILED']._serialized_end=1202
+  _globals['_RUNTIMESTDOUT']._serialized_start=1204
+  _globals['_RUNTIMESTDOUT']._serialized_end=1267
+  _globals['_RUNTIMESTDIN']._serialized_start=1269
+  _globals['_RUNTIMESTDIN']._serialized_end=1331
+  _globals['_RUNTIMEEXITED']._serialized_start=1333
+  _globals['_RUNTIMEEXITED']._serialized_end=1450
+  _globals['_KILLRUNTIME']._serialized_start=1452
+  _globals['_KILLRUNTIME']._serialized_end=1533
+  _globals['_LINEACK']._serialized_start=1535
+  _globals['_LINEACK']._serialized_end=1578
+  _globals['_RUNTIMEGATEWAYSERVICE']._serialized_start=1580
+  _globals['_RUNTIMEGATEWAYSERVICE']._serialized_end=1687
 # @@protoc_insertion_point(module_scope)

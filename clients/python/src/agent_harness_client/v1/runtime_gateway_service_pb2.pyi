@@ -71,16 +71,18 @@ class BridgeRuntime(_message.Message):
     def __init__(self, runtime_key: _Optional[str] = ..., last_stdin_seq: _Optional[int] = ..., last_stdout_seq: _Optional[int] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class SpawnRuntime(_message.Message):
-    __slots__ = ("runtime_key", "profile", "cwd", "session_id")
+    __slots__ = ("runtime_key", "profile", "cwd", "session_id", "owner")
     RUNTIME_KEY_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     CWD_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     runtime_key: str
     profile: str
     cwd: str
     session_id: str
-    def __init__(self, runtime_key: _Optional[str] = ..., profile: _Optional[str] = ..., cwd: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, runtime_key: _Optional[str] = ..., profile: _Optional[str] = ..., cwd: _Optional[str] = ..., session_id: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class RuntimeSpawned(_message.Message):
     __slots__ = ("runtime_key",)

@@ -254,6 +254,14 @@ export declare type SpawnRuntime = Message<"agent_harness.v1.SpawnRuntime"> & {
    * @generated from field: string session_id = 4;
    */
   sessionId: string;
+
+  /**
+   * The session's owner (a principal): the bridge expands `{principal}` in its profile's
+   * allowed cwd roots with it and keeps one agent HOME per owner. Empty from older harnesses.
+   *
+   * @generated from field: string owner = 5;
+   */
+  owner: string;
 };
 
 /**
