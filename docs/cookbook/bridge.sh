@@ -29,7 +29,9 @@ bridge=$!
 trap 'kill "$bridge" "$harness"; wait; rm -rf "$work"' EXIT
 
 # A client does not know or care where the agent runs.
-"${PYTHON:-python3}" - "$PORT" "$work" <<'PY'
+# The agent works in a directory of its own: never one holding the bridge's config or token.
+mkdir "$work/code"
+"${PYTHON:-python3}" - "$PORT" "$work/code" <<'PY'
 import sys
 from agent_harness_client import Client
 

@@ -601,12 +601,7 @@ impl Bridge {
         // this spawn only, never the worker thread the other runtimes' tasks run on.
         let checked = {
             let (config, request) = (self.config.clone(), spawn.clone());
-            let forbidden = {
-                let settings = self.sandbox.settings();
-                let mut forbidden = settings.protected.clone();
-                forbidden.push(settings.homes_dir.clone());
-                forbidden
-            };
+            let forbidden = self.sandbox.settings().server_paths();
             tokio::task::spawn_blocking(move || check_cwd(&config, &request, &forbidden))
                 .await
                 .unwrap_or_else(|e| Err(format!("could not start the runtime: {e}")))?
@@ -656,7 +651,7 @@ const BOX_TIMEOUT: Duration = Duration::from_secs(30);
 fn check_cwd(
     config: &BridgeConfig,
     spawn: &SpawnRuntime,
-    forbidden: &[PathBuf],
+    forbidden: &crate::acp::sandbox::ServerPaths,
 ) -> Result<PathBuf, String> {
     let Some(profile) = config.profiles.get(&spawn.profile) else {
         let known: Vec<&String> = config.profiles.keys().collect();
@@ -678,9 +673,7 @@ fn check_cwd(
         .allowed_cwd_roots
         .as_deref()
         .map(|roots| crate::acp::sandbox::workspace_roots(roots, &spawn.owner));
-    let clear = !forbidden
-        .iter()
-        .any(|f| canonical.starts_with(f) || f.starts_with(&canonical));
+    let clear = !forbidden.clash_with(&canonical);
     let under_a_root = roots.as_ref().is_none_or(|roots| {
         roots
             .iter()

@@ -212,11 +212,8 @@ impl EngineContext {
     }
 
     /// The paths no session's cwd may hold or lie in: the server's own files and the HOMEs.
-    pub(crate) fn forbidden_cwds(&self) -> Vec<std::path::PathBuf> {
-        let settings = self.sandbox.settings();
-        let mut forbidden = settings.protected.clone();
-        forbidden.push(settings.homes_dir.clone());
-        forbidden
+    pub(crate) fn forbidden_cwds(&self) -> crate::acp::sandbox::ServerPaths {
+        self.sandbox.settings().server_paths()
     }
 
     /// The bridges' side of the engine, which `RuntimeGatewayService.Connect` serves.

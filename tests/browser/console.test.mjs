@@ -45,6 +45,9 @@ async function startServer(name, args, port) {
   port ??= await freePort();
   const data = join(work, name);
   mkdirSync(data, { recursive: true });
+  // Where its sessions work: apart from the server's data dir (a cwd never lies in it).
+  const code = join(work, `${name}-code`);
+  mkdirSync(code, { recursive: true });
   const child = spawn(HARNESS_BIN, ["serve", "--listen", `127.0.0.1:${port}`, "--data-dir", data, ...args], {
     stdio: ["ignore", "ignore", "pipe"],
     env: { ...process.env, RUST_LOG: "info" },
@@ -65,7 +68,7 @@ async function startServer(name, args, port) {
       reject(new Error(`${name} exited with ${code}:\n${log}`));
     });
   });
-  return { url: `http://127.0.0.1:${port}/`, data, port, child };
+  return { url: `http://127.0.0.1:${port}/`, data, code, port, child };
 }
 
 before(async () => {
@@ -96,7 +99,7 @@ test("a person drives a mock session from the console", async () => {
 
   // Create a session (the form is reached by its labels, as a screen reader would).
   await page.getByText("New session").click();
-  await page.getByLabel("Working directory").fill(server.data);
+  await page.getByLabel("Working directory").fill(server.code);
   await page.getByLabel("Name").fill("fix the build");
   await page.getByRole("button", { name: "Create session" }).click();
   await page.locator("#session-title", { hasText: "fix the build" }).waitFor({ timeout: WAIT });
@@ -257,7 +260,7 @@ test("an agent's Markdown is rendered, its HTML stays inert, and usage and cost 
   await page.waitForFunction((cwd) => document.getElementById("create-cwd")?.value === cwd, process.cwd(), {
     timeout: WAIT,
   });
-  await page.getByLabel("Working directory").fill(server.data);
+  await page.getByLabel("Working directory").fill(server.code);
   await page.getByLabel("Name").fill("release notes");
   await page.getByRole("button", { name: "Create session" }).click();
   await page.locator("#session-title", { hasText: "release notes" }).waitFor({ timeout: WAIT });
@@ -315,6 +318,6 @@ test("an agent's Markdown is rendered, its HTML stays inert, and usage and cost 
 
   // The next session's form starts in the same directory.
   await page.getByText("New session").click();
-  assert.equal(await page.getByLabel("Working directory").inputValue(), server.data);
+  assert.equal(await page.getByLabel("Working directory").inputValue(), server.code);
   await page.close();
 });

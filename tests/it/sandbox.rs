@@ -70,7 +70,9 @@ impl World {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().canonicalize().unwrap();
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let data = base.join("data");
+        // The data dir inside a directory of the server's own: a profile rooted there lets a
+        // session's cwd hold it (the box covers it over).
+        let data = base.join("srv").join("data");
         let ws = base.join("ws");
         let cache = base.join("npm-cache");
         for d in [&data, &ws.join("ada"), &ws.join("bob"), &cache] {
@@ -109,17 +111,29 @@ command = {agent:?}
 env_files = {{ OTHER_SECRET = {secret:?} }}
 allowed_cwd_roots = ["{ws}/{{principal}}"]
 
+[profiles.server-side]
+command = {agent:?}
+allowed_cwd_roots = [{srv:?}, {base:?}]
+
 [profiles.nesting]
 command = {agent:?}
 allowed_cwd_roots = ["{ws}/{{principal}}"]
 sandbox = {{ nested = true }}
 "#,
                 ws = ws.display(),
+                srv = base.join("srv"),
             ),
         )
         .unwrap();
         if mode == Mode::Unprivileged {
-            for path in [&data, &ws.join("ada"), &ws.join("bob"), &secret, &tokens] {
+            for path in [
+                &data,
+                &base.join("srv"),
+                &ws.join("ada"),
+                &ws.join("bob"),
+                &secret,
+                &tokens,
+            ] {
                 std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
             }
             std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -168,25 +182,36 @@ sandbox = {{ nested = true }}
 
     /// A session of `profile` owned by the token's user, in its workspace.
     async fn session(&self, token: &str, owner: &str, profile: &str) -> Agent {
+        self.session_in(token, profile, &self.workspace(owner))
+            .await
+            .expect("the session is created")
+    }
+
+    /// A session of `profile` owned by the token's user, in `cwd`.
+    async fn session_in(
+        &self,
+        token: &str,
+        profile: &str,
+        cwd: &Path,
+    ) -> Result<Agent, tonic::Status> {
         let mut client = self.client(token, None).await;
         let session = client
             .create_session(pb::CreateSessionRequest {
                 profile: profile.into(),
-                cwd: self.workspace(owner).to_string_lossy().into_owned(),
+                cwd: cwd.to_string_lossy().into_owned(),
                 ..Default::default()
             })
-            .await
-            .expect("the session is created")
+            .await?
             .into_inner()
             .session
             .unwrap();
         let watch = crate::auth::watch(&mut client, &session.id).await;
-        Agent {
+        Ok(Agent {
             client,
             id: session.id,
             watch,
             answers: 0,
-        }
+        })
     }
 }
 
@@ -372,6 +397,51 @@ both_ways!(
 );
 
 both_ways!(
+    a_cwd_may_hold_the_servers_data_dir_which_the_box_covers_but_never_its_files,
+    |mode| async move {
+        let world = World::start(mode);
+        let srv = world.base.join("srv");
+        let mut agent = world
+            .session_in(ADA, "server-side", &srv)
+            .await
+            .expect("a cwd holding the data dir is taken");
+        // The agent works in its cwd, and its HOME (which lies in the data dir) is its own.
+        let answer = agent
+            .ask("sh touch made-here && touch \"$HOME/kept\" && echo done")
+            .await;
+        assert!(answer.ends_with("done\n"), "{answer}");
+        assert!(srv.join("made-here").exists());
+        // The data dir itself is covered: no store, nothing of the server's, nothing written.
+        refused(
+            &agent
+                .ask(&format!(
+                    "read {}",
+                    world.data.join("agent-harness.sqlite3").display()
+                ))
+                .await,
+            "reading the store under the cwd",
+        );
+        let listed = agent
+            .ask(&format!("sh ls -A {}", world.data.display()))
+            .await;
+        assert_eq!(listed, "exit=0\nhomes\n", "only the way to its HOME");
+        let wrote = agent
+            .ask(&format!("sh touch {}/planted", world.data.display()))
+            .await;
+        assert!(!wrote.starts_with("exit=0"), "{wrote}");
+        assert!(!world.data.join("planted").exists());
+        // A cwd holding a file of the server's (its config, tokens, a secret) is refused.
+        let status = world
+            .session_in(ADA, "server-side", &world.base)
+            .await
+            .err()
+            .expect("a cwd holding the server's files is refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert_eq!(agent.get().await.id, agent.id, "the server serves on");
+    }
+);
+
+both_ways!(
     the_servers_process_environment_and_command_line_are_out_of_sight,
     |mode| async move {
         let world = World::start(mode);
@@ -510,9 +580,19 @@ both_ways!(
         // in it.
         let nested = "sh unshare --user --map-root-user --mount sh -c \
              'mount -t tmpfs scratch /tmp && touch /tmp/inner && echo nested-sandbox-ok'";
-        refused(
-            &world.session(ADA, "ada", "shell").await.ask(nested).await,
-            "a nested sandbox",
+        let mut plain = world.session(ADA, "ada", "shell").await;
+        refused(&plain.ask(nested).await, "a nested sandbox");
+        // What Codex does to the commands it runs (Landlock and a seccomp filter of its own)
+        // needs no privilege, so it works in every box.
+        let inside = world.workspace("ada").join("scratch");
+        let made = plain.ask(&format!("sh mkdir {}", inside.display())).await;
+        assert_eq!(made, "exit=0\n");
+        let answer = plain
+            .ask(&format!("self-sandbox {}", inside.display()))
+            .await;
+        assert_eq!(
+            answer, "ok wrote beneath its directory, refused elsewhere, no sockets",
+            "Landlock and seccomp inside the box"
         );
         let mut agent = world.session(ADA, "ada", "nesting").await;
         let answer = agent.ask(nested).await;

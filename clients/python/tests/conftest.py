@@ -80,8 +80,10 @@ class Server:
 
 
 @pytest.fixture
-def server(tmp_path):
-    server = Server(tmp_path)
+def server(tmp_path_factory):
+    # The server's files (data dir, config, log) apart from the test's tmp_path, which the
+    # tests give their sessions as cwd: a cwd holding the server's files is refused.
+    server = Server(tmp_path_factory.mktemp("server"))
     server.start()
     yield server
     server.stop()

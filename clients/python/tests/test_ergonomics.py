@@ -34,18 +34,19 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 EXAMPLES_PYTHON = os.environ.get("AGENT_HARNESS_EXAMPLES_PYTHON", sys.executable)
 
 
-def run_example(name, server, *args, env_extra=None):
+def run_example(name, server, cwd, *args, env_extra=None):
+    # The examples work in their own cwd: `cwd` must not hold the server's files.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_HARNESS_")}
     env.update({"AGENT_HARNESS_SERVER": f"http://{server.target}", **(env_extra or {})})
     return subprocess.run(
         [EXAMPLES_PYTHON, str(EXAMPLES / name), *args],
-        capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=str(server.data.parent),
+        capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=str(cwd),
     )
 
 
 @pytest.mark.parametrize("example", ["run_turn_async.py", "run_turn_sync.py"])
-def test_each_example_runs_a_turn_and_prints_the_final_text_and_stop_reason(server, example):
-    done = run_example(example, server, "Say hello\n@chunks 2 4")
+def test_each_example_runs_a_turn_and_prints_the_final_text_and_stop_reason(server, example, tmp_path):
+    done = run_example(example, server, tmp_path, "Say hello\n@chunks 2 4")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "echo: Say hello"
@@ -53,8 +54,8 @@ def test_each_example_runs_a_turn_and_prints_the_final_text_and_stop_reason(serv
 
 
 @pytest.mark.parametrize("example", ["run_turn_async.py", "run_turn_sync.py"])
-def test_an_example_given_a_malformed_server_url_says_so_in_one_line(server, example):
-    done = run_example(example, server, env_extra={"AGENT_HARNESS_SERVER": "htp:/127.0.0.1"})
+def test_an_example_given_a_malformed_server_url_says_so_in_one_line(server, example, tmp_path):
+    done = run_example(example, server, tmp_path, env_extra={"AGENT_HARNESS_SERVER": "htp:/127.0.0.1"})
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.splitlines() == [

@@ -42,6 +42,12 @@ function freePort() {
   });
 }
 
+/** A directory for a session to work in: its own, apart from the server's files (a cwd holding
+ * them is refused). */
+function workdir() {
+  return mkdtempSync(join(tmpdir(), "agent-harness-ts-work-"));
+}
+
 /** The real server as a process, restartable on the same port and data dir. */
 class Server {
   /** `tokensFile`: serve with these tokens (and then no extra profiles: they would need cwd roots). */
@@ -163,7 +169,7 @@ const text = (message) => message.parts.filter((p) => p.kind.case === "text").ma
 
 test("a prompt with attachments streams and ends its turn", { timeout: 60_000 }, async () => {
   const { client } = await setup();
-  const session = await client.createSession({ profile: "mock", cwd: tmpdir(), labels: { suite: "typescript" } });
+  const session = await client.createSession({ profile: "mock", cwd: workdir(), labels: { suite: "typescript" } });
   const events = new Events(client, session.id, "messages");
   const sent = await client.prompt(session.id, "hello", {
     attachments: ["https://files.example/a.png", { uri: "https://files.example/b.txt", name: "b.txt", mimeType: "text/plain" }],
@@ -186,7 +192,7 @@ test("a prompt with attachments streams and ends its turn", { timeout: 60_000 },
 
 test("a second prompt queues behind a permission and runs once it is answered", { timeout: 60_000 }, async () => {
   const { client } = await setup();
-  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const session = await client.createSession({ profile: "mock", cwd: workdir() });
   const events = new Events(client, session.id, "messages");
   const first = await client.prompt(session.id, "@permission Deploy");
   const held = await events.until(
@@ -213,7 +219,7 @@ test("a second prompt queues behind a permission and runs once it is answered", 
 
 test("a fork starts with the parent's messages marked inherited", { timeout: 60_000 }, async () => {
   const { client } = await setup();
-  const parent = await client.createSession({ profile: "mock-fork", cwd: tmpdir() });
+  const parent = await client.createSession({ profile: "mock-fork", cwd: workdir() });
   const events = new Events(client, parent.id, "messages");
   const sent = await client.prompt(parent.id, "first question");
   await events.turnEnded(sent.actionId);
@@ -226,7 +232,7 @@ test("a fork starts with the parent's messages marked inherited", { timeout: 60_
   assert.equal(messages.length, 2);
   assert.ok(messages.every((m) => m.inherited));
 
-  const plain = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const plain = await client.createSession({ profile: "mock", cwd: workdir() });
   await assert.rejects(client.forkSession(plain.id), { reason: "NOT_SUPPORTED" });
 });
 
@@ -239,9 +245,9 @@ test("errors carry their code, reason and metadata", { timeout: 60_000 }, async 
     assert.equal(error.domain, "agent-harness");
     return true;
   });
-  await assert.rejects(client.createSession({ profile: "no-such-profile", cwd: tmpdir() }), { reason: "PROFILE_NOT_FOUND" });
+  await assert.rejects(client.createSession({ profile: "no-such-profile", cwd: workdir() }), { reason: "PROFILE_NOT_FOUND" });
 
-  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const session = await client.createSession({ profile: "mock", cwd: workdir() });
   const head = (await client.getSession(session.id)).headOffset;
   const beyond = client.subscribe(session.id, { view: "log", afterOffset: head + 100n });
   await assert.rejects(beyond.next(), (error) => {
@@ -254,7 +260,7 @@ test("errors carry their code, reason and metadata", { timeout: 60_000 }, async 
 
 test("subscribe survives a server restart with every event once", { timeout: 90_000 }, async () => {
   const { server, client } = await setup();
-  const session = await client.createSession({ profile: "mock-resume", cwd: tmpdir() });
+  const session = await client.createSession({ profile: "mock-resume", cwd: workdir() });
   const events = new Events(client, session.id, "log");
   const first = await client.prompt(session.id, "before the restart\n@chunks 3 16");
   await events.turnEnded(first.actionId);
@@ -281,7 +287,7 @@ test("subscribe survives a server restart with every event once", { timeout: 90_
 
 test("runTurn resolves with the stop reason, final text, tool calls and usage", { timeout: 60_000 }, async () => {
   const { client } = await setup();
-  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const session = await client.createSession({ profile: "mock", cwd: workdir() });
   const result = await client.runTurn(session.id, "Build it\n@tool t1\n@usage 53000 200000 0.045 USD", { timeoutMs: TIMEOUT });
   assert.equal(result.stopReason, StopReason.END_TURN);
   assert.equal(result.stopReasonName, "END_TURN");
@@ -305,7 +311,7 @@ test("runTurn resolves with the stop reason, final text, tool calls and usage", 
 
 test("a permission is answered from onEvent while runTurn waits", { timeout: 60_000 }, async () => {
   const { client } = await setup();
-  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const session = await client.createSession({ profile: "mock", cwd: workdir() });
   const answered = [];
   const result = await client.runTurn(session.id, "@permission Deploy", {
     timeoutMs: TIMEOUT,
@@ -330,7 +336,7 @@ test("fromEnv takes an http URL and the token; a malformed URL says so in one li
     process.env.AGENT_HARNESS_SERVER = server.baseUrl;
     delete process.env.AGENT_HARNESS_TOKEN;
     const client = AgentHarnessClient.fromEnv({ timeoutMs: TIMEOUT });
-    const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+    const session = await client.createSession({ profile: "mock", cwd: workdir() });
     assert.equal((await new AgentHarnessClient(server.baseUrl).getSession(session.id)).id, session.id);
 
     process.env.AGENT_HARNESS_SERVER = "htp:/127.0.0.1";
@@ -350,7 +356,7 @@ test("fromEnv takes an http URL and the token; a malformed URL says so in one li
 
 test("UNAVAILABLE while the server is down is a HarnessError with a reason", { timeout: 60_000 }, async () => {
   const { server, client } = await setup();
-  const session = await client.createSession({ profile: "mock-resume", cwd: tmpdir() });
+  const session = await client.createSession({ profile: "mock-resume", cwd: workdir() });
   const stream = client.subscribe(session.id, { view: "messages", resume: false });
   await stream.next();
   await server.kill();
@@ -381,7 +387,7 @@ test("the example program runs a turn where the package was installed as README 
 
 test("a snapshot the server sends again after a resume reaches the caller once", { timeout: 60_000 }, async () => {
   const { server, client } = await setup();
-  const session = await client.createSession({ profile: "mock", cwd: tmpdir() });
+  const session = await client.createSession({ profile: "mock", cwd: workdir() });
   await client.runTurn(session.id, "a turn to catch up on\n@chunks 3 8", { timeoutMs: TIMEOUT });
 
   // The first Subscribe stream loses its connection right after its first message snapshot;

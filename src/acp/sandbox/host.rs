@@ -101,6 +101,16 @@ pub struct SandboxSettings {
     pub protected: Vec<PathBuf>,
 }
 
+impl SandboxSettings {
+    /// The paths no session's cwd may clash with.
+    pub fn server_paths(&self) -> super::ServerPaths {
+        super::ServerPaths {
+            protected: self.protected.clone(),
+            homes_dir: self.homes_dir.clone(),
+        }
+    }
+}
+
 /// The boxes of one server: its settings, the cgroup hierarchies found, and the addresses of
 /// the harness itself (never reachable from a box).
 #[derive(Debug)]
@@ -521,13 +531,14 @@ impl Sandbox {
             }
         }
         // The server's own files stay out of sight even when they lie under something shown
-        // (a data dir under /usr, a key under a tools folder).
+        // (a data dir under /usr, a key under a tools folder, the data dir of a server started
+        // in the project its sessions work in).
         let hidden: Vec<BoxMount> = self
             .settings
             .protected
             .iter()
             .chain(std::iter::once(&self.settings.homes_dir))
-            .filter(|p| shown(&mounts, p) && p.exists())
+            .filter(|p| (shown(&mounts, p) || p.starts_with(launch.cwd)) && p.exists())
             .map(|p| BoxMount {
                 path: p.clone(),
                 access: Access::Hidden,

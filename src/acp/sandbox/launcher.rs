@@ -653,6 +653,9 @@ fn build_box(
         Some(c"mode=1777"),
     )?;
     sources.sort_by_key(|s| s.path().components().count());
+    // What each source needs in place: a covered directory makes room for what lies beneath it
+    // before it turns read-only.
+    let needs: Vec<(PathBuf, Need)> = sources.iter().map(Source::need).collect();
     let mut layers = 0;
     for source in sources {
         let target = inside(source.path());
@@ -673,18 +676,43 @@ fn build_box(
                     layer_over(&target, &tmp.join(format!(".harness-layers/{layers}")))?;
                 }
             }
-            Source::Hidden { is_dir, .. } => {
+            Source::Hidden { is_dir, mount } => {
                 // Under a read-only mount the path exists already; elsewhere it is made here.
                 if !target.exists() {
                     make_mount_point(&target, is_dir)?;
                 }
                 if is_dir {
+                    // What is shown beneath a covered directory (an agent's HOME under a data
+                    // dir the cwd holds) gets its mount point now, then the cover turns
+                    // read-only: it shows those paths and nothing else.
+                    let beneath: Vec<&(PathBuf, Need)> = needs
+                        .iter()
+                        .filter(|(p, _)| p.starts_with(&mount.path) && *p != mount.path)
+                        .collect();
+                    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                    let mode = match beneath.is_empty() {
+                        true => c"mode=000,size=4k",
+                        false => c"mode=0555,size=4k",
+                    };
+                    sys::mount(c"tmpfs", &target, c"tmpfs", flags, Some(mode))?;
+                    for (path, need) in beneath {
+                        let point = inside(path);
+                        match need {
+                            Need::Directory => make_mount_point(&point, true)?,
+                            Need::File => make_mount_point(&point, false)?,
+                            Need::Parent => {
+                                if let Some(parent) = point.parent() {
+                                    std::fs::create_dir_all(parent)?;
+                                }
+                            }
+                        }
+                    }
                     sys::mount(
-                        c"tmpfs",
+                        c"none",
                         &target,
                         c"tmpfs",
-                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                        Some(c"mode=000,size=4k"),
+                        flags | libc::MS_REMOUNT | libc::MS_RDONLY,
+                        Some(mode),
                     )?;
                 } else {
                     let null = sys::open_path(Path::new("/dev/null"))?;
@@ -740,7 +768,25 @@ enum Source {
     Hidden { mount: BoxMount, is_dir: bool },
 }
 
+/// What a source needs made before it is mounted: a directory or a file to mount on, or (a
+/// link) its parent.
+#[derive(Clone, Copy)]
+enum Need {
+    Directory,
+    File,
+    Parent,
+}
+
 impl Source {
+    fn need(&self) -> (PathBuf, Need) {
+        let need = match self {
+            Self::Link(..) => Need::Parent,
+            Self::Mount { is_dir: false, .. } | Self::Hidden { is_dir: false, .. } => Need::File,
+            _ => Need::Directory,
+        };
+        (self.path().to_path_buf(), need)
+    }
+
     fn path(&self) -> &Path {
         match self {
             Self::Link(path, _) => path,

@@ -43,6 +43,31 @@ pub fn make_non_dumpable() -> std::io::Result<()> {
 /// The placeholder of an allowed cwd root that stands for the session's owner.
 pub const PRINCIPAL_PLACEHOLDER: &str = "{principal}";
 
+/// The server's own paths, which no cwd may lie in: its files (config, tokens file, TLS keys,
+/// secrets) and directories (the data dir where it exists, the agents' HOMEs).
+#[derive(Debug, Clone, Default)]
+pub struct ServerPaths {
+    /// Canonical where they exist.
+    pub protected: Vec<std::path::PathBuf>,
+    /// A directory whether or not it exists yet.
+    pub homes_dir: std::path::PathBuf,
+}
+
+impl ServerPaths {
+    /// Whether a (canonical) cwd clashes with them: it lies in one, or holds one that is a file
+    /// (or is not there: it may become one). A cwd may hold the server's *directories* — a
+    /// server started in a project keeps `./data` there — because the box covers them over; a
+    /// file under a read-write cwd could be swapped on the host by a rename, past any cover, so
+    /// a cwd never holds one.
+    pub fn clash_with(&self, cwd: &std::path::Path) -> bool {
+        let directory = |p: &std::path::Path| p == self.homes_dir || p.is_dir();
+        self.protected
+            .iter()
+            .chain(std::iter::once(&self.homes_dir))
+            .any(|p| cwd.starts_with(p) || (p.starts_with(cwd) && !directory(p)))
+    }
+}
+
 /// Allowed cwd roots as they apply to `owner` (a harness's sessions and a bridge's runtimes
 /// alike): `{principal}` replaced by the owner's name, and a root that holds it left out when
 /// the name cannot stand as a path component (`..`, `/`, spaces), so no name reaches another

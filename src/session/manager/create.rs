@@ -497,6 +497,7 @@ impl Sessions {
                 format_args!("a cwd of {} bytes", cwd.len()),
             ));
         }
+        let has_roots = roots.is_some();
         let looked_up =
             workspace::look_up_on_a_thread(path.to_path_buf(), roots, self.ctx.forbidden_cwds())
                 .await
@@ -513,6 +514,13 @@ impl Sessions {
                 "this profile has no allowed_cwd_roots, so it accepts no cwd",
             )),
             None | Some(true) => Ok(canonical),
+            // Without roots there are no tokens either (one trusted user): the reason can be
+            // told. With them, every refusal reads alike (module `workspace`).
+            Some(false) if !has_roots => Err(Error::invalid(format!(
+                "cwd {cwd:?} lies in a path of the server's or holds one of its files (config, \
+                 tokens file, TLS keys, secrets): an agent may change anything in its cwd, so \
+                 choose a directory apart from them"
+            ))),
             Some(false) => Err(Error::invalid(format!(
                 "cwd {cwd:?} is not under an allowed root of this profile"
             ))),

@@ -13,6 +13,8 @@
 //!   proxy, answering its status line;
 //! - `forkbomb <n>`: up to n processes, answering how many it got before the kernel said no;
 //! - `alloc <MiB>`: that much memory, touched;
+//! - `self-sandbox <dir>`: what Codex does to its commands (Landlock: writes beneath `dir`
+//!   only; a seccomp filter: no sockets), in a child, answering what the child could do;
 //! - `exit <code>`: ends the process.
 //!
 //! Each answer starts `ok` or `error: <what the system said>`.
@@ -209,6 +211,7 @@ fn run(command: &str) -> String {
             }
             format!("ok allocated {} MiB", blocks.len())
         }
+        "self-sandbox" => self_sandbox(rest),
         "exit" => std::process::exit(rest.parse().unwrap_or(0)),
         _ => format!("error: unknown command {verb:?}"),
     }
@@ -220,4 +223,152 @@ fn connect(address: &str) -> std::io::Result<TcpStream> {
         .next()
         .ok_or_else(|| std::io::Error::other("no address"))?;
     TcpStream::connect_timeout(&target, Duration::from_secs(3))
+}
+
+/// What Codex does to the commands it runs (Landlock + seccomp, no privilege needed), in a
+/// forked child: writes only beneath `dir`, and no new sockets. Answers what the child saw.
+fn self_sandbox(dir: &str) -> String {
+    const WRITE_FILE: u64 = 1 << 1;
+    const REMOVE_FILE: u64 = 1 << 5;
+    const MAKE_DIR: u64 = 1 << 7;
+    const MAKE_REG: u64 = 1 << 8;
+    const HANDLED: u64 = WRITE_FILE | REMOVE_FILE | MAKE_DIR | MAKE_REG;
+    #[repr(C)]
+    struct RulesetAttr {
+        handled_access_fs: u64,
+    }
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    let Ok(inside) = std::ffi::CString::new(dir) else {
+        return "error: a path with a NUL".into();
+    };
+    let (mut fds, outside) = (
+        [0; 2],
+        std::ffi::CString::new("/tmp/outside-the-self-sandbox"),
+    );
+    let outside = outside.expect("no NUL");
+    let file_inside = std::ffi::CString::new(format!("{dir}/written-inside")).expect("no NUL");
+    // SAFETY: a pipe into the fds array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return errno();
+    }
+    // SAFETY: the child makes raw calls only (this agent has one thread) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: raw calls in the forked child on values prepared before the fork.
+        unsafe {
+            let report = |byte: u8| {
+                libc::write(fds[1], (&byte as *const u8).cast(), 1);
+            };
+            let attr = RulesetAttr {
+                handled_access_fs: HANDLED,
+            };
+            let ruleset = libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                &attr as *const RulesetAttr,
+                std::mem::size_of::<RulesetAttr>(),
+                0u32,
+            ) as i32;
+            let parent = libc::open(inside.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+            let rule = PathBeneath {
+                allowed_access: HANDLED,
+                parent_fd: parent,
+            };
+            let added = libc::syscall(
+                libc::SYS_landlock_add_rule,
+                ruleset,
+                1u32, // LANDLOCK_RULE_PATH_BENEATH
+                &rule as *const PathBeneath,
+                0u32,
+            );
+            let restricted = libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32);
+            if ruleset < 0 || parent < 0 || added != 0 || restricted != 0 {
+                report(b'L');
+                libc::_exit(1);
+            }
+            // A filter of its own: socket() answers EACCES, everything else runs.
+            let mut program = [
+                libc::sock_filter {
+                    code: 0x20,
+                    jt: 0,
+                    jf: 0,
+                    k: 0,
+                }, // ld nr
+                libc::sock_filter {
+                    code: 0x15, // jeq
+                    jt: 0,
+                    jf: 1,
+                    k: libc::SYS_socket as u32,
+                },
+                libc::sock_filter {
+                    code: 0x06, // ret
+                    jt: 0,
+                    jf: 0,
+                    k: libc::SECCOMP_RET_ERRNO | libc::EACCES as u32,
+                },
+                libc::sock_filter {
+                    code: 0x06,
+                    jt: 0,
+                    jf: 0,
+                    k: libc::SECCOMP_RET_ALLOW,
+                },
+            ];
+            let prog = libc::sock_fprog {
+                len: program.len() as u16,
+                filter: program.as_mut_ptr(),
+            };
+            if libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            ) != 0
+            {
+                report(b'S');
+                libc::_exit(1);
+            }
+            let create = libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC;
+            let wrote_inside = libc::open(file_inside.as_ptr(), create, 0o600) >= 0;
+            let wrote_outside = libc::open(outside.as_ptr(), create, 0o600) >= 0;
+            let outside_errno = *libc::__errno_location();
+            let socket = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            let socket_errno = *libc::__errno_location();
+            report(if wrote_inside { b'i' } else { b'-' });
+            report(match (wrote_outside, outside_errno) {
+                (false, libc::EACCES) => b'o',
+                _ => b'-',
+            });
+            report(match (socket, socket_errno) {
+                (-1, libc::EACCES) => b's',
+                _ => b'-',
+            });
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: our end of the pipe; the child's write end closed here.
+    unsafe { libc::close(fds[1]) };
+    // Until the child's end closes: its reports come one byte at a time.
+    let mut seen = [0u8; 3];
+    let mut n = 0usize;
+    while n < seen.len() {
+        // SAFETY: reads into the rest of the local buffer.
+        let got = unsafe { libc::read(fds[0], seen[n..].as_mut_ptr().cast(), seen.len() - n) };
+        if got <= 0 {
+            break;
+        }
+        n += got as usize;
+    }
+    // SAFETY: our own child and descriptor.
+    unsafe {
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+        libc::close(fds[0]);
+    }
+    match &seen[..n] {
+        b"ios" => "ok wrote beneath its directory, refused elsewhere, no sockets".into(),
+        b"L" => "error: Landlock refused".into(),
+        b"S" => "error: a seccomp filter of its own was refused".into(),
+        other => format!("error: saw {:?}", String::from_utf8_lossy(other)),
+    }
 }
