@@ -387,3 +387,33 @@ async fn a_compaction_is_refused_once_the_budget_is_spent_and_stores_nothing() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn an_agent_reporting_six_quintillion_tokens_twice_is_clamped_and_get_usage_still_answers() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        for _ in 0..2 {
+            turn(
+                &mut session,
+                &mut watch,
+                "absurd\n@turn-usage 6000000000000000000 6000000000000000000",
+            )
+            .await;
+        }
+        let mut local = auth::client(&h, None, None);
+        let answer = usage(&mut local, "")
+            .await
+            .expect("GetUsage answers, however large the figures");
+        let sums = answer.principals[0].totals.clone().expect("the sums");
+        // Each report was taken for a sane figure (clamped and logged), not for what it said.
+        assert_eq!(sums.input_tokens, sums.output_tokens);
+        assert!(
+            sums.input_tokens > 0 && sums.input_tokens < 6_000_000_000_000_000_000,
+            "{sums:?}"
+        );
+        h.shutdown().await;
+    })
+    .await;
+}
