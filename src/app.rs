@@ -537,7 +537,11 @@ fn sessions_service(
             peer_tls: peer_tls.clone(),
         })
     });
-    let service = SessionsService::new(sessions.clone(), Forwarder::new(replica_token, peer_tls));
+    let own_address = sessions.context().replica().address().map(str::to_owned);
+    let service = SessionsService::new(
+        sessions.clone(),
+        Forwarder::new(replica_token, peer_tls, own_address),
+    );
     Ok((service, relay))
 }
 
