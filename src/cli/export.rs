@@ -83,7 +83,7 @@ pub(crate) async fn run(args: ExportArgs) -> Outcome {
         Format::Markdown => markdown(&export),
     };
     match &args.out {
-        Some(path) => std::fs::write(path, text)
+        Some(path) => write_private(path, text.as_bytes())
             .map_err(|e| Failure::new(1, format!("cannot write {}: {e}", path.display())))?,
         None => {
             let mut out = std::io::stdout().lock();
@@ -92,6 +92,21 @@ pub(crate) async fn run(args: ExportArgs) -> Outcome {
         }
     }
     Ok(0)
+}
+
+/// Writes `bytes` to `path` (replaced if it exists), readable by its owner only whatever the
+/// umask: an export holds a whole transcript.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(bytes)?;
+    file.flush()
 }
 
 /// The JSON form: each part in the proto3 JSON mapping of its v1 message.

@@ -164,7 +164,7 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, synchronous: SqliteSynchronous) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::Task {
+            super::private::create_dir(dir).map_err(|e| StoreError::Task {
                 message: format!(
                     "sqlite store: creating the directory {}: {e}",
                     dir.display()
@@ -172,6 +172,12 @@ impl SqliteStore {
                 source: Some(e.into()),
             })?;
         }
+        // Made before SQLite opens it, so it is 0600 whatever the umask; SQLite gives its WAL
+        // and shared-memory files the same mode.
+        super::private::create_file(&path).map_err(|e| StoreError::Task {
+            message: format!("sqlite store: creating {}: {e}", path.display()),
+            source: Some(e.into()),
+        })?;
         let mut conn = Connection::open(&path).map_err(|e| StoreError::Sqlite {
             message: format!("sqlite store: opening {}: {e}", path.display()),
             source: e,

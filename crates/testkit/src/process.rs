@@ -43,6 +43,8 @@ pub struct Serve {
     env_removed: Vec<OsString>,
     /// The address to listen on (`127.0.0.1:0` unless set).
     listen: Option<SocketAddr>,
+    /// The file mode creation mask it starts with (the test's own unless set).
+    umask: Option<libc::mode_t>,
 }
 
 impl Serve {
@@ -108,6 +110,12 @@ impl Serve {
         self
     }
 
+    /// Starts with this umask (e.g. `0o022`, the usual one that lets everyone read new files).
+    pub fn umask(mut self, mask: libc::mode_t) -> Self {
+        self.umask = Some(mask);
+        self
+    }
+
     /// Starts the process and waits until it serves; panics (with its log) if it exits first.
     pub fn start(&self) -> ServeProcess {
         let (child, addr, log) = self.spawn();
@@ -125,6 +133,16 @@ impl Serve {
         let mut command = Command::new(program);
         for key in &self.env_removed {
             command.env_remove(key);
+        }
+        if let Some(mask) = self.umask {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: umask(2) is async-signal-safe and touches nothing of the parent.
+            unsafe {
+                command.pre_exec(move || {
+                    libc::umask(mask);
+                    Ok(())
+                });
+            }
         }
         let listen = self
             .listen
