@@ -21,7 +21,7 @@ use crate::{
     },
     session::{
         Command, SessionHandle,
-        subscribe::{self, StreamItem, View, offset_out_of_range},
+        subscribe::{self, View, offset_out_of_range},
     },
     store::{LogEntry, SessionQuery, Store},
 };
@@ -234,9 +234,15 @@ impl Sessions {
         session_id: &str,
         after: u64,
         view: View,
-    ) -> Result<tokio::sync::mpsc::Receiver<StreamItem>> {
+    ) -> Result<subscribe::StreamReceiver> {
         let found = self.find(principal, session_id).await?;
         let head = self.head_covering(&found, after).await?;
+        // Per replica, as the per-session cap: one principal's streams in all, whatever their
+        // sessions, so one tenant cannot take the memory of the streams it may open.
+        let slot = self
+            .ctx
+            .remote_streams
+            .admit_principal(principal.actor(), self.ctx.limits.subscribers_per_principal)?;
         let handle = match found {
             Found::Local(handle) => handle,
             Found::Stored(record) => {
@@ -247,7 +253,10 @@ impl Sessions {
                     self.ctx.meta_key.clone(),
                     self.ctx.streams.subscribe(),
                     &self.ctx.remote_streams,
-                    self.ctx.limits.subscribers_per_session,
+                    subscribe::Admission {
+                        max_subscribers: self.ctx.limits.subscribers_per_session,
+                        principal: slot,
+                    },
                 );
             }
         };
@@ -258,7 +267,10 @@ impl Sessions {
             self.ctx.meta_key.clone(),
             self.ctx.streams.subscribe(),
             &self.ctx.remote_streams,
-            self.ctx.limits.subscribers_per_session,
+            subscribe::Admission {
+                max_subscribers: self.ctx.limits.subscribers_per_session,
+                principal: slot,
+            },
         )
     }
 }
