@@ -248,6 +248,8 @@ pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
 /// many streams): a lost notification delays a stream by about this much, never more, and
 /// never loses anything.
 pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(5);
+/// Entries a stream folds into the live fold at a time while catching it up.
+const FOLD_BATCH: usize = 32;
 /// What a message queued by id counts toward a stream's byte budget (its snapshot is read when
 /// the client takes it).
 const REF_WEIGHT: u32 = 64;
@@ -1245,15 +1247,27 @@ impl Subscription {
                 Ok(page) => page,
                 Err(e) => return Err(self.fail_now(e)),
             };
-            let mut live = live.lock().expect("not poisoned");
             let within = |offset: u64| up_to.is_none_or(|up_to| offset <= up_to);
-            for entry in page[start..].iter().take_while(|e| within(e.offset)) {
-                live.offer(entry);
+            let entries: Vec<_> = page[start..]
+                .iter()
+                .take_while(|e| within(e.offset))
+                .collect();
+            // A few entries at a time, yielding in between: a long log folded when the first
+            // stream of a session opens must not keep other calls off this thread.
+            for batch in entries.chunks(FOLD_BATCH) {
+                {
+                    let mut live = live.lock().expect("not poisoned");
+                    for entry in batch {
+                        live.offer(entry);
+                    }
+                }
+                tokio::task::yield_now().await;
             }
+            let now = live.lock().expect("not poisoned").head();
             // No progress: the log holds no more (or the session was deleted under us: the
             // live feed says so).
-            if live.head() == head || (!full && up_to.is_none()) {
-                return Ok(live.head());
+            if now == head || (!full && up_to.is_none()) {
+                return Ok(now);
             }
         }
     }

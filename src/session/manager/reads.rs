@@ -235,14 +235,15 @@ impl Sessions {
         after: u64,
         view: View,
     ) -> Result<subscribe::StreamReceiver> {
-        let found = self.find(principal, session_id).await?;
-        let head = self.head_covering(&found, after).await?;
         // Per replica, as the per-session cap: one principal's streams in all, whatever their
-        // sessions, so one tenant cannot take the memory of the streams it may open.
+        // sessions, so one tenant cannot take the memory of the streams it may open. First, so
+        // that a refusal costs no read of the store (and says nothing of the session).
         let slot = self
             .ctx
             .remote_streams
             .admit_principal(principal.actor(), self.ctx.limits.subscribers_per_principal)?;
+        let found = self.find(principal, session_id).await?;
+        let head = self.head_covering(&found, after).await?;
         let handle = match found {
             Found::Local(handle) => handle,
             Found::Stored(record) => {
