@@ -28,6 +28,7 @@
 //! | `warm-create` | CreateSession to first turn ended, warm pool ([`warm`]) | a cold profile, same run |
 //! | `idle-db` | PostgreSQL transactions/s, many idle sessions on 3 replicas ([`idle`]) | fewer idle sessions, same run |
 //! | `idle-subscribers` | transactions/s added by idle subscribers on a non-owner replica | the same replicas without them |
+//! | `tenant-memory`, `tenant-latency`, `tenant-memory-returned` | one tenant's slow MESSAGES streams: the server's memory, another tenant's GetSession p99, the memory after ([`tenants`]) | a documented bound, the idle p99 and the start, same run |
 //!
 //! `--wave3` runs the third wave's figures ([`WAVE3_KEYS`]) and prints them as one table;
 //! `--plots DIR` draws the plots of the run ([`plot`]).
@@ -53,6 +54,7 @@ mod rss;
 mod rtt;
 mod server;
 mod stats;
+mod tenants;
 mod translate;
 mod turns;
 mod warm;
@@ -82,10 +84,11 @@ pub enum Figure {
     IdleCost,
     Peers,
     RealAgent,
+    Tenants,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 15] = [
+    pub const ALL: [Figure; 16] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
@@ -101,6 +104,7 @@ impl Figure {
         Figure::IdleCost,
         Figure::Peers,
         Figure::RealAgent,
+        Figure::Tenants,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -171,6 +175,23 @@ impl Figure {
                 ),
             ],
             Figure::RealAgent => &[("real-agent", real_agent::FIGURE, real_agent::TARGET)],
+            Figure::Tenants => &[
+                (
+                    "tenant-memory",
+                    tenants::MEMORY_FIGURE,
+                    tenants::MEMORY_TARGET,
+                ),
+                (
+                    "tenant-latency",
+                    tenants::LATENCY_FIGURE,
+                    tenants::LATENCY_TARGET,
+                ),
+                (
+                    "tenant-memory-returned",
+                    tenants::RETURNED_FIGURE,
+                    tenants::RETURNED_TARGET,
+                ),
+            ],
         }
     }
 }
@@ -254,6 +275,10 @@ pub struct BenchArgs {
         hide_env_values = true
     )]
     pub database_url: Option<String>,
+    /// `tenants` without the hostile tenant's streams: what the same turns alone leave in the
+    /// server's memory (the control of `tenant-memory-returned`)
+    #[arg(long)]
+    pub tenants_control: bool,
     /// The `agent-harness` executable to serve [default: the one next to this binary]
     #[arg(long, value_name = "PATH")]
     pub server_bin: Option<PathBuf>,
@@ -554,6 +579,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], args: &BenchArgs) -> usize {
             Figure::IdleCost => idle::run(ctx, smoke).await,
             Figure::Peers => peers::run(ctx, smoke).await,
             Figure::RealAgent => real_agent::run(ctx, smoke).await,
+            Figure::Tenants => tenants::run(ctx, smoke, args.tenants_control).await,
         };
         match outcome {
             Ok(PhaseReport {

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 /// Every row key, in print order (the smoke stage of `scripts/test` checks each is printed; the
 /// bench's tests hold the figures and the script to this list).
 #[cfg(test)]
-pub const ROW_KEYS: [&str; 25] = [
+pub const ROW_KEYS: [&str; 28] = [
     "rtt-p50",
     "rtt-p99",
     "rtt-stretch",
@@ -32,6 +32,9 @@ pub const ROW_KEYS: [&str; 25] = [
     "peers-log-python",
     "peers-messages-python",
     "real-agent",
+    "tenant-memory",
+    "tenant-latency",
+    "tenant-memory-returned",
 ];
 
 /// Whether a target is met.
