@@ -243,8 +243,11 @@ async fn open_sessions(
     auth: &Authenticator,
     traces: &crate::session::traces::Traces,
 ) -> anyhow::Result<(Sessions, Arc<dyn Store>)> {
-    std::fs::create_dir_all(&config.data_dir)
+    let created = crate::store::private::create_dir(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    if !created {
+        warn_if_open_to_others(&config.data_dir, "the data directory");
+    }
     let store: Arc<dyn Store> = match &config.database_url {
         Some(url) => {
             let options = PostgresOptions {
@@ -257,6 +260,7 @@ async fn open_sessions(
         }
         None => {
             let path = config.data_dir.join(DB_FILE_NAME);
+            warn_if_open_to_others(&path, "the store");
             Arc::new(
                 SqliteStore::open(&path, config.sqlite_synchronous)
                     .with_context(|| format!("opening the store {}", path.display()))?
@@ -340,6 +344,20 @@ fn describe_sandbox(config: &ServeConfig, ctx: &EngineContext, bound: std::net::
     }
     for profile in unboxed {
         tracing::warn!(profile = %profile.name, "sandbox = \"off\": this profile's agents run as the server's user, with its files and network in reach");
+    }
+}
+
+/// Warns when users other than the owner and its group may read `path` (it holds every
+/// transcript). Only the others' bits count: a Kubernetes `fsGroup` gives the group access on
+/// purpose.
+fn warn_if_open_to_others(path: &std::path::Path, what: &str) {
+    if let Some(mode) = crate::store::private::open_to_others(path) {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format!("{mode:04o}"),
+            "{what} is readable by other users of this machine, and it holds every transcript: \
+             chmod o-rwx it (the server makes new ones 0700 and 0600)"
+        );
     }
 }
 
@@ -602,7 +620,11 @@ fn sessions_service(
             peer_tls: peer_tls.clone(),
         })
     });
-    let service = SessionsService::new(sessions.clone(), Forwarder::new(replica_token, peer_tls));
+    let own_address = sessions.context().replica().address().map(str::to_owned);
+    let service = SessionsService::new(
+        sessions.clone(),
+        Forwarder::new(replica_token, peer_tls, own_address),
+    );
     Ok((service, relay))
 }
 

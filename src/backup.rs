@@ -10,7 +10,8 @@
 //! never overwritten.
 
 use std::{
-    fs::OpenOptions,
+    fs::{OpenOptions, Permissions},
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
 };
 
@@ -121,10 +122,13 @@ pub fn backup_file(source: &Path, target: &Path) -> anyhow::Result<BackupReport>
     }
     let partial = partial_path(target);
     // Reserves the name, and tells at once whether the target's directory takes a new file.
+    // 0600 whatever the umask: the copy holds every transcript (its WAL takes the same mode).
     OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(&partial)
+        .and_then(|_| std::fs::set_permissions(&partial, Permissions::from_mode(0o600)))
         .with_context(|| format!("cannot write the backup target {}", target.display()))?;
     let copied = copy_into(source, &partial).and_then(|pages| {
         // A hard link fails if the target appeared meanwhile: never overwrite.

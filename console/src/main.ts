@@ -592,14 +592,22 @@ async function fetchExport(id: string): Promise<{ session: AgentSession; transcr
 const enumName = (names: Record<number, string>, value: number, prefix = "") =>
   (names[value] ?? "UNSPECIFIED").replace(prefix, "").toLowerCase();
 const when = (ts: Timestamp | undefined) => (ts ? timestampDate(ts).toISOString() : "—");
-const cell = (text: string) => text.replace(/\|/g, "\\|").replace(/\n/g, " ");
+// Everything an agent (or a caller) wrote is foreign to the page, as in `agent-harness export`:
+// multi-line text is fenced (shown as written), text inside a line of ours escaped or in a code
+// span, so it can neither forge a turn heading nor carry live HTML.
+/** Foreign text inside a line: one line, HTML and Markdown punctuation escaped. */
+const inline = (text: string) =>
+  text.replace(/[\r\n]/g, " ").replace(/[<>&\\`*_[\]#|~!]/g, (c) =>
+    c === "<" ? "&lt;" : c === ">" ? "&gt;" : c === "&" ? "&amp;" : `\\${c}`);
+/** Foreign text as a code span. */
+const code = (text: string) => "`" + text.replace(/`/g, "'").replace(/[\r\n]/g, " ") + "`";
+const cell = inline;
 /** Text shown exactly as written, in a fence longer than any run of backticks inside it. */
-function fenced(text: string): string {
+function fenced(text: string, info = "text"): string {
   const longest = Math.max(0, ...(text.match(/`+/g) ?? []).map((run) => run.length));
   const fence = "`".repeat(Math.max(longest, 2) + 1);
-  return `${fence}text\n${text.replace(/\n+$/, "")}\n${fence}\n\n`;
+  return `${fence}${info}\n${text.replace(/\n+$/, "")}\n${fence}\n\n`;
 }
-const quoted = (text: string) => text.split("\n").map((line) => `> ${line}\n`).join("");
 
 function jsonBlock(text: string): string {
   let pretty = text;
@@ -609,7 +617,15 @@ function jsonBlock(text: string): string {
     // Not JSON: shown as it came.
   }
   const cut = pretty.length > 2000 ? "\n… (cut; the JSON export has it whole)" : "";
-  return "```json\n" + pretty.slice(0, 2000) + cut + "\n```\n";
+  return fenced(pretty.slice(0, 2000) + cut, "json").replace(/\n+$/, "\n");
+}
+
+/** An attachment as a link when its URI is a web address, else as code. */
+function link(name: string, uri: string): string {
+  if (/^https?:\/\//.test(uri) && !/[\s<>]/.test(uri)) {
+    return `[${inline(name)}](${uri.replace(/\(/g, "%28").replace(/\)/g, "%29")})`;
+  }
+  return `${inline(name)} ${code(uri)}`;
 }
 
 /** The Markdown form: a metadata header, then each turn's messages in order. */
@@ -617,15 +633,19 @@ function exportMarkdown(s: AgentSession, t: GetTranscriptResponse): string {
   let md = `# Session transcript: ${cell(s.name || s.id)}\n\n| | |\n|---|---|\n`;
   const statusText = enumName(SessionStatus, s.status);
   const status = statusText + (s.statusReason && s.statusReason !== statusText ? ` (${s.statusReason})` : "");
-  const labels = Object.entries(s.labels).map(([k, v]) => `\`${k}=${v}\``).join(", ");
+  const labels = Object.entries(s.labels).map(([k, v]) => code(`${k}=${v}`)).join(", ");
   const rows: [string, string][] = [
-    ["Session", `\`${s.id}\``], ["Name", s.name], ["Owner", s.owner], ["Editors", s.editors.join(", ")],
+    ["Session", code(s.id)], ["Name", s.name], ["Owner", s.owner], ["Editors", s.editors.join(", ")],
     ["Profile", s.profile], ["Agent", s.agentInfo ? `${s.agentInfo.name} ${s.agentInfo.version}` : ""],
-    ["Model", s.model], ["Working directory", `\`${s.cwd}\``], ["Status", status],
+    ["Model", s.model], ["Working directory", code(s.cwd)], ["Status", status],
     ["Created", when(s.createdAt)], ["Last change", when(s.updatedAt)], ["Labels", labels],
     ["Log offset", String(t.headOffset)],
   ];
-  for (const [key, value] of rows) if (value) md += `| ${key} | ${cell(value)} |\n`;
+  for (const [key, value] of rows) {
+    // Values already made safe (code spans) are kept as they are.
+    const shown = value.startsWith("`") && value.endsWith("`") ? value.replace(/\|/g, "\\|") : cell(value);
+    if (value) md += `| ${key} | ${shown} |\n`;
+  }
   md += "\n";
   if (t.messages.length === 0) md += "_No turns yet._\n";
   let turn = -1;
@@ -635,54 +655,55 @@ function exportMarkdown(s: AgentSession, t: GetTranscriptResponse): string {
       md += `## Turn ${m.turn}\n\n`;
     }
     const user = m.role === MessageRole.USER;
-    md += `### ${user ? "User" : "Agent"}${user && m.actor ? ` — ${m.actor}` : ""}${m.inherited ? " (from the parent session)" : ""}\n\n`;
+    md += `### ${user ? "User" : "Agent"}${user && m.actor ? ` — ${inline(m.actor)}` : ""}${m.inherited ? " (from the parent session)" : ""}\n\n`;
     const attachments: string[] = [];
     for (const part of m.parts) {
       const v = part.kind;
       switch (v.case) {
-        // A person's prompt as typed, line for line; an agent's text is Markdown already.
-        case "text": md += user ? fenced(v.value.text) : `${v.value.text}\n\n`; break;
-        case "thought": md += `_Thinking:_\n\n${quoted(v.value.text)}\n`; break;
+        // A person's prompt as typed, line for line; an agent's text as its Markdown source.
+        case "text": md += user ? fenced(v.value.text) : fenced(v.value.text, "markdown"); break;
+        case "thought": md += `_Thinking:_\n\n${fenced(v.value.text, "markdown")}`; break;
         case "attachment": {
-          const about = [v.value.mimeType, v.value.size !== undefined ? `${v.value.size} bytes` : undefined].filter(Boolean);
-          attachments.push(`- [${cell(v.value.name)}](${v.value.uri})${about.length ? ` (${about.join(", ")})` : ""}`);
+          const mime = v.value.mimeType !== undefined ? inline(v.value.mimeType) : undefined;
+          const about = [mime, v.value.size !== undefined ? `${v.value.size} bytes` : undefined].filter(Boolean);
+          attachments.push(`- ${link(v.value.name, v.value.uri)}${about.length ? ` (${about.join(", ")})` : ""}`);
           break;
         }
         case "tool": {
-          md += `**Tool call** \`${(v.value.title || v.value.toolCallId).replace(/`/g, "'")}\`${v.value.kind ? ` (${v.value.kind})` : ""} — **${v.value.status || "pending"}**\n\n`;
+          md += `**Tool call** ${code(v.value.title || v.value.toolCallId)}${v.value.kind ? ` (${inline(v.value.kind)})` : ""} — **${inline(v.value.status || "pending")}**\n\n`;
           if (v.value.contentJson && v.value.contentJson !== "[]") md += jsonBlock(v.value.contentJson) + "\n";
           break;
         }
         case "plan":
-          md += "**Plan**\n\n" + v.value.entries.map((e) => `- [${e.status === "completed" ? "x" : " "}] ${e.content} (${e.status})\n`).join("") + "\n";
+          md += "**Plan**\n\n" + v.value.entries.map((e) => `- [${e.status === "completed" ? "x" : " "}] ${inline(e.content)} (${inline(e.status)})\n`).join("") + "\n";
           break;
         case "permission": {
-          const options = v.value.options.map((o) => `\`${o.optionId}\` (${o.name})`).join(", ");
+          const options = v.value.options.map((o) => `${code(o.optionId)} (${inline(o.name)})`).join(", ");
           const outcome = enumName(InteractionOutcome, v.value.outcome, "INTERACTION_OUTCOME_");
-          const answer = v.value.selectedOptionId !== undefined ? `${outcome}: \`${v.value.selectedOptionId}\`` : outcome;
-          md += `**Permission asked** for ${titleOf(v.value.toolCallJson)}; options ${options} — answer: **${answer}**\n\n`;
+          const answer = v.value.selectedOptionId !== undefined ? `${outcome}: ${code(v.value.selectedOptionId)}` : outcome;
+          md += `**Permission asked** for ${inline(titleOf(v.value.toolCallJson))}; options ${options} — answer: **${answer}**\n\n`;
           break;
         }
         case "elicitation": {
           const outcome = enumName(InteractionOutcome, v.value.outcome, "INTERACTION_OUTCOME_");
-          md += `**Question** ${v.value.message} — answer: **${outcome}**${v.value.answerJson ? ` \`${v.value.answerJson.replace(/`/g, "'")}\`` : ""}\n\n`;
+          md += `**Question** ${inline(v.value.message)} — answer: **${outcome}**${v.value.answerJson ? ` ${code(v.value.answerJson)}` : ""}\n\n`;
           break;
         }
         case "control": {
           const kind = enumName(ControlKind, v.value.kind, "CONTROL_KIND_");
-          md += `_Control:_ ${kind}${v.value.value ? ` \`${v.value.value}\`` : ""} — ${enumName(InteractionOutcome, v.value.outcome, "INTERACTION_OUTCOME_")}\n\n`;
+          md += `_Control:_ ${kind}${v.value.value ? ` ${code(v.value.value)}` : ""} — ${enumName(InteractionOutcome, v.value.outcome, "INTERACTION_OUTCOME_")}\n\n`;
           break;
         }
-        case "content": md += `_Content (${v.value.type}):_\n\n${jsonBlock(v.value.json)}\n`; break;
+        case "content": md += `_Content (${inline(v.value.type)}):_\n\n${jsonBlock(v.value.json)}\n`; break;
         case "contextRebuilt":
-          md += `_Context rebuilt (${v.value.reason}): ${v.value.turns} turns, ${v.value.bytes} bytes replayed._\n\n`;
+          md += `_Context rebuilt (${inline(v.value.reason)}): ${v.value.turns} turns, ${v.value.bytes} bytes replayed._\n\n`;
           break;
         default: break;
       }
     }
     if (attachments.length) md += `Attachments:\n\n${attachments.join("\n")}\n\n`;
     if (m.stopReason !== undefined) md += `_Turn ended: ${enumName(StopReason, m.stopReason, "STOP_REASON_")}._\n\n`;
-    if (m.error !== undefined) md += `_Error:_ ${m.error}\n\n`;
+    if (m.error !== undefined) md += `_Error:_ ${inline(m.error)}\n\n`;
   }
   return md;
 }

@@ -15,19 +15,22 @@ export function usageText(usage: Usage | undefined): string {
   } else {
     parts.push(`context ${count.format(usage.usedTokens)} tokens`);
   }
-  if (usage.cost) {
-    const money = new Intl.NumberFormat("en", {
-      style: "currency",
-      currency: usage.cost.currency || "USD",
-      maximumFractionDigits: 4,
-    });
-    let shown: string;
-    try {
-      shown = money.format(usage.cost.amount);
-    } catch {
-      shown = `${usage.cost.amount} ${usage.cost.currency}`;
-    }
-    parts.push(`cost ${shown}`);
-  }
+  if (usage.cost) parts.push(`cost ${costText(usage.cost.amount, usage.cost.currency)}`);
   return parts.join(" · ");
+}
+
+const plainAmount = new Intl.NumberFormat("en", { maximumFractionDigits: 4 });
+
+/**
+ * An amount in its currency. The agent writes the currency code: one `Intl` does not know
+ * (`U<b>`, an empty one) throws from the formatter's constructor, so the amount is then shown
+ * without it — a bad code never breaks the page.
+ */
+export function costText(amount: number, currency: string): string {
+  try {
+    return new Intl.NumberFormat("en", { style: "currency", currency: currency || "USD", maximumFractionDigits: 4 })
+      .format(amount);
+  } catch {
+    return Number.isFinite(amount) ? plainAmount.format(amount) : String(amount);
+  }
 }

@@ -734,6 +734,13 @@ impl Fold {
         }
         changed.push(&message.id);
         if let Some(ended) = ended {
+            // The turn's text is whole now: what its growth reserved beyond it (up to as much
+            // again) is given back, as the transcript is kept for as long as the session runs.
+            for part in &mut message.parts {
+                if let Part::Text(text) | Part::Thought(text) = part {
+                    text.shrink_to_fit();
+                }
+            }
             self.ended.push(ended);
             self.urgent = true;
         }

@@ -176,6 +176,35 @@ pub struct Message {
     pub inherited: bool,
 }
 
+impl Message {
+    /// About how many bytes the message takes (its texts and JSON; not the exact encoding): what
+    /// a stream counts a snapshot of it as.
+    pub fn approx_bytes(&self) -> usize {
+        let parts: usize = self
+            .parts
+            .iter()
+            .map(|part| match part {
+                Part::Text(text) | Part::Thought(text) => text.len(),
+                Part::Attachment(a) => a.uri.len() + a.name.len(),
+                Part::Tool(t) => t.title.len() + t.content_json.len() + t.tool_call_id.len(),
+                Part::Plan(entries) => entries.iter().map(|e| e.content.len() + 16).sum(),
+                Part::Permission(p) => {
+                    p.tool_call_json.len()
+                        + p.options
+                            .iter()
+                            .map(|o| o.option_id.len() + o.name.len() + 8)
+                            .sum::<usize>()
+                }
+                Part::Elicitation(e) => e.message.len() + e.request_json.len() + e.answer_json.len(),
+                Part::Control(c) => c.value.len(),
+                Part::ContextRebuilt(c) => c.reason.len(),
+                Part::Content { kind, json } => kind.len() + json.len(),
+            } + 16)
+            .sum();
+        parts + self.id.len() + self.actor.len() + self.error.as_ref().map_or(0, String::len)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelOption {
     pub value: String,

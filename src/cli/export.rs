@@ -83,7 +83,7 @@ pub(crate) async fn run(args: ExportArgs) -> Outcome {
         Format::Markdown => markdown(&export),
     };
     match &args.out {
-        Some(path) => std::fs::write(path, text)
+        Some(path) => write_private(path, text.as_bytes())
             .map_err(|e| Failure::new(1, format!("cannot write {}: {e}", path.display())))?,
         None => {
             let mut out = std::io::stdout().lock();
@@ -92,6 +92,21 @@ pub(crate) async fn run(args: ExportArgs) -> Outcome {
         }
     }
     Ok(0)
+}
+
+/// Writes `bytes` to `path` (replaced if it exists), readable by its owner only whatever the
+/// umask: an export holds a whole transcript.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(bytes)?;
+    file.flush()
 }
 
 /// The JSON form: each part in the proto3 JSON mapping of its v1 message.
@@ -125,23 +140,54 @@ fn timestamp(ts: &Option<prost_types::Timestamp>) -> String {
         .map_or_else(|| "—".to_owned(), |ts| ts.to_string())
 }
 
-/// Text that may hold Markdown, shown as a quote so it cannot break the page's structure.
-fn quoted(text: &str) -> String {
-    text.lines()
-        .map(|line| format!("> {line}\n"))
-        .collect::<String>()
+// Everything an agent (or a caller) wrote is foreign to the page: Markdown or HTML in it must
+// not become the page's own structure — a forged `### User — admin` turn, a live
+// `<img onerror=…>`. Multi-line text is fenced (shown exactly as written); text inside a line
+// of ours is escaped, or put in a code span.
+
+/// Foreign text inside a line of the page: one line, HTML and Markdown punctuation escaped, so
+/// it reads as the characters it holds and never as markup.
+fn inline(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\r' => out.push(' '),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\\' | '`' | '*' | '_' | '[' | ']' | '#' | '|' | '~' | '!' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
-/// A value for a table cell: one line, pipes escaped.
+/// Foreign text as a code span: one line, no backtick to end it early.
+fn code(text: &str) -> String {
+    format!("`{}`", text.replace('`', "'").replace(['\n', '\r'], " "))
+}
+
+/// A value for a table cell (one line, pipes escaped, like any inline text).
 fn cell(text: &str) -> String {
-    text.replace('|', "\\|").replace('\n', " ")
+    inline(text)
 }
 
 /// Text shown exactly as written, in a fence longer than any run of backticks inside it.
 fn fenced(text: &str) -> String {
+    fenced_as(text, "text")
+}
+
+/// [`fenced`], its fence labelled `info` (the language a reader may highlight it as).
+fn fenced_as(text: &str, info: &str) -> String {
     let longest = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
     let fence = "`".repeat(longest.max(2) + 1);
-    format!("{fence}text\n{}\n{fence}\n\n", text.trim_end_matches('\n'))
+    format!(
+        "{fence}{info}\n{}\n{fence}\n\n",
+        text.trim_end_matches('\n')
+    )
 }
 
 /// JSON from the contract, pretty in a fenced block, cut at about `max` characters.
@@ -156,7 +202,20 @@ fn json_block(text: &str, max: usize) -> String {
     } else {
         ""
     };
-    format!("```json\n{shown}{cut}\n```\n")
+    let block = fenced_as(&format!("{shown}{cut}"), "json");
+    block.trim_end_matches('\n').to_owned() + "\n"
+}
+
+/// An attachment as a link when its URI is a web address, else as code.
+fn link(name: &str, uri: &str) -> String {
+    let web = uri.starts_with("https://") || uri.starts_with("http://");
+    if web && !uri.contains(|c: char| c.is_whitespace() || c.is_control() || c == '<' || c == '>') {
+        // Parentheses would end the destination early.
+        let uri = uri.replace('(', "%28").replace(')', "%29");
+        format!("[{}]({uri})", inline(name))
+    } else {
+        format!("{} {}", inline(name), code(uri))
+    }
 }
 
 /// The Markdown form: a header of metadata, then each turn's messages in order.
@@ -175,7 +234,7 @@ pub(crate) fn markdown(export: &Export) -> String {
     let labels = s
         .labels
         .iter()
-        .map(|(k, v)| format!("`{k}={v}`"))
+        .map(|(k, v)| code(&format!("{k}={v}")))
         .collect::<Vec<_>>()
         .join(", ");
     let agent = s
@@ -184,14 +243,14 @@ pub(crate) fn markdown(export: &Export) -> String {
         .map(|a| format!("{} {}", a.name, a.version))
         .unwrap_or_default();
     for (key, value) in [
-        ("Session", format!("`{}`", s.id)),
+        ("Session", code(&s.id)),
         ("Name", s.name.clone()),
         ("Owner", s.owner.clone()),
         ("Editors", s.editors.join(", ")),
         ("Profile", s.profile.clone()),
         ("Agent", agent),
         ("Model", s.model.clone()),
-        ("Working directory", format!("`{}`", s.cwd)),
+        ("Working directory", code(&s.cwd)),
         ("Status", status),
         ("Created", timestamp(&s.created_at)),
         ("Last change", timestamp(&s.updated_at)),
@@ -199,7 +258,13 @@ pub(crate) fn markdown(export: &Export) -> String {
         ("Log offset", export.transcript.head_offset.to_string()),
     ] {
         if !value.is_empty() {
-            md.push_str(&format!("| {key} | {} |\n", cell(&value)));
+            // Values already made safe (code spans) are kept as they are.
+            let shown = if value.starts_with('`') && value.ends_with('`') {
+                value.replace('|', "\\|")
+            } else {
+                cell(&value)
+            };
+            md.push_str(&format!("| {key} | {shown} |\n"));
         }
     }
     md.push('\n');
@@ -226,7 +291,7 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
     let user = message.role() == v1pb::MessageRole::User;
     let mut heading = format!("### {who}");
     if user && !message.actor.is_empty() {
-        heading.push_str(&format!(" — {}", message.actor));
+        heading.push_str(&format!(" — {}", inline(&message.actor)));
     }
     if message.inherited {
         heading.push_str(" (from the parent session)");
@@ -237,16 +302,13 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
     for part in &message.parts {
         use v1pb::message_part::Kind;
         match &part.kind {
-            // A person's prompt as typed, line for line; an agent's text is Markdown already.
+            // A person's prompt as typed, line for line; an agent's text as its Markdown
+            // source, fenced: rendered, it could forge a turn heading or carry live HTML.
             Some(Kind::Text(text)) if user => md.push_str(&fenced(&text.text)),
-            Some(Kind::Text(text)) => {
-                md.push_str(&text.text);
-                md.push_str("\n\n");
-            }
+            Some(Kind::Text(text)) => md.push_str(&fenced_as(&text.text, "markdown")),
             Some(Kind::Thought(text)) => {
                 md.push_str("_Thinking:_\n\n");
-                md.push_str(&quoted(&text.text));
-                md.push('\n');
+                md.push_str(&fenced_as(&text.text, "markdown"));
             }
             Some(Kind::Attachment(a)) => attachments.push(a),
             Some(Kind::Tool(tool)) => {
@@ -255,16 +317,16 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
                 } else {
                     &tool.title
                 };
-                md.push_str(&format!("**Tool call** `{}`", title.replace('`', "'")));
+                md.push_str(&format!("**Tool call** {}", code(title)));
                 if !tool.kind.is_empty() {
-                    md.push_str(&format!(" ({})", tool.kind));
+                    md.push_str(&format!(" ({})", inline(&tool.kind)));
                 }
                 let status = if tool.status.is_empty() {
                     "pending"
                 } else {
                     &tool.status
                 };
-                md.push_str(&format!(" — **{status}**\n\n"));
+                md.push_str(&format!(" — **{}**\n\n", inline(status)));
                 if !tool.content_json.is_empty() && tool.content_json != "[]" {
                     md.push_str(&json_block(&tool.content_json, 2000));
                     md.push('\n');
@@ -280,7 +342,8 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
                     };
                     md.push_str(&format!(
                         "- [{mark}] {} ({})\n",
-                        entry.content, entry.status
+                        inline(&entry.content),
+                        inline(&entry.status)
                     ));
                 }
                 md.push('\n');
@@ -293,26 +356,27 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
                 let options = p
                     .options
                     .iter()
-                    .map(|o| format!("`{}` ({})", o.option_id, o.name))
+                    .map(|o| format!("{} ({})", code(&o.option_id), inline(&o.name)))
                     .collect::<Vec<_>>()
                     .join(", ");
                 let outcome = enum_name(p.outcome().as_str_name(), "INTERACTION_OUTCOME_");
                 let answer = match &p.selected_option_id {
-                    Some(option) => format!("{outcome}: `{option}`"),
+                    Some(option) => format!("{outcome}: {}", code(option)),
                     None => outcome,
                 };
                 md.push_str(&format!(
-                    "**Permission asked** for {tool}; options {options} — answer: **{answer}**\n\n"
+                    "**Permission asked** for {}; options {options} — answer: **{answer}**\n\n",
+                    inline(&tool)
                 ));
             }
             Some(Kind::Elicitation(e)) => {
                 let outcome = enum_name(e.outcome().as_str_name(), "INTERACTION_OUTCOME_");
                 md.push_str(&format!(
                     "**Question** {} — answer: **{outcome}**",
-                    e.message
+                    inline(&e.message)
                 ));
                 if !e.answer_json.is_empty() {
-                    md.push_str(&format!(" `{}`", e.answer_json.replace('`', "'")));
+                    md.push_str(&format!(" {}", code(&e.answer_json)));
                 }
                 md.push_str("\n\n");
             }
@@ -322,19 +386,21 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
                 let value = if c.value.is_empty() {
                     String::new()
                 } else {
-                    format!(" `{}`", c.value)
+                    format!(" {}", code(&c.value))
                 };
                 md.push_str(&format!("_Control:_ {kind}{value} — {outcome}\n\n"));
             }
             Some(Kind::Content(c)) => {
-                md.push_str(&format!("_Content ({}):_\n\n", c.r#type));
+                md.push_str(&format!("_Content ({}):_\n\n", inline(&c.r#type)));
                 md.push_str(&json_block(&c.json, 2000));
                 md.push('\n');
             }
             Some(Kind::ContextRebuilt(c)) => {
                 md.push_str(&format!(
                     "_Context rebuilt ({}): {} turns, {} bytes replayed._\n\n",
-                    c.reason, c.turns, c.bytes
+                    inline(&c.reason),
+                    c.turns,
+                    c.bytes
                 ));
             }
             None => {}
@@ -343,10 +409,10 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
     if !attachments.is_empty() {
         md.push_str("Attachments:\n\n");
         for a in attachments {
-            let mut line = format!("- [{}]({})", cell(&a.name), a.uri);
+            let mut line = format!("- {}", link(&a.name, &a.uri));
             let mut about = Vec::new();
             if let Some(mime) = &a.mime_type {
-                about.push(mime.clone());
+                about.push(inline(mime));
             }
             if let Some(size) = a.size {
                 about.push(format!("{size} bytes"));
@@ -366,6 +432,6 @@ fn message_markdown(md: &mut String, message: &v1pb::TranscriptMessage) {
         md.push_str(&format!("_Turn ended: {reason}._\n\n"));
     }
     if let Some(error) = &message.error {
-        md.push_str(&format!("_Error:_ {error}\n\n"));
+        md.push_str(&format!("_Error:_ {}\n\n", inline(error)));
     }
 }

@@ -28,6 +28,10 @@ pub struct Limits {
     pub sessions_per_principal: usize,
     /// Open Subscribe streams on one session.
     pub subscribers_per_session: usize,
+    /// Open Subscribe streams of one principal (the acting user, for a service), on all its
+    /// sessions together: what one tenant's streams may hold is bounded by this times a stream's
+    /// budget. Per replica, as the per-session cap.
+    pub subscribers_per_principal: usize,
     /// Bytes of one gRPC message, either way.
     pub grpc_message_bytes: usize,
     /// Bytes of one line from a runtime.
@@ -62,6 +66,7 @@ impl Default for Limits {
             queued_actions: 50,
             sessions_per_principal: 100,
             subscribers_per_session: 256,
+            subscribers_per_principal: 128,
             grpc_message_bytes: 4 * 1024 * 1024,
             runtime_line_bytes: 8 * 1024 * 1024,
             live_runtimes: 256,

@@ -50,6 +50,28 @@ pub struct QueuedEntry {
     pub traceparent: Option<String>,
 }
 
+impl QueuedEntry {
+    /// About how many bytes the entry takes (its texts; not the exact encoding).
+    pub fn approx_bytes(&self) -> usize {
+        let work = match &self.work {
+            QueuedWork::Prompt(prompt) => {
+                prompt.prompt.len()
+                    + prompt
+                        .attachments
+                        .iter()
+                        .map(|a| a.uri.len() + a.name.len() + 16)
+                        .sum::<usize>()
+            }
+            QueuedWork::Compact => 0,
+        };
+        let context = self
+            .context
+            .as_ref()
+            .map_or(0, |c| serde_json::to_string(c).map_or(0, |text| text.len()));
+        64 + work + context + self.actor.len()
+    }
+}
+
 /// A session's queue, next first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Queue {

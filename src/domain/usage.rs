@@ -14,6 +14,14 @@ use uuid::Uuid;
 /// Millionths of a currency unit per unit.
 pub const MICROS_PER_UNIT: i64 = 1_000_000;
 
+/// The most tokens one report of an agent is taken for (a trillion: far past any turn). An
+/// agent's figure is its own to make up; a larger one is clamped and logged, so that a few
+/// absurd reports cannot push the sums to the bounds of the stores' integers.
+pub const MAX_REPORTED_TOKENS: u64 = 1_000_000_000_000;
+
+/// The most cost one report is taken to add, in micros (a billion units of its currency).
+pub const MAX_REPORTED_COST_MICROS: i64 = 1_000_000_000_000_000;
+
 /// One usage record: what one report of the agent added to a session's use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageRecord {

@@ -53,14 +53,21 @@ pub(crate) struct Forwarder {
     /// How peers are dialed when replicas serve TLS (`None`: plaintext, like this one).
     peer_tls: Option<ClientTlsConfig>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// This replica's own advertised address: never a hop's destination.
+    own_address: Option<String>,
 }
 
 impl Forwarder {
-    pub(crate) fn new(replica_token: Option<String>, peer_tls: Option<ClientTlsConfig>) -> Self {
+    pub(crate) fn new(
+        replica_token: Option<String>,
+        peer_tls: Option<ClientTlsConfig>,
+        own_address: Option<String>,
+    ) -> Self {
         Self {
             replica_token,
             peer_tls,
             channels: Mutex::new(HashMap::new()),
+            own_address,
         }
     }
 
@@ -145,6 +152,15 @@ impl Forwarder {
             // Forwarded here, yet owned elsewhere: the lease moved under the hop. One hop only,
             // so a call never circles; the caller retries.
             return Err(unavailable("the session is moving between replicas"));
+        }
+        if self.own_address.as_deref() == Some(address) {
+            // A stale entry of an earlier run of this replica (the engine skips those; this is
+            // the last guard): the hop would reach this very process, without the caller's
+            // credentials. Retryable: the entry lapses within the lease TTL.
+            tracing::warn!(owner = %address, "not forwarding a call to this replica's own address");
+            return Err(unavailable(
+                "the session is held by an earlier run of this replica; retry shortly",
+            ));
         }
         tracing::debug!(owner = %address, "forwarding a call to the session's owner");
         let client = self.client(address)?;

@@ -6,7 +6,6 @@
 use std::{pin::Pin, sync::Arc};
 
 use futures::{Stream, StreamExt};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{
@@ -412,7 +411,7 @@ impl AgentSessionService for SessionsService {
             .sessions
             .subscribe(&principal, &request.session_id, request.after_offset, view)
             .await?;
-        let stream = ReceiverStream::new(events).map(|item| match item {
+        let stream = events.map(|item| match item {
             Ok((offset, event)) => Ok(SubscribeFrame::of(offset, &event)),
             Err(error) => Err(Status::from(error)),
         });

@@ -42,7 +42,8 @@ impl fmt::Debug for BudgetSource {
 
 impl EngineContext {
     /// Refuses with BUDGET_EXHAUSTED when `owner`'s budget for the current period is spent.
-    /// Called before anything of the prompt is stored; a turn already running is not stopped.
+    /// Called before anything of a prompt or a compaction is stored; a turn already running is
+    /// not stopped.
     pub(crate) async fn check_budget(&self, owner: &str) -> Result<()> {
         let Some(budget) = self.budgets.budget(owner) else {
             return Ok(());
@@ -76,7 +77,7 @@ impl EngineContext {
         Err(Error::new(
             ErrorCode::BudgetExhausted,
             format!(
-                "the budget of {owner:?} for this {} is spent ({}); the prompt was not taken",
+                "the budget of {owner:?} for this {} is spent ({}); the action was not taken",
                 budget.period.as_str(),
                 limits.join(", ")
             ),

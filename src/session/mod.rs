@@ -130,6 +130,18 @@ impl ReplicaOptions {
     pub(crate) fn address_of(holder: &str) -> Option<&str> {
         holder.split_once('@').map(|(_, address)| address)
     }
+
+    /// This replica's advertised address.
+    pub(crate) fn address(&self) -> Option<&str> {
+        Self::address_of(&self.id)
+    }
+
+    /// Whether `holder` (a lease's or a bridge publication's) names another run of this replica:
+    /// another id at this replica's own address, left by a process that died here (`kill -9`,
+    /// then a restart on the same address). Forwarding there would reach this very process.
+    pub(crate) fn is_earlier_run(&self, holder: &str) -> bool {
+        holder != self.id && Self::address_of(holder).is_some_and(|a| Some(a) == self.address())
+    }
 }
 
 /// What every session shares with the rest of the harness. Its parts are the engine's own; the

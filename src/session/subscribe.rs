@@ -25,7 +25,15 @@
 //! What streams of one session need alike is done once per replica: the pages of the log read
 //! while catching up ([`pages`]: a thousand streams that fall behind together cost one read per
 //! page, not a thousand) and the transcript folded for MESSAGES and ALL ([`shared_fold`]: a
-//! hundred streams of an idle session hold one transcript, not a hundred).
+//! MESSAGES stream holds no fold of its own — the session's live fold folds each entry once for
+//! all of them, and they queue changed messages by id, read when the client takes them).
+//!
+//! What one client can make the server hold is bounded: a stream queues at most
+//! [`STREAM_BUFFER`] events and [`STREAM_BUFFER_BYTES`] bytes (or one larger event) for its
+//! client, and waits when that is full — the live feed goes on without it and it catches up from
+//! the store when the client reads again; a principal has at most `limits.subscribers_per_principal`
+//! streams open on a replica; and the memory of streams that ended is given back to the system
+//! ([`trim`]).
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -34,7 +42,7 @@ use std::{
 };
 
 use tokio::{
-    sync::{broadcast, mpsc, watch},
+    sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc, watch},
     time::{Instant, sleep_until},
 };
 
@@ -42,6 +50,7 @@ use uuid::Uuid;
 
 mod pages;
 mod shared_fold;
+mod trim;
 
 use super::{SessionEvent, SessionHandle, SharedEntry};
 use crate::{
@@ -103,13 +112,134 @@ pub(crate) enum StreamEvent {
     },
 }
 
+impl StreamEvent {
+    /// About how many bytes the event takes, queued and encoded: what counts toward a stream's
+    /// byte budget.
+    fn weight(&self) -> usize {
+        const OVERHEAD: usize = 64;
+        OVERHEAD
+            + match self {
+                Self::Entry(entry) => entry.json.len() + entry.actor.len(),
+                Self::Message(message) => message.approx_bytes(),
+                Self::Queue(queue) => queue.iter().map(QueuedEntry::approx_bytes).sum(),
+                Self::TurnEnded(end) => end.error.as_ref().map_or(0, String::len),
+                Self::Status { reason, .. } => reason.len(),
+                Self::CaughtUp { .. } | Self::Heartbeat { .. } => 0,
+            }
+    }
+}
+
 /// Items of a stream: events, or the error that ends it.
 pub(crate) type StreamItem = std::result::Result<(u64, StreamEvent), Error>;
+
+/// What a stream queues for its client.
+enum Queued {
+    Item(StreamItem),
+    /// A message of the session's live fold that changed, by id: resolved to the message as it
+    /// stands when the client takes it, so no snapshot waits in a queue (see
+    /// [`shared_fold::LiveFold`]).
+    Message {
+        cursor: u64,
+        id: String,
+    },
+}
+
+/// An item on its way to the client, with its share of the stream's byte budget.
+type Shared = (Queued, Option<OwnedSemaphorePermit>);
+
+/// The client's end of a stream: its items in order. Each holds its share of the stream's byte
+/// budget until the next one is taken, so the one being encoded still counts; dropping the
+/// receiver ends the stream.
+pub(crate) struct StreamReceiver {
+    rx: mpsc::Receiver<Shared>,
+    room: Arc<Semaphore>,
+    held: Option<OwnedSemaphorePermit>,
+    /// The live fold the messages it is sent by id are read from (MESSAGES view).
+    live: Option<Arc<std::sync::Mutex<shared_fold::LiveFold>>>,
+    /// The ids queued and not taken yet (shared with the stream, which queues each once).
+    queued_refs: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl StreamReceiver {
+    /// The item a queued one stands for: a message by id is read from the live fold now
+    /// (`None`: it is gone from the transcript, nothing to send).
+    fn resolve(&mut self, (queued, share): Shared) -> Option<StreamItem> {
+        self.held = share;
+        match queued {
+            Queued::Item(item) => Some(item),
+            Queued::Message { cursor, id } => {
+                // Let go of the id before the message is read: a change the stream folds from
+                // now on queues it again, and one folded before is in what is read here.
+                self.queued_refs.lock().expect("not poisoned").remove(&id);
+                let live = self.live.as_ref()?.lock().expect("not poisoned");
+                let message = live.message(&id)?;
+                Some(Ok((cursor, StreamEvent::Message(message))))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl StreamReceiver {
+    pub(crate) async fn recv(&mut self) -> Option<StreamItem> {
+        loop {
+            self.held = None;
+            let queued = self.rx.recv().await?;
+            if let Some(item) = self.resolve(queued) {
+                return Some(item);
+            }
+        }
+    }
+
+    pub(crate) fn try_recv(
+        &mut self,
+    ) -> std::result::Result<StreamItem, mpsc::error::TryRecvError> {
+        loop {
+            self.held = None;
+            let queued = self.rx.try_recv()?;
+            if let Some(item) = self.resolve(queued) {
+                return Ok(item);
+            }
+        }
+    }
+}
+
+impl futures::Stream for StreamReceiver {
+    type Item = StreamItem;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<StreamItem>> {
+        loop {
+            self.held = None;
+            match self.rx.poll_recv(cx) {
+                std::task::Poll::Ready(Some(queued)) => {
+                    if let Some(item) = self.resolve(queued) {
+                        return std::task::Poll::Ready(Some(item));
+                    }
+                }
+                other => return other.map(|_| None),
+            }
+        }
+    }
+}
+
+impl Drop for StreamReceiver {
+    fn drop(&mut self) {
+        // A subscription waiting for room gives up at once.
+        self.room.close();
+    }
+}
 
 /// Entries read from the log per page while catching up.
 pub(crate) const REPLAY_PAGE: usize = 1000;
 /// Events buffered per subscriber before the network takes them.
 pub(crate) const STREAM_BUFFER: usize = 256;
+/// Bytes of events buffered per subscriber before the network takes them (one event larger
+/// than this goes alone). A slow reader's stream holds no more; what the session does meanwhile
+/// is read from the store once the client takes events again.
+pub(crate) const STREAM_BUFFER_BYTES: usize = 256 * 1024;
 /// Live message snapshots are sent at most this often per message.
 pub(crate) const MESSAGE_COALESCE: Duration = Duration::from_millis(50);
 /// A heartbeat is sent after this long without any other event.
@@ -118,6 +248,11 @@ pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
 /// many streams): a lost notification delays a stream by about this much, never more, and
 /// never loses anything.
 pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(5);
+/// Entries a stream folds into the live fold at a time while catching it up.
+const FOLD_BATCH: usize = 32;
+/// What a message queued by id counts toward a stream's byte budget (its snapshot is read when
+/// the client takes it).
+const REF_WEIGHT: u32 = 64;
 /// Live events taken one after another once the stream wakes, before it looks at its timers
 /// and the client again.
 const LIVE_BURST: usize = 64;
@@ -151,8 +286,12 @@ pub(crate) fn start(
     meta_key: String,
     stop: watch::Receiver<StreamStop>,
     streams: &RemoteStreams,
-    max_subscribers: usize,
-) -> Result<mpsc::Receiver<StreamItem>> {
+    admission: Admission,
+) -> Result<StreamReceiver> {
+    let Admission {
+        max_subscribers,
+        principal,
+    } = admission;
     let StreamStart { after, head, view } = from;
     let shared = handle.shared.clone();
     let count = shared.subscribers.fetch_add(1, Ordering::AcqRel) + 1;
@@ -181,7 +320,10 @@ pub(crate) fn start(
         },
         meta_key,
         stop,
-        Some(guard),
+        Guards {
+            session: Some(guard),
+            principal,
+        },
     ))
 }
 
@@ -197,8 +339,12 @@ pub(crate) fn start_remote(
     meta_key: String,
     stop: watch::Receiver<StreamStop>,
     streams: &RemoteStreams,
-    max_subscribers: usize,
-) -> Result<mpsc::Receiver<StreamItem>> {
+    admission: Admission,
+) -> Result<StreamReceiver> {
+    let Admission {
+        max_subscribers,
+        principal,
+    } = admission;
     let slot = streams.admit(record.id, max_subscribers)?;
     if from.after > from.head {
         return Err(offset_out_of_range(from.after, from.head));
@@ -215,8 +361,23 @@ pub(crate) fn start_remote(
         },
         meta_key,
         stop,
-        Some(SubscriberGuard::Remote { _slot: slot }),
+        Guards {
+            session: Some(SubscriberGuard::Remote { _slot: slot }),
+            principal,
+        },
     ))
+}
+
+/// What a new stream is admitted with: its session's cap, and its place under its principal's.
+pub(crate) struct Admission {
+    pub(crate) max_subscribers: usize,
+    pub(crate) principal: PrincipalSlot,
+}
+
+/// What counts a stream toward its caps while it lives.
+struct Guards {
+    session: Option<SubscriberGuard>,
+    principal: PrincipalSlot,
 }
 
 fn too_many_subscribers(id: Uuid, max_subscribers: usize) -> Error {
@@ -224,7 +385,20 @@ fn too_many_subscribers(id: Uuid, max_subscribers: usize) -> Error {
         ErrorCode::TooManySubscribers,
         format!("session {id} has its maximum of {max_subscribers} subscribers"),
     )
+    .with("limit", "subscribers_per_session")
     .with("max", max_subscribers)
+}
+
+fn too_many_streams(principal: &str, max: usize) -> Error {
+    Error::new(
+        ErrorCode::TooManySubscribers,
+        format!(
+            "{principal} has its maximum of {max} open Subscribe streams on this replica; \
+             close some first"
+        ),
+    )
+    .with("limit", "subscribers_per_principal")
+    .with("max", max)
 }
 
 /// The open streams of this replica fed by the store (sessions without a local actor), per
@@ -234,6 +408,10 @@ pub(crate) struct RemoteStreams(Arc<Feeds>);
 
 struct Feeds {
     open: std::sync::Mutex<HashMap<Uuid, usize>>,
+    /// Every stream of this replica (local or fed by the store), per principal.
+    principals: std::sync::Mutex<HashMap<String, usize>>,
+    /// Gives memory back once many streams have ended (see [`trim::Trim`]).
+    trim: trim::Trim,
     /// What the safety poll found changed: a [`Wake`] with head 0 per session. Made, and the
     /// poll started, by the first stream.
     polled: std::sync::OnceLock<broadcast::Sender<Wake>>,
@@ -269,6 +447,8 @@ impl RemoteStreams {
     fn with(every: Duration, page: usize) -> Self {
         Self(Arc::new(Feeds {
             open: Default::default(),
+            principals: Default::default(),
+            trim: Default::default(),
             polled: Default::default(),
             every,
             pages: Arc::new(pages::CatchUpPages::with_page(page)),
@@ -280,6 +460,24 @@ impl RemoteStreams {
     pub(crate) fn count(&self, id: Uuid) -> usize {
         let open = self.0.open.lock().expect("not poisoned");
         open.get(&id).copied().unwrap_or(0)
+    }
+
+    /// One more stream of `principal` (the acting user, for a service), unless it has `max`
+    /// open on this replica already.
+    pub(crate) fn admit_principal(&self, principal: &str, max: usize) -> Result<PrincipalSlot> {
+        let mut principals = self.0.principals.lock().expect("not poisoned");
+        let count = principals.entry(principal.to_owned()).or_default();
+        if *count >= max {
+            if *count == 0 {
+                principals.remove(principal);
+            }
+            return Err(too_many_streams(principal, max));
+        }
+        *count += 1;
+        Ok(PrincipalSlot {
+            feeds: self.0.clone(),
+            principal: principal.to_owned(),
+        })
     }
 
     /// One more stream of the session, unless it has `max` already.
@@ -388,6 +586,28 @@ async fn safety_poll(
     }
 }
 
+/// A stream counted toward its principal's cap until it ends.
+pub(crate) struct PrincipalSlot {
+    feeds: Arc<Feeds>,
+    principal: String,
+}
+
+impl Drop for PrincipalSlot {
+    fn drop(&mut self) {
+        let left = {
+            let mut principals = self.feeds.principals.lock().expect("not poisoned");
+            if let Some(count) = principals.get_mut(&self.principal) {
+                *count -= 1;
+                if *count == 0 {
+                    principals.remove(&self.principal);
+                }
+            }
+            principals.values().sum::<usize>()
+        };
+        self.feeds.trim.stream_ended(left);
+    }
+}
+
 /// A stream counted in [`RemoteStreams`] until it ends.
 struct RemoteSlot {
     streams: RemoteStreams,
@@ -419,30 +639,50 @@ fn spawn(
     feed: Feed,
     meta_key: String,
     stop: watch::Receiver<StreamStop>,
-    guard: Option<SubscriberGuard>,
-) -> mpsc::Receiver<StreamItem> {
+    guards: Guards,
+) -> StreamReceiver {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let room = Arc::new(Semaphore::new(STREAM_BUFFER_BYTES));
+    let fold_share = from.view.messages().then(|| feed.streams.0.folds.join(id));
+    // MESSAGES streams share the session's live fold; ALL streams fold their own, as their
+    // snapshots go between entries at exact offsets.
+    let live = match (&fold_share, from.view) {
+        (Some(share), View::Messages) => Some(share.live(&meta_key)),
+        _ => None,
+    };
+    let queued_refs: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
     let subscription = Subscription {
         id,
         source,
         store: feed.store,
         tx,
+        room: room.clone(),
         view: from.view,
         last: from.after,
         clean: from.after,
         turn_end_pending: false,
         live_mode: false,
-        fold_share: from.view.messages().then(|| feed.streams.0.folds.join(id)),
-        fold: from.view.messages().then(|| Fold::new(meta_key)),
+        fold: (from.view == View::All).then(|| Fold::new(meta_key)),
+        fold_share,
+        live: live.clone(),
+        flushed: from.after,
+        queued_refs: queued_refs.clone(),
         streams: feed.streams,
         dirty: BTreeSet::new(),
         next_heartbeat: Instant::now() + HEARTBEAT,
         sent: false,
         stop,
-        _guard: guard,
+        _guard: guards.session,
+        _principal: guards.principal,
     };
     tokio::spawn(subscription.run());
-    rx
+    StreamReceiver {
+        rx,
+        room,
+        held: None,
+        live,
+        queued_refs,
+    }
 }
 
 /// Where live events come from.
@@ -571,7 +811,10 @@ struct Subscription {
     store: Arc<dyn crate::store::Store>,
     /// Joined if the session's lease moves away while the stream runs.
     streams: RemoteStreams,
-    tx: mpsc::Sender<StreamItem>,
+    tx: mpsc::Sender<Shared>,
+    /// The stream's byte budget ([`STREAM_BUFFER_BYTES`]): each event queued holds its share
+    /// until the client's side takes the next one.
+    room: Arc<Semaphore>,
     view: View,
     /// The last offset delivered (or folded, for the messages view).
     last: u64,
@@ -586,12 +829,21 @@ struct Subscription {
     fold_share: Option<shared_fold::FoldShare>,
     /// Messages changed since their last snapshot.
     dirty: BTreeSet<String>,
+    /// MESSAGES: the session's live fold, which folds for every MESSAGES stream here.
+    live: Option<Arc<std::sync::Mutex<shared_fold::LiveFold>>>,
+    /// MESSAGES: every change up to this offset has been queued.
+    flushed: u64,
+    /// MESSAGES: the messages queued by id that the client has not taken yet: a change of one
+    /// of them needs no second entry (it is read when taken, so it shows the change).
+    queued_refs: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     next_heartbeat: Instant,
     /// Something was sent since `next_heartbeat` was set (it is moved on once per wake-up, not
     /// per event: reading the clock was a visible share of a busy stream's cost).
     sent: bool,
     stop: watch::Receiver<StreamStop>,
     _guard: Option<SubscriberGuard>,
+    /// Counts the stream toward its principal's cap while it lives.
+    _principal: PrincipalSlot,
 }
 
 /// The client went away, or the stream was ended.
@@ -603,6 +855,10 @@ impl Subscription {
     }
 
     async fn serve(&mut self) -> std::result::Result<(), Gone> {
+        if self.live.is_some() {
+            // What the client saw before it left is not news: the changes after its offset are.
+            self.advance_live(Some(self.last)).await?;
+        }
         let start = self.fold.take().and_then(|fold| {
             let share = self.fold_share.as_ref()?;
             Some(share.start(fold.meta_key(), self.last))
@@ -653,9 +909,7 @@ impl Subscription {
         let record = match self.store.get_session(self.id).await {
             Ok(Some(record)) => record,
             Ok(None) => {
-                let _ = self
-                    .tx
-                    .send(Err(Error::session_not_found(&self.id.to_string())))
+                self.send_error(Error::session_not_found(&self.id.to_string()))
                     .await;
                 return Err(Gone);
             }
@@ -701,7 +955,7 @@ impl Subscription {
     }
 
     fn fail_now(&self, error: Error) -> Gone {
-        let _ = self.tx.try_send(Err(error));
+        let _ = self.tx.try_send((Queued::Item(Err(error)), None));
         Gone
     }
 
@@ -717,22 +971,63 @@ impl Subscription {
 
     /// The resume cursor for an event sent now.
     fn cursor(&mut self) -> u64 {
-        if self.dirty.is_empty() && !self.turn_end_pending {
+        if !self.pending() {
             self.clean = self.last;
         }
         self.clean
     }
 
+    /// Whether changes are folded that no snapshot has gone out for yet.
+    fn pending(&self) -> bool {
+        match self.live {
+            Some(_) => self.flushed < self.last,
+            None => !self.dirty.is_empty() || self.turn_end_pending,
+        }
+    }
+
+    /// Queues an event once the stream's byte budget has room for it: a slow reader's stream
+    /// waits here, holding no more than the budget, while the live feed goes on without it (it
+    /// catches up from the store when it takes events again).
     async fn send_at(&mut self, cursor: u64, event: StreamEvent) -> std::result::Result<(), Gone> {
         self.sent = true;
-        self.tx.send(Ok((cursor, event))).await.map_err(|_| Gone)
+        let share = event.weight().min(STREAM_BUFFER_BYTES) as u32;
+        let permit = self
+            .room
+            .clone()
+            .acquire_many_owned(share)
+            .await
+            .map_err(|_| Gone)?;
+        self.tx
+            .send((Queued::Item(Ok((cursor, event))), Some(permit)))
+            .await
+            .map_err(|_| Gone)
+    }
+
+    /// Queues a message of the live fold by id (read when the client takes it).
+    async fn send_message_ref(&mut self, cursor: u64, id: String) -> std::result::Result<(), Gone> {
+        self.sent = true;
+        let permit = self
+            .room
+            .clone()
+            .acquire_many_owned(REF_WEIGHT)
+            .await
+            .map_err(|_| Gone)?;
+        self.tx
+            .send((Queued::Message { cursor, id }, Some(permit)))
+            .await
+            .map_err(|_| Gone)
+    }
+
+    /// Sends the error that ends the stream (it holds no share of the budget).
+    async fn send_error(&mut self, error: Error) {
+        let _ = self.tx.send((Queued::Item(Err(error)), None)).await;
     }
 
     /// Ends the stream if the server is draining (checked between replay pages too, so a long
     /// catch-up does not hold the drain up).
     fn check_draining(&mut self) -> std::result::Result<(), Gone> {
         if *self.stop.borrow() == StreamStop::Draining {
-            let _ = self.tx.try_send(Err(draining()));
+            let _ = self.tx.try_send((Queued::Item(Err(draining())), None));
             return Err(Gone);
         }
         Ok(())
@@ -789,6 +1084,14 @@ impl Subscription {
     /// other streams catching up (see [`pages`]). `target`: an offset known to be committed
     /// now, if the caller knows one (it lets a page read a moment ago serve this stream too).
     async fn catch_up(&mut self, target: Option<u64>) -> std::result::Result<(), Gone> {
+        if self.live.is_some() {
+            // MESSAGES: nothing goes out per entry. The session's live fold is brought up to the
+            // head (read once for every MESSAGES stream here) and the stream stands there; its
+            // next flush sends what changed.
+            let head = self.advance_live(target).await?;
+            self.last = self.last.max(head);
+            return Ok(());
+        }
         let reader = self.streams.0.pages.reader(self.id, target);
         loop {
             self.check_draining()?;
@@ -808,6 +1111,19 @@ impl Subscription {
     async fn deliver(&mut self, entry: Arc<SharedEntry>) -> std::result::Result<(), Gone> {
         debug_assert_eq!(entry.offset, self.last + 1);
         self.last = entry.offset;
+        if let Some(live) = &self.live {
+            // Folded once for every MESSAGES stream of the session here (by whichever delivers
+            // the entry first); turn ends go out with the snapshots, in order, at the flush.
+            let urgent = {
+                let mut live = live.lock().expect("not poisoned");
+                live.offer(&entry);
+                live.last_urgent() > self.flushed
+            };
+            if urgent && self.live_mode {
+                self.flush_messages().await?;
+            }
+            return Ok(());
+        }
         // The turn's end is a logged harness event, so every view tells it the same way.
         let turn_end = TurnEnd::from_entry(&entry);
         self.turn_end_pending = turn_end.is_some();
@@ -834,6 +1150,9 @@ impl Subscription {
     }
 
     async fn flush_messages(&mut self) -> std::result::Result<(), Gone> {
+        if self.live.is_some() {
+            return self.flush_live().await;
+        }
         let Some(fold) = &self.fold else {
             return Ok(());
         };
@@ -864,6 +1183,93 @@ impl Subscription {
             self.send_at(cursor, StreamEvent::Message(message)).await?;
         }
         Ok(())
+    }
+
+    /// MESSAGES: queues what changed since the last flush, from the session's live fold (which
+    /// may stand further on than this stream has read: those entries are committed, and the
+    /// stream goes on after them).
+    async fn flush_live(&mut self) -> std::result::Result<(), Gone> {
+        let Some(live) = self.live.clone() else {
+            return Ok(());
+        };
+        if self.flushed >= self.last {
+            return Ok(());
+        }
+        self.advance_live(Some(self.last)).await?;
+        let (steps, head) = {
+            let live = live.lock().expect("not poisoned");
+            (live.jump(self.flushed), live.head())
+        };
+        let head = head.max(self.last);
+        self.last = head;
+        self.flushed = head;
+        // Only the last event moves the cursor to the head, and a turn's end to its own offset:
+        // a client that leaves in between gets the rest again (upserts), never too few.
+        let count = steps.len();
+        for (i, step) in steps.into_iter().enumerate() {
+            match step {
+                shared_fold::Jumped::TurnEnded(at, end) => {
+                    self.clean = at;
+                    self.send_at(at, StreamEvent::TurnEnded(end)).await?;
+                }
+                shared_fold::Jumped::Message(id) => {
+                    if !self
+                        .queued_refs
+                        .lock()
+                        .expect("not poisoned")
+                        .insert(id.clone())
+                    {
+                        continue;
+                    }
+                    let cursor = if i + 1 == count { head } else { self.clean };
+                    self.send_message_ref(cursor, id).await?;
+                }
+            }
+        }
+        self.clean = head;
+        Ok(())
+    }
+
+    /// MESSAGES: brings the session's live fold up to `up_to` (inclusive; `None`: all the
+    /// store holds) through the shared pages, if it is not there yet; where it stands then.
+    async fn advance_live(&mut self, up_to: Option<u64>) -> std::result::Result<u64, Gone> {
+        let Some(live) = self.live.clone() else {
+            return Ok(self.last);
+        };
+        let reader = self.streams.0.pages.reader(self.id, up_to);
+        loop {
+            let head = live.lock().expect("not poisoned").head();
+            if up_to.is_some_and(|up_to| head >= up_to) {
+                return Ok(head);
+            }
+            self.check_draining()?;
+            let (page, start, full) = match reader.next(self.store.as_ref(), head).await {
+                Ok(page) => page,
+                Err(e) => return Err(self.fail_now(e)),
+            };
+            let within = |offset: u64| up_to.is_none_or(|up_to| offset <= up_to);
+            let entries: Vec<_> = page[start..]
+                .iter()
+                .take_while(|e| within(e.offset))
+                .collect();
+            // A few entries at a time, yielding in between: a long log folded when the first
+            // stream of a session opens must not keep other calls off this thread.
+            for batch in entries.chunks(FOLD_BATCH) {
+                {
+                    let mut live = live.lock().expect("not poisoned");
+                    for entry in batch {
+                        live.offer(entry);
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            let now = live.lock().expect("not poisoned").head();
+            // No progress: the log holds no more (or the session was deleted under us: the
+            // live feed says so).
+            if now == head || (!full && up_to.is_none()) {
+                return Ok(now);
+            }
+        }
     }
 
     async fn live(&mut self) -> std::result::Result<(), Gone> {
@@ -933,13 +1339,13 @@ impl Subscription {
                 }
                 _ = self.stop.changed() => {
                     if *self.stop.borrow() == StreamStop::Draining {
-                        let _ = self.tx.send(Err(draining())).await;
+                        self.send_error(draining()).await;
                         return Err(Gone);
                     }
                 }
                 _ = self.tx.closed() => return Err(Gone),
             }
-            if self.dirty.is_empty() {
+            if !self.pending() {
                 flush_at = None;
             } else if flush_at.is_none() {
                 flush_at = Some(Instant::now() + MESSAGE_COALESCE);
@@ -967,9 +1373,7 @@ impl Subscription {
                 self.send(StreamEvent::Status { status, reason }).await
             }
             Ok(SessionEvent::Deleted) => {
-                let _ = self
-                    .tx
-                    .send(Err(Error::session_not_found(&self.id.to_string())))
+                self.send_error(Error::session_not_found(&self.id.to_string()))
                     .await;
                 Err(Gone)
             }

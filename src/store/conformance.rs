@@ -1358,6 +1358,79 @@ pub(crate) mod cases {
         assert_eq!(after, all, "a deleted session's usage still counts");
     }
 
+    /// Figures no agent could use (stored before they were clamped, or many clamped ones)
+    /// saturate the sums at the bounds of `i64`; the read never fails.
+    pub(crate) async fn usage_sums_past_the_integer_range_saturate_instead_of_failing(store: S) {
+        use crate::domain::usage::{UsageQuery, UsageRecord, UsageReport};
+        let owned = session("user:mallory", 1);
+        store.create_session(&owned).await.unwrap();
+        let huge = 6_000_000_000_000_000_000;
+        for _ in 0..2 {
+            let record = UsageRecord {
+                session_id: owned.id,
+                principal: owned.owner.clone(),
+                profile: owned.profile.clone(),
+                at: crate::domain::now(),
+                input_tokens: huge,
+                output_tokens: huge + 7,
+                cost_micros: huge as i64,
+                currency: "USD".to_owned(),
+            };
+            store
+                .commit(
+                    owned.id,
+                    Batch {
+                        usage: vec![record],
+                        ..Batch::default()
+                    },
+                )
+                .await
+                .unwrap();
+        }
+        let rows = store
+            .usage(&UsageQuery::default())
+            .await
+            .expect("the sums read, saturated");
+        assert_eq!(rows.len(), 1);
+        let max = i64::MAX as u64;
+        assert_eq!((rows[0].input_tokens, rows[0].output_tokens), (max, max));
+        assert_eq!(rows[0].cost_micros, i64::MAX);
+        let report = UsageReport::of(&rows);
+        assert_eq!(report.by_principal["user:mallory"].tokens(), 2 * max);
+        // Below the bound, sums stay exact, odd figures included.
+        let exact = session("user:ada", 2);
+        store.create_session(&exact).await.unwrap();
+        for input in [(1 << 62) + 3, (1 << 61) + 5] {
+            let record = UsageRecord {
+                session_id: exact.id,
+                principal: exact.owner.clone(),
+                profile: exact.profile.clone(),
+                at: crate::domain::now(),
+                input_tokens: input,
+                output_tokens: 1,
+                cost_micros: 0,
+                currency: String::new(),
+            };
+            store
+                .commit(
+                    exact.id,
+                    Batch {
+                        usage: vec![record],
+                        ..Batch::default()
+                    },
+                )
+                .await
+                .unwrap();
+        }
+        let only_ada = UsageQuery {
+            principal: Some("user:ada".into()),
+            ..UsageQuery::default()
+        };
+        let rows = store.usage(&only_ada).await.unwrap();
+        assert_eq!(rows[0].input_tokens, (1 << 62) + (1 << 61) + 8);
+        assert_eq!(rows[0].output_tokens, 2);
+    }
+
     pub(crate) async fn a_capped_create_stores_only_while_the_owner_has_fewer_live_sessions(
         store: S,
     ) {
@@ -1687,6 +1760,7 @@ macro_rules! conformance_suite {
             list_sessions_ands_every_filter_together,
             count_live_sessions_and_open_sessions_ignore_closed_sessions,
             usage_is_recorded_with_a_batch_summed_per_group_and_outlives_its_session,
+            usage_sums_past_the_integer_range_saturate_instead_of_failing,
             a_capped_create_stores_only_while_the_owner_has_fewer_live_sessions,
             a_change_mark_moves_with_the_log_the_record_and_the_queue_and_only_then,
             deleting_a_session_removes_its_log_queue_and_actions_and_reports_whether_it_existed,

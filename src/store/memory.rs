@@ -113,6 +113,7 @@ impl Store for MemoryStore {
     }
 
     async fn usage(&self, query: &super::UsageQuery) -> Result<Vec<super::UsageRow>> {
+        const MAX_SUM: u64 = i64::MAX as u64;
         let records = self.usage.lock().expect("not poisoned");
         let mut rows: Vec<super::UsageRow> = Vec::new();
         for r in records.iter().filter(|r| {
@@ -125,18 +126,23 @@ impl Store for MemoryStore {
                 .iter_mut()
                 .find(|row| (row.session_id, &row.principal, &row.profile, &row.currency) == key)
             {
+                // Saturating at the bounds the database stores keep (`bigint`): absurd
+                // figures read as a huge sum, never as an error.
                 Some(row) => {
-                    row.input_tokens += r.input_tokens;
-                    row.output_tokens += r.output_tokens;
-                    row.cost_micros += r.cost_micros;
+                    row.input_tokens = row.input_tokens.saturating_add(r.input_tokens).min(MAX_SUM);
+                    row.output_tokens = row
+                        .output_tokens
+                        .saturating_add(r.output_tokens)
+                        .min(MAX_SUM);
+                    row.cost_micros = row.cost_micros.saturating_add(r.cost_micros);
                 }
                 None => rows.push(super::UsageRow {
                     session_id: r.session_id,
                     principal: r.principal.clone(),
                     profile: r.profile.clone(),
                     currency: r.currency.clone(),
-                    input_tokens: r.input_tokens,
-                    output_tokens: r.output_tokens,
+                    input_tokens: r.input_tokens.min(MAX_SUM),
+                    output_tokens: r.output_tokens.min(MAX_SUM),
                     cost_micros: r.cost_micros,
                 }),
             }

@@ -18,6 +18,7 @@ mod landed;
 #[cfg(test)]
 pub(crate) mod memory;
 pub mod postgres;
+pub mod private;
 pub mod sqlite;
 
 use std::{

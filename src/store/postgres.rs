@@ -596,8 +596,12 @@ async fn live_sessions_locked(tx: &deadpool_postgres::Transaction<'_>, owner: &s
 }
 
 /// A principal's live sessions, counted through the index on `(owner, status)`.
+/// The sums are `numeric` and saturate at the bounds of `bigint` before the cast: an agent's
+/// absurd figures must read as a huge sum, never fail the read ("bigint out of range").
 const USAGE_SQL: &str = "SELECT session_id, principal, profile, currency, \
-     sum(input_tokens)::bigint, sum(output_tokens)::bigint, sum(cost_micros)::bigint \
+     LEAST(sum(input_tokens), 9223372036854775807)::bigint, \
+     LEAST(sum(output_tokens), 9223372036854775807)::bigint, \
+     GREATEST(LEAST(sum(cost_micros), 9223372036854775807), -9223372036854775808)::bigint \
      FROM usage_records WHERE ($1::text IS NULL OR principal = $1) \
      AND ($2::uuid IS NULL OR session_id = $2) AND ($3::bigint IS NULL OR at >= $3) \
      GROUP BY session_id, principal, profile, currency";

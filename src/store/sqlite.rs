@@ -164,7 +164,7 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, synchronous: SqliteSynchronous) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::Task {
+            super::private::create_dir(dir).map_err(|e| StoreError::Task {
                 message: format!(
                     "sqlite store: creating the directory {}: {e}",
                     dir.display()
@@ -172,6 +172,12 @@ impl SqliteStore {
                 source: Some(e.into()),
             })?;
         }
+        // Made before SQLite opens it, so it is 0600 whatever the umask; SQLite gives its WAL
+        // and shared-memory files the same mode.
+        super::private::create_file(&path).map_err(|e| StoreError::Task {
+            message: format!("sqlite store: creating {}: {e}", path.display()),
+            source: Some(e.into()),
+        })?;
         let mut conn = Connection::open(&path).map_err(|e| StoreError::Sqlite {
             message: format!("sqlite store: opening {}: {e}", path.display()),
             source: e,
@@ -382,6 +388,16 @@ impl SqliteStore {
     }
 }
 
+/// A sum read as two: of the values' high bits (`x >> 31`) and of their low 31 bits. SQLite's
+/// `sum()` fails the whole read with "integer overflow" past 2^63, and `total()` rounds past
+/// 2^53; each half stays far from overflow for any number of rows SQLite can hold, and the
+/// whole is put back together exactly, saturating at the bounds of `i64` (an agent's absurd
+/// figures read as a huge sum, never as an error).
+fn split_sum(high: i64, low: i64) -> i64 {
+    let whole = i128::from(high) * (1 << 31) + i128::from(low);
+    whole.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
 fn writer_stopped() -> Error {
     StoreError::closed("sqlite store: the writer has stopped").into()
 }
@@ -542,8 +558,10 @@ impl Store for SqliteStore {
             let since = query.since.map(to_micros);
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT session_id, principal, profile, currency, sum(input_tokens), \
-                     sum(output_tokens), sum(cost_micros) FROM usage_records \
+                    "SELECT session_id, principal, profile, currency, \
+                     sum(input_tokens >> 31), sum(input_tokens & 2147483647), \
+                     sum(output_tokens >> 31), sum(output_tokens & 2147483647), \
+                     sum(cost_micros >> 31), sum(cost_micros & 2147483647) FROM usage_records \
                      WHERE (?1 IS NULL OR principal = ?1) AND (?2 IS NULL OR session_id = ?2) \
                      AND (?3 IS NULL OR at >= ?3) \
                      GROUP BY session_id, principal, profile, currency",
@@ -552,14 +570,17 @@ impl Store for SqliteStore {
             let rows = stmt
                 .query_map((principal, session, since), |row| {
                     let id: Vec<u8> = row.get(0)?;
+                    let sum = |at: usize| -> rusqlite::Result<i64> {
+                        Ok(split_sum(row.get(at)?, row.get(at + 1)?))
+                    };
                     Ok(UsageRow {
                         session_id: Uuid::from_slice(&id).unwrap_or_default(),
                         principal: row.get(1)?,
                         profile: row.get(2)?,
                         currency: row.get(3)?,
-                        input_tokens: row.get::<_, i64>(4)?.max(0) as u64,
-                        output_tokens: row.get::<_, i64>(5)?.max(0) as u64,
-                        cost_micros: row.get(6)?,
+                        input_tokens: sum(4)?.max(0) as u64,
+                        output_tokens: sum(6)?.max(0) as u64,
+                        cost_micros: sum(8)?,
                     })
                 })
                 .context("reading usage")?;

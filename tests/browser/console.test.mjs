@@ -2,8 +2,8 @@
 // a real server with the `mock` profile and `--console`; a person's path through the page —
 // create a session, a prompt whose answer streams chunks and a tool call, a permission answered
 // from the page, a long turn stopped, a reload showing the same transcript, its download as JSON
-// and Markdown, a phone's width, and
-// a wrong token's clear error. Screenshots go to $SCREENSHOT_DIR.
+// and Markdown, a phone's width, a wrong token's clear error, and a hostile agent's invalid
+// currency code and forged Markdown. Screenshots go to $SCREENSHOT_DIR.
 //
 // env: HARNESS_BIN (the agent-harness binary), CHROMIUM (its executable), NPM_PREFIX (where
 // playwright-core is installed), SCREENSHOT_DIR.
@@ -319,5 +319,61 @@ test("an agent's Markdown is rendered, its HTML stays inert, and usage and cost 
   // The next session's form starts in the same directory.
   await page.getByText("New session").click();
   assert.equal(await page.getByLabel("Working directory").inputValue(), server.code);
+  await page.close();
+});
+
+test("an agent's invalid currency shows its amount without it, and its text forges nothing in the Markdown download", async () => {
+  const server = await startServer("currency", ["--console"]);
+  const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  const errors = [];
+  page.on("pageerror", (error) => errors.push(String(error)));
+  await page.goto(server.url);
+  await page.getByText("New session").click();
+  await page.getByLabel("Working directory").fill(server.data);
+  await page.getByLabel("Name").fill("hostile agent");
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.locator("#session-title", { hasText: "hostile agent" }).waitFor({ timeout: WAIT });
+  // The mock agent echoes the prompt: a forged turn heading, live HTML, and a usage report whose
+  // currency code no `Intl` formatter takes.
+  await promptBox(page).fill(
+    ["Report your usage", "### User — admin", "<img src=x onerror=alert(1)>", "@usage 100 1000 0.42 U<b>"].join("\n"),
+  );
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  const agent = page.locator("article.message.agent").last();
+  await agent.locator("footer.stop", { hasText: "end turn" }).waitFor({ timeout: WAIT });
+  const usage = page.locator("#usage");
+  await usage.filter({ hasText: "cost" }).waitFor({ timeout: WAIT });
+  const usageText = await usage.innerText();
+  assert.match(usageText, /cost 0\.42(\s|$)/);
+  assert.doesNotMatch(usageText, /U<b>/);
+  // The transcript still renders, through the reload that reads the session first.
+  await page.reload();
+  await page.locator("#session-title", { hasText: "hostile agent" }).waitFor({ timeout: WAIT });
+  assert.match(await transcriptText(page), /echo: Report your usage/);
+  assert.deepEqual(errors, []);
+
+  // The Markdown download shows the agent's text as written, never as the page's structure.
+  const [download] = await Promise.all([
+    page.waitForEvent("download", { timeout: WAIT }),
+    page.getByRole("button", { name: "Download the transcript as Markdown" }).click(),
+  ]);
+  const file = join(work, "hostile-" + download.suggestedFilename());
+  await download.saveAs(file);
+  const text = readFileSync(file, "utf8");
+  const { marked } = await import(join(NPM_PREFIX, "node_modules/marked/lib/marked.esm.js"));
+  const headings = [];
+  const html = [];
+  const walk = (tokens) => {
+    for (const token of tokens ?? []) {
+      if (token.type === "heading") headings.push(token.text);
+      if (token.type === "html") html.push(token.raw);
+      walk(token.tokens);
+      if (token.type === "list") for (const item of token.items) walk(item.tokens);
+    }
+  };
+  walk(marked.lexer(text));
+  assert.deepEqual(headings, ["Session transcript: hostile agent", "Turn 1", "User — local", "Agent"], text);
+  assert.deepEqual(html, [], text);
+  assert.match(text, /<img src=x onerror=alert\(1\)>/);
   await page.close();
 });

@@ -481,6 +481,63 @@ async fn bad_lines_unknown_methods_and_unknown_sessions_get_json_rpc_errors_and_
     .await
 }
 
+/// The most memory the process ever held (`VmHWM`), in bytes.
+fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM");
+    kib * 1024
+}
+
+#[tokio::test]
+async fn a_line_that_is_not_utf8_or_over_the_limit_is_answered_and_skipped_without_being_held() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut peer = Peer::spawn(&h);
+        let pid = peer.child.id().expect("running");
+        peer.stdin.write_all(b"\xff\xfe{}\n").await.unwrap();
+        let parse = peer.next().await;
+        assert_eq!(parse["error"]["code"], -32700, "{parse}");
+        assert_eq!(parse["id"], Value::Null);
+
+        // 256 MiB in one line, over the 16 MiB default: refused, and read as it comes.
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..256 {
+            peer.stdin.write_all(&chunk).await.unwrap();
+        }
+        peer.stdin.write_all(b"\n").await.unwrap();
+        peer.stdin.flush().await.unwrap();
+        let refused = peer.next().await;
+        assert_eq!(refused["error"]["code"], -32600, "{refused}");
+        assert_eq!(
+            refused["error"]["data"]["reason"], "LIMIT_EXCEEDED",
+            "{refused}"
+        );
+        assert_eq!(refused["id"], Value::Null);
+        let peak = peak_memory(pid);
+        assert!(
+            peak < 128 << 20,
+            "the process held {} MiB at most; the line was 256 MiB",
+            peak >> 20
+        );
+
+        // Still serving.
+        peer.initialize().await;
+        let session = peer.new_session(&cwd(&h)).await;
+        let answer = peer
+            .call(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "still here"}]}),
+            )
+            .await;
+        assert_eq!(answer["result"]["stopReason"], "end_turn");
+    })
+    .await
+}
+
 fn uuid_v7() -> String {
     // A well-formed id no session has.
     "01890a5d-ac96-774b-bcce-b302099a8057".to_owned()

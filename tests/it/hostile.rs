@@ -831,6 +831,7 @@ fn every_limit_of_section_11_has_the_specified_default() {
     assert_eq!(l.queued_actions, 50);
     assert_eq!(l.sessions_per_principal, 100);
     assert_eq!(l.subscribers_per_session, 256);
+    assert_eq!(l.subscribers_per_principal, 128);
     assert_eq!(l.grpc_message_bytes, 4 * 1024 * 1024);
     assert_eq!(l.runtime_line_bytes, 8 * 1024 * 1024);
     // And the ListSessions filters of docs/security.md's bounded queries.
@@ -840,7 +841,8 @@ fn every_limit_of_section_11_has_the_specified_default() {
     let file: agent_harness::config::FileConfig = toml::from_str(
         "[limits]\nprompt_bytes = 1\nattachments = 2\nuri_bytes = 3\nattachment_name_bytes = 4\n\
          session_name_chars = 5\nqueued_actions = 6\nsessions_per_principal = 7\n\
-         subscribers_per_session = 8\ngrpc_message_bytes = 9\nruntime_line_bytes = 10\n",
+         subscribers_per_session = 8\ngrpc_message_bytes = 9\nruntime_line_bytes = 10\n\
+         subscribers_per_principal = 11\n",
     )
     .expect("every limit is a knob");
     assert_eq!(
@@ -855,8 +857,9 @@ fn every_limit_of_section_11_has_the_specified_default() {
             file.limits.subscribers_per_session,
             file.limits.grpc_message_bytes,
             file.limits.runtime_line_bytes,
+            file.limits.subscribers_per_principal,
         ],
-        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     );
 }
 

@@ -521,3 +521,64 @@ async fn read_log_pages_stay_under_the_message_limit_and_an_entry_larger_than_it
     })
     .await
 }
+
+#[tokio::test]
+async fn one_principals_streams_past_its_cap_are_refused_whatever_their_sessions_and_others_are_not()
+ {
+    use crate::auth::{ADA, BOB, EVERYONE, TokensFile, as_user, create, create_request};
+    bounded(async {
+        let file = TokensFile::new(EVERYONE);
+        let h = Harness::start_with(|config| {
+            crate::auth::with_tokens(config, &file.path, None);
+            config.limits.subscribers_per_principal = 3;
+        })
+        .await;
+        let mut ada = as_user(&h, ADA);
+        let mut bob = as_user(&h, BOB);
+        let first = create(&mut ada, create_request(&h)).await.id;
+        let second = create(&mut ada, create_request(&h)).await.id;
+        let bobs = create(&mut bob, create_request(&h)).await.id;
+        let subscribe = |session: &str| pb::SubscribeRequest {
+            session_id: session.to_owned(),
+            after_offset: 0,
+            view: pb::SubscribeView::Messages as i32,
+        };
+        // Three streams over two sessions: each session is far below its own cap.
+        let mut open = Vec::new();
+        for session in [&first, &first, &second] {
+            open.push(
+                ada.subscribe(subscribe(session))
+                    .await
+                    .expect("under the cap"),
+            );
+        }
+        let refused = expect_err(ada.subscribe(subscribe(&second)).await);
+        assert_error(&refused, Code::ResourceExhausted, "TOO_MANY_SUBSCRIBERS");
+        let info = crate::harness::error_info(&refused);
+        assert_eq!(info.metadata["limit"], "subscribers_per_principal");
+        assert_eq!(info.metadata["max"], "3");
+        // Another principal's streams are their own.
+        let _bobs = bob
+            .subscribe(subscribe(&bobs))
+            .await
+            .expect("bob is not ada");
+        // The refused stream took no place: one closed frees exactly one.
+        drop(open.pop());
+        let mut taken = None;
+        for _ in 0..100 {
+            if let Ok(stream) = ada.subscribe(subscribe(&second)).await {
+                taken = Some(stream);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(taken.is_some(), "the place of a closed stream is freed");
+        assert_error(
+            &expect_err(ada.subscribe(subscribe(&first)).await),
+            Code::ResourceExhausted,
+            "TOO_MANY_SUBSCRIBERS",
+        );
+        h.shutdown().await;
+    })
+    .await
+}

@@ -38,6 +38,7 @@ mod operations;
 mod postgres;
 mod postgres_outage;
 mod presets;
+mod private_files;
 mod process_tree;
 mod queue;
 mod rebinding;

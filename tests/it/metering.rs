@@ -321,3 +321,101 @@ async fn a_spent_budget_refuses_the_next_prompt_storing_nothing_while_the_crossi
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_compaction_is_refused_once_the_budget_is_spent_and_stores_nothing() {
+    bounded(async {
+        let file = TokensFile::new(&[]);
+        file.replace(&budget_rows(
+            r#"{ cost = "0.10", currency = "USD", period = "month" }"#,
+        ));
+        let h = Harness::start_with(|config| {
+            with_tokens(config, &file.path, Some(Duration::from_millis(50)))
+        })
+        .await;
+        let mut ada = client(&h, Some(ADA), None);
+        let request = crate::support::create_request(&h, "mock");
+        let id = ada
+            .create_session(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .session
+            .unwrap()
+            .id;
+        let mut watch = Watch {
+            stream: ada
+                .subscribe(pb::SubscribeRequest {
+                    session_id: id.clone(),
+                    view: pb::SubscribeView::Log as i32,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner(),
+            entries: Vec::new(),
+            statuses: Vec::new(),
+        };
+        let reply = ada
+            .control(pb::ControlRequest {
+                session_id: id.clone(),
+                action: Some(prompt("spend\n@usage 1000 200000 0.25 USD")),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        watch.response_to(&reply.action_id).await;
+
+        let log_before = log_len(&mut ada, &id).await;
+        let refused = expect_err(
+            ada.control(pb::ControlRequest {
+                session_id: id.clone(),
+                action: Some(pb::control_request::Action::Compact(pb::CompactAction {})),
+                ..Default::default()
+            })
+            .await,
+        );
+        assert_error(&refused, Code::ResourceExhausted, "BUDGET_EXHAUSTED");
+        assert_eq!(log_len(&mut ada, &id).await, log_before, "nothing stored");
+        let queue = ada
+            .get_queue(pb::GetQueueRequest {
+                session_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(queue.entries.is_empty(), "nothing queued");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_agent_reporting_six_quintillion_tokens_twice_is_clamped_and_get_usage_still_answers() {
+    bounded(async {
+        let h = Harness::start().await;
+        let mut session = Session::create(&h, "mock").await;
+        let mut watch = session.watch().await;
+        for _ in 0..2 {
+            turn(
+                &mut session,
+                &mut watch,
+                "absurd\n@turn-usage 6000000000000000000 6000000000000000000",
+            )
+            .await;
+        }
+        let mut local = auth::client(&h, None, None);
+        let answer = usage(&mut local, "")
+            .await
+            .expect("GetUsage answers, however large the figures");
+        let sums = answer.principals[0].totals.clone().expect("the sums");
+        // Each report was taken for a sane figure (clamped and logged), not for what it said.
+        assert_eq!(sums.input_tokens, sums.output_tokens);
+        assert!(
+            sums.input_tokens > 0 && sums.input_tokens < 6_000_000_000_000_000_000,
+            "{sums:?}"
+        );
+        h.shutdown().await;
+    })
+    .await;
+}

@@ -471,6 +471,90 @@ async fn with_tokens_a_forwarded_call_acts_as_the_original_caller_and_only_repli
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_restarted_on_its_own_address_never_forwards_to_itself_nor_answers_unauthenticated()
+ {
+    let Some((url, schema)) = test_schema().await else {
+        return;
+    };
+    let database_url = url_in_schema(&url, &schema);
+    let dir = tempfile::tempdir().unwrap();
+    // Tokens, and no replica token: a hop to itself would arrive without credentials.
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, tokens_text(EVERYONE)).unwrap();
+    let marker = format!("replica-self-{}", uuid::Uuid::now_v7().simple());
+    let config = config_file(dir.path(), "self", &marker);
+    // A lease long enough to outlive the restart: the restarted process finds the session
+    // still held by the process it replaces.
+    let mut replica = Serve::on(dir.path().join("data-self"), &config)
+        .replica(&database_url, "8s")
+        .args(["--tokens-file", tokens.to_str().unwrap()])
+        .start();
+    within(TEST_BOUND, async {
+        let mut client = replica.client().await;
+        let id = client
+            .create_session(with(
+                ADA,
+                &[],
+                pb::CreateSessionRequest {
+                    profile: "resumable".into(),
+                    cwd: dir.path().to_string_lossy().into_owned(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .expect("created")
+            .into_inner()
+            .session
+            .unwrap()
+            .id;
+        let control = |text: &str| pb::ControlRequest {
+            session_id: id.clone(),
+            action: Some(crate::support::prompt(text)),
+            ..Default::default()
+        };
+        client
+            .control(with(ADA, &[], control("before the kill")))
+            .await
+            .expect("the first prompt is taken");
+
+        replica.restart_on_the_same_address();
+        let mut client = replica.client().await;
+        // Reads are served from the store at once.
+        client
+            .get_session(with(
+                ADA,
+                &[],
+                pb::GetSessionRequest {
+                    session_id: id.clone(),
+                },
+            ))
+            .await
+            .expect("ada reads her session right after the restart");
+        // A write waits for the lease of the process that died: retryable answers only (each
+        // followed by a retry, as RetryInfo asks), then it is served here.
+        let mut retried = 0;
+        let reply = loop {
+            match client
+                .control(with(ADA, &[], control("after the restart")))
+                .await
+            {
+                Ok(reply) => break reply.into_inner(),
+                Err(status) => {
+                    crate::harness::assert_error(&status, Code::Unavailable, "REPLICA_UNAVAILABLE");
+                    retried += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert!(retried > 0, "the call came while the old lease was held");
+        assert!(!reply.action_id.is_empty(), "served here: {reply:?}");
+    })
+    .await;
+    drop(replica);
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cwd_missing_on_the_claiming_replica_is_a_runtime_start_failure_that_says_so() {
     let Some((url, schema)) = test_schema().await else {
         return;

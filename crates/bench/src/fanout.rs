@@ -319,7 +319,10 @@ impl Setup {
         let server = ServerProcess::serve(
             &ctx.bin,
             label,
-            &ctx.config(&[("subscribers_per_session", m + 8)]),
+            &ctx.config(&[
+                ("subscribers_per_session", m + 8),
+                ("subscribers_per_principal", m + 16),
+            ]),
         )
         .await?;
         let connections = ctx.plan.connections.max(m.div_ceil(PER_CONNECTION));

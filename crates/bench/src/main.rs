@@ -29,6 +29,7 @@
 //! | `idle-db` | PostgreSQL transactions/s, many idle sessions on 3 replicas ([`idle`]) | fewer idle sessions, same run |
 //! | `idle-subscribers` | transactions/s added by idle subscribers on a non-owner replica | the same replicas without them |
 //! | `sandbox-cold`, `sandbox-rtt` | a cold start and a turn of a boxed runtime ([`sandbox`]) | the same agent unboxed, same run |
+//! | `tenant-memory`, `tenant-latency`, `tenant-memory-returned` | one tenant's slow MESSAGES streams: the server's memory, another tenant's GetSession p99, the memory after ([`tenants`]) | a documented bound, the idle p99 and the start, same run |
 //!
 //! `--wave3` runs the third wave's figures ([`WAVE3_KEYS`]) and prints them as one table;
 //! `--plots DIR` draws the plots of the run ([`plot`]).
@@ -55,6 +56,7 @@ mod rtt;
 mod sandbox;
 mod server;
 mod stats;
+mod tenants;
 mod translate;
 mod turns;
 mod warm;
@@ -85,10 +87,11 @@ pub enum Figure {
     Peers,
     RealAgent,
     Sandbox,
+    Tenants,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 16] = [
+    pub const ALL: [Figure; 17] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
@@ -105,6 +108,7 @@ impl Figure {
         Figure::Peers,
         Figure::RealAgent,
         Figure::Sandbox,
+        Figure::Tenants,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -178,6 +182,23 @@ impl Figure {
             Figure::Sandbox => &[
                 ("sandbox-cold", sandbox::COLD_FIGURE, "adds <= 50.000 ms"),
                 ("sandbox-rtt", sandbox::RTT_FIGURE, "adds <= 0.100 ms"),
+            ],
+            Figure::Tenants => &[
+                (
+                    "tenant-memory",
+                    tenants::MEMORY_FIGURE,
+                    tenants::MEMORY_TARGET,
+                ),
+                (
+                    "tenant-latency",
+                    tenants::LATENCY_FIGURE,
+                    tenants::LATENCY_TARGET,
+                ),
+                (
+                    "tenant-memory-returned",
+                    tenants::RETURNED_FIGURE,
+                    tenants::RETURNED_TARGET,
+                ),
             ],
         }
     }
@@ -262,6 +283,10 @@ pub struct BenchArgs {
         hide_env_values = true
     )]
     pub database_url: Option<String>,
+    /// `tenants` without the hostile tenant's streams: what the same turns alone leave in the
+    /// server's memory (the control of `tenant-memory-returned`)
+    #[arg(long)]
+    pub tenants_control: bool,
     /// The `agent-harness` executable to serve [default: the one next to this binary]
     #[arg(long, value_name = "PATH")]
     pub server_bin: Option<PathBuf>,
@@ -563,6 +588,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], args: &BenchArgs) -> usize {
             Figure::Peers => peers::run(ctx, smoke).await,
             Figure::RealAgent => real_agent::run(ctx, smoke).await,
             Figure::Sandbox => sandbox::run(ctx, smoke).await,
+            Figure::Tenants => tenants::run(ctx, smoke, args.tenants_control).await,
         };
         match outcome {
             Ok(PhaseReport {

@@ -70,7 +70,10 @@ impl Sizes {
 pub async fn run(ctx: &Ctx, smoke: bool) -> anyhow::Result<(PhaseReport, Vec<MemoryPoint>)> {
     let sizes = Sizes::of(smoke);
     let most = *sizes.subscribers.last().expect("at least one step");
-    let config = ctx.config(&[("subscribers_per_session", most + 8)]);
+    let config = ctx.config(&[
+        ("subscribers_per_session", most + 8),
+        ("subscribers_per_principal", most + 16),
+    ]);
     let mut server = ServerProcess::serve(&ctx.bin, "memory", &config).await?;
 
     let mut sessions = Vec::with_capacity(sizes.transcripts.len());

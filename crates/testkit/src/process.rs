@@ -6,11 +6,13 @@
 //! let client = server.client().await;
 //! server.kill_9();
 //! server.restart(); // same arguments, a new port
+//! server.restart_on_the_same_address();
 //! ```
 //!
-//! The child listens on `127.0.0.1:0` and logs JSON; it is ready once it logged the address it
-//! bound ("serving gRPC"). Every line it logs is kept: a test may wait for one, and the lines
-//! are printed when the test panics. The child is killed (and reaped) when dropped.
+//! The child listens on `127.0.0.1:0` (or [`Serve::listen`]) and logs JSON; it is ready once
+//! it logged the address it bound ("serving gRPC"). Every line it logs is kept: a test may wait
+//! for one, and the lines are printed when the test panics. The child is killed (and reaped)
+//! when dropped.
 
 use std::{
     ffi::{OsStr, OsString},
@@ -41,6 +43,10 @@ pub struct Serve {
     env_removed: Vec<OsString>,
     /// A command the server is started through (`setpriv … --`), with its arguments.
     wrapper: Vec<OsString>,
+    /// The address to listen on (`127.0.0.1:0` unless set).
+    listen: Option<SocketAddr>,
+    /// The file mode creation mask it starts with (the test's own unless set).
+    umask: Option<libc::mode_t>,
 }
 
 impl Serve {
@@ -116,6 +122,19 @@ impl Serve {
         self
     }
 
+    /// Listens on `addr` instead of a free port (a restart on the same address, as a pod
+    /// restarted in place keeps its IP).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = Some(addr);
+        self
+    }
+
+    /// Starts with this umask (e.g. `0o022`, the usual one that lets everyone read new files).
+    pub fn umask(mut self, mask: libc::mode_t) -> Self {
+        self.umask = Some(mask);
+        self
+    }
+
     /// Starts the process and waits until it serves; panics (with its log) if it exits first.
     pub fn start(&self) -> ServeProcess {
         let (child, addr, log) = self.spawn();
@@ -141,8 +160,21 @@ impl Serve {
         for key in &self.env_removed {
             command.env_remove(key);
         }
+        if let Some(mask) = self.umask {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: umask(2) is async-signal-safe and touches nothing of the parent.
+            unsafe {
+                command.pre_exec(move || {
+                    libc::umask(mask);
+                    Ok(())
+                });
+            }
+        }
+        let listen = self
+            .listen
+            .map_or_else(|| "127.0.0.1:0".to_owned(), |addr| addr.to_string());
         let mut child = command
-            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["serve", "--listen", &listen, "--log-format", "json"])
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -312,6 +344,18 @@ impl ServeProcess {
     pub fn restart(&mut self) {
         self.kill_9();
         let (child, addr, log) = self.serve.spawn();
+        self.child = child;
+        self.addr = addr;
+        self.log = log;
+        self.cursor = 0;
+    }
+
+    /// `kill -9`, then starts it again with the same arguments on the same address (its
+    /// leases, bridge publications and advertised address outlive the killed process).
+    pub fn restart_on_the_same_address(&mut self) {
+        self.kill_9();
+        let serve = self.serve.clone().listen(self.addr);
+        let (child, addr, log) = serve.spawn();
         self.child = child;
         self.addr = addr;
         self.log = log;

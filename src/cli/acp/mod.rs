@@ -20,10 +20,10 @@ mod wire;
 use std::sync::Arc;
 
 use clap::Args;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 
 use super::{Outcome, ServerArgs};
-use wire::Incoming;
+use wire::{Incoming, Line};
 
 pub(crate) const ACP_HELP: &str =
     "Speaks ACP (JSON-RPC 2.0, one message per line) on stdin/stdout as an agent, and drives
@@ -52,6 +52,8 @@ Examples:
 Server: --server or AGENT_HARNESS_SERVER (default http://127.0.0.1:50051).
 TLS:    --ca-file, --cert/--key as for the other subcommands.
 Token:  AGENT_HARNESS_TOKEN (sent as `authorization: Bearer <token>`).
+Lines:  at most --max-line-bytes (16 MiB); a longer one, or one that is not UTF-8, is answered
+        with a JSON-RPC error and skipped.
 Exit:   0 when the client closes stdin; turns still running go on in the harness.";
 
 #[derive(Args, Clone)]
@@ -63,6 +65,11 @@ pub struct AcpArgs {
     /// history replayed) instead of creating one.
     #[arg(long, value_name = "ID")]
     session: Option<String>,
+    /// The longest line taken from the client, in bytes; a longer one is answered with an
+    /// error and skipped (never held whole).
+    #[arg(long, value_name = "BYTES", default_value_t = wire::DEFAULT_MAX_LINE_BYTES,
+          value_parser = clap::value_parser!(usize))]
+    max_line_bytes: usize,
     #[command(flatten)]
     server: ServerArgs,
 }
@@ -71,12 +78,21 @@ pub struct AcpArgs {
 pub(crate) async fn run(args: AcpArgs) -> Outcome {
     let (outbox, writer) = wire::Outbox::new(tokio::io::stdout());
     tokio::spawn(writer);
+    let max_line = args.max_line_bytes.max(1);
     let bridge = Arc::new(methods::Bridge::new(args, outbox.clone()));
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut lines = wire::LineReader::new(BufReader::new(tokio::io::stdin()), max_line);
     loop {
-        let line = match lines.next_line().await {
-            Ok(Some(line)) => line,
-            Ok(None) => break,
+        let line = match lines.next().await {
+            Ok(Line::Text(line)) => line,
+            Ok(Line::End) => break,
+            // A line that is no message is answered, and serving goes on.
+            Ok(refused @ (Line::NotUtf8 | Line::TooLong { .. })) => {
+                if let Some(error) = wire::refused_line(&refused, max_line) {
+                    eprintln!("agent-harness acp: stdin: {}", error.message);
+                    outbox.fail(serde_json::Value::Null, error);
+                }
+                continue;
+            }
             Err(error) => {
                 eprintln!("agent-harness acp: stdin: {error}");
                 break;

@@ -12,7 +12,7 @@ use std::{
 
 use serde_json::{Value, json};
 use tokio::{
-    io::{AsyncWrite, AsyncWriteExt},
+    io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt},
     sync::{mpsc, oneshot},
 };
 
@@ -47,6 +47,108 @@ pub(crate) struct Refused {
 
 fn refused(id: Value, error: RpcError) -> Box<Refused> {
     Box::new(Refused { id, error })
+}
+
+/// The longest line read from the client by default: far above any ACP message a client sends
+/// (a prompt's text and embedded resources), far below what would strain memory.
+pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// What reading one line from the client gave.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Line {
+    /// A line, without its line break.
+    Text(String),
+    /// A line that is not UTF-8 (so no JSON either).
+    NotUtf8,
+    /// A line longer than the limit: read and dropped as it came, never held whole.
+    TooLong { bytes: usize },
+    /// The client closed stdin.
+    End,
+}
+
+/// Reads lines of at most `max` bytes (the line break not counted). A longer one is skipped up
+/// to its line break as it arrives, holding no more than `max` bytes of it; a client that never
+/// ends its line cannot make this process grow.
+pub(crate) struct LineReader<R> {
+    input: R,
+    max: usize,
+    line: Vec<u8>,
+}
+
+impl<R: AsyncBufRead + Unpin> LineReader<R> {
+    pub(crate) fn new(input: R, max: usize) -> Self {
+        Self {
+            input,
+            max,
+            line: Vec::new(),
+        }
+    }
+
+    pub(crate) async fn next(&mut self) -> std::io::Result<Line> {
+        self.line.clear();
+        // Set once the line passed `max`: how long it was when it did.
+        let mut skipped: Option<usize> = None;
+        loop {
+            let available = self.input.fill_buf().await?;
+            if available.is_empty() {
+                // The end of stdin ends a last line without a line break, too.
+                return Ok(match skipped {
+                    Some(bytes) => Line::TooLong { bytes },
+                    None if self.line.is_empty() => Line::End,
+                    None => self.take(),
+                });
+            }
+            let (chunk, ended) = match memchr(available) {
+                Some(at) => (&available[..at], Some(at + 1)),
+                None => (available, None),
+            };
+            let used = ended.unwrap_or(available.len());
+            match &mut skipped {
+                Some(bytes) => *bytes += chunk.len(),
+                None if self.line.len() + chunk.len() > self.max => {
+                    skipped = Some(self.line.len() + chunk.len());
+                    // What was held of it goes at once, and its room with it.
+                    self.line = Vec::new();
+                }
+                None => self.line.extend_from_slice(chunk),
+            }
+            self.input.consume(used);
+            if ended.is_some() {
+                return Ok(match skipped {
+                    Some(bytes) => Line::TooLong { bytes },
+                    None => self.take(),
+                });
+            }
+        }
+    }
+
+    fn take(&mut self) -> Line {
+        let mut bytes = std::mem::take(&mut self.line);
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+        match String::from_utf8(bytes) {
+            Ok(text) => Line::Text(text),
+            Err(_) => Line::NotUtf8,
+        }
+    }
+}
+
+fn memchr(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|b| *b == b'\n')
+}
+
+/// The answer to a line that is no message at all: not UTF-8, or over the limit.
+pub(crate) fn refused_line(line: &Line, max: usize) -> Option<RpcError> {
+    match line {
+        Line::NotUtf8 => Some(RpcError::parse("not JSON: the line is not UTF-8")),
+        Line::TooLong { bytes } => Some(RpcError::harness(
+            super::errors::code::INVALID_REQUEST,
+            "LIMIT_EXCEEDED",
+            format!("a line of {bytes} bytes is over the limit of {max} bytes; skipped"),
+        )),
+        Line::Text(_) | Line::End => None,
+    }
 }
 
 /// Reads one line.
@@ -214,6 +316,51 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Every line `input` holds, read `max` bytes at most, the input arriving 7 bytes at a time.
+    async fn lines_of(input: &[u8], max: usize) -> Vec<Line> {
+        let mut reader = LineReader::new(tokio::io::BufReader::with_capacity(7, input), max);
+        let mut lines = Vec::new();
+        loop {
+            let line = reader.next().await.expect("reads");
+            if line == Line::End {
+                return lines;
+            }
+            assert!(
+                reader.line.capacity() <= 2 * max,
+                "held more than the limit"
+            );
+            lines.push(line);
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_over_the_limit_or_not_utf8_are_told_apart_and_the_next_line_reads_whole() {
+        let text = |t: &str| Line::Text(t.to_owned());
+        assert_eq!(
+            lines_of(b"one\r\n\ntwo\nlast", 10).await,
+            [text("one"), text(""), text("two"), text("last")]
+        );
+        assert_eq!(
+            lines_of(b"0123456789\n0123456789a\nafter\n", 10).await,
+            [
+                text("0123456789"),
+                Line::TooLong { bytes: 11 },
+                text("after")
+            ]
+        );
+        let long = [vec![b'x'; 1000], b"\n{}\n".to_vec()].concat();
+        assert_eq!(
+            lines_of(&long, 64).await,
+            [Line::TooLong { bytes: 1000 }, text("{}")]
+        );
+        assert_eq!(
+            lines_of(b"caf\xc3\n\xff\xfe\nok\n", 64).await,
+            [Line::NotUtf8, Line::NotUtf8, text("ok")]
+        );
+        let unended = [vec![b'y'; 100]].concat();
+        assert_eq!(lines_of(&unended, 10).await, [Line::TooLong { bytes: 100 }]);
     }
 
     #[test]

@@ -130,7 +130,8 @@ impl Actor {
         if expect_idle {
             self.check_idle()?;
         }
-        if matches!(action, Action::Prompt(_)) {
+        // A compaction is a model call too (a paid one, on a real agent): spent is spent.
+        if matches!(action, Action::Prompt(_) | Action::Compact) {
             self.ctx.check_budget(&self.record.owner).await?;
         }
         let actor = principal.actor().to_owned();

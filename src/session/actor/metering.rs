@@ -10,7 +10,10 @@ use crate::{
     acp::views::{Envelope, Params, PromptResult, Reply, UpdateCost, UpdateParams, view},
     domain::{
         ActionId,
-        usage::{UsageQuery, UsageRecord, amount_to_micros},
+        usage::{
+            MAX_REPORTED_COST_MICROS, MAX_REPORTED_TOKENS, UsageQuery, UsageRecord,
+            amount_to_micros,
+        },
     },
     session::metering::usage_reported,
     store::UsageRecord as Record,
@@ -61,8 +64,8 @@ impl Actor {
                     if answers_turn
                         && let Some(usage) = reply.result.as_ref().and_then(|r| r.usage.as_ref())
                     {
-                        let input = usage.input_tokens.unwrap_or(0);
-                        let output = usage.output_tokens.unwrap_or(0);
+                        let input = self.sane_tokens("input", usage.input_tokens.unwrap_or(0));
+                        let output = self.sane_tokens("output", usage.output_tokens.unwrap_or(0));
                         if input > 0 || output > 0 {
                             records.push(self.usage_record(input, output, 0, ""));
                         }
@@ -108,7 +111,25 @@ impl Actor {
             total
         };
         self.cost_seen = Some((currency.clone(), total));
+        let added = if added > MAX_REPORTED_COST_MICROS {
+            tracing::warn!(session = %self.record.id, added_micros = added,
+                kept_micros = MAX_REPORTED_COST_MICROS,
+                "the agent reported a cost past any sane figure; clamped");
+            MAX_REPORTED_COST_MICROS
+        } else {
+            added
+        };
         (added > 0).then(|| self.usage_record(0, 0, added, &currency))
+    }
+
+    /// Tokens an agent reported, clamped to [`MAX_REPORTED_TOKENS`] (and logged when they were).
+    fn sane_tokens(&self, direction: &str, tokens: u64) -> u64 {
+        if tokens <= MAX_REPORTED_TOKENS {
+            return tokens;
+        }
+        tracing::warn!(session = %self.record.id, direction, reported = tokens,
+            kept = MAX_REPORTED_TOKENS, "the agent reported more tokens than any turn uses; clamped");
+        MAX_REPORTED_TOKENS
     }
 
     /// The cost of this session recorded so far in `currency` (what the reports added sums to
@@ -122,8 +143,7 @@ impl Actor {
             Ok(rows) => rows
                 .iter()
                 .filter(|r| r.currency == currency)
-                .map(|r| r.cost_micros)
-                .sum(),
+                .fold(0i64, |sum, r| sum.saturating_add(r.cost_micros)),
             Err(error) => {
                 tracing::warn!(session = %self.record.id, %error, "could not read the recorded cost; counting the reported total as new");
                 0

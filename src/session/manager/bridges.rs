@@ -127,10 +127,13 @@ impl Sessions {
         labels: &BTreeMap<String, String>,
         principals: Option<&[String]>,
     ) -> Result<Option<Home>> {
-        let me = &self.ctx.replica().id;
+        let replica = self.ctx.replica();
+        let me = &replica.id;
         let ads = self.ctx.store.bridge_ads().await?;
         Ok(ads
             .into_iter()
+            // An earlier run of this replica published its bridges too; they died with it.
+            .filter(|ad| !replica.is_earlier_run(&ad.replica))
             .filter(|ad| ad.connected && &ad.replica != me && labels_match(labels, &ad.labels))
             .filter(|ad| principal_allowed(principals, &ad.principal))
             .filter_map(|ad| {
@@ -242,7 +245,8 @@ impl Sessions {
         let id = Uuid::parse_str(session_id).ok()?;
         let lease = self.ctx.store.get_lease(id).await.ok()??;
         let live = lease.expires_at > std::time::SystemTime::now();
-        (live && lease.owner_replica != replica.id)
+        // An earlier run of this replica is no owner elsewhere: relaying there comes back here.
+        (live && lease.owner_replica != replica.id && !replica.is_earlier_run(&lease.owner_replica))
             .then(|| ReplicaOptions::address_of(&lease.owner_replica).map(str::to_owned))
             .flatten()
     }

@@ -222,6 +222,19 @@ impl Sessions {
                     taken_over,
                 })
             }
+            // A lease an earlier run of this replica left: forwarding would come back here.
+            // It lapses within the lease TTL; until then the call is retried.
+            LeaseClaim::HeldBy(lease) if replica.is_earlier_run(&lease.owner_replica) => {
+                tracing::debug!(session = %session_id, holder = %lease.owner_replica,
+                    "the session's lease is held by an earlier run of this replica; retry once it lapses");
+                Err(Error::new(
+                    ErrorCode::ReplicaUnavailable,
+                    format!(
+                        "session {session_id} is still held by an earlier run of this replica \
+                         (restarted); it is taken up here once that lease lapses: retry shortly"
+                    ),
+                ))
+            }
             LeaseClaim::HeldBy(lease) => match ReplicaOptions::address_of(&lease.owner_replica) {
                 Some(address) => Ok(Claim::Elsewhere(address.to_owned())),
                 None => Err(Error::internal(format!(

@@ -21,7 +21,7 @@ use crate::{
     },
     session::{
         Command, SessionHandle,
-        subscribe::{self, StreamItem, View, offset_out_of_range},
+        subscribe::{self, View, offset_out_of_range},
     },
     store::{LogEntry, SessionQuery, Store},
 };
@@ -234,7 +234,14 @@ impl Sessions {
         session_id: &str,
         after: u64,
         view: View,
-    ) -> Result<tokio::sync::mpsc::Receiver<StreamItem>> {
+    ) -> Result<subscribe::StreamReceiver> {
+        // Per replica, as the per-session cap: one principal's streams in all, whatever their
+        // sessions, so one tenant cannot take the memory of the streams it may open. First, so
+        // that a refusal costs no read of the store (and says nothing of the session).
+        let slot = self
+            .ctx
+            .remote_streams
+            .admit_principal(principal.actor(), self.ctx.limits.subscribers_per_principal)?;
         let found = self.find(principal, session_id).await?;
         let head = self.head_covering(&found, after).await?;
         let handle = match found {
@@ -247,7 +254,10 @@ impl Sessions {
                     self.ctx.meta_key.clone(),
                     self.ctx.streams.subscribe(),
                     &self.ctx.remote_streams,
-                    self.ctx.limits.subscribers_per_session,
+                    subscribe::Admission {
+                        max_subscribers: self.ctx.limits.subscribers_per_session,
+                        principal: slot,
+                    },
                 );
             }
         };
@@ -258,7 +268,10 @@ impl Sessions {
             self.ctx.meta_key.clone(),
             self.ctx.streams.subscribe(),
             &self.ctx.remote_streams,
-            self.ctx.limits.subscribers_per_session,
+            subscribe::Admission {
+                max_subscribers: self.ctx.limits.subscribers_per_session,
+                principal: slot,
+            },
         )
     }
 }

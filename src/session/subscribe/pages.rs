@@ -43,6 +43,11 @@ pub(super) const PAGES_KEPT: usize = 8;
 /// rest of a herd to come by, short enough to hold nothing for long.
 pub(super) const KEEP: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Bytes of entries one page holds at most (besides its count; at least one entry): pages of
+/// long frames — a long answer's chunks — would otherwise hold [`PAGES_KEPT`] times a thousand
+/// of them per session.
+pub(super) const PAGE_BYTES: usize = 2 * 1024 * 1024;
+
 /// The shared pages of every session of this replica with a stream catching up.
 pub(crate) struct CatchUpPages {
     sessions: Mutex<HashMap<Uuid, SessionPages>>,
@@ -69,7 +74,8 @@ struct Slot {
     /// The page holds the entries after this offset.
     start: u64,
     ticket: u64,
-    page: tokio::sync::OnceCell<Page>,
+    /// The entries, and whether the read was cut (by count or bytes): more may follow.
+    page: tokio::sync::OnceCell<(Page, bool)>,
 }
 
 impl CatchUpPages {
@@ -140,21 +146,29 @@ impl Reader {
                     waited.push(slot.clone());
                     slot
                 }
-                Found::Nothing => self.new_slot(after),
+                Found::Nothing => self.new_slot(after, &waited),
             };
             // Whoever gets here first reads; the rest wait for that read. A read that failed
             // leaves the slot empty: the next one tries again.
             slot.page
                 .get_or_try_init(|| async {
-                    let entries = store
+                    let mut entries = store
                         .read_log(self.session, slot.start, self.pages.page)
                         .await?;
-                    Ok::<_, crate::domain::Error>(
-                        entries
-                            .into_iter()
-                            .map(|e| Arc::new(SharedEntry::from(e)))
-                            .collect::<Page>(),
-                    )
+                    let mut full = entries.len() == self.pages.page;
+                    let mut bytes = 0;
+                    if let Some(cut) = entries.iter().position(|e| {
+                        bytes += e.json.len();
+                        bytes > PAGE_BYTES
+                    }) {
+                        entries.truncate(cut.max(1));
+                        full = true;
+                    }
+                    let page = entries
+                        .into_iter()
+                        .map(|e| Arc::new(SharedEntry::from(e)))
+                        .collect::<Page>();
+                    Ok::<_, crate::domain::Error>((page, full))
                 })
                 .await?;
             if let Some(found) = self.serves(&slot, after) {
@@ -187,9 +201,9 @@ impl Reader {
     /// Whether `slot`'s page (read) serves a stream after `after`: a full one that holds entries
     /// after it, or a partial one read since the stream needed it or reaching its target.
     fn serves(&self, slot: &Slot, after: u64) -> Option<(Page, usize, bool)> {
-        let page = slot.page.get()?;
+        let (page, full) = slot.page.get()?;
         let from = page.partition_point(|e| e.offset <= after);
-        if page.len() == self.pages.page {
+        if *full {
             return (from < page.len()).then(|| (page.clone(), from, true));
         }
         let last = page.last().map_or(slot.start, |e| e.offset);
@@ -198,13 +212,19 @@ impl Reader {
     }
 
     /// A new slot to read for a stream after `after`, in place of any held at its start.
-    fn new_slot(&self, after: u64) -> Arc<Slot> {
+    /// `waited`: the slots this stream waited for that did not serve it.
+    fn new_slot(&self, after: u64, waited: &[Arc<Slot>]) -> Arc<Slot> {
         let page = self.pages.page as u64;
         let aligned = after - after % page;
         // Aligned when that page is sure to be full and what it holds before `after` is no more
-        // than what the stream needs of it.
+        // than what the stream needs of it — unless an aligned read already ended before
+        // `after` (its page was cut by bytes).
         let start = match self.target {
-            Some(target) if target >= aligned + page && after - aligned <= target - after => {
+            Some(target)
+                if target >= aligned + page
+                    && after - aligned <= target - after
+                    && !waited.iter().any(|slot| slot.start == aligned) =>
+            {
                 aligned
             }
             _ => after,

@@ -166,7 +166,7 @@ async fn open(
     store: &Arc<Watched>,
     streams: &RemoteStreams,
     record: &SessionRecord,
-) -> mpsc::Receiver<StreamItem> {
+) -> StreamReceiver {
     let head = store.inner.head_offset(record.id).await.unwrap();
     let dyn_store: Arc<dyn Store> = store.clone();
     let mut stream = start_remote(
@@ -180,7 +180,10 @@ async fn open(
         "test/meta".to_owned(),
         watch::channel(StreamStop::Open).1,
         streams,
-        64,
+        Admission {
+            max_subscribers: 64,
+            principal: streams.admit_principal("test", usize::MAX).unwrap(),
+        },
     )
     .expect("the stream opens");
     within("caught_up", async {
@@ -191,7 +194,7 @@ async fn open(
 }
 
 /// The next event that is not a heartbeat.
-async fn news(stream: &mut mpsc::Receiver<StreamItem>) -> StreamEvent {
+async fn news(stream: &mut StreamReceiver) -> StreamEvent {
     loop {
         let (_, event) = stream
             .recv()
@@ -205,7 +208,7 @@ async fn news(stream: &mut mpsc::Receiver<StreamItem>) -> StreamEvent {
 }
 
 /// The offsets of the next `n` entries.
-async fn entry_offsets(stream: &mut mpsc::Receiver<StreamItem>, n: usize) -> Vec<u64> {
+async fn entry_offsets(stream: &mut StreamReceiver, n: usize) -> Vec<u64> {
     within("the entries", async {
         let mut offsets = Vec::new();
         while offsets.len() < n {
@@ -219,7 +222,7 @@ async fn entry_offsets(stream: &mut mpsc::Receiver<StreamItem>, n: usize) -> Vec
 }
 
 /// The next queue the stream sends.
-async fn next_queue(stream: &mut mpsc::Receiver<StreamItem>) -> Arc<Vec<QueuedEntry>> {
+async fn next_queue(stream: &mut StreamReceiver) -> Arc<Vec<QueuedEntry>> {
     within("the queue", async {
         loop {
             if let StreamEvent::Queue(queue) = news(stream).await {
@@ -389,10 +392,7 @@ async fn open_local(
     handle: &SessionHandle,
     after: u64,
     view: View,
-) -> (
-    mpsc::Receiver<StreamItem>,
-    Vec<Arc<crate::acp::transcript::Message>>,
-) {
+) -> (StreamReceiver, Vec<Arc<crate::acp::transcript::Message>>) {
     let dyn_store: Arc<dyn Store> = store.clone();
     let mut stream = start(
         handle.clone(),
@@ -405,7 +405,10 @@ async fn open_local(
         "test/meta".to_owned(),
         OPEN.with(|open| open.subscribe()),
         streams,
-        2000,
+        Admission {
+            max_subscribers: 2000,
+            principal: streams.admit_principal("test", usize::MAX).unwrap(),
+        },
     )
     .expect("the stream opens");
     let mut snapshots = Vec::new();
@@ -493,7 +496,10 @@ async fn streams_starting_behind_together_share_their_page_reads_too() {
                 "test/meta".to_owned(),
                 OPEN.with(|open| open.subscribe()),
                 &streams,
-                2000,
+                Admission {
+                    max_subscribers: 2000,
+                    principal: streams.admit_principal("test", usize::MAX).unwrap(),
+                },
             )
             .expect("the stream opens")
         })
@@ -550,23 +556,21 @@ async fn a_hundred_messages_streams_of_an_idle_session_hold_one_transcript_betwe
         snapshots.clear();
     }
 
-    let shared = streams.0.folds.latest(record.id).expect("a shared fold");
-    assert_eq!(shared.head(), 200);
+    let live = streams.0.folds.live_of(record.id).expect("the live fold");
+    let message = {
+        let live = live.lock().unwrap();
+        assert_eq!(live.head(), 200);
+        live.message("0:agent").expect("the big message")
+    };
     assert_eq!(
-        shared.sharers(),
-        STREAMS + 2,
-        "every stream's fold holds the session's one transcript (and so do the registry and \
-         this test's look at it)"
+        Arc::strong_count(&message),
+        2,
+        "the live fold holds the one copy of the big message (and this test's look at it); no \
+         stream holds one"
     );
-    let message = &shared.messages()[0];
-    assert_eq!(
-        Arc::strong_count(message),
-        1,
-        "and that transcript holds the one copy of the big message"
-    );
-    drop(shared);
+    drop(message);
 
-    // A stream resuming where the shared fold stands starts from it: nothing is folded again.
+    // A stream resuming where the live fold stands starts from it: nothing is read or folded.
     // (Once the pages the others read are let go, so that any read would show.)
     within("the pages let go", async {
         while streams.0.pages.sessions_held() > 0 {
@@ -579,12 +583,8 @@ async fn a_hundred_messages_streams_of_an_idle_session_hold_one_transcript_betwe
     assert!(snapshots.is_empty(), "nothing new to send");
     assert_eq!(
         store.log_reads() - before,
-        1,
-        "only the empty tail after 200 is read, not the 200 entries before it"
-    );
-    assert_eq!(
-        streams.0.folds.latest(record.id).unwrap().sharers(),
-        STREAMS + 3
+        0,
+        "nothing is read: the live fold stands at the head already"
     );
 }
 
@@ -598,8 +598,7 @@ async fn messages_streams_sharing_a_fold_each_send_every_change_live_and_share_a
     for view in [View::Messages, View::All, View::Messages] {
         opened.push(open_local(&store, &streams, &handle, 0, view).await.0);
     }
-    // Round by round, each stream folds the new chunk itself (its snapshot shows exactly the
-    // text so far) and meets the others at its next coalesced flush.
+    // Round by round, each stream sends the text so far.
     let word = "chunk ";
     for round in 1..=5u64 {
         append(&store, &handle, vec![chunk(round, word)]).await;
@@ -620,11 +619,13 @@ async fn messages_streams_sharing_a_fold_each_send_every_change_live_and_share_a
             );
         }
     }
-    within("the streams share their fold again", async {
+    // The ALL stream folds its own and meets the shared fold when idle; the MESSAGES streams
+    // hold no fold: the live one folded each chunk once for both.
+    within("the ALL stream shares its fold again", async {
         loop {
             let shared = streams.0.folds.latest(record.id).expect("a shared fold");
-            // The registry, the three streams and this look.
-            if shared.head() == 5 && shared.sharers() == 5 {
+            // The registry, the ALL stream and this look.
+            if shared.head() == 5 && shared.sharers() == 3 {
                 return;
             }
             drop(shared);
@@ -632,4 +633,6 @@ async fn messages_streams_sharing_a_fold_each_send_every_change_live_and_share_a
         }
     })
     .await;
+    let live = streams.0.folds.live_of(record.id).expect("the live fold");
+    assert_eq!(live.lock().unwrap().head(), 5);
 }
