@@ -59,6 +59,9 @@ async fn the_data_dir_and_every_file_the_server_writes_are_private_whatever_the_
     let data = dir.path().join("data");
     let config = dir.path().join("config.toml");
     std::fs::write(&config, "").unwrap();
+    // The session works apart from the server's files (a cwd holding its config is refused).
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
     let serve = Serve::on(&data, &config).umask(UMASK);
     let mut server = serve.start();
     within(TEST_BOUND, async {
@@ -67,7 +70,7 @@ async fn the_data_dir_and_every_file_the_server_writes_are_private_whatever_the_
             client,
             pb::CreateSessionRequest {
                 profile: "mock".into(),
-                cwd: dir.path().to_string_lossy().into_owned(),
+                cwd: work.to_string_lossy().into_owned(),
                 ..Default::default()
             },
         )
