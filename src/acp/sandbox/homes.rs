@@ -46,6 +46,10 @@ pub fn prepare_home(
     if let Some(parent) = home.parent() {
         std::fs::create_dir_all(parent)?;
     }
+    // Sessions of one owner starting at once (or on replicas sharing `homes_dir`) prepare the
+    // same HOME: one at a time, so none finds it made but not yet given to the agent's uid, nor
+    // a seed file another is writing.
+    let _lock = lock_home(home)?;
     match std::fs::create_dir(home) {
         Ok(()) => {
             std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))?;
@@ -147,6 +151,25 @@ fn copy_seed(
     Ok(())
 }
 
+/// An exclusive lock on `home`'s preparation, held until the file is dropped: a lock file
+/// beside it, `~<name>.lock` (`~` starts no plain owner name, and a digest name holds no `.`,
+/// so it never meets an owner's directory). Agents never see it: the box covers `homes_dir`.
+fn lock_home(home: &Path) -> io::Result<std::fs::File> {
+    let name = home
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} names no HOME", home.display())))?;
+    let mut lock_name = std::ffi::OsString::from("~");
+    lock_name.push(name);
+    lock_name.push(".lock");
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    let file = options.open(home.with_file_name(lock_name))?;
+    file.lock()?;
+    Ok(file)
+}
+
 fn make_dir(path: &Path, owner_ids: Option<(u32, u32)>) -> io::Result<()> {
     std::fs::create_dir(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
@@ -236,5 +259,39 @@ mod tests {
         let linked = dir.path().join("homes/codex/bob");
         std::os::unix::fs::symlink(dir.path(), &linked).unwrap();
         assert!(prepare_home(&linked, None, None).is_err());
+    }
+
+    #[test]
+    fn sessions_starting_at_once_each_find_their_home_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = dir.path().join("seed");
+        std::fs::create_dir_all(seed.join(".config/agent")).unwrap();
+        for i in 0..50 {
+            std::fs::write(seed.join(format!(".config/agent/{i}.json")), "{}").unwrap();
+        }
+        let home = dir.path().join("homes/mock/alice");
+        // As root, the HOME is given to another uid, as the agents' is.
+        // SAFETY: a plain getter.
+        let owner_ids = (unsafe { libc::geteuid() } == 0).then_some((65532, 65532));
+        std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..16)
+                .map(|_| scope.spawn(|| prepare_home(&home, Some(&seed), owner_ids)))
+                .collect();
+            for start in starts {
+                start
+                    .join()
+                    .unwrap()
+                    .expect("every start prepares the HOME");
+            }
+        });
+        assert_eq!(
+            std::fs::read_dir(home.join(".config/agent"))
+                .unwrap()
+                .count(),
+            50
+        );
+        // The lock lies beside the HOME, never in it.
+        assert!(dir.path().join("homes/mock/~alice.lock").is_file());
+        assert_eq!(std::fs::read_dir(&home).unwrap().count(), 1);
     }
 }
