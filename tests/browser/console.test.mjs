@@ -329,7 +329,7 @@ test("an agent's invalid currency shows its amount without it, and its text forg
   page.on("pageerror", (error) => errors.push(String(error)));
   await page.goto(server.url);
   await page.getByText("New session").click();
-  await page.getByLabel("Working directory").fill(server.data);
+  await page.getByLabel("Working directory").fill(server.code);
   await page.getByLabel("Name").fill("hostile agent");
   await page.getByRole("button", { name: "Create session" }).click();
   await page.locator("#session-title", { hasText: "hostile agent" }).waitFor({ timeout: WAIT });

@@ -497,7 +497,10 @@ async fn a_replica_restarted_on_its_own_address_never_forwards_to_itself_nor_ans
                 &[],
                 pb::CreateSessionRequest {
                     profile: "resumable".into(),
-                    cwd: dir.path().to_string_lossy().into_owned(),
+                    // Apart from the tokens file and config the directory also holds.
+                    cwd: agent_harness_testkit::workspace_in(dir.path())
+                        .to_string_lossy()
+                        .into_owned(),
                     ..Default::default()
                 },
             ))

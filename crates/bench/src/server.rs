@@ -227,7 +227,8 @@ impl ServerProcess {
         self.dir.path()
     }
 
-    /// The sessions' working directory: beside the data dir, since no session's cwd may hold it.
+    /// The sessions' working directory: beside the data dir and the config, since a cwd may
+    /// never hold the server's files.
     pub fn workspace(&self) -> std::path::PathBuf {
         self.dir.path().join("work")
     }

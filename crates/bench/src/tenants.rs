@@ -135,7 +135,7 @@ pub async fn run(ctx: &Ctx, smoke: bool, without_streams: bool) -> anyhow::Resul
         sizes.streams_per_session = 0;
     }
     let server = ServerProcess::serve(&ctx.bin, "tenants", &ctx.config(&[])).await?;
-    let cwd = server.scratch().to_path_buf();
+    let cwd = server.workspace();
     let wanted = sizes.sessions * sizes.streams_per_session;
     let connections = wanted.div_ceil(PER_CONNECTION).max(1);
     let pool = connect_pool(server.addr(), connections + 2).await?;
