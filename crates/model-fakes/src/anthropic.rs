@@ -29,12 +29,18 @@ const PIECE_CHARS: usize = 24;
 const API: &str = "anthropic";
 
 pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response<Body> {
-    let ApiRequest { method, path, body } = request;
+    let ApiRequest {
+        method,
+        path,
+        key,
+        body,
+    } = request;
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
     let mut recorded = RecordedRequest {
         api: API,
         method: method.to_string(),
         path: path.clone(),
+        key,
         ..Default::default()
     };
     let is_messages = path == "/v1/messages";

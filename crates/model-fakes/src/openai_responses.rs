@@ -30,11 +30,17 @@ const PIECE_CHARS: usize = 24;
 const API: &str = "openai-responses";
 
 pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response<Body> {
-    let ApiRequest { method, path, body } = request;
+    let ApiRequest {
+        method,
+        path,
+        key,
+        body,
+    } = request;
     let mut recorded = RecordedRequest {
         api: API,
         method: method.to_string(),
         path: path.clone(),
+        key,
         ..Default::default()
     };
     if method != Method::POST || path != "/v1/responses" {

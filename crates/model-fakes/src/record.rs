@@ -19,6 +19,8 @@ pub struct RecordedRequest {
     pub method: String,
     /// The path without the query.
     pub path: String,
+    /// The key it carried (`x-api-key`, or a bearer token).
+    pub key: Option<String>,
     /// The model the request names.
     pub model: Option<String>,
     /// How many messages (turns of the conversation) it carries.

@@ -152,6 +152,8 @@ pub struct ApiRequest {
     pub method: Method,
     /// The path without the query.
     pub path: String,
+    /// The key it carried (`x-api-key`, or a bearer token).
+    pub key: Option<String>,
     pub body: Bytes,
 }
 
@@ -172,11 +174,27 @@ async fn dispatch(api: Api, recorder: &Recorder, request: Request<Incoming>) -> 
         let listed = serde_json::to_vec(&recorder.all()).expect("requests serialize");
         return whole(StatusCode::OK, "application/json", listed.into());
     }
+    let headers = request.headers();
+    let key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| {
+            headers
+                .get(hyper::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+        })
+        .map(str::to_owned);
     let body = match request.into_body().collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(_) => Bytes::new(),
     };
-    let incoming = ApiRequest { method, path, body };
+    let incoming = ApiRequest {
+        method,
+        path,
+        key,
+        body,
+    };
     match api {
         Api::Anthropic => crate::anthropic::handle(incoming, recorder).await,
         Api::OpenAiResponses => crate::openai_responses::handle(incoming, recorder).await,
