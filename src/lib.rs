@@ -36,6 +36,7 @@ pub mod cli;
 pub mod config;
 pub mod domain;
 pub(crate) mod grpc;
+pub mod model_proxy;
 pub(crate) mod net;
 pub mod pb;
 pub(crate) mod session;

@@ -197,6 +197,18 @@ fn the_command_line_is_a_client_that_reaches_only_the_generated_types() {
 }
 
 #[test]
+fn the_model_proxy_is_an_adapter_that_reaches_only_the_domain() {
+    // What it needs of sessions (a budget check, a place for usage) comes through its `Meter`
+    // trait, which the engine implements: it never reaches the engine, the store or the server.
+    let bad = forbidden(&crate_edges(), &["model_proxy"], |to| to != "domain");
+    assert!(
+        bad.is_empty(),
+        "the model proxy reaches into the service:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
 fn the_shared_address_facts_import_nothing_else_of_the_crate() {
     let bad = forbidden(&crate_edges(), &["net"], |_| true);
     assert!(bad.is_empty(), "net must stay a leaf:\n{}", bad.join("\n"));
