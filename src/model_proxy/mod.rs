@@ -111,12 +111,16 @@ pub struct UpstreamClient(HttpsClient);
 impl UpstreamClient {
     /// A client trusting the system's roots (plain HTTP too, for an upstream on loopback).
     pub fn new() -> std::io::Result<Self> {
+        // Without TCP_NODELAY a request's head and body, written apart, wait on a delayed ACK.
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_native_roots()?
             .https_or_http()
             .enable_http1()
             .enable_http2()
-            .build();
+            .wrap_connector(http);
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
@@ -147,6 +151,8 @@ pub fn serve(listener: TcpListener, proxy: Arc<BoxProxy>) -> JoinHandle<()> {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            // Answers stream in small chunks: each goes out as it comes.
+            let _ = stream.set_nodelay(true);
             let proxy = proxy.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request| {

@@ -45,6 +45,7 @@ mod fanout;
 mod idle;
 mod machine;
 mod memory;
+mod model_proxy;
 mod peers;
 mod plot;
 mod real_agent;
@@ -88,10 +89,11 @@ pub enum Figure {
     RealAgent,
     Sandbox,
     Tenants,
+    ModelProxy,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 17] = [
+    pub const ALL: [Figure; 18] = [
         Figure::Rtt,
         Figure::Turns,
         Figure::Fanout,
@@ -109,6 +111,7 @@ impl Figure {
         Figure::RealAgent,
         Figure::Sandbox,
         Figure::Tenants,
+        Figure::ModelProxy,
     ];
 
     /// The rows a figure prints (as failed rows when its phase fails).
@@ -183,6 +186,11 @@ impl Figure {
                 ("sandbox-cold", sandbox::COLD_FIGURE, "adds <= 50.000 ms"),
                 ("sandbox-rtt", sandbox::RTT_FIGURE, "adds <= 0.100 ms"),
             ],
+            Figure::ModelProxy => &[(
+                "model-proxy-first-byte",
+                model_proxy::FIGURE,
+                model_proxy::TARGET,
+            )],
             Figure::Tenants => &[
                 (
                     "tenant-memory",
@@ -589,6 +597,7 @@ async fn run(ctx: &Ctx, figures: &[Figure], args: &BenchArgs) -> usize {
             Figure::RealAgent => real_agent::run(ctx, smoke).await,
             Figure::Sandbox => sandbox::run(ctx, smoke).await,
             Figure::Tenants => tenants::run(ctx, smoke, args.tenants_control).await,
+            Figure::ModelProxy => model_proxy::run(smoke, ctx.plan.rtt_turns).await,
         };
         match outcome {
             Ok(PhaseReport {

@@ -130,6 +130,8 @@ async fn accept(listener: TcpListener, api: Api, recorder: Recorder) {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                // Answers stream in small chunks: each goes out as it comes.
+                let _ = stream.set_nodelay(true);
                 let recorder = recorder.clone();
                 connections.spawn(async move {
                     let service = service_fn(move |request| {
