@@ -190,29 +190,35 @@ impl UsageReader {
     }
 
     fn openai_responses(&mut self, response: &Value) {
-        self.model(response);
-        let usage = &response["usage"];
-        if !usage.is_object() {
-            return;
-        }
-        self.seen = true;
-        self.usage.input_tokens = count(&usage["input_tokens"]).unwrap_or(0);
-        self.usage.output_tokens = count(&usage["output_tokens"]).unwrap_or(0);
-        self.usage.cache_read_tokens =
-            count(&usage["input_tokens_details"]["cached_tokens"]).unwrap_or(0);
+        self.openai(
+            response,
+            ["input_tokens", "output_tokens", "input_tokens_details"],
+        );
     }
 
     fn openai_chat(&mut self, chunk: &Value) {
-        self.model(chunk);
-        let usage = &chunk["usage"];
+        self.openai(
+            chunk,
+            [
+                "prompt_tokens",
+                "completion_tokens",
+                "prompt_tokens_details",
+            ],
+        );
+    }
+
+    /// OpenAI's two APIs name the same three figures differently: input (cache reads included),
+    /// output, and the input's details with its `cached_tokens`.
+    fn openai(&mut self, value: &Value, [input, output, details]: [&str; 3]) {
+        self.model(value);
+        let usage = &value["usage"];
         if !usage.is_object() {
             return;
         }
         self.seen = true;
-        self.usage.input_tokens = count(&usage["prompt_tokens"]).unwrap_or(0);
-        self.usage.output_tokens = count(&usage["completion_tokens"]).unwrap_or(0);
-        self.usage.cache_read_tokens =
-            count(&usage["prompt_tokens_details"]["cached_tokens"]).unwrap_or(0);
+        self.usage.input_tokens = count(&usage[input]).unwrap_or(0);
+        self.usage.output_tokens = count(&usage[output]).unwrap_or(0);
+        self.usage.cache_read_tokens = count(&usage[details]["cached_tokens"]).unwrap_or(0);
     }
 }
 
