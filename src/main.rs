@@ -79,7 +79,19 @@ async fn wait_for_stop_signal(
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// A failure is one line naming its causes (`error: what: why`), never `Debug` output: with
+/// `RUST_BACKTRACE` set in a person's shell, that would be a backtrace of forty lines.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::MockAgent(args) => std::process::exit(mock_agent::main(args)),

@@ -318,7 +318,7 @@ async fn retention_on_postgres_deletes_only_sessions_closed_longer_ago_in_bounde
 }
 
 #[tokio::test]
-async fn a_retention_shorter_than_a_minute_is_refused_at_start_with_the_reason() {
+async fn a_retention_shorter_than_a_minute_is_refused_at_start_with_the_reason_in_one_line() {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let output = tokio::process::Command::new(service_bin())
@@ -326,6 +326,8 @@ async fn a_retention_shorter_than_a_minute_is_refused_at_start_with_the_reason()
             .arg("--data-dir")
             .arg(dir.path())
             .env("AGENT_HARNESS_LOG_FORMAT", "text")
+            // A person's shell may have it set: it must not turn the refusal into a backtrace.
+            .env("RUST_BACKTRACE", "1")
             .kill_on_drop(true)
             .output()
             .await
@@ -336,6 +338,8 @@ async fn a_retention_shorter_than_a_minute_is_refused_at_start_with_the_reason()
             stderr.contains("retention must be at least 1m (got 30s)"),
             "{stderr}"
         );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("error: "), "{stderr}");
         // Nothing was started: no store was created.
         assert!(!dir.path().join("agent-harness.sqlite3").exists());
     })
