@@ -60,6 +60,8 @@ pub struct Boxed<'a> {
     pub policy: &'a BoxPolicy,
     /// The owner's HOME for this profile.
     pub home: &'a Path,
+    /// Whose model calls its model proxy serves, when the profile has one.
+    pub model: Option<&'a crate::model_proxy::ModelCalls>,
 }
 
 /// A started runtime, however it came up.
@@ -92,6 +94,7 @@ pub async fn launch(launch: Launch<'_>) -> Result<Runtime, String> {
                         cwd: local.cwd,
                         home: boxed.home,
                         timeout: local.timeout,
+                        model: boxed.model,
                     };
                     boxed
                         .sandbox

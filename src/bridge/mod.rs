@@ -629,6 +629,8 @@ impl Bridge {
                 sandbox: &self.sandbox,
                 policy,
                 home: &home,
+                // A bridge's profiles send no calls through a model proxy (not yet).
+                model: None,
             });
         launch::launch(Launch::Local(launch::LocalLaunch {
             runtime: spec,

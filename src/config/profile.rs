@@ -93,6 +93,9 @@ pub struct ProfileFile {
     pub sandbox: Option<toml::Value>,
     /// Local, boxed: `"open"` or `{ allow = ["host[:port]", …] }` (default: the preset's hosts).
     pub egress: Option<toml::Value>,
+    /// Local, boxed: the providers whose calls go through the model proxy, and the variable
+    /// holding each one's key (config/sandbox.rs, `model_routes`; docs/model-proxy.md).
+    pub model_proxy: Option<toml::Value>,
 }
 
 /// What a runtime runs, from a profile's keys over its preset's (a harness profile and a
@@ -294,6 +297,27 @@ impl ProfileFile {
         };
         if sandbox.is_some() {
             check_boxed(&table, &launch, file.warm_pool)?;
+        }
+        let mut sandbox = sandbox;
+        if file.model_proxy.is_some() {
+            match &sandbox {
+                None => anyhow::bail!(
+                    "{table}.model_proxy is for boxed local profiles: the proxy listens inside \
+                     the box (this profile is remote, or has sandbox = \"off\")"
+                ),
+                Some(policy) if policy.egress == crate::acp::sandbox::Egress::Open => {
+                    anyhow::bail!(
+                        "{table}.model_proxy needs the box's own network, and egress = \"open\" \
+                         gives it the server's"
+                    )
+                }
+                Some(_) => {}
+            }
+        }
+        let model =
+            super::sandbox::model_routes(&table, file.model_proxy.as_ref(), &launch.secrets)?;
+        if let Some(policy) = &mut sandbox {
+            policy.model = model;
         }
         if let Some(roots) = &file.allowed_cwd_roots {
             for root in roots {
@@ -660,6 +684,67 @@ mod tests {
             .resolve("p")
             .unwrap();
         assert!(unboxed.sandbox.is_none());
+    }
+
+    #[test]
+    fn a_model_proxy_is_read_for_boxed_profiles_and_bad_entries_are_refused_naming_the_key() {
+        let profile = file(
+            r#"command = "x"
+               env_passthrough = ["ANTHROPIC_API_KEY"]
+               env_files = { OPENAI_API_KEY = "/run/secrets/openai" }
+               model_proxy = { anthropic = { key = "ANTHROPIC_API_KEY" }, openai = { key = "OPENAI_API_KEY", upstream = "http://127.0.0.1:9/base" } }"#,
+        )
+        .resolve("p")
+        .unwrap();
+        let routes = &profile.sandbox.expect("boxed").model;
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[0].upstream, "https://api.anthropic.com");
+        assert_eq!(routes[1].upstream, "http://127.0.0.1:9/base");
+        let keys = "command = \"x\"\nenv_passthrough = [\"K\"]\n";
+        for (text, needle) in [
+            ("model_proxy = \"on\"", "profiles.p.model_proxy"),
+            (
+                "model_proxy = { gemini = { key = \"K\" } }",
+                "profiles.p.model_proxy.gemini: no such provider",
+            ),
+            (
+                "model_proxy = { anthropic = { key = \"OTHER\" } }",
+                "profiles.p.model_proxy.anthropic.key",
+            ),
+            (
+                "model_proxy = { anthropic = { key = \"K\", upstream = \"ftp://x\" } }",
+                "profiles.p.model_proxy.anthropic.upstream",
+            ),
+            (
+                "model_proxy = { anthropic = { key = \"K\", upstream = \"https://x/?a=b\" } }",
+                "has a query",
+            ),
+            (
+                "model_proxy = { anthropic = { key = \"K\", bogus = 1 } }",
+                "profiles.p.model_proxy.anthropic",
+            ),
+            (
+                "model_proxy = { anthropic = { key = \"K\" } }\nsandbox = \"off\"",
+                "for boxed local profiles",
+            ),
+            (
+                "model_proxy = { anthropic = { key = \"K\" } }\negress = \"open\"",
+                "the box's own network",
+            ),
+        ] {
+            let text = format!("{keys}{text}");
+            let err = format!("{:#}", file(&text).resolve("p").unwrap_err());
+            assert!(err.contains(needle), "{text:?} → {err}");
+        }
+        let remote = file(
+            "kind = \"remote\"\nbridge_profile = \"b\"\nmodel_proxy = { anthropic = { key = \"K\" } }",
+        )
+        .resolve("p")
+        .unwrap_err();
+        assert!(
+            remote.to_string().contains("for boxed local profiles"),
+            "{remote}"
+        );
     }
 
     #[test]

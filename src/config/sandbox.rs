@@ -313,7 +313,72 @@ pub fn box_policy(
         nested: written
             .nested
             .unwrap_or(preset.is_some_and(|p| p.nested_sandbox)),
+        model: Vec::new(),
     }))
+}
+
+/// A profile's `model_proxy` table: per provider (`anthropic`, `openai`), the variable holding
+/// its key — one the profile takes from the harness (`env_passthrough` or `env_files`) — and
+/// optionally its upstream.
+///
+/// ```toml
+/// [profiles.claude]
+/// preset = "claude"
+/// model_proxy = { anthropic = { key = "ANTHROPIC_API_KEY" } }   # upstream: the provider's own
+/// ```
+pub fn model_routes(
+    table: &str,
+    written: Option<&toml::Value>,
+    secrets: &crate::acp::env::EnvSources,
+) -> anyhow::Result<Vec<crate::model_proxy::ModelRoute>> {
+    use crate::model_proxy::{ModelRoute, Provider};
+    let Some(written) = written else {
+        return Ok(Vec::new());
+    };
+    let toml::Value::Table(providers) = written else {
+        anyhow::bail!(
+            "{table}.model_proxy = {written}: write a table such as \
+             {{ anthropic = {{ key = \"ANTHROPIC_API_KEY\" }} }}"
+        );
+    };
+    let mut routes = Vec::new();
+    for (name, value) in providers {
+        let key = format!("{table}.model_proxy.{name}");
+        let Some(provider) = Provider::parse(name) else {
+            anyhow::bail!(
+                "{key}: no such provider; the model proxy serves \"anthropic\" and \"openai\""
+            );
+        };
+        let route: ModelRouteFile = value.clone().try_into().with_context(|| key.clone())?;
+        if !secrets.passthrough.contains(&route.key) && !secrets.files.contains_key(&route.key) {
+            anyhow::bail!(
+                "{key}.key = {:?} is not a variable this profile takes from the harness: name it \
+                 in env_passthrough or env_files (the proxy holds its value; the agent gets a \
+                 token in its place)",
+                route.key
+            );
+        }
+        let upstream = route
+            .upstream
+            .as_deref()
+            .unwrap_or(provider.default_upstream());
+        let upstream = ModelRoute::parse_upstream(upstream)
+            .map_err(|why| anyhow::anyhow!("{key}.upstream: {why}"))?;
+        routes.push(ModelRoute {
+            provider,
+            key_var: route.key,
+            upstream,
+        });
+    }
+    Ok(routes)
+}
+
+/// One provider's entry in a profile's `model_proxy` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelRouteFile {
+    key: String,
+    upstream: Option<String>,
 }
 
 /// `memory`, `pids` and `cpu` written over `limits`; `"none"` lifts a limit.

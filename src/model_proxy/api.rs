@@ -48,6 +48,22 @@ impl Provider {
         Self::ALL.into_iter().find(|p| p.name() == name)
     }
 
+    /// The variable its SDKs (and the agents on them) read their base URL from.
+    pub fn base_var(self) -> &'static str {
+        match self {
+            Provider::Anthropic => "ANTHROPIC_BASE_URL",
+            Provider::OpenAi => "OPENAI_BASE_URL",
+        }
+    }
+
+    /// Where its calls go unless a profile names another upstream.
+    pub fn default_upstream(self) -> &'static str {
+        match self {
+            Provider::Anthropic => "https://api.anthropic.com",
+            Provider::OpenAi => "https://api.openai.com",
+        }
+    }
+
     /// The base URL its SDKs take, for an agent in a box that reaches the proxy at `origin`
     /// (`http://127.0.0.1:PORT`): Anthropic's SDK adds `/v1/...` itself, OpenAI's expects it.
     pub fn base_url(self, origin: &str) -> String {

@@ -35,6 +35,7 @@ use tokio::{net::TcpListener, task::JoinHandle};
 use uuid::Uuid;
 
 pub use api::{Api, Provider, Served};
+
 pub use token::TokenKey;
 pub use usage::WireUsage;
 
@@ -52,6 +53,56 @@ pub trait Meter: Send + Sync + 'static {
     fn record(&self, call: ModelCall);
 }
 
+/// What a session's box needs to serve its model proxy: whose calls they are, and where to
+/// check and record them.
+#[derive(Clone)]
+pub struct ModelCalls {
+    pub session: Uuid,
+    pub meter: Arc<dyn Meter>,
+}
+
+impl std::fmt::Debug for ModelCalls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelCalls")
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every box's proxy shares: the tokens' key, the upstream client, the limits.
+pub struct Shared {
+    pub tokens: Arc<TokenKey>,
+    client: std::sync::OnceLock<Result<UpstreamClient, String>>,
+    pub limits: Limits,
+}
+
+impl Shared {
+    pub fn new(tokens: TokenKey, limits: Limits) -> Self {
+        Self {
+            tokens: Arc::new(tokens),
+            client: std::sync::OnceLock::new(),
+            limits,
+        }
+    }
+
+    /// The client, made at its first use (reading the system's roots takes a while).
+    pub fn client(&self) -> Result<UpstreamClient, String> {
+        self.client
+            .get_or_init(|| {
+                UpstreamClient::new().map_err(|e| format!("the system's TLS roots: {e}"))
+            })
+            .clone()
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One model call, as the proxy saw it.
 #[derive(Debug, Clone)]
 pub struct ModelCall {
@@ -62,6 +113,34 @@ pub struct ModelCall {
     /// `None` when the answer said nothing of usage (an error, or a body cut off early).
     pub usage: Option<WireUsage>,
     pub took: Duration,
+}
+
+/// What a profile sends through the model proxy for one provider (`model_proxy` in its
+/// table): the variable that holds the provider's key (one the profile takes from the harness's
+/// environment or a file; its agent gets its session's token there instead) and the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRoute {
+    pub provider: Provider,
+    pub key_var: String,
+    pub upstream: Uri,
+}
+
+impl ModelRoute {
+    /// An upstream as a profile writes it: `http` or `https`, a host, no query.
+    pub fn parse_upstream(text: &str) -> Result<Uri, String> {
+        let uri: Uri = text
+            .parse()
+            .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(format!(
+                "{text:?} is not an http(s) URL with a host, such as \"https://api.anthropic.com\""
+            ));
+        }
+        if uri.query().is_some() {
+            return Err(format!("{text:?} has a query; write the base URL alone"));
+        }
+        Ok(uri)
+    }
 }
 
 /// Where one provider's calls go, and the key they carry there.
@@ -209,6 +288,16 @@ impl BoxProxy {
                     "not this session's key: the model proxy takes only the token its session was given",
                 );
             }
+        }
+        if upstream.key.is_empty() {
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                &format!(
+                    "the harness holds no {} key to call with: the variable this profile names \
+                     for it is not set in the server's environment",
+                    provider.name()
+                ),
+            );
         }
         let (parts, body) = request.into_parts();
         let body = match Limited::new(body, self.limits.max_request_bytes)
@@ -465,6 +554,11 @@ impl Body for Metered {
                 this.idle = None;
                 if let (Some(data), Some(reader)) = (frame.data_ref(), this.reader.as_mut()) {
                     reader.feed(data);
+                }
+                // The last bytes: the call is recorded before the agent can have them (and
+                // send its next call), so a budget check of that call counts this one.
+                if this.inner.is_end_stream() {
+                    this.finish();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -106,6 +106,97 @@ pub(crate) fn usage_reported(profile: &str, input: u64, output: u64, cost: Optio
     }
 }
 
+/// What the model proxy of a session's box asks of the engine (docs/model-proxy.md): the
+/// owner's budget before each model call, and a place for what each call took. Its usage is
+/// the provider's own word, recorded in place of what the agent reports (the actor leaves an
+/// agent's reports out for such a profile), so the two are never added together.
+pub(crate) struct SessionMeter {
+    pub(crate) ctx: Arc<EngineContext>,
+    pub(crate) session: uuid::Uuid,
+    pub(crate) owner: String,
+    pub(crate) profile: String,
+    /// Calls ended whose usage is still on its way to the store: the next call of the session
+    /// waits for them, so its budget check counts them (an agent's calls follow one another).
+    pub(crate) storing: Arc<Storing>,
+}
+
+/// Usage records on their way to the store.
+#[derive(Default)]
+pub(crate) struct Storing {
+    count: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+/// The longest a budget check waits for the session's earlier calls' usage to be stored.
+const STORING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl crate::model_proxy::Meter for SessionMeter {
+    fn admit(
+        &self,
+        _session: uuid::Uuid,
+    ) -> futures::future::BoxFuture<'static, Result<(), String>> {
+        let ctx = self.ctx.clone();
+        let owner = self.owner.clone();
+        let storing = self.storing.clone();
+        Box::pin(async move {
+            let stored = async {
+                loop {
+                    let done = storing.done.notified();
+                    if storing.count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                        return;
+                    }
+                    done.await;
+                }
+            };
+            let _ = tokio::time::timeout(STORING_WAIT, stored).await;
+            ctx.check_budget(&owner)
+                .await
+                .map_err(|e| format!("{}: {}", e.code.reason(), e.message))
+        })
+    }
+
+    fn record(&self, call: crate::model_proxy::ModelCall) {
+        let Some(usage) = call.usage else {
+            return;
+        };
+        let record = crate::domain::usage::UsageRecord {
+            session_id: self.session,
+            principal: self.owner.clone(),
+            profile: self.profile.clone(),
+            at: crate::domain::now(),
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cost_micros: 0,
+            currency: String::new(),
+        };
+        let ctx = self.ctx.clone();
+        let profile = self.profile.clone();
+        let storing = self.storing.clone();
+        // Counted now, before the agent reads the end of the answer.
+        storing
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::spawn(async move {
+            let batch = crate::store::Batch {
+                usage: vec![record.clone()],
+                ..Default::default()
+            };
+            match ctx.store.commit(record.session_id, batch).await {
+                Ok(()) => usage_reported(&profile, record.input_tokens, record.output_tokens, None),
+                Err(error) => tracing::warn!(
+                    session_id = %record.session_id,
+                    %error,
+                    "the model proxy's usage could not be stored"
+                ),
+            }
+            storing
+                .count
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            storing.done.notify_waiters();
+        });
+    }
+}
+
 /// A currency code as a label: three ASCII capitals, else `other` (the agent writes it).
 fn currency_label(currency: &str) -> String {
     if currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase()) {

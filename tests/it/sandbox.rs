@@ -65,8 +65,23 @@ struct World {
     _cgroups: Option<Delegated>,
 }
 
+/// What the model proxy's tests add to the world: a profile `modelled` whose Anthropic calls go
+/// through the model proxy to `upstream`, with the key planted in the server's environment; and
+/// optionally a budget for ada.
+struct ModelSetup {
+    upstream: String,
+    ada_budget: Option<&'static str>,
+}
+
+/// The provider's key the server holds (and no agent may see).
+const PLANTED_KEY: &str = "sk-ant-planted-model-key-93c1";
+
 impl World {
     fn start(mode: Mode) -> Self {
+        Self::start_with(mode, None)
+    }
+
+    fn start_with(mode: Mode, model: Option<ModelSetup>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().canonicalize().unwrap();
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -82,7 +97,27 @@ impl World {
         let secret = base.join("other-secret");
         std::fs::write(&secret, "other-profile-secret-1c9e\n").unwrap();
         let tokens = base.join("tokens.toml");
-        std::fs::write(&tokens, tokens_text(EVERYONE)).unwrap();
+        let mut tokens_rows = tokens_text(&EVERYONE[..1]);
+        if let Some(budget) = model.as_ref().and_then(|m| m.ada_budget) {
+            tokens_rows.push_str(&format!("budget = {budget}\n\n"));
+        }
+        tokens_rows.push_str(&tokens_text(&EVERYONE[1..]));
+        std::fs::write(&tokens, tokens_rows).unwrap();
+        let modelled = match &model {
+            Some(setup) => format!(
+                r#"
+[profiles.modelled]
+command = {agent:?}
+allowed_cwd_roots = ["{ws}/{{principal}}"]
+env_passthrough = ["ANTHROPIC_API_KEY"]
+model_proxy = {{ anthropic = {{ key = "ANTHROPIC_API_KEY", upstream = "{upstream}" }} }}
+"#,
+                agent = agent_harness_testkit::hostile_agent_bin(),
+                ws = ws.display(),
+                upstream = setup.upstream,
+            ),
+            None => String::new(),
+        };
         let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let allowed_port = allowed.local_addr().unwrap().port();
         let cgroups = (mode == Mode::Unprivileged).then(Delegated::new);
@@ -119,7 +154,7 @@ allowed_cwd_roots = [{srv:?}, {base:?}]
 command = {agent:?}
 allowed_cwd_roots = ["{ws}/{{principal}}"]
 sandbox = {{ nested = true }}
-"#,
+{modelled}"#,
                 ws = ws.display(),
                 srv = base.join("srv"),
             ),
@@ -142,7 +177,8 @@ sandbox = {{ nested = true }}
         let mut serve = Serve::on(&data, &config)
             .arg("--tokens-file")
             .arg(&tokens)
-            .env("AGENT_HARNESS_PLANTED", PLANTED);
+            .env("AGENT_HARNESS_PLANTED", PLANTED)
+            .env("ANTHROPIC_API_KEY", PLANTED_KEY);
         if mode == Mode::Unprivileged {
             serve = serve.run_as(NOBODY, NOBODY);
         }
@@ -777,6 +813,115 @@ both_ways!(
             })
             .await
             .expect("ada's workspace, for ada");
+    }
+);
+
+/// Ada's usage as GetUsage answers it, once it has reached `at_least` tokens (a model call's
+/// usage is stored as its answer ends).
+async fn ada_tokens(world: &World, at_least: u64) -> (u64, u64) {
+    let mut client = world.client(ADA, None).await;
+    loop {
+        let totals = client
+            .get_usage(pb::GetUsageRequest {
+                principal: "ada".into(),
+                since: None,
+            })
+            .await
+            .expect("usage reads")
+            .into_inner()
+            .principals
+            .into_iter()
+            .find(|p| p.principal == "ada")
+            .and_then(|p| p.totals)
+            .unwrap_or_default();
+        if totals.input_tokens + totals.output_tokens >= at_least {
+            return (totals.input_tokens, totals.output_tokens);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+both_ways!(
+    the_providers_key_never_enters_the_box_and_each_call_is_metered_from_the_wire,
+    |mode| async move {
+        let fake =
+            agent_harness_model_fakes::FakeServer::start(agent_harness_model_fakes::Api::Anthropic)
+                .await
+                .unwrap();
+        let world = World::start_with(
+            mode,
+            Some(ModelSetup {
+                upstream: fake.base_url(),
+                ada_budget: None,
+            }),
+        );
+        let mut agent = world.session(ADA, "ada", "modelled").await;
+        let env = agent.ask("sh env").await;
+        assert!(!env.contains(PLANTED_KEY), "{env}");
+        assert!(env.contains("ANTHROPIC_API_KEY=ahm-"), "{env}");
+        assert!(
+            env.contains("ANTHROPIC_BASE_URL=http://127.0.0.1:3129/anthropic"),
+            "{env}"
+        );
+        // Nowhere an agent can look: any process's environment or command line, its HOME, its
+        // cwd. (The pattern is read from a file, so no command line here holds it.)
+        let (head, tail) = PLANTED_KEY.split_at(10);
+        let answer = agent
+            .ask(&format!(
+                "sh printf %s {head} > /tmp/p; printf %s {tail} >> /tmp/p; grep -rlsF -f /tmp/p \
+                 /proc/[0-9]*/environ /proc/[0-9]*/cmdline \"$HOME\" \"$PWD\"; echo end"
+            ))
+            .await;
+        assert_eq!(answer, "exit=0\nend\n");
+        // A model call reaches the provider with the real key, and its usage is the provider's.
+        let answer = agent.ask("model 1 hello there").await;
+        assert!(answer.starts_with("ok 200\n"), "{answer}");
+        let seen = fake.requests();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].key.as_deref(), Some(PLANTED_KEY));
+        assert_eq!(seen[0].last_user_text.as_deref(), Some("hello there"));
+        assert_eq!(ada_tokens(&world, 1).await, (100, 10), "the fake's usage");
+        // Another session's token, or none, is refused and nothing reaches the provider.
+        let mut bob = world.session(BOB, "bob", "modelled").await;
+        let bobs = bob.ask("sh printenv ANTHROPIC_API_KEY").await;
+        let bobs = bobs.trim_start_matches("exit=0\n").trim();
+        assert!(bobs.starts_with("ahm-"), "{bobs}");
+        for key in [bobs, "none", PLANTED_KEY] {
+            let answer = agent.ask(&format!("model-key {key} hi")).await;
+            assert!(answer.starts_with("ok 401\n"), "{key}: {answer}");
+        }
+        assert_eq!(fake.requests().len(), 1);
+        assert_eq!(agent.get().await.id, agent.id);
+    }
+);
+
+both_ways!(
+    a_spent_budget_stops_the_next_model_call_even_inside_a_turn,
+    |mode| async move {
+        let fake =
+            agent_harness_model_fakes::FakeServer::start(agent_harness_model_fakes::Api::Anthropic)
+                .await
+                .unwrap();
+        let world = World::start_with(
+            mode,
+            Some(ModelSetup {
+                upstream: fake.base_url(),
+                ada_budget: Some(r#"{ tokens = 100, period = "day" }"#),
+            }),
+        );
+        let mut agent = world.session(ADA, "ada", "modelled").await;
+        // One turn, three calls: the first spends the budget (110 tokens), the next two are
+        // refused before they reach the provider, in a shape agents do not retry.
+        let answer = agent.ask("model 3 spend it").await;
+        assert!(answer.starts_with("ok 200,403,403\n"), "{answer}");
+        assert!(answer.contains("BUDGET_EXHAUSTED"), "{answer}");
+        assert!(answer.contains("permission_error"), "{answer}");
+        assert_eq!(fake.requests().len(), 1);
+        assert_eq!(ada_tokens(&world, 1).await, (100, 10));
+        // Bob, with no budget, goes on.
+        let mut bob = world.session(BOB, "bob", "modelled").await;
+        let answer = bob.ask("model 1 mine").await;
+        assert!(answer.starts_with("ok 200\n"), "{answer}");
     }
 );
 

@@ -3,6 +3,7 @@
 //! spec, waits for its answer, and serves the box's network (the egress proxy, forwards). What
 //! is left once the runtime is gone (the cgroup, the network tasks) goes with it.
 
+use crate::model_proxy::MODEL_PROXY_PORT;
 use std::{
     ffi::OsString,
     io,
@@ -119,7 +120,12 @@ pub struct Sandbox {
     cgroups: Cgroups,
     as_root: bool,
     harness: Mutex<Vec<SocketAddr>>,
+    /// The model proxy's shared parts, for boxes whose profile sends calls through it.
+    model: crate::model_proxy::Shared,
 }
+
+/// The providers' real keys of one box, held by its model proxy.
+type ModelKeys = std::collections::BTreeMap<crate::model_proxy::Provider, String>;
 
 /// One runtime to start in a box.
 #[derive(Debug, Clone, Copy)]
@@ -132,6 +138,9 @@ pub struct BoxLaunch<'a> {
     pub home: &'a Path,
     /// How long the box may take to answer.
     pub timeout: Duration,
+    /// The session whose model calls the box's model proxy serves (`None`: a box without one,
+    /// as the probe's).
+    pub model: Option<&'a crate::model_proxy::ModelCalls>,
 }
 
 impl Sandbox {
@@ -144,6 +153,12 @@ impl Sandbox {
             cgroups,
             as_root,
             harness: Mutex::new(Vec::new()),
+            // Per process for now: a session's token is the same at every start of its runtime
+            // while this server runs.
+            model: crate::model_proxy::Shared::new(
+                crate::model_proxy::TokenKey::random(),
+                crate::model_proxy::Limits::default(),
+            ),
         }
     }
 
@@ -229,7 +244,7 @@ impl Sandbox {
             .map_err(|e| e.to_string())??
         };
         let cgroup = prepared.map(Arc::new);
-        let spec = self.spec(&launch, &marker, cgroup.as_deref())?;
+        let (spec, model_keys) = self.spec(&launch, &marker, cgroup.as_deref())?;
         let (ours, theirs) = sys::socket_pair().map_err(|e| e.to_string())?;
         let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let box_init: Arc<Mutex<Option<OwnedFd>>> = Arc::default();
@@ -322,10 +337,44 @@ impl Sandbox {
                 Ok(listeners) => listeners,
                 Err(e) => return Err(fail(spawned, format!("the box's network: {e}")).await),
             };
+            let model_client = match launch.model.filter(|_| !launch.policy.model.is_empty()) {
+                Some(_) => match self.model.client() {
+                    Ok(client) => Some(client),
+                    Err(why) => {
+                        return Err(fail(spawned, format!("the model proxy: {why}")).await);
+                    }
+                },
+                None => None,
+            };
             let mut tasks = tasks.lock().expect("not poisoned");
             for (port, listener) in listen.iter().zip(listeners) {
                 if *port == PROXY_PORT {
                     tasks.push(egress::serve_proxy(listener, policy.clone()));
+                } else if *port == MODEL_PROXY_PORT
+                    && let (Some(calls), Some(client)) = (launch.model, model_client.clone())
+                {
+                    let upstreams = launch
+                        .policy
+                        .model
+                        .iter()
+                        .map(|route| {
+                            let upstream = crate::model_proxy::Upstream {
+                                base: route.upstream.clone(),
+                                key: model_keys.get(&route.provider).cloned().unwrap_or_default(),
+                            };
+                            (route.provider, upstream)
+                        })
+                        .collect();
+                    let proxy = crate::model_proxy::BoxProxy {
+                        session: calls.session,
+                        profile: launch.profile.to_owned(),
+                        upstreams,
+                        tokens: self.model.tokens.clone(),
+                        meter: calls.meter.clone(),
+                        client,
+                        limits: self.model.limits,
+                    };
+                    tasks.push(crate::model_proxy::serve(listener, Arc::new(proxy)));
                 } else if let Some(target) = rules
                     .iter()
                     .filter_map(|r| r.loopback_forward())
@@ -391,6 +440,7 @@ impl Sandbox {
             cwd: &cwd,
             home: &home,
             timeout,
+            model: None,
         };
         let mut spawned = self.spawn(launch, &processes).await?;
         drop(spawned.stdin);
@@ -413,12 +463,13 @@ impl Sandbox {
     }
 
     /// The spec of `launch`'s box.
+    /// With it, the providers' real keys, which the model proxy holds and the box never sees.
     fn spec(
         &self,
         launch: &BoxLaunch<'_>,
         marker: &str,
         cgroup: Option<&RuntimeCgroup>,
-    ) -> Result<BoxSpec, String> {
+    ) -> Result<(BoxSpec, ModelKeys), String> {
         let policy = launch.policy;
         let runtime = launch.runtime;
         let mut env: Vec<(String, String)> = Vec::new();
@@ -427,9 +478,16 @@ impl Sandbox {
             env.push((key.to_owned(), value));
         };
         let home = launch.home.to_string_lossy().into_owned();
-        for (key, value) in
-            process::runtime_env(runtime.env, runtime.secrets).map_err(|e| e.to_string())?
-        {
+        let resolved =
+            process::runtime_env(runtime.env, runtime.secrets).map_err(|e| e.to_string())?;
+        // The keys the model proxy holds; their variables get the session's token below.
+        let mut model_keys = ModelKeys::new();
+        for route in &policy.model {
+            if let Some((_, value)) = resolved.iter().find(|(k, _)| *k == *route.key_var) {
+                model_keys.insert(route.provider, value.to_string_lossy().into_owned());
+            }
+        }
+        for (key, value) in resolved {
             let key = key.to_string_lossy().into_owned();
             let value = value.to_string_lossy().replace("{home}", &home);
             set(&key, value);
@@ -461,11 +519,26 @@ impl Sandbox {
                         .map(|(_, p)| p),
                 );
                 listen.dedup();
+                if !policy.model.is_empty() {
+                    let token = launch
+                        .model
+                        .map(|calls| self.model.tokens.token(calls.session))
+                        .unwrap_or_default();
+                    let origin = format!("http://127.0.0.1:{MODEL_PROXY_PORT}");
+                    for route in &policy.model {
+                        // Never the real key: the token (none at all in the probe's box).
+                        set(&route.key_var, token.clone());
+                        set(route.provider.base_var(), route.provider.base_url(&origin));
+                    }
+                    if launch.model.is_some() {
+                        listen.push(MODEL_PROXY_PORT);
+                    }
+                }
                 BoxNetwork::Own { listen }
             }
         };
         let (uid, gid) = self.agent_ids();
-        Ok(BoxSpec {
+        let spec = BoxSpec {
             program: runtime.command.to_string_lossy().into_owned(),
             args: runtime.args.to_vec(),
             env,
@@ -478,7 +551,8 @@ impl Sandbox {
             cgroups: cgroup.map(|c| c.dirs().to_vec()).unwrap_or_default(),
             network,
             nested: policy.nested,
-        })
+        };
+        Ok((spec, model_keys))
     }
 
     /// What of the host the box shows: the system read-only, the program itself when it lies

@@ -24,6 +24,9 @@ pub struct BoxPolicy {
     /// namespaces, and mounts in them, are not refused. Inside the box's own user namespace the
     /// agent still has no capability.
     pub nested: bool,
+    /// The providers whose calls go through the model proxy (docs/model-proxy.md): the box gets
+    /// a listener for it, and the agent its session's token in place of each key.
+    pub model: Vec<crate::model_proxy::ModelRoute>,
 }
 
 /// Resource limits of one runtime.

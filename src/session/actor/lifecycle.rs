@@ -290,10 +290,26 @@ impl Actor {
                     .home_of(&self.profile.name, &self.record.owner)
             });
         let sandbox = self.ctx.sandbox().clone();
+        let model = self
+            .profile
+            .sandbox
+            .as_ref()
+            .filter(|policy| !policy.model.is_empty())
+            .map(|_| crate::model_proxy::ModelCalls {
+                session: self.record.id,
+                meter: std::sync::Arc::new(crate::session::metering::SessionMeter {
+                    ctx: self.ctx.clone(),
+                    session: self.record.id,
+                    owner: self.record.owner.clone(),
+                    profile: self.profile.name.clone(),
+                    storing: Default::default(),
+                }),
+            });
         let boxed = self.profile.sandbox.as_ref().map(|policy| launch::Boxed {
             sandbox: &sandbox,
             policy,
             home: &home,
+            model: model.as_ref(),
         });
         launch::launch(Launch::Local(launch::LocalLaunch {
             runtime: self.profile.launch(),

@@ -40,6 +40,16 @@ impl Actor {
     /// stored.
     pub(super) async fn meter(&mut self, out: &mut Out, frames: &[Value]) -> Vec<Record> {
         let mut records = Vec::new();
+        // Its model calls go through the model proxy, which records what the provider said
+        // each took: the agent's own word is left in its frames, never added to that.
+        if self
+            .profile
+            .sandbox
+            .as_ref()
+            .is_some_and(|policy| !policy.model.is_empty())
+        {
+            return records;
+        }
         for frame in frames {
             let envelope: Envelope = view(frame);
             match envelope.method.ok() {

@@ -15,6 +15,10 @@
 //! - `alloc <MiB>`: that much memory, touched;
 //! - `self-sandbox <dir>`: what Codex does to its commands (Landlock: writes beneath `dir`
 //!   only; a seccomp filter: no sockets), in a child, answering what the child could do;
+//! - `model <n> <text>`: n Anthropic Messages calls in a row, as an agent on the Anthropic SDK
+//!   makes them (`$ANTHROPIC_BASE_URL`, key `$ANTHROPIC_API_KEY`), answering `ok` and each
+//!   call's status, then the last answer's body; `model-key <key> <text>`: one call with that
+//!   key instead;
 //! - `exit <code>`: ends the process.
 //!
 //! Each answer starts `ok` or `error: <what the system said>`.
@@ -212,6 +216,29 @@ fn run(command: &str) -> String {
             format!("ok allocated {} MiB", blocks.len())
         }
         "self-sandbox" => self_sandbox(rest),
+        "model" => {
+            let (count, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            let key = std::env::var("ANTHROPIC_API_KEY").unwrap_or_default();
+            let mut statuses = Vec::new();
+            let mut last = String::new();
+            for _ in 0..count.parse::<usize>().unwrap_or(1) {
+                match model_call(&key, text) {
+                    Ok((status, body)) => {
+                        statuses.push(status.to_string());
+                        last = body;
+                    }
+                    Err(e) => return format!("error: {e}"),
+                }
+            }
+            format!("ok {}\n{last}", statuses.join(","))
+        }
+        "model-key" => {
+            let (key, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            match model_call(key, text) {
+                Ok((status, body)) => format!("ok {status}\n{body}"),
+                Err(e) => format!("error: {e}"),
+            }
+        }
         "exit" => std::process::exit(rest.parse().unwrap_or(0)),
         _ => format!("error: unknown command {verb:?}"),
     }
@@ -371,4 +398,42 @@ fn self_sandbox(dir: &str) -> String {
         b"S" => "error: a seccomp filter of its own was refused".into(),
         other => format!("error: saw {:?}", String::from_utf8_lossy(other)),
     }
+}
+
+/// One non-streamed Messages call to `$ANTHROPIC_BASE_URL` (a plain `http://host:port/prefix`),
+/// offering a tool as an agent's turn does: the status and the body.
+fn model_call(key: &str, text: &str) -> std::io::Result<(u16, String)> {
+    let base = std::env::var("ANTHROPIC_BASE_URL").unwrap_or_default();
+    let rest = base
+        .strip_prefix("http://")
+        .ok_or_else(|| std::io::Error::other(format!("ANTHROPIC_BASE_URL is {base:?}")))?;
+    let (authority, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let body = json!({
+        "model": "claude-hostile",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": text}],
+        "tools": [{"name": "Write", "description": "writes a file",
+                   "input_schema": {"type": "object", "properties": {}}}],
+    })
+    .to_string();
+    let mut stream = TcpStream::connect(authority)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "POST /{prefix}/v1/messages HTTP/1.1\r\nHost: {authority}\r\nx-api-key: {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    Ok((status, body.chars().take(2000).collect()))
 }
