@@ -136,6 +136,7 @@ impl SandboxFile {
             cgroup: self.cgroup.clone(),
             npm_cache,
             protected,
+            model_key_file: Some(data_dir.join("model-proxy.key")),
         })
     }
 }

@@ -71,18 +71,43 @@ impl std::fmt::Debug for ModelCalls {
 
 /// What every box's proxy shares: the tokens' key, the upstream client, the limits.
 pub struct Shared {
-    pub tokens: Arc<TokenKey>,
+    /// Where the tokens' key is kept (`None`: a key of this process only).
+    key_file: Option<std::path::PathBuf>,
+    tokens: std::sync::OnceLock<Arc<TokenKey>>,
     client: std::sync::OnceLock<Result<UpstreamClient, String>>,
     pub limits: Limits,
 }
 
 impl Shared {
-    pub fn new(tokens: TokenKey, limits: Limits) -> Self {
+    pub fn new(key_file: Option<std::path::PathBuf>, limits: Limits) -> Self {
         Self {
-            tokens: Arc::new(tokens),
+            key_file,
+            tokens: std::sync::OnceLock::new(),
             client: std::sync::OnceLock::new(),
             limits,
         }
+    }
+
+    /// The tokens' key, read (or made) at its first use: a server whose profiles use no model
+    /// proxy never writes one.
+    pub fn tokens(&self) -> Arc<TokenKey> {
+        self.tokens
+            .get_or_init(|| {
+                let key = self.key_file.as_deref().map(|path| {
+                    TokenKey::load_or_create(path).inspect_err(|error| {
+                        tracing::warn!(
+                            path = %path.display(),
+                            %error,
+                            "the model proxy's token key could not be kept: tokens last as long as this process"
+                        );
+                    })
+                });
+                Arc::new(match key {
+                    Some(Ok(key)) => key,
+                    _ => TokenKey::random(),
+                })
+            })
+            .clone()
     }
 
     /// The client, made at its first use (reading the system's roots takes a while).

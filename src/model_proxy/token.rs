@@ -36,6 +36,43 @@ impl TokenKey {
         Self::new(&random_secret()).expect("32 bytes")
     }
 
+    /// The key kept in `path` (64 hex digits), made there (mode 0600) when it is missing, so a
+    /// session's token outlives a restart of the server.
+    pub fn load_or_create(path: &std::path::Path) -> std::io::Result<Self> {
+        use std::io::Write;
+        let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let secret = hex::decode(text.trim())
+                    .ok()
+                    .filter(|s| s.len() == 32)
+                    .ok_or_else(|| {
+                        invalid(format!("{} does not hold 64 hex digits", path.display()))
+                    })?;
+                Self::new(&secret).map_err(invalid)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let secret = random_secret();
+                let mut options = std::fs::OpenOptions::new();
+                options.write(true).create_new(true);
+                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+                match options.open(path) {
+                    Ok(mut file) => {
+                        writeln!(file, "{}", hex::encode(secret))?;
+                        file.sync_all()?;
+                        Self::new(&secret).map_err(invalid)
+                    }
+                    // Made at the same moment by another: theirs is the key.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        Self::load_or_create(path)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// The token of `session`.
     pub fn token(&self, session: Uuid) -> String {
         let tag = hmac::sign(&self.0, session.as_bytes());
@@ -88,5 +125,24 @@ mod tests {
             assert!(!key.is_of(forged, a), "{forged:?}");
         }
         assert!(TokenKey::new(&[1; 31]).is_err());
+    }
+
+    #[test]
+    fn the_key_kept_in_a_file_gives_the_same_tokens_after_a_restart_and_a_bad_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model-proxy.key");
+        let session = Uuid::now_v7();
+        let first = TokenKey::load_or_create(&path).unwrap().token(session);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            TokenKey::load_or_create(&path).unwrap().token(session),
+            first
+        );
+        std::fs::write(&path, "not hex\n").unwrap();
+        assert!(TokenKey::load_or_create(&path).is_err());
     }
 }

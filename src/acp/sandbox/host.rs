@@ -100,6 +100,8 @@ pub struct SandboxSettings {
     /// Paths no box may show: the data dir, the config and tokens files, TLS keys, every
     /// profile's `env_files`. Hidden where they lie under something a box shows.
     pub protected: Vec<PathBuf>,
+    /// Where the model proxy keeps its tokens' key (in the data dir, which no box shows).
+    pub model_key_file: Option<PathBuf>,
 }
 
 impl SandboxSettings {
@@ -148,17 +150,16 @@ impl Sandbox {
         let cgroups = Cgroups::detect(settings.cgroup.as_deref());
         // SAFETY: a plain getter.
         let as_root = unsafe { libc::geteuid() } == 0;
+        let model = crate::model_proxy::Shared::new(
+            settings.model_key_file.clone(),
+            crate::model_proxy::Limits::default(),
+        );
         Self {
             settings,
             cgroups,
             as_root,
             harness: Mutex::new(Vec::new()),
-            // Per process for now: a session's token is the same at every start of its runtime
-            // while this server runs.
-            model: crate::model_proxy::Shared::new(
-                crate::model_proxy::TokenKey::random(),
-                crate::model_proxy::Limits::default(),
-            ),
+            model,
         }
     }
 
@@ -369,7 +370,7 @@ impl Sandbox {
                         session: calls.session,
                         profile: launch.profile.to_owned(),
                         upstreams,
-                        tokens: self.model.tokens.clone(),
+                        tokens: self.model.tokens(),
                         meter: calls.meter.clone(),
                         client,
                         limits: self.model.limits,
@@ -522,7 +523,7 @@ impl Sandbox {
                 if !policy.model.is_empty() {
                     let token = launch
                         .model
-                        .map(|calls| self.model.tokens.token(calls.session))
+                        .map(|calls| self.model.tokens().token(calls.session))
                         .unwrap_or_default();
                     let origin = format!("http://127.0.0.1:{MODEL_PROXY_PORT}");
                     for route in &policy.model {
