@@ -292,15 +292,19 @@ pub fn box_policy(
                         .map_err(|why| anyhow::anyhow!("{table}.egress.allow[{i}]: {why}"))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            if rules.iter().any(|r| {
-                r.loopback_forward()
-                    .is_some_and(|(_, port)| port == crate::acp::sandbox::PROXY_PORT)
-            }) {
-                anyhow::bail!(
-                    "{table}.egress.allow forwards loopback port {}, which is the box's own \
-                     proxy",
-                    crate::acp::sandbox::PROXY_PORT
-                );
+            for (port, whose) in [
+                (crate::acp::sandbox::PROXY_PORT, "proxy"),
+                (crate::model_proxy::MODEL_PROXY_PORT, "model proxy"),
+            ] {
+                if rules
+                    .iter()
+                    .any(|r| r.loopback_forward().is_some_and(|(_, p)| p == port))
+                {
+                    anyhow::bail!(
+                        "{table}.egress.allow forwards loopback port {port}, which is the box's \
+                         own {whose}"
+                    );
+                }
             }
             Egress::Allow(rules)
         }
@@ -484,6 +488,7 @@ mod tests {
             ("egress = \"closed\"", "profiles.p.egress"),
             ("sandbox = \"off\"\negress = \"open\"", "profiles.p.egress"),
             ("egress = { allow = [\"127.0.0.1:3128\"] }", "proxy"),
+            ("egress = { allow = [\"127.0.0.1:3129\"] }", "model proxy"),
         ] {
             let err = format!("{:#}", policy(text, &protected).unwrap_err());
             assert!(err.contains(needle), "{text:?} → {err}");
