@@ -841,20 +841,29 @@ async fn ada_tokens(world: &World, at_least: u64) -> (u64, u64) {
     }
 }
 
+/// A fake Anthropic API, and a world whose `modelled` profile calls it through the model proxy.
+async fn model_world(
+    mode: Mode,
+    ada_budget: Option<&'static str>,
+) -> (agent_harness_model_fakes::FakeServer, World) {
+    let fake =
+        agent_harness_model_fakes::FakeServer::start(agent_harness_model_fakes::Api::Anthropic)
+            .await
+            .unwrap();
+    let world = World::start_with(
+        mode,
+        Some(ModelSetup {
+            upstream: fake.base_url(),
+            ada_budget,
+        }),
+    );
+    (fake, world)
+}
+
 both_ways!(
     the_providers_key_never_enters_the_box_and_each_call_is_metered_from_the_wire,
     |mode| async move {
-        let fake =
-            agent_harness_model_fakes::FakeServer::start(agent_harness_model_fakes::Api::Anthropic)
-                .await
-                .unwrap();
-        let world = World::start_with(
-            mode,
-            Some(ModelSetup {
-                upstream: fake.base_url(),
-                ada_budget: None,
-            }),
-        );
+        let (fake, world) = model_world(mode, None).await;
         let mut agent = world.session(ADA, "ada", "modelled").await;
         let env = agent.ask("sh env").await;
         assert!(!env.contains(PLANTED_KEY), "{env}");
@@ -898,17 +907,7 @@ both_ways!(
 both_ways!(
     a_spent_budget_stops_the_next_model_call_even_inside_a_turn,
     |mode| async move {
-        let fake =
-            agent_harness_model_fakes::FakeServer::start(agent_harness_model_fakes::Api::Anthropic)
-                .await
-                .unwrap();
-        let world = World::start_with(
-            mode,
-            Some(ModelSetup {
-                upstream: fake.base_url(),
-                ada_budget: Some(r#"{ tokens = 100, period = "day" }"#),
-            }),
-        );
+        let (fake, world) = model_world(mode, Some(r#"{ tokens = 100, period = "day" }"#)).await;
         let mut agent = world.session(ADA, "ada", "modelled").await;
         // One turn, three calls: the first spends the budget (110 tokens), the next two are
         // refused before they reach the provider, in a shape agents do not retry.
