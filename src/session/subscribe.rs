@@ -989,33 +989,25 @@ impl Subscription {
     /// waits here, holding no more than the budget, while the live feed goes on without it (it
     /// catches up from the store when it takes events again).
     async fn send_at(&mut self, cursor: u64, event: StreamEvent) -> std::result::Result<(), Gone> {
-        self.sent = true;
         let share = event.weight().min(STREAM_BUFFER_BYTES) as u32;
+        self.queue(Queued::Item(Ok((cursor, event))), share).await
+    }
+
+    /// Queues a message of the live fold by id (read when the client takes it).
+    async fn send_message_ref(&mut self, cursor: u64, id: String) -> std::result::Result<(), Gone> {
+        self.queue(Queued::Message { cursor, id }, REF_WEIGHT).await
+    }
+
+    /// Queues `item` once `share` of the byte budget is free; the permit goes with it.
+    async fn queue(&mut self, item: Queued, share: u32) -> std::result::Result<(), Gone> {
+        self.sent = true;
         let permit = self
             .room
             .clone()
             .acquire_many_owned(share)
             .await
             .map_err(|_| Gone)?;
-        self.tx
-            .send((Queued::Item(Ok((cursor, event))), Some(permit)))
-            .await
-            .map_err(|_| Gone)
-    }
-
-    /// Queues a message of the live fold by id (read when the client takes it).
-    async fn send_message_ref(&mut self, cursor: u64, id: String) -> std::result::Result<(), Gone> {
-        self.sent = true;
-        let permit = self
-            .room
-            .clone()
-            .acquire_many_owned(REF_WEIGHT)
-            .await
-            .map_err(|_| Gone)?;
-        self.tx
-            .send((Queued::Message { cursor, id }, Some(permit)))
-            .await
-            .map_err(|_| Gone)
+        self.tx.send((item, Some(permit))).await.map_err(|_| Gone)
     }
 
     /// Sends the error that ends the stream (it holds no share of the budget).

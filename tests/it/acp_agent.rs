@@ -155,6 +155,18 @@ impl Peer {
             .to_owned()
     }
 
+    /// A new session in `cwd` answers a prompt to its end: the process serves on.
+    async fn still_serves(&mut self, cwd: &Path) {
+        let session = self.new_session(cwd).await;
+        let answer = self
+            .call(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "still here"}]}),
+            )
+            .await;
+        assert_eq!(answer["result"]["stopReason"], "end_turn");
+    }
+
     /// The agent's request (to this client) with this method.
     async fn agent_request(&mut self, method: &str) -> Value {
         let method = method.to_owned();
@@ -469,14 +481,7 @@ async fn bad_lines_unknown_methods_and_unknown_sessions_get_json_rpc_errors_and_
             "{missing}"
         );
         // Still serving.
-        let session = peer.new_session(&cwd(&h)).await;
-        let answer = peer
-            .call(
-                "session/prompt",
-                json!({"sessionId": session, "prompt": [{"type": "text", "text": "still here"}]}),
-            )
-            .await;
-        assert_eq!(answer["result"]["stopReason"], "end_turn");
+        peer.still_serves(&cwd(&h)).await;
     })
     .await
 }
@@ -526,14 +531,7 @@ async fn a_line_that_is_not_utf8_or_over_the_limit_is_answered_and_skipped_witho
 
         // Still serving.
         peer.initialize().await;
-        let session = peer.new_session(&cwd(&h)).await;
-        let answer = peer
-            .call(
-                "session/prompt",
-                json!({"sessionId": session, "prompt": [{"type": "text", "text": "still here"}]}),
-            )
-            .await;
-        assert_eq!(answer["result"]["stopReason"], "end_turn");
+        peer.still_serves(&cwd(&h)).await;
     })
     .await
 }

@@ -213,19 +213,7 @@ async fn a_spent_budget_refuses_the_next_prompt_storing_nothing_while_the_crossi
             .unwrap()
             .into_inner();
         let id = created.session.unwrap().id;
-        let mut watch = Watch {
-            stream: ada
-                .subscribe(pb::SubscribeRequest {
-                    session_id: id.clone(),
-                    view: pb::SubscribeView::Log as i32,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner(),
-            entries: Vec::new(),
-            statuses: Vec::new(),
-        };
+        let mut watch = auth::watch(&mut ada, &id).await;
         let control = |text: &str| pb::ControlRequest {
             session_id: id.clone(),
             action: Some(prompt(text)),
@@ -343,19 +331,7 @@ async fn a_compaction_is_refused_once_the_budget_is_spent_and_stores_nothing() {
             .session
             .unwrap()
             .id;
-        let mut watch = Watch {
-            stream: ada
-                .subscribe(pb::SubscribeRequest {
-                    session_id: id.clone(),
-                    view: pb::SubscribeView::Log as i32,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner(),
-            entries: Vec::new(),
-            statuses: Vec::new(),
-        };
+        let mut watch = auth::watch(&mut ada, &id).await;
         let reply = ada
             .control(pb::ControlRequest {
                 session_id: id.clone(),

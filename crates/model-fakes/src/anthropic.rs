@@ -29,20 +29,11 @@ const PIECE_CHARS: usize = 24;
 const API: &str = "anthropic";
 
 pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response<Body> {
+    let mut recorded = request.recorded(API);
     let ApiRequest {
-        method,
-        path,
-        key,
-        body,
+        method, path, body, ..
     } = request;
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
-    let mut recorded = RecordedRequest {
-        api: API,
-        method: method.to_string(),
-        path: path.clone(),
-        key,
-        ..Default::default()
-    };
     let is_messages = path == "/v1/messages";
     if method != Method::POST || !(is_messages || path == "/v1/messages/count_tokens") {
         recorded.status = 404;

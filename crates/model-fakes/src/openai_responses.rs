@@ -30,19 +30,10 @@ const PIECE_CHARS: usize = 24;
 const API: &str = "openai-responses";
 
 pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response<Body> {
+    let mut recorded = request.recorded(API);
     let ApiRequest {
-        method,
-        path,
-        key,
-        body,
+        method, path, body, ..
     } = request;
-    let mut recorded = RecordedRequest {
-        api: API,
-        method: method.to_string(),
-        path: path.clone(),
-        key,
-        ..Default::default()
-    };
     if method != Method::POST || path != "/v1/responses" {
         recorded.status = 404;
         recorder.push(recorded);

@@ -159,6 +159,19 @@ pub struct ApiRequest {
     pub body: Bytes,
 }
 
+impl ApiRequest {
+    /// The record of this request, before its API module fills in what it read of the body.
+    pub fn recorded(&self, api: &'static str) -> crate::RecordedRequest {
+        crate::RecordedRequest {
+            api,
+            method: self.method.to_string(),
+            path: self.path.clone(),
+            key: self.key.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 async fn dispatch(api: Api, recorder: &Recorder, request: Request<Incoming>) -> Response<Body> {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
