@@ -24,7 +24,7 @@ use super::{
     transcript::{
         AgentInfo, CONTEXT_REBUILT_EVENT, ContextRebuiltPart, ControlKind, ControlPart,
         ElicitationPart, Message, Metadata, ModelOption, Outcome, Part, PermissionOption,
-        PermissionPart, PlanEntry, Role, StopReason, ToolPart, TurnEnd, Usage,
+        PermissionPart, PlanEntry, Role, StopReason, TURN_FAILED_EVENT, ToolPart, TurnEnd, Usage,
     },
     // The views shared with the session actor (`acp/views.rs`); the fold's own are `views::` below.
     views::{ConfigOption, ContentBlock, Envelope, Params, RawParams, Reply, RpcError, view},
@@ -915,6 +915,18 @@ impl Fold {
         if event == FORKED_EVENT {
             return self.inherit(frame, changed);
         }
+        if event == TURN_FAILED_EVENT {
+            // Only the turn named: the connection, its replays and pending controls go on.
+            if let Some(turn) = fields
+                .failed_turn
+                .and_then(ActionId::from_stored)
+                .and_then(|id| self.turn_of.get(&id).copied())
+            {
+                let detail = cap_foreign(fields.detail.unwrap_or("the harness failed the turn"));
+                self.close_turn(turn, Some(StopReason::Failed), Some(detail), entry, changed);
+            }
+            return;
+        }
         if event == CONTEXT_REBUILT_EVENT {
             self.context_rebuilt = Some(cap_foreign(fields.reason.unwrap_or_default()));
             return;
@@ -1332,6 +1344,34 @@ mod tests {
             assert_eq!(agent.stop_reason, Some(StopReason::Failed));
             assert_eq!(agent.error.as_deref(), Some(error));
         }
+    }
+
+    #[test]
+    fn a_turn_failed_by_the_harness_keeps_that_end_whatever_the_agent_answers_after() {
+        let id = ActionId::mint();
+        let mut log = Log::default();
+        log.prompt(id, &PromptAction::text("hi"))
+            .chunk("partial")
+            .event(json!({"event": TURN_FAILED_EVENT, "failed_turn": id.to_string(),
+                          "detail": "BUDGET_EXHAUSTED: spent"}))
+            .inc(json!({"jsonrpc": "2.0", "id": id.to_string(), "result": {"stopReason": "cancelled"}}));
+        let mut fold = log.fold();
+        let agent = fold.message("1:agent").cloned().unwrap();
+        assert_eq!(agent.stop_reason, Some(StopReason::Failed));
+        assert_eq!(agent.error.as_deref(), Some("BUDGET_EXHAUSTED: spent"));
+        let ends = fold.take_turn_ends();
+        assert_eq!(ends.len(), 1, "{ends:?}");
+        assert_eq!(ends[0].stop_reason, StopReason::Failed);
+        // Naming a turn that is not there changes nothing.
+        let other = ActionId::mint();
+        let mut log = Log::default();
+        log.prompt(other, &PromptAction::text("hi")).event(
+            json!({"event": TURN_FAILED_EVENT, "failed_turn": ActionId::mint().to_string()}),
+        );
+        assert_eq!(
+            log.fold().message("1:agent").and_then(|m| m.stop_reason),
+            None
+        );
     }
 
     #[test]

@@ -262,6 +262,11 @@ pub struct TurnEnd {
 /// The `event` name of the harness event that records a turn's end in the log.
 pub const TURN_ENDED_EVENT: &str = "turn_ended";
 
+/// The `event` name of the harness event that fails a running turn for a reason of the
+/// harness's own (`detail`, e.g. a spent budget) while the runtime goes on: the turn ends there,
+/// FAILED, whatever the agent answers afterwards.
+pub const TURN_FAILED_EVENT: &str = "turn_failed";
+
 impl TurnEnd {
     /// The logged form: `{"event":"turn_ended","turn":…,"request_id":…,"stop_reason":…,"error":…}`.
     pub fn to_event(&self) -> Value {

@@ -12,6 +12,8 @@ use crate::domain::{
 
 pub(crate) const USAGE_TOKENS: &str = "agent_harness_usage_tokens_total";
 pub(crate) const USAGE_COST: &str = "agent_harness_usage_cost_micros_total";
+/// What a refusal at admission says was not done.
+pub(crate) const NOT_TAKEN: &str = "the action was not taken";
 
 /// Where budgets come from: the tokens file as it stands now (reloads apply at once).
 #[derive(Clone, Default)]
@@ -42,9 +44,9 @@ impl fmt::Debug for BudgetSource {
 
 impl EngineContext {
     /// Refuses with BUDGET_EXHAUSTED when `owner`'s budget for the current period is spent.
-    /// Called before anything of a prompt or a compaction is stored; a turn already running is
-    /// not stopped.
-    pub(crate) async fn check_budget(&self, owner: &str) -> Result<()> {
+    /// Called before anything of a prompt or a compaction is stored (`refused` says what was
+    /// not done), and by the model proxy before each model call.
+    pub(crate) async fn check_budget(&self, owner: &str, refused: &str) -> Result<()> {
         let Some(budget) = self.budgets.budget(owner) else {
             return Ok(());
         };
@@ -77,7 +79,7 @@ impl EngineContext {
         Err(Error::new(
             ErrorCode::BudgetExhausted,
             format!(
-                "the budget of {owner:?} for this {} is spent ({}); the action was not taken",
+                "the budget of {owner:?} for this {} is spent ({}); {refused}",
                 budget.period.as_str(),
                 limits.join(", ")
             ),
@@ -118,6 +120,9 @@ pub(crate) struct SessionMeter {
     /// Calls ended whose usage is still on its way to the store: the next call of the session
     /// waits for them, so its budget check counts them (an agent's calls follow one another).
     pub(crate) storing: Arc<Storing>,
+    /// The session's actor: told when a call is refused for a spent budget, so the turn ends
+    /// with BUDGET_EXHAUSTED whatever the agent makes of the refusal.
+    pub(crate) actor: tokio::sync::mpsc::WeakSender<super::Command>,
 }
 
 /// Usage records on their way to the store.
@@ -138,6 +143,7 @@ impl crate::model_proxy::Meter for SessionMeter {
         let ctx = self.ctx.clone();
         let owner = self.owner.clone();
         let storing = self.storing.clone();
+        let actor = self.actor.clone();
         Box::pin(async move {
             let stored = async {
                 loop {
@@ -149,9 +155,31 @@ impl crate::model_proxy::Meter for SessionMeter {
                 }
             };
             let _ = tokio::time::timeout(STORING_WAIT, stored).await;
-            ctx.check_budget(&owner)
+            let Err(error) = ctx
+                .check_budget(&owner, "the model call was not forwarded")
                 .await
-                .map_err(|e| format!("{}: {}", e.code.reason(), e.message))
+            else {
+                return Ok(());
+            };
+            let reason = format!("{}: {}", error.code.reason(), error.message);
+            if error.code == ErrorCode::BudgetExhausted
+                && let Some(actor) = actor.upgrade()
+            {
+                // The turn is failed before the agent hears of the refusal, so its own answer
+                // (an error, or a retry) cannot come first.
+                let (reply, done) = tokio::sync::oneshot::channel();
+                let told = actor.send(super::Command::BudgetSpent {
+                    reason: reason.clone(),
+                    reply,
+                });
+                let _ = tokio::time::timeout(STORING_WAIT, async {
+                    if told.await.is_ok() {
+                        let _ = done.await;
+                    }
+                })
+                .await;
+            }
+            Err(reason)
         })
     }
 

@@ -469,6 +469,13 @@ pub(crate) enum Command {
     HandOff {
         reply: Reply<bool>,
     },
+    /// The model proxy refused a call of the running turn: the owner's budget is spent
+    /// (`reason`, as the refusal says it). The turn ends FAILED with it and the agent is told
+    /// to stop; answered once that is logged, before the agent hears of the refusal.
+    BudgetSpent {
+        reason: String,
+        reply: Reply<()>,
+    },
 }
 
 impl Command {
@@ -486,6 +493,7 @@ impl Command {
             Self::Delete { reply } => fail(reply, error),
             Self::Drain { reply } => fail(reply, error),
             Self::HandOff { reply } => fail(reply, error),
+            Self::BudgetSpent { reply, .. } => fail(reply, error),
         }
     }
 }

@@ -917,6 +917,29 @@ both_ways!(
         assert!(answer.contains("permission_error"), "{answer}");
         assert_eq!(fake.requests().len(), 1);
         assert_eq!(ada_tokens(&world, 1).await, (100, 10));
+        // The harness ended the turn itself at the first refusal, FAILED with the reason, and
+        // asked the agent to stop; whatever the agent answered after did not change that.
+        let ended = agent.watch.event("turn_ended").await;
+        assert_eq!(ended["stop_reason"], "failed", "{ended}");
+        let error = ended["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with("BUDGET_EXHAUSTED: "), "{ended}");
+        let failed = agent.watch.event("turn_failed").await;
+        assert_eq!(failed["failed_turn"], ended["request_id"], "{failed}");
+        agent
+            .watch
+            .entry(|e, f| {
+                e.direction == pb::LogDirection::ToRuntime as i32 && f["method"] == "session/cancel"
+            })
+            .await;
+        // The next prompt is refused at admission; the session stays usable.
+        let refused = agent
+            .client
+            .control(control(&agent.id, prompt("model 1 more")))
+            .await
+            .unwrap_err();
+        assert_eq!(error_reason(&refused), "BUDGET_EXHAUSTED", "{refused:?}");
+        agent.watch.status(pb::SessionStatus::Idle).await;
+        assert_eq!(agent.get().await.status, pb::SessionStatus::Idle as i32);
         // Bob, with no budget, goes on.
         let mut bob = world.session(BOB, "bob", "modelled").await;
         let answer = bob.ask("model 1 mine").await;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::{Map, Value, json};
 
-use super::{Actor, Out, PendingKind, StartPurpose, fingerprint, sent};
+use super::{Actor, HARNESS_ACTOR, Out, PendingKind, StartPurpose, fingerprint, sent};
 use crate::session::{Command, ControlInput, ControlOutcome, ControlStatus, SessionEvent};
 use crate::{
     acp::frames::{self as acp_frames, ConfigValue},
@@ -82,6 +82,9 @@ impl Actor {
             Command::HandOff { reply } => {
                 let _ = reply.send(Ok(self.on_hand_off().await));
             }
+            Command::BudgetSpent { reason, reply } => {
+                let _ = reply.send(self.on_budget_spent(reason).await);
+            }
         }
     }
 
@@ -132,7 +135,9 @@ impl Actor {
         }
         // A compaction is a model call too (a paid one, on a real agent): spent is spent.
         if matches!(action, Action::Prompt(_) | Action::Compact) {
-            self.ctx.check_budget(&self.record.owner).await?;
+            self.ctx
+                .check_budget(&self.record.owner, crate::session::metering::NOT_TAKEN)
+                .await?;
         }
         let actor = principal.actor().to_owned();
         match action {
@@ -433,6 +438,29 @@ impl Actor {
             turn.cancel_deadline = Some(Instant::now() + grace);
         }
         self.refresh_status(out);
+    }
+
+    /// The running turn's model call was refused for a spent budget: the turn ends FAILED with
+    /// the refusal as its error, at once (whatever the agent makes of the refusal), and the agent
+    /// is asked to stop it; the session takes its next turn once the agent has answered.
+    async fn on_budget_spent(&mut self, reason: String) -> Result<()> {
+        let Some(turn) = self.work.turn.as_mut() else {
+            return Ok(());
+        };
+        if turn.budget_spent || !self.runtime.state.is_ready() {
+            return Ok(());
+        }
+        turn.budget_spent = true;
+        let action_id = turn.action_id;
+        let mut out = Out::default();
+        self.log_event(
+            &mut out,
+            json!({"event": crate::acp::transcript::TURN_FAILED_EVENT,
+                   "failed_turn": action_id.to_string(), "detail": reason}),
+            Some(action_id),
+        );
+        self.cancel_turn(&mut out, action_id, HARNESS_ACTOR);
+        self.flush(out).await
     }
 
     pub(super) async fn on_stop(

@@ -205,7 +205,11 @@ impl Actor {
         }
         if let Some((ended, stop_reason)) = self.turn_end_of(id, frame) {
             if let Some(turn) = &self.work.turn {
-                turn.ended(stop_reason);
+                turn.ended(if turn.budget_spent {
+                    "failed"
+                } else {
+                    stop_reason
+                });
             }
             self.end_turn(ended).await;
         }

@@ -303,6 +303,7 @@ impl Actor {
                     owner: self.record.owner.clone(),
                     profile: self.profile.name.clone(),
                     storing: Default::default(),
+                    actor: self.own.clone(),
                 }),
             });
         let boxed = self.profile.sandbox.as_ref().map(|policy| launch::Boxed {

@@ -86,6 +86,8 @@ pub(crate) struct FirstPrompt {
 struct Turn {
     action_id: ActionId,
     cancel_deadline: Option<Instant>,
+    /// The model proxy refused a call for a spent budget: the turn is already logged FAILED.
+    budget_spent: bool,
     span: tracing::Span,
     started: Instant,
     /// The turn's trace span, its tool calls' and its waits' (see `spans`).
@@ -107,6 +109,7 @@ impl Turn {
         Self {
             action_id,
             cancel_deadline: None,
+            budget_spent: false,
             span,
             started: Instant::now(),
             trace: spans::TurnTrace::start(traces, session, action_id, profile, parent),
@@ -157,6 +160,9 @@ pub(crate) struct Actor {
     profile: Arc<Profile>,
     head: u64,
     commands: mpsc::Receiver<Command>,
+    /// A way back into its own command channel, for what works beside the actor (the model
+    /// proxy's meter); weak, so it never keeps the actor alive.
+    own: mpsc::WeakSender<Command>,
     runtime: RuntimeLink,
     work: Work,
     /// The session's transcript as of `head`, folded as entries are committed, so the actor can
@@ -243,6 +249,7 @@ impl Actor {
             profile,
             head: resume.head,
             commands,
+            own: commands_tx.downgrade(),
             runtime: RuntimeLink {
                 epoch: resume.epoch,
                 events_tx: runtime_tx,

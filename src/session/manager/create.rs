@@ -112,7 +112,9 @@ impl Sessions {
         }
         // A session opened with a prompt spends its owner's budget at once.
         if checked.first_prompt.is_some() {
-            self.ctx.check_budget(&owner).await?;
+            self.ctx
+                .check_budget(&owner, crate::session::metering::NOT_TAKEN)
+                .await?;
         }
         // With several replicas a remote session runs where a matching bridge is connected.
         let home = self.home_for_new(&checked.profile).await?;
