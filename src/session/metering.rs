@@ -123,6 +123,8 @@ pub(crate) struct SessionMeter {
     /// The session's actor: told when a call is refused for a spent budget, so the turn ends
     /// with BUDGET_EXHAUSTED whatever the agent makes of the refusal.
     pub(crate) actor: tokio::sync::mpsc::WeakSender<super::Command>,
+    /// The running turn, whose spans each call's `model_call` span hangs under.
+    pub(crate) turn: super::actor::TurnSlot,
 }
 
 /// Usage records on their way to the store.
@@ -184,6 +186,7 @@ impl crate::model_proxy::Meter for SessionMeter {
     }
 
     fn record(&self, call: crate::model_proxy::ModelCall) {
+        self.trace(&call);
         let Some(usage) = call.usage else {
             return;
         };
@@ -222,6 +225,53 @@ impl crate::model_proxy::Meter for SessionMeter {
                 .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             storing.done.notify_waiters();
         });
+    }
+}
+
+impl SessionMeter {
+    /// The call's `model_call` span under the running turn's (a log line in the turn's span,
+    /// and a trace span when traces are exported).
+    fn trace(&self, call: &crate::model_proxy::ModelCall) {
+        let turn = self.turn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let usage = call.usage.clone().unwrap_or_default();
+        let model = usage.model.as_deref().unwrap_or("");
+        let took_ms = call.took.as_millis() as u64;
+        let log = || {
+            tracing::info!(
+                session_id = %self.session,
+                provider = call.provider.name(),
+                model,
+                status = call.status,
+                input_tokens = usage.input_tokens,
+                output_tokens = usage.output_tokens,
+                took_ms,
+                "model call"
+            )
+        };
+        let Some(turn) = turn else {
+            return log();
+        };
+        turn.log.in_scope(log);
+        if let Some((traces, parent)) = &turn.trace {
+            use opentelemetry::KeyValue;
+            let started = SystemTime::now()
+                .checked_sub(call.took)
+                .unwrap_or_else(SystemTime::now);
+            let error = (call.status >= 400).then(|| format!("status {}", call.status));
+            traces.finished(
+                "model_call",
+                parent,
+                vec![
+                    KeyValue::new("agent_harness.provider", call.provider.name()),
+                    KeyValue::new("agent_harness.model", model.to_owned()),
+                    KeyValue::new("http.response.status_code", i64::from(call.status)),
+                    KeyValue::new("agent_harness.input_tokens", usage.input_tokens as i64),
+                    KeyValue::new("agent_harness.output_tokens", usage.output_tokens as i64),
+                ],
+                started,
+                error.as_deref(),
+            );
+        }
     }
 }
 

@@ -65,6 +65,30 @@ impl Traces {
     }
 }
 
+impl Traces {
+    /// A span that already ended: begun at `started`, ended now, under `parent` (a model call
+    /// the model proxy reports once its answer is over).
+    pub(crate) fn finished(
+        &self,
+        name: &'static str,
+        parent: &Context,
+        attributes: Vec<KeyValue>,
+        started: std::time::SystemTime,
+        error: Option<&str>,
+    ) {
+        let Some(tracer) = self.0.as_ref() else {
+            return;
+        };
+        let span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Client)
+            .with_attributes(attributes)
+            .with_start_time(started)
+            .start_with_context(tracer, parent);
+        end(&parent.with_span(span), error);
+    }
+}
+
 /// Where a new span hangs.
 pub(crate) enum Parent<'a> {
     Span(&'a Context),

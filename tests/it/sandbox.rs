@@ -71,6 +71,8 @@ struct World {
 struct ModelSetup {
     upstream: String,
     ada_budget: Option<&'static str>,
+    /// Where the server exports its traces.
+    otlp: String,
 }
 
 /// The provider's key the server holds (and no agent may see).
@@ -179,6 +181,9 @@ sandbox = {{ nested = true }}
             .arg(&tokens)
             .env("AGENT_HARNESS_PLANTED", PLANTED)
             .env("ANTHROPIC_API_KEY", PLANTED_KEY);
+        if let Some(setup) = &model {
+            serve = serve.arg("--otlp-endpoint").arg(&setup.otlp);
+        }
         if mode == Mode::Unprivileged {
             serve = serve.run_as(NOBODY, NOBODY);
         }
@@ -841,29 +846,36 @@ async fn ada_tokens(world: &World, at_least: u64) -> (u64, u64) {
     }
 }
 
-/// A fake Anthropic API, and a world whose `modelled` profile calls it through the model proxy.
+/// A fake Anthropic API, and a world whose `modelled` profile calls it through the model proxy
+/// (its traces exported to the receiver).
 async fn model_world(
     mode: Mode,
     ada_budget: Option<&'static str>,
-) -> (agent_harness_model_fakes::FakeServer, World) {
+) -> (
+    agent_harness_model_fakes::FakeServer,
+    World,
+    agent_harness_testkit::otlp::OtlpReceiver,
+) {
     let fake =
         agent_harness_model_fakes::FakeServer::start(agent_harness_model_fakes::Api::Anthropic)
             .await
             .unwrap();
+    let receiver = agent_harness_testkit::otlp::OtlpReceiver::start().await;
     let world = World::start_with(
         mode,
         Some(ModelSetup {
             upstream: fake.base_url(),
             ada_budget,
+            otlp: receiver.endpoint(),
         }),
     );
-    (fake, world)
+    (fake, world, receiver)
 }
 
 both_ways!(
     the_providers_key_never_enters_the_box_and_each_call_is_metered_from_the_wire,
     |mode| async move {
-        let (fake, world) = model_world(mode, None).await;
+        let (fake, world, receiver) = model_world(mode, None).await;
         let mut agent = world.session(ADA, "ada", "modelled").await;
         let env = agent.ask("sh env").await;
         assert!(!env.contains(PLANTED_KEY), "{env}");
@@ -890,6 +902,26 @@ both_ways!(
         assert_eq!(seen[0].key.as_deref(), Some(PLANTED_KEY));
         assert_eq!(seen[0].last_user_text.as_deref(), Some("hello there"));
         assert_eq!(ada_tokens(&world, 1).await, (100, 10), "the fake's usage");
+        // The call is a `model_call` span under its turn's.
+        let spans = receiver
+            .wait_for(|spans| {
+                spans.iter().any(|call| {
+                    call.name == "model_call"
+                        && spans
+                            .iter()
+                            .any(|s| s.name == "turn" && s.span_id == call.parent_span_id)
+                })
+            })
+            .await;
+        let call = spans.iter().find(|s| s.name == "model_call").unwrap();
+        let turn = spans
+            .iter()
+            .find(|s| s.name == "turn" && s.span_id == call.parent_span_id)
+            .unwrap_or_else(|| panic!("the model call's turn in {spans:#?}"));
+        assert_eq!(turn.trace_id, call.trace_id);
+        assert_eq!(call.attribute("agent_harness.provider"), Some("anthropic"));
+        assert_eq!(call.attribute("http.response.status_code"), Some("200"));
+        assert_eq!(call.attribute("agent_harness.input_tokens"), Some("100"));
         // Another session's token, or none, is refused and nothing reaches the provider.
         let mut bob = world.session(BOB, "bob", "modelled").await;
         let bobs = bob.ask("sh printenv ANTHROPIC_API_KEY").await;
@@ -907,7 +939,8 @@ both_ways!(
 both_ways!(
     a_spent_budget_stops_the_next_model_call_even_inside_a_turn,
     |mode| async move {
-        let (fake, world) = model_world(mode, Some(r#"{ tokens = 100, period = "day" }"#)).await;
+        let (fake, world, _receiver) =
+            model_world(mode, Some(r#"{ tokens = 100, period = "day" }"#)).await;
         let mut agent = world.session(ADA, "ada", "modelled").await;
         // One turn, three calls: the first spends the budget (110 tokens), the next two are
         // refused before they reach the provider, in a shape agents do not retry.

@@ -223,6 +223,7 @@ impl Actor {
                 &self.record.profile,
                 &untraced,
                 None,
+                &self.turn_slot,
             ));
             if let Some(conn) = self.runtime.state.conn() {
                 let _ = conn.writer.send(line);

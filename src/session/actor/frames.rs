@@ -561,6 +561,7 @@ impl Actor {
             &self.record.profile,
             &self.ctx.traces,
             entry.traceparent.as_deref(),
+            &self.turn_slot,
         );
         // Traced, the agent's spans hang under the turn's; else the caller's context goes on.
         let traceparent = turn

@@ -304,6 +304,7 @@ impl Actor {
                     profile: self.profile.name.clone(),
                     storing: Default::default(),
                     actor: self.own.clone(),
+                    turn: self.turn_slot.clone(),
                 }),
             });
         let boxed = self.profile.sandbox.as_ref().map(|policy| launch::Boxed {

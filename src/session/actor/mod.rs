@@ -92,6 +92,28 @@ struct Turn {
     started: Instant,
     /// The turn's trace span, its tool calls' and its waits' (see `spans`).
     trace: spans::TurnTrace,
+    /// Where the model proxy finds the running turn, to hang its `model_call` spans under it.
+    slot: TurnSlot,
+}
+
+/// The running turn as the session's model proxy sees it (set while the turn runs).
+pub(crate) type TurnSlot = Arc<std::sync::Mutex<Option<TurnSpans>>>;
+
+/// The running turn's spans: its log span and, when traced, its trace context.
+#[derive(Clone)]
+pub(crate) struct TurnSpans {
+    pub(crate) action_id: ActionId,
+    pub(crate) log: tracing::Span,
+    pub(crate) trace: Option<(super::traces::Traces, opentelemetry::Context)>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|t| t.action_id == self.action_id) {
+            *slot = None;
+        }
+    }
 }
 
 impl Turn {
@@ -103,16 +125,24 @@ impl Turn {
         profile: &str,
         traces: &super::traces::Traces,
         parent: Option<&str>,
+        slot: &TurnSlot,
     ) -> Self {
         let span = tracing::info_span!("turn", %session, %action_id);
         span.in_scope(|| tracing::debug!("turn started"));
+        let trace = spans::TurnTrace::start(traces, session, action_id, profile, parent);
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(TurnSpans {
+            action_id,
+            log: span.clone(),
+            trace: trace.context().map(|cx| (traces.clone(), cx.clone())),
+        });
         Self {
             action_id,
             cancel_deadline: None,
             budget_spent: false,
             span,
             started: Instant::now(),
-            trace: spans::TurnTrace::start(traces, session, action_id, profile, parent),
+            trace,
+            slot: slot.clone(),
         }
     }
 
@@ -163,6 +193,8 @@ pub(crate) struct Actor {
     /// A way back into its own command channel, for what works beside the actor (the model
     /// proxy's meter); weak, so it never keeps the actor alive.
     own: mpsc::WeakSender<Command>,
+    /// The running turn, for the model proxy's spans.
+    turn_slot: TurnSlot,
     runtime: RuntimeLink,
     work: Work,
     /// The session's transcript as of `head`, folded as entries are committed, so the actor can
@@ -250,6 +282,7 @@ impl Actor {
             head: resume.head,
             commands,
             own: commands_tx.downgrade(),
+            turn_slot: TurnSlot::default(),
             runtime: RuntimeLink {
                 epoch: resume.epoch,
                 events_tx: runtime_tx,

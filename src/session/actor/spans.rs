@@ -79,6 +79,11 @@ impl TurnTrace {
         }
     }
 
+    /// The turn's own span, when traced.
+    pub(super) fn context(&self) -> Option<&Context> {
+        self.span.as_ref()
+    }
+
     /// The `traceparent` the agent gets: the turn's own span, when traced.
     pub(super) fn traceparent(&self) -> Option<String> {
         self.span.as_ref().map(traces::traceparent)
