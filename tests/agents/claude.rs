@@ -4,9 +4,9 @@
 //! native Claude Code binary; preset `claude`).
 //!
 //! The preset gives the switches that keep it from calling home and passes `ANTHROPIC_API_KEY`
-//! through from the harness's environment; the rig adds `ANTHROPIC_BASE_URL` (the fake), a
-//! private `HOME` (where it keeps its session files) and a dummy key in the harness's
-//! environment. The harness gives a runtime only `PATH`, `HOME`, `LANG` and the profile's
+//! through from the harness's environment to its model proxy; the rig adds `ANTHROPIC_BASE_URL`
+//! (the fake: the proxy's upstream), a private `HOME` (where it keeps its session files) and a
+//! dummy key in the harness's environment. The harness gives a runtime only `PATH`, `HOME`, `LANG` and the profile's
 //! variables, so `IS_SANDBOX` (with which the CLI refuses to run as root) never reaches it.
 
 use std::path::Path;
@@ -18,13 +18,19 @@ use crate::kit::{Agent, ProfileSpec, agents_dir, installed, which};
 /// The key the rig puts in the harness's environment for the preset to pass through.
 const KEY: &str = "ANTHROPIC_API_KEY";
 
+/// The preset sends it through the model proxy: the key passed through stays with the proxy (the
+/// agent gets a token), and the base URL the profile sets becomes the proxy's upstream.
 fn claude_profile(fake: &FakeServer, _seed: &Path) -> ProfileSpec {
     ProfileSpec {
         env: ProfileSpec::pairs(&[("ANTHROPIC_BASE_URL", fake.base_url())]),
-        harness_env: ProfileSpec::pairs(&[(KEY, "dummy-key-passed-through".to_owned())]),
+        harness_env: ProfileSpec::pairs(&[(KEY, PASSED_KEY.to_owned())]),
+        key: PASSED_KEY.to_owned(),
         ..Default::default()
     }
 }
+
+/// The key the rig passes through.
+const PASSED_KEY: &str = "dummy-key-passed-through";
 
 fn without_key(spec: &mut ProfileSpec) {
     spec.harness_env.retain(|(k, _)| k != KEY);

@@ -2,11 +2,12 @@
 //! `codex`), against the fake OpenAI Responses API.
 //!
 //! The preset signs the agent in (`authenticate` with `openai-api-key`, which reads
-//! `OPENAI_API_KEY`, passed through from the harness's environment) and asks for `mode =
-//! read-only`. The rig adds `CODEX_HOME` (its config and session files, under the private
-//! HOME) whose `config.toml` names a custom model provider on the fake (`wire_api =
-//! "responses"`, no OpenAI login, no websockets, no retries) and a model slug Codex knows; the
-//! provider's key comes from a file (`env_files`), as from a mounted Secret.
+//! `OPENAI_API_KEY`) and asks for `mode = read-only`. The rig's key comes from a file
+//! (`env_files`, as from a mounted Secret) and stays with the model proxy: the agent's
+//! `OPENAI_API_KEY` holds its session's token. The rig adds `CODEX_HOME` (its config and
+//! session files, under the private HOME) whose `config.toml` names a custom model provider on
+//! the proxy (`wire_api = "responses"`, no OpenAI login, no websockets, no retries) and a model
+//! slug Codex knows, and `OPENAI_BASE_URL` (the fake), the proxy's upstream.
 
 use std::path::Path;
 
@@ -19,27 +20,36 @@ use crate::kit::{Agent, ProfileSpec, agents_dir, installed};
 pub const CODEX_MODEL: &str = "gpt-5.3-codex";
 
 fn codex_profile(fake: &FakeServer, seed: &Path) -> ProfileSpec {
-    // Its config file is seeded into the owner's HOME before every start (the box's HOME).
+    // Its config file is seeded into the owner's HOME before every start (the box's HOME). Its
+    // provider is the model proxy inside the box, whose token it reads from OPENAI_API_KEY.
     let codex_home = seed.join(".codex");
     std::fs::create_dir_all(&codex_home).expect("CODEX_HOME");
     let config = format!(
-        "model = \"{CODEX_MODEL}\"\nmodel_provider = \"fake\"\n\n[model_providers.fake]\n\
-         name = \"fake\"\nbase_url = \"{}/v1\"\nenv_key = \"FAKE_OPENAI_API_KEY\"\n\
+        "model = \"{CODEX_MODEL}\"\nmodel_provider = \"proxied\"\n\n[model_providers.proxied]\n\
+         name = \"proxied\"\nbase_url = \"{PROXY}\"\nenv_key = \"OPENAI_API_KEY\"\n\
          wire_api = \"responses\"\nrequires_openai_auth = false\nsupports_websockets = false\n\
-         request_max_retries = 0\nstream_max_retries = 0\n",
-        fake.base_url()
+         request_max_retries = 0\nstream_max_retries = 0\n"
     );
     std::fs::write(codex_home.join("config.toml"), config).expect("config.toml");
     // Beside the seed, never in it: a key file is the server's, and no box shows it.
     let key_file = seed.with_file_name("provider-key");
-    std::fs::write(&key_file, "dummy-key-from-a-file\n").expect("the key file");
+    std::fs::write(&key_file, format!("{FILE_KEY}\n")).expect("the key file");
     ProfileSpec {
-        env: ProfileSpec::pairs(&[("CODEX_HOME", "{home}/.codex".to_owned())]),
-        harness_env: ProfileSpec::pairs(&[("OPENAI_API_KEY", "dummy-key-passed-through".into())]),
-        env_files: vec![("FAKE_OPENAI_API_KEY".to_owned(), key_file)],
+        // The preset's proxy takes its upstream from the base URL the agent would have had.
+        env: ProfileSpec::pairs(&[
+            ("CODEX_HOME", "{home}/.codex".to_owned()),
+            ("OPENAI_BASE_URL", format!("{}/v1", fake.base_url())),
+        ]),
+        env_files: vec![("OPENAI_API_KEY".to_owned(), key_file)],
+        key: FILE_KEY.to_owned(),
         ..Default::default()
     }
 }
+
+/// The model proxy's OpenAI address in every box.
+const PROXY: &str = "http://127.0.0.1:3129/openai/v1";
+/// The provider's key, read from a file (as from a mounted Secret).
+const FILE_KEY: &str = "dummy-key-from-a-file";
 
 /// `@zed-industries/codex-acp` 0.16.0 (its Linux x64 binary package). Its approval presets are
 /// the `mode` option: `read-only` asks before any edit (the preset's), `auto` edits the
@@ -64,8 +74,8 @@ pub fn codex_0_16_0(test: &str) -> Option<Agent> {
             spec.keys
                 .push_str("config_options = { mode = \"full-access\" }\n")
         }),
-        // Without the key it passes through, the preset's sign-in fails.
-        without_key: Some(|spec| spec.harness_env.retain(|(k, _)| k != "OPENAI_API_KEY")),
+        // Without the key, the preset's sign-in fails.
+        without_key: Some(|spec| spec.env_files.retain(|(k, _)| k != "OPENAI_API_KEY")),
         switch_model: ("gpt-5.4-mini", "gpt-5.4-mini"),
         session_files: ".codex/sessions",
     })

@@ -260,6 +260,8 @@ pub struct ProfileSpec {
     pub preset_command: bool,
     /// The npm cache every box shows read-only (`[sandbox] npm_cache`).
     pub npm_cache: Option<PathBuf>,
+    /// The provider's key the harness holds, as the model API should see it.
+    pub key: String,
 }
 
 impl ProfileSpec {
@@ -318,6 +320,7 @@ pub struct Rig {
     pub fake: FakeServer,
     pub server: ServeProcess,
     pub boxing: Boxing,
+    key: String,
 }
 
 impl Rig {
@@ -354,7 +357,14 @@ impl Rig {
             fake,
             server,
             boxing,
+            key: spec.key.clone(),
         }
+    }
+
+    /// The provider's key the harness holds (and the model proxy swaps in for the agent's
+    /// token): the one the fake should see.
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
     /// The agent's HOME in its box.

@@ -28,7 +28,7 @@ SCENARIOS = [
     ("model_switch", "model switch"),
     ("kill_9_then_reopen", "kill -9, reopen"),
     ("fork", "fork"),
-    ("usage", "usage summed by GetUsage"),
+    ("model_proxy", "through the model proxy: key swapped, usage from the wire = the fake's, in GetUsage"),
     ("drained_right_after_a_turn", "harness drained right after a turn (×10)"),
     ("killed_right_after_a_turn", "harness killed -9 right after a turn (×10)"),
     ("owner_killed_shared_home", "two replicas, owner killed (shared HOME)"),

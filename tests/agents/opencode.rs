@@ -5,9 +5,11 @@
 //! edits inside the working directory without asking). The rig adds a private `HOME` (its
 //! SQLite database lives in `~/.local/share/opencode`), the `OPENCODE_DISABLE_*` switches that
 //! keep it from fetching anything, and `XDG_CONFIG_HOME` holding `opencode/opencode.json`,
-//! which names a provider on the fake through `@ai-sdk/openai-compatible` (bundled in the
-//! binary, nothing is installed) with a dummy key and its two models. No `authenticate` call
-//! is needed.
+//! which names a provider on the model proxy in its box through `@ai-sdk/openai-compatible`
+//! (bundled in the binary, nothing is installed) with the token the harness puts in
+//! `OPENAI_API_KEY` (`{env:…}`) and its two models; the profile's `model_proxy` sends that
+//! provider's calls to the fake with the key the harness holds. No `authenticate` call is
+//! needed.
 
 use std::path::Path;
 
@@ -26,7 +28,8 @@ fn opencode_profile(fake: &FakeServer, seed: &Path) -> ProfileSpec {
         "provider": { "fake": {
             "npm": "@ai-sdk/openai-compatible",
             "name": "Fake",
-            "options": { "baseURL": format!("{}/v1", fake.base_url()), "apiKey": "dummy" },
+            // The model proxy in its box, with the token the harness puts in OPENAI_API_KEY.
+            "options": { "baseURL": "http://127.0.0.1:3129/openai/v1", "apiKey": "{env:OPENAI_API_KEY}" },
             "models": {
                 "fake-model": { "name": "Fake model" },
                 "fake-small": { "name": "Fake small" },
@@ -44,6 +47,14 @@ fn opencode_profile(fake: &FakeServer, seed: &Path) -> ProfileSpec {
     // Its switches against calling home: offline each failed fetch of the models catalogue
     // costs about a second at start and again at the first prompt.
     ProfileSpec {
+        // Its preset leaves the proxy off (its providers read their base URLs their own way):
+        // the profile names it, for the provider its config points there.
+        keys: format!(
+            "model_proxy = {{ openai = {{ key = \"OPENAI_API_KEY\", upstream = \"{}\" }} }}\n",
+            fake.base_url()
+        ),
+        harness_env: ProfileSpec::pairs(&[("OPENAI_API_KEY", PASSED_KEY.to_owned())]),
+        key: PASSED_KEY.to_owned(),
         env: ProfileSpec::pairs(&[
             ("XDG_CONFIG_HOME", "{home}/.config".to_owned()),
             ("OPENCODE_DISABLE_MODELS_FETCH", "1".to_owned()),
@@ -54,6 +65,9 @@ fn opencode_profile(fake: &FakeServer, seed: &Path) -> ProfileSpec {
         ..Default::default()
     }
 }
+
+/// The key the rig passes through (to the model proxy; the agent gets a token).
+const PASSED_KEY: &str = "dummy-key-passed-through";
 
 /// `opencode-ai` 1.18.33 (its Linux x64 binary package). Its modes (`build`, `plan`) say which
 /// tools it may use; asking is its `permission` config (the preset's `OPENCODE_PERMISSION`).

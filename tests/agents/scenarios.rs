@@ -35,7 +35,7 @@ macro_rules! agent_scenarios {
             a_model_switch_reaches_the_next_model_request => model_switch,
             after_kill_9_the_next_prompt_reopens_with_the_conversation => kill_9_then_reopen,
             a_fork_carries_the_parents_conversation => fork,
-            the_usage_the_agent_reports_is_summed_per_profile => usage,
+            through_the_model_proxy_the_key_is_swapped_and_usage_is_read_from_the_wire => model_proxy,
         );
     };
     (@tests $module:ident, $agent:path, $($test:ident => $scenario:ident,)*) => {
@@ -80,74 +80,83 @@ pub async fn plain_turn(session: &mut Session, text: &str) -> (String, String) {
     (reason, reply)
 }
 
-/// The tokens and cost the agent reports for a turn (`usage_update`, the prompt reply's
-/// `usage`) are what GetUsage sums for its profile and its owner. An agent that reports none
-/// does not support the scenario (the log shows it sent nothing to sum).
-pub async fn usage(agent: Agent) -> Outcome {
+/// The agent calls its model API through the harness's model proxy: it holds a token (never the
+/// key the harness holds), every model call reaches the fake with the real key, and what
+/// GetUsage shows for the profile and the owner is what the fake's answers said they took —
+/// not what the agent reports (shown beside it for comparison).
+pub async fn model_proxy(agent: Agent) -> Outcome {
     let rig = Rig::start(&agent).await;
     let mut session = rig.session(&agent).await;
     let (reason, _) = plain_turn(&mut session, "count this [hello]").await;
     assert_eq!(reason, "end_turn");
     let mut reported_tokens = 0u64;
-    let mut usage_updates = 0;
     for entry in session.log().await {
         if entry.direction != pb::LogDirection::FromRuntime as i32 {
             continue;
         }
         let frame: Value = serde_json::from_str(&entry.json).expect("logged JSON");
-        if frame["params"]["update"]["sessionUpdate"] == "usage_update" {
-            usage_updates += 1;
-        }
         let usage = &frame["result"]["usage"];
         reported_tokens += usage["inputTokens"].as_u64().unwrap_or(0)
             + usage["outputTokens"].as_u64().unwrap_or(0);
     }
-    if reported_tokens == 0 && usage_updates == 0 {
-        return Outcome::NotSupported(
-            "no usage_update and no usage in the prompt's reply".to_owned(),
-        );
-    }
-    let usage = rig
-        .server
-        .client()
-        .await
-        .get_usage(pb::GetUsageRequest::default())
-        .await
-        .expect("GetUsage answers")
-        .into_inner();
-    let profile = usage
-        .profiles
-        .iter()
-        .find(|p| p.profile == crate::kit::PROFILE)
-        .and_then(|p| p.totals.clone())
-        .unwrap_or_default();
-    let summed = profile.input_tokens + profile.output_tokens;
-    let principal: u64 = usage
-        .principals
-        .iter()
-        .filter_map(|p| p.totals.as_ref())
-        .map(|t| t.input_tokens + t.output_tokens)
-        .sum();
-    if summed != reported_tokens || principal != reported_tokens {
+    let calls: Vec<_> = rig
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_model_call())
+        .collect();
+    assert!(!calls.is_empty(), "the agent called its model");
+    let keys: std::collections::BTreeSet<String> =
+        calls.iter().filter_map(|r| r.key.clone()).collect();
+    let expected_key = rig.key();
+    if keys.iter().any(|k| k.starts_with("ahm-")) || !keys.contains(expected_key) {
         return Outcome::Deviates(format!(
-            "the agent reported {reported_tokens} tokens in its replies; GetUsage sums {summed} \
-             for the profile and {principal} for the owner"
+            "the model API saw the keys {keys:?}, not (only) the one the harness holds \
+             ({expected_key:?}): the call did not go through the model proxy"
         ));
     }
-    let costs: Vec<String> = profile
-        .costs
-        .iter()
-        .map(|c| format!("{} {}", c.amount, c.currency))
-        .collect();
-    Outcome::Pass(format!(
-        "{} in + {} out tokens, {usage_updates} usage_update(s){}",
-        profile.input_tokens,
-        profile.output_tokens,
-        if costs.is_empty() {
-            String::new()
-        } else {
-            format!(", cost {}", costs.join(", "))
+    let (input, output) = rig.fake.served_tokens();
+    let mut client = rig.server.client().await;
+    // Each call's usage is stored as its answer ends: the last may land just after the turn.
+    let mut waited = std::time::Duration::ZERO;
+    let (profile, principal) = loop {
+        let usage = client
+            .get_usage(pb::GetUsageRequest::default())
+            .await
+            .expect("GetUsage answers")
+            .into_inner();
+        let profile = usage
+            .profiles
+            .iter()
+            .find(|p| p.profile == crate::kit::PROFILE)
+            .and_then(|p| p.totals.clone())
+            .unwrap_or_default();
+        let principal: (u64, u64) = usage
+            .principals
+            .iter()
+            .filter_map(|p| p.totals.as_ref())
+            .fold((0, 0), |(i, o), t| {
+                (i + t.input_tokens, o + t.output_tokens)
+            });
+        let profile = (profile.input_tokens, profile.output_tokens);
+        if (profile == (input, output) && principal == (input, output))
+            || waited >= std::time::Duration::from_secs(10)
+        {
+            break (profile, principal);
         }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        waited += std::time::Duration::from_millis(50);
+    };
+    if profile != (input, output) || principal != (input, output) {
+        return Outcome::Deviates(format!(
+            "the fake's answers said {input} in + {output} out tokens; GetUsage shows \
+             {profile:?} for the profile and {principal:?} for the owner"
+        ));
+    }
+    Outcome::Pass(format!(
+        "{} model call(s) with the real key; {input} in + {output} out tokens from the wire = \
+         the fake's, in GetUsage (the agent itself reported {reported_tokens})",
+        calls.len()
     ))
 }
 

@@ -75,10 +75,20 @@ pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response
         }
         Turn::Answer { steps, stop } if stream => {
             let (response, out) = server::event_stream();
-            tokio::spawn(stream_answer(out, recorded.seq, model, steps, stop));
+            tokio::spawn(stream_answer(
+                out,
+                recorded.seq,
+                model,
+                steps,
+                stop,
+                recorder.clone(),
+            ));
             response
         }
-        Turn::Answer { steps, stop } => whole_answer(recorded.seq, &model, steps, stop).await,
+        Turn::Answer { steps, stop } => {
+            recorder.served(recorded.seq, INPUT_TOKENS, WHOLE_OUTPUT_TOKENS);
+            whole_answer(recorded.seq, &model, steps, stop).await
+        }
     }
 }
 
@@ -177,9 +187,14 @@ fn stop_reason(stop: Stop) -> &'static str {
     }
 }
 
+/// The input tokens every answer reports.
+const INPUT_TOKENS: u64 = 100;
+/// The output tokens a whole (not streamed) answer reports.
+const WHOLE_OUTPUT_TOKENS: u64 = 10;
+
 fn usage(output_tokens: usize) -> Value {
     json!({
-        "input_tokens": 100,
+        "input_tokens": INPUT_TOKENS,
         "output_tokens": output_tokens,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
@@ -210,6 +225,7 @@ async fn stream_answer(
     model: String,
     steps: Vec<Step>,
     stop: Stop,
+    recorder: Recorder,
 ) {
     let mut writer = Writer {
         out,
@@ -217,7 +233,9 @@ async fn stream_answer(
         open_text: false,
         output_tokens: 0,
     };
-    let _ = writer.answer(seq, &model, steps, stop).await;
+    if writer.answer(seq, &model, steps, stop).await.is_ok() {
+        recorder.served(seq, INPUT_TOKENS, writer.output_tokens.max(1) as u64);
+    }
 }
 
 struct Writer {
@@ -385,7 +403,7 @@ async fn whole_answer(seq: usize, model: &str, steps: Vec<Step>, stop: Stop) -> 
         &json!({
             "id": format!("msg_fake_{seq}"), "type": "message", "role": "assistant",
             "model": model, "content": content, "stop_reason": stop_reason(stop),
-            "stop_sequence": null, "usage": usage(10),
+            "stop_sequence": null, "usage": usage(WHOLE_OUTPUT_TOKENS as usize),
         }),
     )
 }

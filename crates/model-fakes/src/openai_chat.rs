@@ -71,10 +71,20 @@ pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response
         }
         Turn::Answer { steps, stop } if stream => {
             let (response, out) = server::event_stream();
-            tokio::spawn(stream_answer(out, recorded.seq, model, steps, stop));
+            tokio::spawn(stream_answer(
+                out,
+                recorded.seq,
+                model,
+                steps,
+                stop,
+                recorder.clone(),
+            ));
             response
         }
-        Turn::Answer { steps, stop } => whole_answer(recorded.seq, &model, steps, stop).await,
+        Turn::Answer { steps, stop } => {
+            recorder.served(recorded.seq, INPUT_TOKENS, WHOLE_OUTPUT_TOKENS);
+            whole_answer(recorded.seq, &model, steps, stop).await
+        }
     }
 }
 
@@ -174,11 +184,16 @@ fn finish_reason(stop: Stop) -> &'static str {
     }
 }
 
+/// The input tokens every answer reports.
+const INPUT_TOKENS: u64 = 100;
+/// The output tokens a whole (not streamed) answer reports.
+const WHOLE_OUTPUT_TOKENS: u64 = 10;
+
 fn usage(output_tokens: usize) -> Value {
     json!({
-        "prompt_tokens": 100,
+        "prompt_tokens": INPUT_TOKENS,
         "completion_tokens": output_tokens,
-        "total_tokens": 100 + output_tokens,
+        "total_tokens": INPUT_TOKENS as usize + output_tokens,
     })
 }
 
@@ -202,6 +217,7 @@ async fn stream_answer(
     model: String,
     steps: Vec<Step>,
     stop: Stop,
+    recorder: Recorder,
 ) {
     let chunk = |delta: Value, finish: Option<&str>| -> Bytes {
         let data = json!({
@@ -260,6 +276,7 @@ async fn stream_answer(
     if !out.send(format!("data: {usage}\n\n")).await {
         return;
     }
+    recorder.served(seq, INPUT_TOKENS, output_tokens.max(1) as u64);
     let _ = out.send("data: [DONE]\n\n").await;
 }
 
@@ -295,7 +312,7 @@ async fn whole_answer(seq: usize, model: &str, steps: Vec<Step>, stop: Stop) -> 
             "id": format!("chatcmpl-fake-{seq}"), "object": "chat.completion", "created": 0,
             "model": model,
             "choices": [{ "index": 0, "message": message, "finish_reason": finish_reason(stop) }],
-            "usage": usage(10),
+            "usage": usage(WHOLE_OUTPUT_TOKENS as usize),
         }),
     )
 }

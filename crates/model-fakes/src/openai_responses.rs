@@ -76,10 +76,19 @@ pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response
         }
         Turn::Answer { steps, .. } if stream => {
             let (response, out) = server::event_stream();
-            tokio::spawn(stream_answer(out, recorded.seq, model, steps));
+            tokio::spawn(stream_answer(
+                out,
+                recorded.seq,
+                model,
+                steps,
+                recorder.clone(),
+            ));
             response
         }
-        Turn::Answer { steps, .. } => whole_answer(recorded.seq, &model, steps).await,
+        Turn::Answer { steps, .. } => {
+            recorder.served(recorded.seq, INPUT_TOKENS, WHOLE_OUTPUT_TOKENS);
+            whole_answer(recorded.seq, &model, steps).await
+        }
     }
 }
 
@@ -202,13 +211,18 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     response
 }
 
+/// The input tokens every answer reports.
+const INPUT_TOKENS: u64 = 100;
+/// The output tokens a whole (not streamed) answer reports.
+const WHOLE_OUTPUT_TOKENS: u64 = 10;
+
 fn usage(output_tokens: usize) -> Value {
     json!({
-        "input_tokens": 100,
+        "input_tokens": INPUT_TOKENS,
         "input_tokens_details": { "cached_tokens": 0 },
         "output_tokens": output_tokens,
         "output_tokens_details": { "reasoning_tokens": 0 },
-        "total_tokens": 100 + output_tokens,
+        "total_tokens": INPUT_TOKENS as usize + output_tokens,
     })
 }
 
@@ -248,7 +262,13 @@ fn patch_item(id: &str, call_id: &str, path: &str, content: &str) -> Value {
 }
 
 /// Streams the answer; stops as soon as the agent hangs up.
-async fn stream_answer(out: server::Stream, seq: usize, model: String, steps: Vec<Step>) {
+async fn stream_answer(
+    out: server::Stream,
+    seq: usize,
+    model: String,
+    steps: Vec<Step>,
+    recorder: Recorder,
+) {
     let mut writer = Writer {
         out,
         seq,
@@ -256,7 +276,9 @@ async fn stream_answer(out: server::Stream, seq: usize, model: String, steps: Ve
         open_text: None,
         output_tokens: 0,
     };
-    let _ = writer.answer(&model, steps).await;
+    if writer.answer(&model, steps).await.is_ok() {
+        recorder.served(seq, INPUT_TOKENS, writer.output_tokens.max(1) as u64);
+    }
 }
 
 struct Writer {
@@ -430,7 +452,7 @@ async fn whole_answer(seq: usize, model: &str, steps: Vec<Step>) -> Response<Bod
         StatusCode::OK,
         &json!({
             "id": format!("resp_fake_{seq}"), "object": "response", "model": model,
-            "status": "completed", "output": output, "usage": usage(10),
+            "status": "completed", "output": output, "usage": usage(WHOLE_OUTPUT_TOKENS as usize),
         }),
     )
 }

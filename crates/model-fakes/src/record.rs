@@ -36,6 +36,8 @@ pub struct RecordedRequest {
     pub stream: bool,
     /// The HTTP status the fake answered.
     pub status: u16,
+    /// The usage its answer reported (input, output tokens), once the answer was sent whole.
+    pub served: Option<(u64, u64)>,
 }
 
 impl RecordedRequest {
@@ -77,6 +79,28 @@ impl Recorder {
         drop(requests);
         self.inner.added.notify_waiters();
         request
+    }
+
+    /// The answer to request `seq` was sent whole, reporting this usage.
+    pub fn served(&self, seq: usize, input: u64, output: u64) {
+        if let Some(request) = self
+            .inner
+            .requests
+            .lock()
+            .expect("not poisoned")
+            .get_mut(seq)
+        {
+            request.served = Some((input, output));
+        }
+    }
+
+    /// The tokens of every answer sent whole so far (input, output): what a meter of the
+    /// wire should have counted.
+    pub fn served_tokens(&self) -> (u64, u64) {
+        self.all()
+            .iter()
+            .filter_map(|r| r.served)
+            .fold((0, 0), |(i, o), (a, b)| (i + a, o + b))
     }
 
     /// Every request so far.

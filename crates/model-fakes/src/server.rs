@@ -115,6 +115,11 @@ impl FakeServer {
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.recorder.all()
     }
+
+    /// The tokens of every answer sent whole so far (input, output).
+    pub fn served_tokens(&self) -> (u64, u64) {
+        self.recorder.served_tokens()
+    }
 }
 
 impl Drop for FakeServer {
