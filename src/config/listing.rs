@@ -185,6 +185,7 @@ fn preset_json(preset: &Preset) -> Value {
         "restart_after_cancel": preset.restart_after_cancel,
         "restart_after_error": preset.restart_after_error,
         "startup_timeout": preset.startup_timeout,
+        "model_proxy": preset.model_proxy.iter().map(|p| format!("{} (when {} is set)", p.name(), p.key_var())).collect::<Vec<_>>(),
     })
 }
 
@@ -211,6 +212,10 @@ fn profile_json(profile: &Profile, preset: Option<&Preset>, source: &str) -> Val
         "restart_after_cancel": profile.resilience.restart_after_cancel,
         "restart_after_error": profile.resilience.restart_after_error,
         "startup_timeout": humantime::format_duration(profile.startup_timeout).to_string(),
+        "model_proxy": profile.sandbox.iter().flat_map(|policy| &policy.model).map(|route| {
+            let when = if route.when_key_set { format!("when {} is set", route.key_var) } else { format!("key {}", route.key_var) };
+            format!("{} ({when})", route.provider.name())
+        }).collect::<Vec<_>>(),
     });
     match &profile.remote {
         Some(remote) => {
@@ -324,6 +329,7 @@ fn render(entry: &Value) -> String {
             entry["auth_method"].as_str().unwrap_or("-")
         ));
     }
+    lines.push(format!("  model_proxy          {}", list("model_proxy")));
     lines.push(format!(
         "  restart_after_cancel {}",
         entry["restart_after_cancel"]

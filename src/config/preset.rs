@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::model_proxy::Provider;
+
 /// One tested agent at one version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preset {
@@ -40,6 +42,10 @@ pub struct Preset {
     /// The agent runs its tools in a sandbox of its own (new user namespaces and mounts), which
     /// its box then allows (`sandbox.nested`).
     pub nested_sandbox: bool,
+    /// The providers whose calls go through the model proxy when its box has one (the
+    /// provider's key variable set, `egress` not open): the agent reads its key and base URL
+    /// from the variables the proxy fills (docs/model-proxy.md).
+    pub model_proxy: &'static [Provider],
 }
 
 /// Claude Code's switches against calling home; the stage runs with them.
@@ -73,6 +79,7 @@ pub const PRESETS: &[Preset] = &[
         startup_timeout: "120s",
         egress: &["api.anthropic.com:443", NPM_REGISTRY],
         nested_sandbox: false,
+        model_proxy: &[Provider::Anthropic],
     },
     Preset {
         name: "claude-0.23.1",
@@ -93,6 +100,7 @@ pub const PRESETS: &[Preset] = &[
         startup_timeout: "120s",
         egress: &["api.anthropic.com:443", NPM_REGISTRY],
         nested_sandbox: false,
+        model_proxy: &[Provider::Anthropic],
     },
     Preset {
         name: "codex-0.16.0",
@@ -117,6 +125,8 @@ pub const PRESETS: &[Preset] = &[
         // Codex runs its commands under its own sandbox (bundled bubblewrap: a user namespace
         // and mounts), inside the harness's box.
         nested_sandbox: true,
+        // Its built-in provider reads OPENAI_BASE_URL; `authenticate` reads OPENAI_API_KEY.
+        model_proxy: &[Provider::OpenAi],
     },
     Preset {
         name: "opencode-1.18.33",
@@ -145,6 +155,9 @@ pub const PRESETS: &[Preset] = &[
             NPM_REGISTRY,
         ],
         nested_sandbox: false,
+        // Its providers (the AI SDK's) read their base URLs their own way: a provider in its
+        // opencode.json names the proxy instead (docs/model-proxy.md).
+        model_proxy: &[],
     },
 ];
 

@@ -299,7 +299,9 @@ impl ProfileFile {
             check_boxed(&table, &launch, file.warm_pool)?;
         }
         let mut sandbox = sandbox;
-        if file.model_proxy.is_some() {
+        // Written as a table, it needs a box of the box's own network; a preset's default (or
+        // `false`) asks nothing.
+        if matches!(file.model_proxy, Some(toml::Value::Table(_))) {
             match &sandbox {
                 None => anyhow::bail!(
                     "{table}.model_proxy is for boxed local profiles: the proxy listens inside \
@@ -314,9 +316,15 @@ impl ProfileFile {
                 Some(_) => {}
             }
         }
-        let model =
-            super::sandbox::model_routes(&table, file.model_proxy.as_ref(), &launch.secrets)?;
-        if let Some(policy) = &mut sandbox {
+        let model = super::sandbox::model_routes(
+            &table,
+            file.model_proxy.as_ref(),
+            &launch.secrets,
+            preset,
+        )?;
+        if let Some(policy) = &mut sandbox
+            && policy.egress != crate::acp::sandbox::Egress::Open
+        {
             policy.model = model;
         }
         if let Some(roots) = &file.allowed_cwd_roots {
@@ -698,8 +706,15 @@ mod tests {
         .unwrap();
         let routes = &profile.sandbox.expect("boxed").model;
         assert_eq!(routes.len(), 2);
-        assert_eq!(routes[0].upstream, "https://api.anthropic.com");
-        assert_eq!(routes[1].upstream, "http://127.0.0.1:9/base");
+        assert_eq!(
+            routes[0].upstream, None,
+            "the base URL variable's, else the provider's"
+        );
+        assert_eq!(
+            routes[1].upstream.as_ref().map(|u| u.to_string()),
+            Some("http://127.0.0.1:9/base".to_owned())
+        );
+        assert!(!routes[0].when_key_set && !routes[1].when_key_set);
         let keys = "command = \"x\"\nenv_passthrough = [\"K\"]\n";
         for (text, needle) in [
             ("model_proxy = \"on\"", "profiles.p.model_proxy"),
@@ -744,6 +759,104 @@ mod tests {
         assert!(
             remote.to_string().contains("for boxed local profiles"),
             "{remote}"
+        );
+    }
+
+    #[test]
+    fn a_presets_agent_goes_through_the_model_proxy_where_its_key_is_passed_unless_turned_off() {
+        use crate::model_proxy::Provider;
+        let routes = |text: &str| {
+            file(text)
+                .resolve("p")
+                .unwrap()
+                .sandbox
+                .map(|policy| policy.model)
+                .unwrap_or_default()
+        };
+        let claude = routes("preset = \"claude\"");
+        assert_eq!(claude.len(), 1);
+        assert_eq!(claude[0].provider, Provider::Anthropic);
+        assert_eq!(claude[0].key_var, "ANTHROPIC_API_KEY");
+        assert!(claude[0].when_key_set);
+        assert_eq!(routes("preset = \"codex\"")[0].provider, Provider::OpenAi);
+        // A key from a file counts as the preset's key.
+        assert_eq!(
+            routes(
+                "preset = \"codex\"\nenv_passthrough = []\nenv_files = { OPENAI_API_KEY = \"/k\" }"
+            )
+            .len(),
+            1
+        );
+        for off in [
+            "preset = \"claude\"\nmodel_proxy = false",
+            "preset = \"claude\"\negress = \"open\"",
+            "preset = \"claude\"\nsandbox = \"off\"",
+            "preset = \"opencode\"",
+        ] {
+            assert!(routes(off).is_empty(), "{off}");
+        }
+    }
+
+    #[test]
+    fn a_route_at_start_takes_the_base_url_the_agent_would_have_had_as_its_upstream() {
+        use crate::model_proxy::{ModelRoute, Provider};
+        let route = |provider: Provider| ModelRoute {
+            provider,
+            key_var: provider.key_var().to_owned(),
+            upstream: None,
+            when_key_set: true,
+        };
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let anthropic = route(Provider::Anthropic);
+        assert!(
+            anthropic.at_start(env(&[])).unwrap().is_none(),
+            "no key, no route"
+        );
+        let active = anthropic
+            .at_start(env(&[
+                ("ANTHROPIC_API_KEY", "k"),
+                ("ANTHROPIC_BASE_URL", "http://127.0.0.1:7/"),
+            ]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(active.upstream.base.to_string(), "http://127.0.0.1:7/");
+        assert_eq!(active.upstream.key, "k");
+        let active = anthropic
+            .at_start(env(&[("ANTHROPIC_API_KEY", "k")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            active.upstream.base.to_string(),
+            "https://api.anthropic.com/"
+        );
+        let openai = route(Provider::OpenAi);
+        let active = openai
+            .at_start(env(&[
+                ("OPENAI_API_KEY", "k"),
+                ("OPENAI_BASE_URL", "https://gw.example/openai/v1"),
+            ]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            active.upstream.base.to_string(),
+            "https://gw.example/openai"
+        );
+        let refused = openai
+            .at_start(env(&[
+                ("OPENAI_API_KEY", "k"),
+                ("OPENAI_BASE_URL", "https://gw.example/openai"),
+            ]))
+            .unwrap_err();
+        assert!(
+            refused.contains("OPENAI_BASE_URL") && refused.contains("/v1"),
+            "{refused}"
         );
     }
 

@@ -331,20 +331,39 @@ pub fn box_policy(
 /// preset = "claude"
 /// model_proxy = { anthropic = { key = "ANTHROPIC_API_KEY" } }   # upstream: the provider's own
 /// ```
+///
+/// Unwritten, a preset's providers go through it (`Preset::model_proxy`), each at the starts
+/// where its key variable is set; `model_proxy = false` turns that off.
 pub fn model_routes(
     table: &str,
     written: Option<&toml::Value>,
     secrets: &crate::acp::env::EnvSources,
+    preset: Option<&super::Preset>,
 ) -> anyhow::Result<Vec<crate::model_proxy::ModelRoute>> {
     use crate::model_proxy::{ModelRoute, Provider};
-    let Some(written) = written else {
-        return Ok(Vec::new());
-    };
-    let toml::Value::Table(providers) = written else {
-        anyhow::bail!(
+    let takes =
+        |var: &str| secrets.passthrough.iter().any(|p| p == var) || secrets.files.contains_key(var);
+    let providers = match written {
+        None => {
+            let from_preset = preset.map(|p| p.model_proxy).unwrap_or_default();
+            return Ok(from_preset
+                .iter()
+                .filter(|provider| takes(provider.key_var()))
+                .map(|&provider| ModelRoute {
+                    provider,
+                    key_var: provider.key_var().to_owned(),
+                    upstream: None,
+                    when_key_set: true,
+                })
+                .collect());
+        }
+        Some(toml::Value::Boolean(false)) => return Ok(Vec::new()),
+        Some(toml::Value::Table(providers)) => providers,
+        Some(written) => anyhow::bail!(
             "{table}.model_proxy = {written}: write a table such as \
-             {{ anthropic = {{ key = \"ANTHROPIC_API_KEY\" }} }}"
-        );
+             {{ anthropic = {{ key = \"ANTHROPIC_API_KEY\" }} }}, or false to keep a preset's \
+             agent off it"
+        ),
     };
     let mut routes = Vec::new();
     for (name, value) in providers {
@@ -355,7 +374,7 @@ pub fn model_routes(
             );
         };
         let route: ModelRouteFile = value.clone().try_into().with_context(|| key.clone())?;
-        if !secrets.passthrough.contains(&route.key) && !secrets.files.contains_key(&route.key) {
+        if !takes(&route.key) {
             anyhow::bail!(
                 "{key}.key = {:?} is not a variable this profile takes from the harness: name it \
                  in env_passthrough or env_files (the proxy holds its value; the agent gets a \
@@ -366,13 +385,14 @@ pub fn model_routes(
         let upstream = route
             .upstream
             .as_deref()
-            .unwrap_or(provider.default_upstream());
-        let upstream = ModelRoute::parse_upstream(upstream)
+            .map(ModelRoute::parse_upstream)
+            .transpose()
             .map_err(|why| anyhow::anyhow!("{key}.upstream: {why}"))?;
         routes.push(ModelRoute {
             provider,
             key_var: route.key,
             upstream,
+            when_key_set: false,
         });
     }
     Ok(routes)

@@ -2,7 +2,7 @@
 //! key travels, and how each provider words an error, so an agent reads the proxy's refusals as
 //! it reads its provider's.
 
-use http::{Method, StatusCode};
+use http::{Method, StatusCode, Uri};
 use serde_json::json;
 
 /// A provider: its key's header and its errors' shape. Each has a path prefix of its own on the
@@ -62,6 +62,29 @@ impl Provider {
             Provider::Anthropic => "https://api.anthropic.com",
             Provider::OpenAi => "https://api.openai.com",
         }
+    }
+
+    /// The variable its agents read their key from, when a preset sends them through the proxy.
+    pub fn key_var(self) -> &'static str {
+        match self {
+            Provider::Anthropic => "ANTHROPIC_API_KEY",
+            Provider::OpenAi => "OPENAI_API_KEY",
+        }
+    }
+
+    /// The upstream a base URL as its SDKs take it names: Anthropic's SDK adds `/v1/...` to its
+    /// base, OpenAI's only what follows `/v1`, so an OpenAI base must end in `/v1`.
+    pub fn upstream_of(self, base_url: &str) -> Result<Uri, String> {
+        let trimmed = base_url.trim().trim_end_matches('/');
+        let base = match self {
+            Provider::Anthropic => trimmed,
+            Provider::OpenAi => trimmed.strip_suffix("/v1").ok_or_else(|| {
+                "an OpenAI base URL ends in /v1 (e.g. \"https://api.openai.com/v1\"); name \
+                 another upstream in the profile's model_proxy.openai.upstream"
+                    .to_owned()
+            })?,
+        };
+        super::ModelRoute::parse_upstream(base)
     }
 
     /// The base URL its SDKs take, for an agent in a box that reaches the proxy at `origin`

@@ -147,10 +147,56 @@ pub struct ModelCall {
 pub struct ModelRoute {
     pub provider: Provider,
     pub key_var: String,
-    pub upstream: Uri,
+    /// Where its calls go as the profile writes it; `None`: the value the runtime would have had
+    /// in the provider's base-URL variable (`ANTHROPIC_BASE_URL`, `OPENAI_BASE_URL`), else the
+    /// provider's own API.
+    pub upstream: Option<Uri>,
+    /// A preset's route, taken only at a start where the key is set: an agent signed in some
+    /// other way (a login in its HOME) calls its provider as before, through the egress proxy.
+    pub when_key_set: bool,
+}
+
+/// A route as one start of a runtime takes it: the variable the token goes in, where calls go
+/// and the real key they carry there.
+#[derive(Debug, Clone)]
+pub struct ActiveRoute {
+    pub provider: Provider,
+    pub key_var: String,
+    pub upstream: Upstream,
 }
 
 impl ModelRoute {
+    /// The route at a start of the runtime, given the variables it would have had (`var`):
+    /// `None` for a preset's route whose key is not set. `Err` says why a base-URL variable
+    /// cannot be an upstream.
+    pub fn at_start(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<ActiveRoute>, String> {
+        let key = match var(&self.key_var).filter(|key| !key.is_empty()) {
+            Some(key) => key,
+            None if self.when_key_set => return Ok(None),
+            None => String::new(),
+        };
+        let base = match &self.upstream {
+            Some(written) => written.clone(),
+            None => match var(self.provider.base_var()).filter(|v| !v.trim().is_empty()) {
+                Some(url) => self.provider.upstream_of(&url).map_err(|why| {
+                    format!(
+                        "{} = {url:?} cannot be the model proxy's upstream: {why}",
+                        self.provider.base_var()
+                    )
+                })?,
+                None => Self::parse_upstream(self.provider.default_upstream())?,
+            },
+        };
+        Ok(Some(ActiveRoute {
+            provider: self.provider,
+            key_var: self.key_var.clone(),
+            upstream: Upstream { base, key },
+        }))
+    }
+
     /// An upstream as a profile writes it: `http` or `https`, a host, no query.
     pub fn parse_upstream(text: &str) -> Result<Uri, String> {
         let uri: Uri = text

@@ -171,6 +171,8 @@ args = ["/opt/claude-agent-acp/dist/index.js"]
         "mode = default",
         "node /opt/claude-agent-acp/dist/index.js",
         "restart_after_cancel true",
+        // The claude preset's agent goes through the model proxy where its key is set.
+        "model_proxy          anthropic (when ANTHROPIC_API_KEY is set)",
     ] {
         assert!(out.contains(expected), "{expected:?} in:\n{out}");
     }

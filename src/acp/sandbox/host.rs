@@ -126,8 +126,8 @@ pub struct Sandbox {
     model: crate::model_proxy::Shared,
 }
 
-/// The providers' real keys of one box, held by its model proxy.
-type ModelKeys = std::collections::BTreeMap<crate::model_proxy::Provider, String>;
+/// The routes of one box's model proxy at this start, with the providers' real keys it holds.
+type ModelRoutes = Vec<crate::model_proxy::ActiveRoute>;
 
 /// One runtime to start in a box.
 #[derive(Debug, Clone, Copy)]
@@ -245,7 +245,7 @@ impl Sandbox {
             .map_err(|e| e.to_string())??
         };
         let cgroup = prepared.map(Arc::new);
-        let (spec, model_keys) = self.spec(&launch, &marker, cgroup.as_deref())?;
+        let (spec, model_routes) = self.spec(&launch, &marker, cgroup.as_deref())?;
         let (ours, theirs) = sys::socket_pair().map_err(|e| e.to_string())?;
         let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let box_init: Arc<Mutex<Option<OwnedFd>>> = Arc::default();
@@ -338,7 +338,7 @@ impl Sandbox {
                 Ok(listeners) => listeners,
                 Err(e) => return Err(fail(spawned, format!("the box's network: {e}")).await),
             };
-            let model_client = match launch.model.filter(|_| !launch.policy.model.is_empty()) {
+            let model_client = match launch.model.filter(|_| !model_routes.is_empty()) {
                 Some(_) => match self.model.client() {
                     Ok(client) => Some(client),
                     Err(why) => {
@@ -354,17 +354,9 @@ impl Sandbox {
                 } else if *port == MODEL_PROXY_PORT
                     && let (Some(calls), Some(client)) = (launch.model, model_client.clone())
                 {
-                    let upstreams = launch
-                        .policy
-                        .model
+                    let upstreams = model_routes
                         .iter()
-                        .map(|route| {
-                            let upstream = crate::model_proxy::Upstream {
-                                base: route.upstream.clone(),
-                                key: model_keys.get(&route.provider).cloned().unwrap_or_default(),
-                            };
-                            (route.provider, upstream)
-                        })
+                        .map(|route| (route.provider, route.upstream.clone()))
                         .collect();
                     let proxy = crate::model_proxy::BoxProxy {
                         session: calls.session,
@@ -470,7 +462,7 @@ impl Sandbox {
         launch: &BoxLaunch<'_>,
         marker: &str,
         cgroup: Option<&RuntimeCgroup>,
-    ) -> Result<(BoxSpec, ModelKeys), String> {
+    ) -> Result<(BoxSpec, ModelRoutes), String> {
         let policy = launch.policy;
         let runtime = launch.runtime;
         let mut env: Vec<(String, String)> = Vec::new();
@@ -481,11 +473,19 @@ impl Sandbox {
         let home = launch.home.to_string_lossy().into_owned();
         let resolved =
             process::runtime_env(runtime.env, runtime.secrets).map_err(|e| e.to_string())?;
-        // The keys the model proxy holds; their variables get the session's token below.
-        let mut model_keys = ModelKeys::new();
-        for route in &policy.model {
-            if let Some((_, value)) = resolved.iter().find(|(k, _)| *k == *route.key_var) {
-                model_keys.insert(route.provider, value.to_string_lossy().into_owned());
+        // The keys the model proxy holds (their variables get the session's token below), and
+        // where each provider's calls go.
+        let var = |name: &str| {
+            resolved
+                .iter()
+                .find(|(k, _)| *k == *name)
+                .map(|(_, v)| v.to_string_lossy().into_owned())
+        };
+        let mut model_routes = ModelRoutes::new();
+        // Only a session's box has a proxy: a bridge's runtime (or the probe) keeps its key.
+        if launch.model.is_some() && !matches!(policy.egress, Egress::Open) {
+            for route in &policy.model {
+                model_routes.extend(route.at_start(var)?);
             }
         }
         for (key, value) in resolved {
@@ -520,20 +520,18 @@ impl Sandbox {
                         .map(|(_, p)| p),
                 );
                 listen.dedup();
-                if !policy.model.is_empty() {
+                if !model_routes.is_empty() {
                     let token = launch
                         .model
                         .map(|calls| self.model.tokens().token(calls.session))
-                        .unwrap_or_default();
+                        .expect("routes are taken only for a session's box");
                     let origin = format!("http://127.0.0.1:{MODEL_PROXY_PORT}");
-                    for route in &policy.model {
-                        // Never the real key: the token (none at all in the probe's box).
+                    for route in &model_routes {
+                        // Never the real key: the session's token.
                         set(&route.key_var, token.clone());
                         set(route.provider.base_var(), route.provider.base_url(&origin));
                     }
-                    if launch.model.is_some() {
-                        listen.push(MODEL_PROXY_PORT);
-                    }
+                    listen.push(MODEL_PROXY_PORT);
                 }
                 BoxNetwork::Own { listen }
             }
@@ -553,7 +551,7 @@ impl Sandbox {
             network,
             nested: policy.nested,
         };
-        Ok((spec, model_keys))
+        Ok((spec, model_routes))
     }
 
     /// What of the host the box shows: the system read-only, the program itself when it lies
