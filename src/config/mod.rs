@@ -4,6 +4,7 @@
 
 pub mod listing;
 pub mod preset;
+pub mod prices;
 pub(crate) mod profile;
 pub mod sandbox;
 
@@ -248,6 +249,8 @@ pub struct FileConfig {
     /// The boxes runtimes run in (config/sandbox.rs).
     #[serde(default)]
     pub sandbox: sandbox::SandboxFile,
+    /// What each model costs, for the model proxy's usage (config/prices.rs).
+    pub model_prices: Option<toml::Value>,
     #[serde(default)]
     pub profiles: BTreeMap<String, ProfileFile>,
 }
@@ -387,6 +390,8 @@ pub struct ServeConfig {
     pub sandbox: sandbox::SandboxFile,
     /// This very executable: the sandbox launcher (`sandbox-exec`) and the `mock` agent.
     pub program: PathBuf,
+    /// The `[model_prices]` table: what the model proxy charges each call it meters.
+    pub model_prices: std::sync::Arc<crate::domain::usage::PriceTable>,
 }
 
 impl ServeConfig {
@@ -444,6 +449,7 @@ impl ServeConfig {
             budgets: Default::default(),
             traces: Default::default(),
             sandbox: self.sandbox_settings()?,
+            prices: self.model_prices.clone(),
         })
     }
 
@@ -470,6 +476,7 @@ impl ServeConfig {
         if services == ServiceSet::from_list(&[]) {
             anyhow::bail!("services is empty: name at least one of sessions, translator, gateway");
         }
+        let model_prices = std::sync::Arc::new(prices::price_table(file.model_prices.as_ref())?);
         let tls_cert = args.tls_cert.or(file.tls_cert);
         let tls_key = args.tls_key.or(file.tls_key);
         let tls_client_ca = args.tls_client_ca.or(file.tls_client_ca);
@@ -652,6 +659,7 @@ impl ServeConfig {
             sandbox: file.sandbox,
             program,
             config_file: args.config,
+            model_prices,
         })
     }
 }

@@ -158,6 +158,77 @@ pub fn decimal_to_micros(text: &str) -> Option<i64> {
     whole.checked_mul(MICROS_PER_UNIT)?.checked_add(fraction)
 }
 
+/// What one model costs, per million tokens, in micros of `currency` (the model proxy prices
+/// each call it reads from the wire with it; docs/model-proxy.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelPrice {
+    pub currency: String,
+    pub input: i64,
+    pub output: i64,
+    /// Input tokens read from the provider's cache (their input price when not given).
+    pub cache_read: i64,
+    /// Input tokens written to the provider's cache (likewise).
+    pub cache_write: i64,
+}
+
+impl ModelPrice {
+    /// The cost in micros of a call that took these tokens (`input` counts the cache's too),
+    /// rounded to the nearest micro.
+    pub fn cost_micros(&self, input: u64, output: u64, cache_read: u64, cache_write: u64) -> i64 {
+        let plain = input.saturating_sub(cache_read.saturating_add(cache_write));
+        let per_million: u128 = [
+            (plain, self.input),
+            (output, self.output),
+            (cache_read, self.cache_read),
+            (cache_write, self.cache_write),
+        ]
+        .iter()
+        .map(|&(tokens, price)| u128::from(tokens) * price.max(0) as u128)
+        .sum();
+        let micros = (per_million + 500_000) / 1_000_000;
+        i64::try_from(micros)
+            .unwrap_or(i64::MAX)
+            .min(MAX_REPORTED_COST_MICROS)
+    }
+}
+
+/// Prices by model name: an exact name, or a prefix written with a trailing `*`
+/// (`claude-sonnet-4-5*` prices `claude-sonnet-4-5-20250929`); the exact name, else the
+/// longest prefix, wins.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PriceTable {
+    exact: BTreeMap<String, ModelPrice>,
+    prefixes: Vec<(String, ModelPrice)>,
+}
+
+impl PriceTable {
+    pub fn insert(&mut self, pattern: &str, price: ModelPrice) {
+        match pattern.strip_suffix('*') {
+            Some(prefix) => {
+                self.prefixes.push((prefix.to_owned(), price));
+                self.prefixes.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+            }
+            None => {
+                self.exact.insert(pattern.to_owned(), price);
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.prefixes.is_empty()
+    }
+
+    /// The price of `model`, if the table names it.
+    pub fn price_of(&self, model: &str) -> Option<&ModelPrice> {
+        self.exact.get(model).or_else(|| {
+            self.prefixes
+                .iter()
+                .find(|(prefix, _)| model.starts_with(prefix.as_str()))
+                .map(|(_, price)| price)
+        })
+    }
+}
+
 /// How long a budget lasts before it starts again (calendar periods in UTC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Period {
@@ -252,6 +323,40 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_price_table_prices_by_exact_name_then_longest_prefix_and_rounds_to_the_micro() {
+        let price = |input: i64| ModelPrice {
+            currency: "USD".into(),
+            input,
+            output: 15_000_000,
+            cache_read: 300_000,
+            cache_write: 3_750_000,
+        };
+        let mut table = PriceTable::default();
+        table.insert("claude-*", price(1_000_000));
+        table.insert("claude-sonnet-4-5*", price(3_000_000));
+        table.insert("claude-sonnet-4-5-exact", price(5_000_000));
+        assert_eq!(
+            table.price_of("claude-sonnet-4-5-20250929").unwrap().input,
+            3_000_000
+        );
+        assert_eq!(table.price_of("claude-haiku-4-5").unwrap().input, 1_000_000);
+        assert_eq!(
+            table.price_of("claude-sonnet-4-5-exact").unwrap().input,
+            5_000_000
+        );
+        assert!(table.price_of("gpt-5").is_none());
+        // 100 input (of which 20 read from the cache, 10 written), 10 output, at $3/M in,
+        // $15/M out, $0.30/M cache reads, $3.75/M cache writes: 210 + 150 + 6 + 37.5 micros.
+        let sonnet = table.price_of("claude-sonnet-4-5").unwrap();
+        assert_eq!(sonnet.cost_micros(100, 10, 20, 10), 404);
+        assert_eq!(sonnet.cost_micros(0, 0, 0, 0), 0);
+        assert_eq!(
+            sonnet.cost_micros(u64::MAX, u64::MAX, 0, 0),
+            MAX_REPORTED_COST_MICROS
+        );
+    }
 
     fn at(text_days: i64, seconds: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(text_days as u64 * 86_400 + seconds)

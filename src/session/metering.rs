@@ -200,6 +200,24 @@ impl crate::model_proxy::Meter for SessionMeter {
             cost_micros: 0,
             currency: String::new(),
         };
+        // Priced when the table names the model the answer named.
+        let price = usage
+            .model
+            .as_deref()
+            .and_then(|model| self.ctx.prices.price_of(model));
+        let record = match price {
+            Some(price) => crate::domain::usage::UsageRecord {
+                cost_micros: price.cost_micros(
+                    usage.input_tokens,
+                    usage.output_tokens,
+                    usage.cache_read_tokens,
+                    usage.cache_write_tokens,
+                ),
+                currency: price.currency.clone(),
+                ..record
+            },
+            None => record,
+        };
         let ctx = self.ctx.clone();
         let profile = self.profile.clone();
         let storing = self.storing.clone();
@@ -213,7 +231,13 @@ impl crate::model_proxy::Meter for SessionMeter {
                 ..Default::default()
             };
             match ctx.store.commit(record.session_id, batch).await {
-                Ok(()) => usage_reported(&profile, record.input_tokens, record.output_tokens, None),
+                Ok(()) => usage_reported(
+                    &profile,
+                    record.input_tokens,
+                    record.output_tokens,
+                    (!record.currency.is_empty())
+                        .then_some((record.currency.as_str(), record.cost_micros)),
+                ),
                 Err(error) => tracing::warn!(
                     session_id = %record.session_id,
                     %error,

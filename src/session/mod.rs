@@ -102,6 +102,8 @@ pub(crate) struct EngineOptions {
     pub traces: traces::Traces,
     /// What every box shares.
     pub sandbox: crate::acp::sandbox::SandboxSettings,
+    /// What each model costs, for the model proxy's usage.
+    pub prices: Arc<crate::domain::usage::PriceTable>,
 }
 
 /// Who this replica is and how it holds sessions.
@@ -175,6 +177,8 @@ pub(crate) struct EngineContext {
     traces: traces::Traces,
     /// The boxes of local runtimes.
     sandbox: Arc<crate::acp::sandbox::Sandbox>,
+    /// What each model costs, for the model proxy's usage.
+    prices: Arc<crate::domain::usage::PriceTable>,
 }
 
 impl EngineContext {
@@ -208,6 +212,7 @@ impl EngineContext {
             remote_streams: Default::default(),
             replica: options.replica,
             budgets: options.budgets,
+            prices: options.prices,
             traces: options.traces,
             sandbox: Arc::new(crate::acp::sandbox::Sandbox::new(options.sandbox)),
         }

@@ -59,6 +59,8 @@ struct World {
     cache: PathBuf,
     ws: PathBuf,
     server: ServeProcess,
+    /// A second replica on the same store (`ModelSetup::replicas`).
+    second: Option<ServeProcess>,
     /// A loopback port the profile's `egress.allow` names (it accepts and closes).
     allowed_port: u16,
     _allowed: std::net::TcpListener,
@@ -73,6 +75,8 @@ struct ModelSetup {
     ada_budget: Option<&'static str>,
     /// Where the server exports its traces.
     otlp: String,
+    /// With a PostgreSQL store (a schema's URL): two replicas share it, the second in `second`.
+    replicas: Option<String>,
 }
 
 /// The provider's key the server holds (and no agent may see).
@@ -113,6 +117,9 @@ command = {agent:?}
 allowed_cwd_roots = ["{ws}/{{principal}}"]
 env_passthrough = ["ANTHROPIC_API_KEY"]
 model_proxy = {{ anthropic = {{ key = "ANTHROPIC_API_KEY", upstream = "{upstream}" }} }}
+
+[model_prices]
+"claude-host*" = {{ currency = "USD", input = "3", output = "15" }}
 "#,
                 agent = agent_harness_testkit::hostile_agent_bin(),
                 ws = ws.display(),
@@ -187,6 +194,19 @@ sandbox = {{ nested = true }}
         if mode == Mode::Unprivileged {
             serve = serve.run_as(NOBODY, NOBODY);
         }
+        let replicas = model.as_ref().and_then(|m| m.replicas.clone());
+        let second = replicas.as_deref().map(|url| {
+            assert_eq!(mode, Mode::Root, "the two-replica world runs as root");
+            Serve::on(base.join("srv").join("data-2"), &config)
+                .arg("--tokens-file")
+                .arg(&tokens)
+                .env("ANTHROPIC_API_KEY", PLANTED_KEY)
+                .replica(url, "10s")
+                .start()
+        });
+        if let Some(url) = &replicas {
+            serve = serve.replica(url, "10s");
+        }
         let server = serve.start();
         Self {
             _dir: dir,
@@ -198,6 +218,7 @@ sandbox = {{ nested = true }}
             cache,
             ws,
             server,
+            second,
             allowed_port,
             _allowed: allowed,
             _cgroups: cgroups,
@@ -205,12 +226,15 @@ sandbox = {{ nested = true }}
     }
 
     async fn client(&self, token: &str, acting: Option<&str>) -> Client {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", self.server.addr()))
-                .unwrap()
-                .connect()
-                .await
-                .expect("a connection");
+        Self::client_at(self.server.addr(), token, acting).await
+    }
+
+    async fn client_at(addr: std::net::SocketAddr, token: &str, acting: Option<&str>) -> Client {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("a connection");
         pb::agent_session_service_client::AgentSessionServiceClient::with_interceptor(
             channel,
             Bearer::new(Some(token), acting),
@@ -867,6 +891,7 @@ async fn model_world(
             upstream: fake.base_url(),
             ada_budget,
             otlp: receiver.endpoint(),
+            replicas: None,
         }),
     );
     (fake, world, receiver)
@@ -902,6 +927,23 @@ both_ways!(
         assert_eq!(seen[0].key.as_deref(), Some(PLANTED_KEY));
         assert_eq!(seen[0].last_user_text.as_deref(), Some("hello there"));
         assert_eq!(ada_tokens(&world, 1).await, (100, 10), "the fake's usage");
+        // Priced by the table: 100 in at $3/M and 10 out at $15/M.
+        let ada = world
+            .client(ADA, None)
+            .await
+            .get_usage(pb::GetUsageRequest {
+                principal: "ada".into(),
+                since: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let costs = &ada.principals[0].totals.as_ref().unwrap().costs;
+        assert_eq!(costs.len(), 1, "{costs:?}");
+        assert_eq!(
+            (costs[0].amount.as_str(), costs[0].currency.as_str()),
+            ("0.00045", "USD")
+        );
         // The call is a `model_call` span under its turn's.
         let spans = receiver
             .wait_for(|spans| {
@@ -1033,4 +1075,147 @@ async fn a_bridged_agent_cannot_read_its_bridges_token_file() {
         );
     })
     .await
+}
+
+/// Ada's budget of 10,000 tokens; turns of 990 (nine model calls of 110 each); 50 prompts sent
+/// at once over five sessions on two replicas sharing one PostgreSQL store. What is spent stops
+/// within one model call per session running at once past the budget (5 × 110 = 550 tokens): a
+/// session's calls follow one another, each waits for the previous one's usage to be stored,
+/// and every call is checked against the shared store. At least one turn completes; every turn
+/// past the budget ends FAILED with BUDGET_EXHAUSTED, or its prompt is refused at admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_holds_across_two_replicas_to_within_one_model_call_per_running_session() {
+    const SESSIONS: usize = 5;
+    const PROMPTS_EACH: usize = 10;
+    const BUDGET: u64 = 10_000;
+    const CALL_TOKENS: u64 = 110;
+    if skipped() {
+        return;
+    }
+    let Some((url, schema)) = crate::postgres::test_schema().await else {
+        return;
+    };
+    within(Duration::from_secs(240), async move {
+        let fake =
+            agent_harness_model_fakes::FakeServer::start(agent_harness_model_fakes::Api::Anthropic)
+                .await
+                .unwrap();
+        let receiver = agent_harness_testkit::otlp::OtlpReceiver::start().await;
+        let world = World::start_with(
+            Mode::Root,
+            Some(ModelSetup {
+                upstream: fake.base_url(),
+                ada_budget: Some(r#"{ tokens = 10000, period = "day" }"#),
+                otlp: receiver.endpoint(),
+                replicas: Some(crate::postgres::url_in_schema(&url, &schema)),
+            }),
+        );
+        let replicas = [
+            world.server.addr(),
+            world.second.as_ref().expect("two replicas").addr(),
+        ];
+        let mut sessions = Vec::new();
+        for i in 0..SESSIONS {
+            let mut client = World::client_at(replicas[i % 2], ADA, None).await;
+            let id = client
+                .create_session(pb::CreateSessionRequest {
+                    profile: "modelled".into(),
+                    cwd: world.workspace("ada").to_string_lossy().into_owned(),
+                    ..Default::default()
+                })
+                .await
+                .expect("the session is created")
+                .into_inner()
+                .session
+                .unwrap()
+                .id;
+            let watch = crate::auth::watch(&mut client, &id).await;
+            sessions.push((client, id, watch));
+        }
+        // All fifty at once.
+        let sends = sessions.iter().flat_map(|(client, id, _)| {
+            (0..PROMPTS_EACH).map(move |n| {
+                let mut client = client.clone();
+                let id = id.clone();
+                async move {
+                    client
+                        .control(control(&id, prompt(&format!("model 9 turn {n}"))))
+                        .await
+                }
+            })
+        });
+        let answers = futures::future::join_all(sends).await;
+        let mut refused = 0;
+        let mut admitted = [0usize; SESSIONS];
+        for (i, answer) in answers.iter().enumerate() {
+            match answer {
+                Ok(_) => admitted[i / PROMPTS_EACH] += 1,
+                Err(status) => {
+                    assert_eq!(error_reason(status), "BUDGET_EXHAUSTED", "{status:?}");
+                    refused += 1;
+                }
+            }
+        }
+        let (mut completed, mut failed) = (0, 0);
+        for (i, (_, _, watch)) in sessions.iter_mut().enumerate() {
+            let ends = |watch: &Watch| -> Vec<serde_json::Value> {
+                watch
+                    .entries
+                    .iter()
+                    .filter_map(|e| serde_json::from_str::<serde_json::Value>(&e.json).ok())
+                    .filter(|f| f["event"] == "turn_ended")
+                    .collect()
+            };
+            while ends(watch).len() < admitted[i] {
+                watch
+                    .next()
+                    .await
+                    .expect("the stream stays open")
+                    .expect("the stream does not fail");
+            }
+            for end in ends(watch) {
+                match end["stop_reason"].as_str() {
+                    Some("end_turn") => completed += 1,
+                    Some("failed")
+                        if end["error"]
+                            .as_str()
+                            .is_some_and(|e| e.starts_with("BUDGET_EXHAUSTED: ")) =>
+                    {
+                        failed += 1
+                    }
+                    _ => panic!("a turn ended otherwise: {end}"),
+                }
+            }
+        }
+        // Every call the provider answered is in GetUsage once its usage is stored.
+        let (input, output) = loop {
+            let served = fake.served_tokens();
+            let stored = ada_tokens(&world, 0).await;
+            if stored == served {
+                break stored;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let spent = input + output;
+        let bound = SESSIONS as u64 * CALL_TOKENS;
+        eprintln!(
+            "budget {BUDGET}: spent {spent} (bound {}), {completed} turns completed, {failed} \
+             failed BUDGET_EXHAUSTED, {refused} prompts refused at admission, over {} calls",
+            BUDGET + bound,
+            fake.requests().len()
+        );
+        assert!(spent >= BUDGET, "the budget was reached: {spent}");
+        assert!(
+            spent <= BUDGET + bound,
+            "spent {spent}, past the budget by more than one call per session"
+        );
+        assert!(completed >= 1, "at least one turn completes");
+        assert_eq!(
+            completed + failed + refused,
+            SESSIONS * PROMPTS_EACH,
+            "every prompt is accounted for"
+        );
+        assert!(failed >= 1, "the turns past the budget fail");
+    })
+    .await;
 }
