@@ -3,8 +3,8 @@
 //! snake_case, over defaults. Unknown keys in the file are an error naming the key.
 
 pub mod listing;
+pub mod model_proxy;
 pub mod preset;
-pub mod prices;
 pub(crate) mod profile;
 pub mod sandbox;
 
@@ -249,8 +249,10 @@ pub struct FileConfig {
     /// The boxes runtimes run in (config/sandbox.rs).
     #[serde(default)]
     pub sandbox: sandbox::SandboxFile,
-    /// What each model costs, for the model proxy's usage (config/prices.rs).
-    pub model_prices: Option<toml::Value>,
+    /// What every box's model proxy shares: its timeout, what each model costs
+    /// (config/model_proxy.rs).
+    #[serde(default)]
+    pub model_proxy: model_proxy::ModelProxyFile,
     #[serde(default)]
     pub profiles: BTreeMap<String, ProfileFile>,
 }
@@ -390,8 +392,8 @@ pub struct ServeConfig {
     pub sandbox: sandbox::SandboxFile,
     /// This very executable: the sandbox launcher (`sandbox-exec`) and the `mock` agent.
     pub program: PathBuf,
-    /// The `[model_prices]` table: what the model proxy charges each call it meters.
-    pub model_prices: std::sync::Arc<crate::domain::usage::PriceTable>,
+    /// The `[model_proxy]` table: its limits, and what it charges each call it meters.
+    pub model_proxy: model_proxy::ModelProxySettings,
 }
 
 impl ServeConfig {
@@ -425,8 +427,11 @@ impl ServeConfig {
                 .values()
                 .flat_map(|p| p.secrets.files.values()),
         );
-        self.sandbox
-            .settings(&self.data_dir, self.program.clone(), protected)
+        let mut settings =
+            self.sandbox
+                .settings(&self.data_dir, self.program.clone(), protected)?;
+        settings.model_limits = self.model_proxy.limits;
+        Ok(settings)
     }
 
     pub(crate) fn engine_options(
@@ -449,7 +454,7 @@ impl ServeConfig {
             budgets: Default::default(),
             traces: Default::default(),
             sandbox: self.sandbox_settings()?,
-            prices: self.model_prices.clone(),
+            prices: self.model_proxy.prices.clone(),
         })
     }
 
@@ -476,7 +481,7 @@ impl ServeConfig {
         if services == ServiceSet::from_list(&[]) {
             anyhow::bail!("services is empty: name at least one of sessions, translator, gateway");
         }
-        let model_prices = std::sync::Arc::new(prices::price_table(file.model_prices.as_ref())?);
+        let model_proxy = model_proxy::settings(&file.model_proxy)?;
         let tls_cert = args.tls_cert.or(file.tls_cert);
         let tls_key = args.tls_key.or(file.tls_key);
         let tls_client_ca = args.tls_client_ca.or(file.tls_client_ca);
@@ -659,7 +664,7 @@ impl ServeConfig {
             sandbox: file.sandbox,
             program,
             config_file: args.config,
-            model_prices,
+            model_proxy,
         })
     }
 }

@@ -137,6 +137,7 @@ impl SandboxFile {
             npm_cache,
             protected,
             model_key_file: Some(data_dir.join("model-proxy.key")),
+            model_limits: crate::model_proxy::Limits::default(),
         })
     }
 }

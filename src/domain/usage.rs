@@ -206,7 +206,8 @@ impl PriceTable {
         match pattern.strip_suffix('*') {
             Some(prefix) => {
                 self.prefixes.push((prefix.to_owned(), price));
-                self.prefixes.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+                self.prefixes
+                    .sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
             }
             None => {
                 self.exact.insert(pattern.to_owned(), price);

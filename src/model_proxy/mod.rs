@@ -232,7 +232,7 @@ impl std::fmt::Debug for Upstream {
 }
 
 /// The proxy's limits.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// The longest wait for the upstream's answer to start, and between two of its chunks.
     pub timeout: Duration,

@@ -118,7 +118,16 @@ allowed_cwd_roots = ["{ws}/{{principal}}"]
 env_passthrough = ["ANTHROPIC_API_KEY"]
 model_proxy = {{ anthropic = {{ key = "ANTHROPIC_API_KEY", upstream = "{upstream}" }} }}
 
-[model_prices]
+[profiles.modelled-down]
+command = {agent:?}
+allowed_cwd_roots = ["{ws}/{{principal}}"]
+env_passthrough = ["ANTHROPIC_API_KEY"]
+model_proxy = {{ anthropic = {{ key = "ANTHROPIC_API_KEY", upstream = "http://127.0.0.1:1" }} }}
+
+[model_proxy]
+timeout = "2s"
+
+[model_proxy.prices]
 "claude-host*" = {{ currency = "USD", input = "3", output = "15" }}
 "#,
                 agent = agent_harness_testkit::hostile_agent_bin(),
@@ -1076,6 +1085,33 @@ async fn a_bridged_agent_cannot_read_its_bridges_token_file() {
     })
     .await
 }
+
+both_ways!(
+    the_agent_gets_its_providers_error_when_the_upstream_fails_is_slow_or_down_and_goes_on,
+    |mode| async move {
+        let (_fake, world, _receiver) = model_world(mode, None).await;
+        let mut agent = world.session(ADA, "ada", "modelled").await;
+        // The provider's own error passes through as it is.
+        let answer = agent.ask("model 1 [error 500]").await;
+        assert!(answer.starts_with("ok 500\n"), "{answer}");
+        assert!(answer.contains("api_error"), "{answer}");
+        // An answer that does not start within the timeout (2 s here): 504, in the
+        // provider's shape.
+        let answer = agent.ask("model 1 [stall 5] slow").await;
+        assert!(answer.starts_with("ok 504\n"), "{answer}");
+        assert!(answer.contains(r#""type":"error""#), "{answer}");
+        // The session goes on, and only the answered call counts.
+        let answer = agent.ask("model 1 fine").await;
+        assert!(answer.starts_with("ok 200\n"), "{answer}");
+        assert_eq!(ada_tokens(&world, 1).await, (100, 10));
+        // An upstream that cannot be reached: 502, in the provider's shape.
+        let mut down = world.session(ADA, "ada", "modelled-down").await;
+        let answer = down.ask("model 1 hello").await;
+        assert!(answer.starts_with("ok 502\n"), "{answer}");
+        assert!(answer.contains(r#""type":"error""#), "{answer}");
+        assert!(down.ask("sh echo still here").await.contains("still here"));
+    }
+);
 
 /// Ada's budget of 10,000 tokens; turns of 990 (nine model calls of 110 each); 50 prompts sent
 /// at once over five sessions on two replicas sharing one PostgreSQL store. What is spent stops

@@ -102,6 +102,8 @@ pub struct SandboxSettings {
     pub protected: Vec<PathBuf>,
     /// Where the model proxy keeps its tokens' key (in the data dir, which no box shows).
     pub model_key_file: Option<PathBuf>,
+    /// The model proxy's timeout and body cap (`[model_proxy]`).
+    pub model_limits: crate::model_proxy::Limits,
 }
 
 impl SandboxSettings {
@@ -150,10 +152,8 @@ impl Sandbox {
         let cgroups = Cgroups::detect(settings.cgroup.as_deref());
         // SAFETY: a plain getter.
         let as_root = unsafe { libc::geteuid() } == 0;
-        let model = crate::model_proxy::Shared::new(
-            settings.model_key_file.clone(),
-            crate::model_proxy::Limits::default(),
-        );
+        let model =
+            crate::model_proxy::Shared::new(settings.model_key_file.clone(), settings.model_limits);
         Self {
             settings,
             cgroups,
