@@ -28,19 +28,10 @@ pub struct ModelProxyFile {
 }
 
 /// What every box's model proxy shares, as read.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ModelProxySettings {
     pub limits: crate::model_proxy::Limits,
     pub prices: Arc<PriceTable>,
-}
-
-impl Default for ModelProxySettings {
-    fn default() -> Self {
-        Self {
-            limits: crate::model_proxy::Limits::default(),
-            prices: Arc::default(),
-        }
-    }
 }
 
 /// Reads `[model_proxy]`; every error names the key.
