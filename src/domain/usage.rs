@@ -22,7 +22,36 @@ pub const MAX_REPORTED_TOKENS: u64 = 1_000_000_000_000;
 /// The most cost one report is taken to add, in micros (a billion units of its currency).
 pub const MAX_REPORTED_COST_MICROS: i64 = 1_000_000_000_000_000;
 
-/// One usage record: what one report of the agent added to a session's use.
+/// Whose word a usage record is. The two are never added for one profile: where the model
+/// proxy meters a session's calls, its agent's own reports are left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum UsageSource {
+    /// What the agent reported (`usage_update`, a prompt reply's `usage`).
+    #[default]
+    Agent,
+    /// What the provider's answer said, read by the model proxy.
+    ModelProxy,
+}
+
+impl UsageSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::ModelProxy => "model_proxy",
+        }
+    }
+
+    /// A stored name back (an unknown one reads as the agent's: older rows have no source).
+    pub fn parse(text: &str) -> Self {
+        match text {
+            "model_proxy" => Self::ModelProxy,
+            _ => Self::Agent,
+        }
+    }
+}
+
+/// One usage record: what one report of the agent, or one model call the model proxy read,
+/// added to a session's use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageRecord {
     pub session_id: Uuid,
@@ -35,6 +64,9 @@ pub struct UsageRecord {
     /// Cost added by this report, in micros of `currency` (0 and `""` when none was sent).
     pub cost_micros: i64,
     pub currency: String,
+    pub source: UsageSource,
+    /// The turn (its prompt's or compact's action) it was spent in, when one was running.
+    pub action_id: Option<super::ActionId>,
 }
 
 /// Which records a usage read sums.
@@ -48,12 +80,13 @@ pub struct UsageQuery {
     pub since: Option<SystemTime>,
 }
 
-/// The sums of one (session, principal, profile, currency) group of records.
+/// The sums of one (session, principal, profile, source, currency) group of records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageRow {
     pub session_id: Uuid,
     pub principal: String,
     pub profile: String,
+    pub source: UsageSource,
     pub currency: String,
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -84,30 +117,40 @@ impl UsageTotals {
     }
 }
 
-/// Usage summed three ways.
+/// Usage summed four ways.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsageReport {
-    pub by_session: BTreeMap<Uuid, (String, String, UsageTotals)>,
+    pub by_session: BTreeMap<Uuid, SessionTotals>,
     pub by_principal: BTreeMap<String, UsageTotals>,
     pub by_profile: BTreeMap<String, UsageTotals>,
+    pub by_source: BTreeMap<UsageSource, UsageTotals>,
+}
+
+/// One session's sums: its owner and profile, its totals and their split by source.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionTotals {
+    pub principal: String,
+    pub profile: String,
+    pub totals: UsageTotals,
+    pub by_source: BTreeMap<UsageSource, UsageTotals>,
 }
 
 impl UsageReport {
     pub fn of(rows: &[UsageRow]) -> Self {
         let mut report = Self::default();
         for row in rows {
-            report
-                .by_session
-                .entry(row.session_id)
-                .or_insert_with(|| {
-                    (
-                        row.principal.clone(),
-                        row.profile.clone(),
-                        UsageTotals::default(),
-                    )
-                })
-                .2
-                .add(row);
+            let session =
+                report
+                    .by_session
+                    .entry(row.session_id)
+                    .or_insert_with(|| SessionTotals {
+                        principal: row.principal.clone(),
+                        profile: row.profile.clone(),
+                        ..SessionTotals::default()
+                    });
+            session.totals.add(row);
+            session.by_source.entry(row.source).or_default().add(row);
+            report.by_source.entry(row.source).or_default().add(row);
             report
                 .by_principal
                 .entry(row.principal.clone())

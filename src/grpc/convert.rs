@@ -864,6 +864,25 @@ fn usage_totals_to_pb(totals: &crate::domain::usage::UsageTotals) -> pb::UsageTo
     }
 }
 
+fn sources_to_pb(
+    by_source: &std::collections::BTreeMap<
+        crate::domain::usage::UsageSource,
+        crate::domain::usage::UsageTotals,
+    >,
+) -> Vec<pb::SourceUsage> {
+    use crate::domain::usage::UsageSource;
+    by_source
+        .iter()
+        .map(|(source, totals)| pb::SourceUsage {
+            source: match source {
+                UsageSource::Agent => pb::UsageSource::Agent,
+                UsageSource::ModelProxy => pb::UsageSource::ModelProxy,
+            } as i32,
+            totals: Some(usage_totals_to_pb(totals)),
+        })
+        .collect()
+}
+
 pub(crate) fn usage_report_to_pb(
     answer: &crate::session::metering::UsageAnswer,
 ) -> pb::GetUsageResponse {
@@ -872,11 +891,12 @@ pub(crate) fn usage_report_to_pb(
         sessions: report
             .by_session
             .iter()
-            .map(|(id, (principal, profile, totals))| pb::SessionUsage {
+            .map(|(id, session)| pb::SessionUsage {
                 session_id: id.to_string(),
-                principal: principal.clone(),
-                profile: profile.clone(),
-                totals: Some(usage_totals_to_pb(totals)),
+                principal: session.principal.clone(),
+                profile: session.profile.clone(),
+                totals: Some(usage_totals_to_pb(&session.totals)),
+                sources: sources_to_pb(&session.by_source),
             })
             .collect(),
         principals: report
@@ -895,6 +915,7 @@ pub(crate) fn usage_report_to_pb(
                 totals: Some(usage_totals_to_pb(totals)),
             })
             .collect(),
+        sources: sources_to_pb(&report.by_source),
         budget: answer.budget.as_ref().map(|b| pb::BudgetStatus {
             principal: b.principal.clone(),
             period: b.budget.period.as_str().to_owned(),

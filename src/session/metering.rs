@@ -199,6 +199,14 @@ impl crate::model_proxy::Meter for SessionMeter {
             output_tokens: usage.output_tokens,
             cost_micros: 0,
             currency: String::new(),
+            source: crate::domain::usage::UsageSource::ModelProxy,
+            // The turn running as the call ends (calls outside a turn have none).
+            action_id: self
+                .turn
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|turn| turn.action_id),
         };
         // Priced when the table names the model the answer named.
         let price = usage

@@ -1309,13 +1309,22 @@ pub(crate) mod cases {
                     output_tokens: output,
                     cost_micros: cost,
                     currency: currency.to_owned(),
+                    source: crate::domain::usage::UsageSource::Agent,
+                    action_id: None,
                 }
             };
+        // One of the model proxy's, in a turn: its own group, summed with the rest.
+        let proxied = UsageRecord {
+            source: crate::domain::usage::UsageSource::ModelProxy,
+            action_id: Some(crate::domain::ActionId::mint()),
+            ..record(&alices, 1000, 100, 0, "")
+        };
         for (s, usage) in [
             (&alices, record(&alices, 100, 10, 0, "")),
             (&alices, record(&alices, 0, 0, 50_000, "USD")),
             (&alices, record(&alices, 200, 20, 25_000, "USD")),
             (&bobs, record(&bobs, 7, 3, 1, "EUR")),
+            (&alices, proxied),
         ] {
             store
                 .commit(
@@ -1330,7 +1339,15 @@ pub(crate) mod cases {
         }
         let all = UsageReport::of(&store.usage(&UsageQuery::default()).await.unwrap());
         let alice = &all.by_principal["user:alice"];
-        assert_eq!((alice.input_tokens, alice.output_tokens), (300, 30));
+        assert_eq!((alice.input_tokens, alice.output_tokens), (1300, 130));
+        {
+            use crate::domain::usage::UsageSource::{Agent, ModelProxy};
+            let split = &all.by_session[&alices.id].by_source;
+            assert_eq!(split[&Agent].tokens(), 330);
+            assert_eq!(split[&ModelProxy].tokens(), 1100);
+            assert_eq!(all.by_source[&Agent].tokens(), 340);
+            assert_eq!(all.by_source[&ModelProxy].tokens(), 1100);
+        }
         assert_eq!(alice.costs.get("USD"), Some(&75_000));
         assert_eq!(all.by_principal["user:bob"].costs.get("EUR"), Some(&1));
         assert_eq!(all.by_session.len(), 2);
@@ -1350,8 +1367,8 @@ pub(crate) mod cases {
         };
         assert_eq!(
             store.usage(&one_session).await.unwrap().len(),
-            2,
-            "per currency"
+            3,
+            "per source and currency"
         );
         assert!(store.delete_session(alices.id).await.unwrap());
         let after = UsageReport::of(&store.usage(&UsageQuery::default()).await.unwrap());
@@ -1375,6 +1392,8 @@ pub(crate) mod cases {
                 output_tokens: huge + 7,
                 cost_micros: huge as i64,
                 currency: "USD".to_owned(),
+                source: crate::domain::usage::UsageSource::Agent,
+                action_id: None,
             };
             store
                 .commit(
@@ -1410,6 +1429,8 @@ pub(crate) mod cases {
                 output_tokens: 1,
                 cost_micros: 0,
                 currency: String::new(),
+                source: crate::domain::usage::UsageSource::Agent,
+                action_id: None,
             };
             store
                 .commit(

@@ -121,11 +121,22 @@ impl Store for MemoryStore {
                 && query.session_id.is_none_or(|s| r.session_id == s)
                 && query.since.is_none_or(|since| r.at >= since)
         }) {
-            let key = (r.session_id, &r.principal, &r.profile, &r.currency);
-            match rows
-                .iter_mut()
-                .find(|row| (row.session_id, &row.principal, &row.profile, &row.currency) == key)
-            {
+            let key = (
+                r.session_id,
+                &r.principal,
+                &r.profile,
+                r.source,
+                &r.currency,
+            );
+            match rows.iter_mut().find(|row| {
+                (
+                    row.session_id,
+                    &row.principal,
+                    &row.profile,
+                    row.source,
+                    &row.currency,
+                ) == key
+            }) {
                 // Saturating at the bounds the database stores keep (`bigint`): absurd
                 // figures read as a huge sum, never as an error.
                 Some(row) => {
@@ -140,6 +151,7 @@ impl Store for MemoryStore {
                     session_id: r.session_id,
                     principal: r.principal.clone(),
                     profile: r.profile.clone(),
+                    source: r.source,
                     currency: r.currency.clone(),
                     input_tokens: r.input_tokens.min(MAX_SUM),
                     output_tokens: r.output_tokens.min(MAX_SUM),

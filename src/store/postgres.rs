@@ -601,10 +601,11 @@ async fn live_sessions_locked(tx: &deadpool_postgres::Transaction<'_>, owner: &s
 const USAGE_SQL: &str = "SELECT session_id, principal, profile, currency, \
      LEAST(sum(input_tokens), 9223372036854775807)::bigint, \
      LEAST(sum(output_tokens), 9223372036854775807)::bigint, \
-     GREATEST(LEAST(sum(cost_micros), 9223372036854775807), -9223372036854775808)::bigint \
+     GREATEST(LEAST(sum(cost_micros), 9223372036854775807), -9223372036854775808)::bigint, \
+     source \
      FROM usage_records WHERE ($1::text IS NULL OR principal = $1) \
      AND ($2::uuid IS NULL OR session_id = $2) AND ($3::bigint IS NULL OR at >= $3) \
-     GROUP BY session_id, principal, profile, currency";
+     GROUP BY session_id, principal, profile, source, currency";
 const LIVE_SESSIONS_SQL: &str =
     "SELECT count(*) FROM sessions WHERE owner = $1 AND status <> 'closed'";
 
@@ -913,6 +914,7 @@ impl Store for PostgresStore {
                 principal: row.get(1),
                 profile: row.get(2),
                 currency: row.get(3),
+                source: crate::domain::usage::UsageSource::parse(row.get(7)),
                 input_tokens: row.get::<_, i64>(4).max(0) as u64,
                 output_tokens: row.get::<_, i64>(5).max(0) as u64,
                 cost_micros: row.get(6),

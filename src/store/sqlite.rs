@@ -561,10 +561,11 @@ impl Store for SqliteStore {
                     "SELECT session_id, principal, profile, currency, \
                      sum(input_tokens >> 31), sum(input_tokens & 2147483647), \
                      sum(output_tokens >> 31), sum(output_tokens & 2147483647), \
-                     sum(cost_micros >> 31), sum(cost_micros & 2147483647) FROM usage_records \
+                     sum(cost_micros >> 31), sum(cost_micros & 2147483647), source \
+                     FROM usage_records \
                      WHERE (?1 IS NULL OR principal = ?1) AND (?2 IS NULL OR session_id = ?2) \
                      AND (?3 IS NULL OR at >= ?3) \
-                     GROUP BY session_id, principal, profile, currency",
+                     GROUP BY session_id, principal, profile, source, currency",
                 )
                 .context("reading usage")?;
             let rows = stmt
@@ -578,6 +579,9 @@ impl Store for SqliteStore {
                         principal: row.get(1)?,
                         profile: row.get(2)?,
                         currency: row.get(3)?,
+                        source: crate::domain::usage::UsageSource::parse(
+                            &row.get::<_, String>(10)?,
+                        ),
                         input_tokens: sum(4)?.max(0) as u64,
                         output_tokens: sum(6)?.max(0) as u64,
                         cost_micros: sum(8)?,

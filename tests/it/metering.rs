@@ -166,6 +166,14 @@ async fn three_turns_across_two_sessions_sum_per_principal_and_profile_and_survi
             after.principals[0].totals,
             totals(350, 70, vec![money("0.23", "USD")])
         );
+        // All of it the agent's word: its profile does not go through the model proxy.
+        assert_eq!(
+            after.sources,
+            vec![pb::SourceUsage {
+                source: pb::UsageSource::Agent as i32,
+                totals: totals(350, 70, vec![money("0.23", "USD")]),
+            }]
+        );
         h.shutdown().await;
     })
     .await;

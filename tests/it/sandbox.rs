@@ -953,6 +953,10 @@ both_ways!(
             (costs[0].amount.as_str(), costs[0].currency.as_str()),
             ("0.00045", "USD")
         );
+        // Read from the wire, and said so; nothing of the agent's own.
+        assert_eq!(ada.sources.len(), 1, "{:?}", ada.sources);
+        assert_eq!(ada.sources[0].source, pb::UsageSource::ModelProxy as i32);
+        assert_eq!(ada.sessions[0].sources.len(), 1);
         // The call is a `model_call` span under its turn's.
         let spans = receiver
             .wait_for(|spans| {

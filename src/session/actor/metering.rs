@@ -33,6 +33,8 @@ impl Actor {
             output_tokens: output,
             cost_micros: cost,
             currency: currency.to_owned(),
+            source: crate::domain::usage::UsageSource::Agent,
+            action_id: self.work.turn.as_ref().map(|turn| turn.action_id),
         }
     }
 

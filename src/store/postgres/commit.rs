@@ -276,9 +276,9 @@ const NEW_ACTIONS_SQL: &str = "INSERT INTO actions (session_pk, action_id, state
      fingerprint) SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], \
      $5::text[])";
 const USAGE_SQL: &str = "INSERT INTO usage_records (session_id, principal, profile, at, \
-     input_tokens, output_tokens, cost_micros, currency) \
+     input_tokens, output_tokens, cost_micros, currency, source, action_id) \
      SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], \
-                          $6::bigint[], $7::bigint[], $8::text[])";
+                          $6::bigint[], $7::bigint[], $8::text[], $9::text[], $10::uuid[])";
 const ACTION_STATES_SQL: &str = "UPDATE actions a SET state = v.state \
      FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS v(session_pk, action_id, state) \
      WHERE a.session_pk = v.session_pk AND a.action_id = v.action_id";
@@ -334,6 +334,8 @@ struct UsageRows<'b> {
     output_tokens: Vec<i64>,
     cost_micros: Vec<i64>,
     currency: Vec<&'b str>,
+    source: Vec<&'static str>,
+    action_id: Vec<Option<Uuid>>,
 }
 
 #[derive(Default)]
@@ -416,6 +418,9 @@ impl<'b> Writes<'b> {
                     .push(usage.output_tokens.min(i64::MAX as u64) as i64);
                 rows.cost_micros.push(usage.cost_micros);
                 rows.currency.push(&usage.currency);
+                rows.source.push(usage.source.as_str());
+                rows.action_id
+                    .push(usage.action_id.as_ref().map(ActionId::as_uuid));
             }
             if let Some(record) = &batch.session {
                 writes.records.insert(pk, record);
@@ -529,6 +534,8 @@ impl<'b> Writes<'b> {
                     p(&usage.output_tokens),
                     p(&usage.cost_micros),
                     p(&usage.currency),
+                    p(&usage.source),
+                    p(&usage.action_id),
                 ],
             )));
         }

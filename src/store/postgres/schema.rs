@@ -12,7 +12,7 @@ use super::Context;
 use crate::{domain::Result, store::StoreError};
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -144,6 +144,13 @@ ALTER TABLE bridges ADD COLUMN connected boolean NOT NULL DEFAULT true;
 /// The HOME a sandboxed session's agent runs with (set at creation; older sessions read NULL and
 /// find theirs from the configuration).
 const V6: &str = "ALTER TABLE sessions ADD COLUMN home text;";
+
+/// Version 7: whose word a usage record is (`agent`, or `model_proxy` for what the model proxy
+/// read from a provider's answer; older rows are the agents'), and the turn it was spent in.
+const V7: &str = "
+ALTER TABLE usage_records ADD COLUMN source text NOT NULL DEFAULT 'agent';
+ALTER TABLE usage_records ADD COLUMN action_id uuid;
+";
 
 /// Usage records: what agents reported, kept apart from sessions (no cascade) so that deleting a
 /// session does not refund its owner's budget.

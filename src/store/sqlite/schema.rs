@@ -22,7 +22,7 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) const WAL_BOUND_PAGES: u32 = 10_000;
 
 /// Scripts taking the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The schema version this build writes.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -137,6 +137,13 @@ CREATE INDEX usage_records_by_session ON usage_records (session_id);
 /// Version 5: the HOME a sandboxed session's agent runs with (set at creation; older sessions
 /// read NULL and find theirs from the configuration).
 const V5: &str = "ALTER TABLE sessions ADD COLUMN home TEXT;";
+
+/// Version 6: whose word a usage record is (`agent`, or `model_proxy` for what the model proxy
+/// read from a provider's answer; older rows are the agents'), and the turn it was spent in.
+const V6: &str = "
+ALTER TABLE usage_records ADD COLUMN source TEXT NOT NULL DEFAULT 'agent';
+ALTER TABLE usage_records ADD COLUMN action_id BLOB;
+";
 
 /// Version 4: a turn's commits dirty fewer pages. A turn changes its session's status twice
 /// (idle → running → idle), and the two indexes on `status` moved an entry between their pages

@@ -778,7 +778,8 @@ pub(super) fn commit(conn: &Connection, session_id: Uuid, batch: Batch) -> Resul
         let mut insert = conn
             .prepare_cached(
                 "INSERT INTO usage_records (session_id, principal, profile, at, input_tokens, \
-                 output_tokens, cost_micros, currency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                 output_tokens, cost_micros, currency, source, action_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )
             .context("recording usage")?;
         for usage in &batch.usage {
@@ -792,6 +793,11 @@ pub(super) fn commit(conn: &Connection, session_id: Uuid, batch: Batch) -> Resul
                     usage.output_tokens.min(i64::MAX as u64) as i64,
                     usage.cost_micros,
                     &usage.currency,
+                    usage.source.as_str(),
+                    usage
+                        .action_id
+                        .as_ref()
+                        .map(|id| action_id_bytes(id).to_vec()),
                 ))
                 .context("recording usage")?;
         }

@@ -322,13 +322,15 @@ class GetUsageRequest(_message.Message):
     def __init__(self, principal: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GetUsageResponse(_message.Message):
-    __slots__ = ("sessions", "principals", "profiles", "budget")
+    __slots__ = ("sessions", "principals", "profiles", "budget", "sources")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     PRINCIPALS_FIELD_NUMBER: _ClassVar[int]
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[_usage_pb2.SessionUsage]
     principals: _containers.RepeatedCompositeFieldContainer[_usage_pb2.PrincipalUsage]
     profiles: _containers.RepeatedCompositeFieldContainer[_usage_pb2.ProfileUsage]
     budget: _usage_pb2.BudgetStatus
-    def __init__(self, sessions: _Optional[_Iterable[_Union[_usage_pb2.SessionUsage, _Mapping]]] = ..., principals: _Optional[_Iterable[_Union[_usage_pb2.PrincipalUsage, _Mapping]]] = ..., profiles: _Optional[_Iterable[_Union[_usage_pb2.ProfileUsage, _Mapping]]] = ..., budget: _Optional[_Union[_usage_pb2.BudgetStatus, _Mapping]] = ...) -> None: ...
+    sources: _containers.RepeatedCompositeFieldContainer[_usage_pb2.SourceUsage]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[_usage_pb2.SessionUsage, _Mapping]]] = ..., principals: _Optional[_Iterable[_Union[_usage_pb2.PrincipalUsage, _Mapping]]] = ..., profiles: _Optional[_Iterable[_Union[_usage_pb2.ProfileUsage, _Mapping]]] = ..., budget: _Optional[_Union[_usage_pb2.BudgetStatus, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[_usage_pb2.SourceUsage, _Mapping]]] = ...) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61gent_harness/v1/usage.proto\x12\x10\x61gent_harness.v1\x1a\x1fgoogle/protobuf/timestamp.proto\")\n\x05Money\x12\x0e\n\x06\x61mount\x18\x01 \x01(\t\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\"b\n\x0bUsageTotals\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\x12&\n\x05\x63osts\x18\x03 \x03(\x0b\x32\x17.agent_harness.v1.Money\"u\n\x0cSessionUsage\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tprincipal\x18\x02 \x01(\t\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12-\n\x06totals\x18\x04 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals\"R\n\x0ePrincipalUsage\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12-\n\x06totals\x18\x02 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals\"N\n\x0cProfileUsage\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12-\n\x06totals\x18\x02 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals\"\x8e\x02\n\x0c\x42udgetStatus\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\x0e\n\x06period\x18\x02 \x01(\t\x12\x30\n\x0cperiod_start\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\ncost_limit\x18\x04 \x01(\x0b\x32\x17.agent_harness.v1.MoneyH\x00\x88\x01\x01\x12\x18\n\x0btoken_limit\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12+\n\x04used\x18\x06 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals\x12\x11\n\texhausted\x18\x07 \x01(\x08\x42\r\n\x0b_cost_limitB\x0e\n\x0c_token_limitB\x94\x01\n\x17\x64\x65v.agentharness.api.v1B\nUsageProtoP\x01Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\xaa\x02\x0f\x41gentHarness.V1\xca\x02\x0f\x41gentHarness\\V1\xea\x02\x10\x41gentHarness::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61gent_harness/v1/usage.proto\x12\x10\x61gent_harness.v1\x1a\x1fgoogle/protobuf/timestamp.proto\")\n\x05Money\x12\x0e\n\x06\x61mount\x18\x01 \x01(\t\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\"b\n\x0bUsageTotals\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\x12&\n\x05\x63osts\x18\x03 \x03(\x0b\x32\x17.agent_harness.v1.Money\"\xa5\x01\n\x0cSessionUsage\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tprincipal\x18\x02 \x01(\t\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12-\n\x06totals\x18\x04 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals\x12.\n\x07sources\x18\x05 \x03(\x0b\x32\x1d.agent_harness.v1.SourceUsage\"R\n\x0ePrincipalUsage\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12-\n\x06totals\x18\x02 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals\"N\n\x0cProfileUsage\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12-\n\x06totals\x18\x02 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals\"\x8e\x02\n\x0c\x42udgetStatus\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\x0e\n\x06period\x18\x02 \x01(\t\x12\x30\n\x0cperiod_start\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\ncost_limit\x18\x04 \x01(\x0b\x32\x17.agent_harness.v1.MoneyH\x00\x88\x01\x01\x12\x18\n\x0btoken_limit\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12+\n\x04used\x18\x06 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals\x12\x11\n\texhausted\x18\x07 \x01(\x08\x42\r\n\x0b_cost_limitB\x0e\n\x0c_token_limit\"k\n\x0bSourceUsage\x12-\n\x06source\x18\x01 \x01(\x0e\x32\x1d.agent_harness.v1.UsageSource\x12-\n\x06totals\x18\x02 \x01(\x0b\x32\x1d.agent_harness.v1.UsageTotals*a\n\x0bUsageSource\x12\x1c\n\x18USAGE_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12USAGE_SOURCE_AGENT\x10\x01\x12\x1c\n\x18USAGE_SOURCE_MODEL_PROXY\x10\x02\x42\x94\x01\n\x17\x64\x65v.agentharness.api.v1B\nUsageProtoP\x01Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\xaa\x02\x0f\x41gentHarness.V1\xca\x02\x0f\x41gentHarness\\V1\xea\x02\x10\x41gentHarness::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,20 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent_harness.v1.usage_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\027dev.agentharness.api.v1B\nUsageProtoP\001Z4agentharness.dev/api/agent_harness/v1;agentharnessv1\252\002\017AgentHarness.V1\312\002\017AgentHarness\\V1\352\002\020AgentHarness::V1'
+  _globals['_USAGESOURCE']._serialized_start=940
+  _globals['_USAGESOURCE']._serialized_end=1037
   _globals['_MONEY']._serialized_start=83
   _globals['_MONEY']._serialized_end=124
   _globals['_USAGETOTALS']._serialized_start=126
   _globals['_USAGETOTALS']._serialized_end=224
-  _globals['_SESSIONUSAGE']._serialized_start=226
-  _globals['_SESSIONUSAGE']._serialized_end=343
-  _globals['_PRINCIPALUSAGE']._serialized_start=345
-  _globals['_PRINCIPALUSAGE']._serialized_end=427
-  _globals['_PROFILEUSAGE']._serialized_start=429
-  _globals['_PROFILEUSAGE']._serialized_end=507
-  _globals['_BUDGETSTATUS']._serialized_start=510
-  _globals['_BUDGETSTATUS']._serialized_end=780
+  _globals['_SESSIONUSAGE']._serialized_start=227
+  _globals['_SESSIONUSAGE']._serialized_end=392
+  _globals['_PRINCIPALUSAGE']._serialized_start=394
+  _globals['_PRINCIPALUSAGE']._serialized_end=476
+  _globals['_PROFILEUSAGE']._serialized_start=478
+  _globals['_PROFILEUSAGE']._serialized_end=556
+  _globals['_BUDGETSTATUS']._serialized_start=559
+  _globals['_BUDGETSTATUS']._serialized_end=829
+  _globals['_SOURCEUSAGE']._serialized_start=831
+  _globals['_SOURCEUSAGE']._serialized_end=938
 # @@protoc_insertion_point(module_scope)

@@ -2,8 +2,8 @@
 // @generated from file agent_harness/v1/usage.proto (package agent_harness.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agent_harness/v1/usage.proto.
  */
 export const file_agent_harness_v1_usage: GenFile = /*@__PURE__*/
-  fileDesc("ChxhZ2VudF9oYXJuZXNzL3YxL3VzYWdlLnByb3RvEhBhZ2VudF9oYXJuZXNzLnYxIikKBU1vbmV5Eg4KBmFtb3VudBgBIAEoCRIQCghjdXJyZW5jeRgCIAEoCSJiCgtVc2FnZVRvdGFscxIUCgxpbnB1dF90b2tlbnMYASABKAQSFQoNb3V0cHV0X3Rva2VucxgCIAEoBBImCgVjb3N0cxgDIAMoCzIXLmFnZW50X2hhcm5lc3MudjEuTW9uZXkidQoMU2Vzc2lvblVzYWdlEhIKCnNlc3Npb25faWQYASABKAkSEQoJcHJpbmNpcGFsGAIgASgJEg8KB3Byb2ZpbGUYAyABKAkSLQoGdG90YWxzGAQgASgLMh0uYWdlbnRfaGFybmVzcy52MS5Vc2FnZVRvdGFscyJSCg5QcmluY2lwYWxVc2FnZRIRCglwcmluY2lwYWwYASABKAkSLQoGdG90YWxzGAIgASgLMh0uYWdlbnRfaGFybmVzcy52MS5Vc2FnZVRvdGFscyJOCgxQcm9maWxlVXNhZ2USDwoHcHJvZmlsZRgBIAEoCRItCgZ0b3RhbHMYAiABKAsyHS5hZ2VudF9oYXJuZXNzLnYxLlVzYWdlVG90YWxzIo4CCgxCdWRnZXRTdGF0dXMSEQoJcHJpbmNpcGFsGAEgASgJEg4KBnBlcmlvZBgCIAEoCRIwCgxwZXJpb2Rfc3RhcnQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKCmNvc3RfbGltaXQYBCABKAsyFy5hZ2VudF9oYXJuZXNzLnYxLk1vbmV5SACIAQESGAoLdG9rZW5fbGltaXQYBSABKARIAYgBARIrCgR1c2VkGAYgASgLMh0uYWdlbnRfaGFybmVzcy52MS5Vc2FnZVRvdGFscxIRCglleGhhdXN0ZWQYByABKAhCDQoLX2Nvc3RfbGltaXRCDgoMX3Rva2VuX2xpbWl0QpQBChdkZXYuYWdlbnRoYXJuZXNzLmFwaS52MUIKVXNhZ2VQcm90b1ABWjRhZ2VudGhhcm5lc3MuZGV2L2FwaS9hZ2VudF9oYXJuZXNzL3YxO2FnZW50aGFybmVzc3YxqgIPQWdlbnRIYXJuZXNzLlYxygIPQWdlbnRIYXJuZXNzXFYx6gIQQWdlbnRIYXJuZXNzOjpWMWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChxhZ2VudF9oYXJuZXNzL3YxL3VzYWdlLnByb3RvEhBhZ2VudF9oYXJuZXNzLnYxIikKBU1vbmV5Eg4KBmFtb3VudBgBIAEoCRIQCghjdXJyZW5jeRgCIAEoCSJiCgtVc2FnZVRvdGFscxIUCgxpbnB1dF90b2tlbnMYASABKAQSFQoNb3V0cHV0X3Rva2VucxgCIAEoBBImCgVjb3N0cxgDIAMoCzIXLmFnZW50X2hhcm5lc3MudjEuTW9uZXkipQEKDFNlc3Npb25Vc2FnZRISCgpzZXNzaW9uX2lkGAEgASgJEhEKCXByaW5jaXBhbBgCIAEoCRIPCgdwcm9maWxlGAMgASgJEi0KBnRvdGFscxgEIAEoCzIdLmFnZW50X2hhcm5lc3MudjEuVXNhZ2VUb3RhbHMSLgoHc291cmNlcxgFIAMoCzIdLmFnZW50X2hhcm5lc3MudjEuU291cmNlVXNhZ2UiUgoOUHJpbmNpcGFsVXNhZ2USEQoJcHJpbmNpcGFsGAEgASgJEi0KBnRvdGFscxgCIAEoCzIdLmFnZW50X2hhcm5lc3MudjEuVXNhZ2VUb3RhbHMiTgoMUHJvZmlsZVVzYWdlEg8KB3Byb2ZpbGUYASABKAkSLQoGdG90YWxzGAIgASgLMh0uYWdlbnRfaGFybmVzcy52MS5Vc2FnZVRvdGFscyKOAgoMQnVkZ2V0U3RhdHVzEhEKCXByaW5jaXBhbBgBIAEoCRIOCgZwZXJpb2QYAiABKAkSMAoMcGVyaW9kX3N0YXJ0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgpjb3N0X2xpbWl0GAQgASgLMhcuYWdlbnRfaGFybmVzcy52MS5Nb25leUgAiAEBEhgKC3Rva2VuX2xpbWl0GAUgASgESAGIAQESKwoEdXNlZBgGIAEoCzIdLmFnZW50X2hhcm5lc3MudjEuVXNhZ2VUb3RhbHMSEQoJZXhoYXVzdGVkGAcgASgIQg0KC19jb3N0X2xpbWl0Qg4KDF90b2tlbl9saW1pdCJrCgtTb3VyY2VVc2FnZRItCgZzb3VyY2UYASABKA4yHS5hZ2VudF9oYXJuZXNzLnYxLlVzYWdlU291cmNlEi0KBnRvdGFscxgCIAEoCzIdLmFnZW50X2hhcm5lc3MudjEuVXNhZ2VUb3RhbHMqYQoLVXNhZ2VTb3VyY2USHAoYVVNBR0VfU09VUkNFX1VOU1BFQ0lGSUVEEAASFgoSVVNBR0VfU09VUkNFX0FHRU5UEAESHAoYVVNBR0VfU09VUkNFX01PREVMX1BST1hZEAJClAEKF2Rldi5hZ2VudGhhcm5lc3MuYXBpLnYxQgpVc2FnZVByb3RvUAFaNGFnZW50aGFybmVzcy5kZXYvYXBpL2FnZW50X2hhcm5lc3MvdjE7YWdlbnRoYXJuZXNzdjGqAg9BZ2VudEhhcm5lc3MuVjHKAg9BZ2VudEhhcm5lc3NcVjHqAhBBZ2VudEhhcm5lc3M6OlYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * An exact amount of money.
@@ -43,8 +43,9 @@ export const MoneySchema: GenMessage<Money> = /*@__PURE__*/
   messageDesc(file_agent_harness_v1_usage, 0);
 
 /**
- * What was used: tokens the agents reported at the end of turns, and the cost they reported
- * (per currency; several when agents report in different currencies).
+ * What was used: tokens and cost, per currency (several when agents report in different
+ * currencies). Each figure is either what an agent reported, or what the model proxy read from
+ * the provider's answers (`UsageSource`), never both for one profile.
  *
  * @generated from message agent_harness.v1.UsageTotals
  */
@@ -112,6 +113,13 @@ export type SessionUsage = Message<"agent_harness.v1.SessionUsage"> & {
    * @generated from field: agent_harness.v1.UsageTotals totals = 4;
    */
   totals?: UsageTotals | undefined;
+
+  /**
+   * Its totals split by whose word they are.
+   *
+   * @generated from field: repeated agent_harness.v1.SourceUsage sources = 5;
+   */
+  sources: SourceUsage[];
 };
 
 /**
@@ -240,4 +248,66 @@ export type BudgetStatus = Message<"agent_harness.v1.BudgetStatus"> & {
  */
 export const BudgetStatusSchema: GenMessage<BudgetStatus> = /*@__PURE__*/
   messageDesc(file_agent_harness_v1_usage, 5);
+
+/**
+ * Usage from one source.
+ *
+ * @generated from message agent_harness.v1.SourceUsage
+ */
+export type SourceUsage = Message<"agent_harness.v1.SourceUsage"> & {
+  /**
+   * Whose word the totals are.
+   *
+   * @generated from field: agent_harness.v1.UsageSource source = 1;
+   */
+  source: UsageSource;
+
+  /**
+   * What that source counted.
+   *
+   * @generated from field: agent_harness.v1.UsageTotals totals = 2;
+   */
+  totals?: UsageTotals | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.SourceUsage.
+ * Use `create(SourceUsageSchema)` to create a new message.
+ */
+export const SourceUsageSchema: GenMessage<SourceUsage> = /*@__PURE__*/
+  messageDesc(file_agent_harness_v1_usage, 6);
+
+/**
+ * Whose word a usage figure is.
+ *
+ * @generated from enum agent_harness.v1.UsageSource
+ */
+export enum UsageSource {
+  /**
+   * Not set (never sent by the harness).
+   *
+   * @generated from enum value: USAGE_SOURCE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * What the agent reported (`usage_update`, a prompt reply's `usage`).
+   *
+   * @generated from enum value: USAGE_SOURCE_AGENT = 1;
+   */
+  AGENT = 1,
+
+  /**
+   * What the provider's answers said, read by the model proxy as each model call passed.
+   *
+   * @generated from enum value: USAGE_SOURCE_MODEL_PROXY = 2;
+   */
+  MODEL_PROXY = 2,
+}
+
+/**
+ * Describes the enum agent_harness.v1.UsageSource.
+ */
+export const UsageSourceSchema: GenEnum<UsageSource> = /*@__PURE__*/
+  enumDesc(file_agent_harness_v1_usage, 0);
 

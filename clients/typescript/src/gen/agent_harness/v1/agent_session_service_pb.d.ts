@@ -9,7 +9,7 @@ import type { AgentSession, ControlStatus, Delivery, Expect, QueuedAction, Sessi
 import type { CompactAction, PromptAction, RespondElicitationAction, RespondToPermissionAction, SetConfigOptionAction, SetModelAction, StopAction } from "./actions_pb.js";
 import type { LogEntry, SessionMetadata, TranscriptMessage, TurnEnded } from "./transcript_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
-import type { BudgetStatus, PrincipalUsage, ProfileUsage, SessionUsage } from "./usage_pb.js";
+import type { BudgetStatus, PrincipalUsage, ProfileUsage, SessionUsage, SourceUsage } from "./usage_pb.js";
 
 /**
  * Describes the file agent_harness/v1/agent_session_service.proto.
@@ -1045,6 +1045,14 @@ export declare type GetUsageResponse = Message<"agent_harness.v1.GetUsageRespons
    * @generated from field: optional agent_harness.v1.BudgetStatus budget = 4;
    */
   budget?: BudgetStatus | undefined;
+
+  /**
+   * Everything read, split by whose word it is (an agent's reports, or the model proxy's
+   * reading of the provider's answers).
+   *
+   * @generated from field: repeated agent_harness.v1.SourceUsage sources = 5;
+   */
+  sources: SourceUsage[];
 };
 
 /**

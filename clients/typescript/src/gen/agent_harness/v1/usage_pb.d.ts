@@ -2,7 +2,7 @@
 // @generated from file agent_harness/v1/usage.proto (package agent_harness.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 
@@ -39,8 +39,9 @@ export declare type Money = Message<"agent_harness.v1.Money"> & {
 export declare const MoneySchema: GenMessage<Money>;
 
 /**
- * What was used: tokens the agents reported at the end of turns, and the cost they reported
- * (per currency; several when agents report in different currencies).
+ * What was used: tokens and cost, per currency (several when agents report in different
+ * currencies). Each figure is either what an agent reported, or what the model proxy read from
+ * the provider's answers (`UsageSource`), never both for one profile.
  *
  * @generated from message agent_harness.v1.UsageTotals
  */
@@ -107,6 +108,13 @@ export declare type SessionUsage = Message<"agent_harness.v1.SessionUsage"> & {
    * @generated from field: agent_harness.v1.UsageTotals totals = 4;
    */
   totals?: UsageTotals | undefined;
+
+  /**
+   * Its totals split by whose word they are.
+   *
+   * @generated from field: repeated agent_harness.v1.SourceUsage sources = 5;
+   */
+  sources: SourceUsage[];
 };
 
 /**
@@ -231,4 +239,64 @@ export declare type BudgetStatus = Message<"agent_harness.v1.BudgetStatus"> & {
  * Use `create(BudgetStatusSchema)` to create a new message.
  */
 export declare const BudgetStatusSchema: GenMessage<BudgetStatus>;
+
+/**
+ * Usage from one source.
+ *
+ * @generated from message agent_harness.v1.SourceUsage
+ */
+export declare type SourceUsage = Message<"agent_harness.v1.SourceUsage"> & {
+  /**
+   * Whose word the totals are.
+   *
+   * @generated from field: agent_harness.v1.UsageSource source = 1;
+   */
+  source: UsageSource;
+
+  /**
+   * What that source counted.
+   *
+   * @generated from field: agent_harness.v1.UsageTotals totals = 2;
+   */
+  totals?: UsageTotals | undefined;
+};
+
+/**
+ * Describes the message agent_harness.v1.SourceUsage.
+ * Use `create(SourceUsageSchema)` to create a new message.
+ */
+export declare const SourceUsageSchema: GenMessage<SourceUsage>;
+
+/**
+ * Whose word a usage figure is.
+ *
+ * @generated from enum agent_harness.v1.UsageSource
+ */
+export enum UsageSource {
+  /**
+   * Not set (never sent by the harness).
+   *
+   * @generated from enum value: USAGE_SOURCE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * What the agent reported (`usage_update`, a prompt reply's `usage`).
+   *
+   * @generated from enum value: USAGE_SOURCE_AGENT = 1;
+   */
+  AGENT = 1,
+
+  /**
+   * What the provider's answers said, read by the model proxy as each model call passed.
+   *
+   * @generated from enum value: USAGE_SOURCE_MODEL_PROXY = 2;
+   */
+  MODEL_PROXY = 2,
+}
+
+/**
+ * Describes the enum agent_harness.v1.UsageSource.
+ */
+export declare const UsageSourceSchema: GenEnum<UsageSource>;
 
