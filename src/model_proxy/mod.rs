@@ -436,11 +436,24 @@ impl BoxProxy {
             self.count(provider, None, status);
             return Response::from_parts(parts, body.map_err(BoxError::from).boxed());
         };
-        let streamed = parts
+        let content_type = parts
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let streamed = content_type.starts_with("text/event-stream");
+        // A model call's answer is JSON or an event stream, or its usage cannot be read: an
+        // upstream that answers otherwise (a login page, a proxy's error page) is not the API.
+        if parts.status.is_success() && !streamed && !content_type.starts_with("application/json") {
+            return refuse(
+                StatusCode::BAD_GATEWAY,
+                &format!(
+                    "the model API's answer is not the API's (content-type {content_type:?}, \
+                     not JSON or an event stream)"
+                ),
+            );
+        }
         let metered = Metered {
             inner: body,
             reader: Some(usage::UsageReader::new(api, streamed)),

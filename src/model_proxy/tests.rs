@@ -380,3 +380,66 @@ async fn an_upstream_that_is_down_errs_or_stalls_gives_the_agent_its_providers_e
     let (status, _, _) = call("POST", &url, &key, messages_request("again")).await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_answer_that_is_not_the_apis_is_refused_in_the_providers_shape_unrecorded() {
+    // An upstream that answers every request with a web page (a captive portal, a misrouted
+    // base URL), as HTTP/1.1 on loopback.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buffer = vec![0u8; 64 * 1024];
+                let _ = socket.read(&mut buffer).await;
+                let page = "<html>sign in</html>";
+                let _ = socket
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\
+                             connection: close\r\n\r\n{page}",
+                            page.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    let rig = rig(
+        BTreeMap::from([(
+            Provider::Anthropic,
+            Upstream {
+                base: base.parse().unwrap(),
+                key: REAL_KEY.into(),
+            },
+        )]),
+        Limits::default(),
+    )
+    .await;
+    let (status, _, body) = call(
+        "POST",
+        &format!("{}/v1/messages", Provider::Anthropic.base_url(&rig.origin)),
+        &[("x-api-key", &rig.token)],
+        messages_request("hi"),
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["type"], "error");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("text/html"),
+        "{body}"
+    );
+    assert!(
+        rig.book.calls.lock().unwrap().is_empty(),
+        "no usage recorded"
+    );
+}

@@ -81,6 +81,8 @@ struct ModelSetup {
 
 /// The provider's key the server holds (and no agent may see).
 const PLANTED_KEY: &str = "sk-ant-planted-model-key-93c1";
+/// The same, read from a file (`env_files`).
+const PLANTED_FILE_KEY: &str = "sk-ant-planted-file-key-5e27";
 
 impl World {
     fn start(mode: Mode) -> Self {
@@ -100,6 +102,9 @@ impl World {
             std::fs::create_dir_all(d).unwrap();
         }
         std::fs::write(cache.join("_cacache"), "shared").unwrap();
+        // The provider's key in a file, as from a mounted Secret (beside the server's files).
+        let key_file = base.join("srv").join("provider-key");
+        std::fs::write(&key_file, format!("{PLANTED_FILE_KEY}\n")).unwrap();
         let secret = base.join("other-secret");
         std::fs::write(&secret, "other-profile-secret-1c9e\n").unwrap();
         let tokens = base.join("tokens.toml");
@@ -118,6 +123,12 @@ allowed_cwd_roots = ["{ws}/{{principal}}"]
 env_passthrough = ["ANTHROPIC_API_KEY"]
 model_proxy = {{ anthropic = {{ key = "ANTHROPIC_API_KEY", upstream = "{upstream}" }} }}
 
+[profiles.modelled-file]
+command = {agent:?}
+allowed_cwd_roots = ["{ws}/{{principal}}"]
+env_files = {{ ANTHROPIC_API_KEY = {key_file:?} }}
+model_proxy = {{ anthropic = {{ key = "ANTHROPIC_API_KEY", upstream = "{upstream}" }} }}
+
 [profiles.modelled-down]
 command = {agent:?}
 allowed_cwd_roots = ["{ws}/{{principal}}"]
@@ -133,6 +144,7 @@ timeout = "2s"
                 agent = agent_harness_testkit::hostile_agent_bin(),
                 ws = ws.display(),
                 upstream = setup.upstream,
+                key_file = key_file,
             ),
             None => String::new(),
         };
@@ -186,6 +198,7 @@ sandbox = {{ nested = true }}
                 &ws.join("bob"),
                 &secret,
                 &tokens,
+                &key_file,
             ] {
                 std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
             }
@@ -988,6 +1001,25 @@ both_ways!(
         }
         assert_eq!(fake.requests().len(), 1);
         assert_eq!(agent.get().await.id, agent.id);
+        // A key read from a file: likewise nowhere in the box, and at the provider.
+        let mut filed = world.session(ADA, "ada", "modelled-file").await;
+        let (head, tail) = PLANTED_FILE_KEY.split_at(10);
+        let answer = filed
+            .ask(&format!(
+                "sh printf %s {head} > /tmp/p; printf %s {tail} >> /tmp/p; grep -rlsF -f /tmp/p \
+                 /proc/[0-9]*/environ /proc/[0-9]*/cmdline \"$HOME\" \"$PWD\"; echo end"
+            ))
+            .await;
+        assert_eq!(answer, "exit=0\nend\n");
+        let answer = filed.ask("model 1 from a file").await;
+        assert!(answer.starts_with("ok 200\n"), "{answer}");
+        assert_eq!(
+            fake.requests()
+                .last()
+                .and_then(|r| r.key.clone())
+                .as_deref(),
+            Some(PLANTED_FILE_KEY)
+        );
     }
 );
 
