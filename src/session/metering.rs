@@ -124,7 +124,19 @@ pub(crate) struct SessionMeter {
     /// with BUDGET_EXHAUSTED whatever the agent makes of the refusal.
     pub(crate) actor: tokio::sync::mpsc::WeakSender<super::Command>,
     /// The running turn, whose spans each call's `model_call` span hangs under.
-    pub(crate) turn: super::actor::TurnSlot,
+    pub(crate) turn: TurnSlot,
+}
+
+/// The running turn as the session's model proxy sees it (set by the actor while a turn runs):
+/// each call's usage is charged to it and its `model_call` span hangs under it.
+pub(crate) type TurnSlot = Arc<std::sync::Mutex<Option<TurnSpans>>>;
+
+/// The running turn's spans: its log span and, when traced, its trace context.
+#[derive(Clone)]
+pub(crate) struct TurnSpans {
+    pub(crate) action_id: crate::domain::ActionId,
+    pub(crate) log: tracing::Span,
+    pub(crate) trace: Option<(super::traces::Traces, opentelemetry::Context)>,
 }
 
 /// Usage records on their way to the store.

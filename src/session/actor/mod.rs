@@ -15,6 +15,7 @@ mod reapply;
 mod spans;
 mod state;
 
+use super::metering::{TurnSlot, TurnSpans};
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -94,17 +95,6 @@ struct Turn {
     trace: spans::TurnTrace,
     /// Where the model proxy finds the running turn, to hang its `model_call` spans under it.
     slot: TurnSlot,
-}
-
-/// The running turn as the session's model proxy sees it (set while the turn runs).
-pub(crate) type TurnSlot = Arc<std::sync::Mutex<Option<TurnSpans>>>;
-
-/// The running turn's spans: its log span and, when traced, its trace context.
-#[derive(Clone)]
-pub(crate) struct TurnSpans {
-    pub(crate) action_id: ActionId,
-    pub(crate) log: tracing::Span,
-    pub(crate) trace: Option<(super::traces::Traces, opentelemetry::Context)>,
 }
 
 impl Drop for Turn {
