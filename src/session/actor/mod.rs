@@ -15,7 +15,6 @@ mod reapply;
 mod spans;
 mod state;
 
-use super::metering::{TurnSlot, TurnSpans};
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -23,7 +22,10 @@ use std::{
 
 use super::{
     Command, ControlOutcome, ControlStatus, EngineContext, Profile, SessionEvent, SessionHandle,
-    Shared, interactions::Held, metrics,
+    Shared,
+    interactions::Held,
+    metering::{TurnSlot, TurnSpans},
+    metrics,
 };
 use crate::{
     acp::{connection::RuntimeEvent, fold::Fold},
