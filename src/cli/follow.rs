@@ -36,6 +36,26 @@ fn retryable(status: &Status) -> bool {
     )
 }
 
+/// How to answer `request` with `agent-harness answer`, for a follow that cannot ask.
+pub(crate) fn answer_hint(session: &str, request: &Pending) -> String {
+    let id = super::render::request_id_text(request.request_id());
+    match request {
+        Pending::Permission(p) => {
+            let options: Vec<&str> = p.options.iter().map(|o| o.option_id.as_str()).collect();
+            format!(
+                "· the agent waits for a permission ({}): agent-harness answer {session} {id} \
+                 --option {}",
+                options.join(", "),
+                options.first().copied().unwrap_or("OPTION")
+            )
+        }
+        Pending::Elicitation(_) => format!(
+            "· the agent waits for an answer: agent-harness answer {session} {id} \
+             --accept KEY=VALUE (or --decline)"
+        ),
+    }
+}
+
 /// The questions of one follow: the one on screen and those waiting behind it.
 #[derive(Default)]
 struct Questions {
@@ -220,6 +240,11 @@ pub(crate) async fn run(
                     let new = transcript.message(message);
                     if options.interactive {
                         questions.message(&mut transcript, message, new);
+                    } else {
+                        // Nobody to ask here: say how to answer from another shell.
+                        for request in &new {
+                            transcript.notice(&answer_hint(session, request));
+                        }
                     }
                 }
                 Some(Event::Status(change)) if !options.json => transcript.status(change),

@@ -203,3 +203,54 @@ pub(crate) fn event(response: &pb::SubscribeResponse) -> Value {
     }
     Value::Object(object)
 }
+
+fn usage_totals(totals: &Option<pb::UsageTotals>) -> Value {
+    let totals = totals.clone().unwrap_or_default();
+    json!({
+        "input_tokens": totals.input_tokens,
+        "output_tokens": totals.output_tokens,
+        "costs": totals
+            .costs
+            .iter()
+            .map(|c| json!({"amount": c.amount, "currency": c.currency}))
+            .collect::<Vec<_>>(),
+    })
+}
+
+fn usage_sources(sources: &[pb::SourceUsage]) -> Value {
+    sources
+        .iter()
+        .map(|s| {
+            json!({
+                "source": enum_name(s.source().as_str_name(), "USAGE_SOURCE_"),
+                "totals": usage_totals(&s.totals),
+            })
+        })
+        .collect()
+}
+
+/// `usage --json`: the sums per principal, profile, source and session, and the budget.
+pub(crate) fn usage(answer: &pb::GetUsageResponse) -> Value {
+    json!({
+        "principals": answer.principals.iter().map(|p| json!({
+            "principal": p.principal, "totals": usage_totals(&p.totals),
+        })).collect::<Vec<_>>(),
+        "profiles": answer.profiles.iter().map(|p| json!({
+            "profile": p.profile, "totals": usage_totals(&p.totals),
+        })).collect::<Vec<_>>(),
+        "sources": usage_sources(&answer.sources),
+        "sessions": answer.sessions.iter().map(|s| json!({
+            "session_id": s.session_id, "principal": s.principal, "profile": s.profile,
+            "totals": usage_totals(&s.totals), "sources": usage_sources(&s.sources),
+        })).collect::<Vec<_>>(),
+        "budget": answer.budget.as_ref().map(|b| json!({
+            "principal": b.principal,
+            "period": b.period,
+            "period_start": timestamp(&b.period_start),
+            "cost_limit": b.cost_limit.as_ref().map(|c| json!({"amount": c.amount, "currency": c.currency})),
+            "token_limit": b.token_limit,
+            "used": usage_totals(&b.used),
+            "exhausted": b.exhausted,
+        })),
+    })
+}

@@ -12,6 +12,7 @@ mod json;
 mod question;
 mod queue;
 mod render;
+mod usage;
 
 use std::io::IsTerminal;
 
@@ -140,6 +141,19 @@ const QUEUE_HELP: &str = concat!(
     exit_codes!()
 );
 
+const USAGE_HELP: &str = concat!(
+    "Examples:
+  agent-harness usage                       # your own (for `local`: everyone's)
+  agent-harness usage --since 24h           # the last day
+  agent-harness usage --principal ada --sessions
+  agent-harness usage --json | jq .budget
+
+Sources: `agent` (what agents reported), `model_proxy` (what the model proxy read from the
+provider's answers; see docs/model-proxy.md).
+",
+    exit_codes!()
+);
+
 const LOG_HELP: &str = concat!(
     "Examples:
   agent-harness log \"$id\"                 # every entry
@@ -194,6 +208,9 @@ pub enum Command {
     /// Write a session's metadata and whole transcript as JSON (the v1 messages) or Markdown.
     #[command(after_help = EXPORT_HELP)]
     Export(export::ExportArgs),
+    /// What sessions used (tokens, cost), per principal, profile and source, and your budget.
+    #[command(after_help = USAGE_HELP)]
+    Usage(usage::UsageArgs),
 }
 
 #[derive(Args)]
@@ -259,7 +276,7 @@ enum SessionsAction {
 pub struct PromptArgs {
     /// The session id.
     session: String,
-    /// The prompt text.
+    /// The prompt text; `-` reads it from stdin.
     text: String,
     /// A file the agent may fetch (repeatable).
     #[arg(long = "attach", value_name = "URI")]
@@ -392,7 +409,14 @@ impl From<Status> for Failure {
             .get_details_error_info()
             .map(|info| info.reason)
             .unwrap_or_else(|| format!("{:?}", status.code()));
-        Self::new(code, format!("{reason}: {}", status.message()))
+        let hint = if status.code() != Code::Unauthenticated {
+            ""
+        } else if std::env::var_os("AGENT_HARNESS_TOKEN").is_some() {
+            " (the token in AGENT_HARNESS_TOKEN was refused: check it is this server's)"
+        } else {
+            " (set AGENT_HARNESS_TOKEN to your token)"
+        };
+        Self::new(code, format!("{reason}: {}{hint}", status.message()))
     }
 }
 
@@ -456,6 +480,7 @@ async fn run(command: Command) -> Outcome {
         Command::Log(args) => log(args).await,
         Command::Acp(args) => acp::run(args).await,
         Command::Export(args) => export::run(args).await,
+        Command::Usage(args) => usage::run(args).await,
     }
 }
 
@@ -580,7 +605,20 @@ async fn sessions(args: SessionsArgs) -> Outcome {
     Ok(0)
 }
 
-async fn prompt(args: PromptArgs) -> Outcome {
+async fn prompt(mut args: PromptArgs) -> Outcome {
+    if args.text == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|e| {
+            Failure::new(exit::USAGE, format!("reading the prompt from stdin: {e}"))
+        })?;
+        if text.trim().is_empty() {
+            return Err(Failure::new(
+                exit::USAGE,
+                "the prompt read from stdin is empty: pipe the text in (`echo hello | agent-harness prompt ID -`)",
+            ));
+        }
+        args.text = text;
+    }
     let mut client = args.server.connect().await?;
     // Where the stream starts: the head before the prompt, so nothing of its turn is missed
     // and no earlier turn is replayed.
@@ -663,9 +701,16 @@ async fn answer(args: AnswerArgs) -> Outcome {
                 ));
             }
             if !std::io::stdin().is_terminal() {
+                let waiting: Vec<String> = pending
+                    .iter()
+                    .map(|request| follow::answer_hint(&args.session, request))
+                    .collect();
                 return Err(Failure::new(
                     exit::USAGE,
-                    "name the request id (stdin is not a terminal to choose on)",
+                    format!(
+                        "name the request id (stdin is not a terminal to choose on); waiting:\n{}",
+                        waiting.join("\n")
+                    ),
                 ));
             }
             return follow::answer_on_terminal(&mut client, &args.session, &pending[0]).await;

@@ -25,6 +25,9 @@ pub struct QueueArgs {
     session: String,
     #[command(subcommand)]
     action: Option<QueueAction>,
+    /// One JSON object per line (per queued action; or the edit's or removal's outcome).
+    #[arg(long, global = true)]
+    json: bool,
     #[command(flatten)]
     server: ServerArgs,
 }
@@ -32,11 +35,7 @@ pub struct QueueArgs {
 #[derive(Subcommand)]
 enum QueueAction {
     /// What waits, first to run first (the default).
-    List {
-        /// One JSON object per queued action.
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     /// Replace a queued prompt's text (it keeps its place and attachments).
     Edit {
         /// The queued action's id (as `list` shows it).
@@ -76,8 +75,9 @@ pub(crate) async fn stop(args: StopArgs) -> Outcome {
 pub(crate) async fn queue(args: QueueArgs) -> Outcome {
     let mut client = args.server.connect().await?;
     let session = args.session;
-    match args.action.unwrap_or(QueueAction::List { json: false }) {
-        QueueAction::List { json } => {
+    let json = args.json;
+    match args.action.unwrap_or(QueueAction::List) {
+        QueueAction::List => {
             let entries = client
                 .get_queue(pb::GetQueueRequest {
                     session_id: session.clone(),
@@ -105,7 +105,11 @@ pub(crate) async fn queue(args: QueueArgs) -> Outcome {
                     prompt: text,
                 })
                 .await?;
-            outln!("edited {action_id}");
+            if json {
+                outln!("{}", serde_json::json!({"edited": action_id}));
+            } else {
+                outln!("edited {action_id}");
+            }
         }
         QueueAction::Rm { action_id } => {
             client
@@ -114,7 +118,11 @@ pub(crate) async fn queue(args: QueueArgs) -> Outcome {
                     action_id: action_id.clone(),
                 })
                 .await?;
-            outln!("removed {action_id}");
+            if json {
+                outln!("{}", serde_json::json!({"removed": action_id}));
+            } else {
+                outln!("removed {action_id}");
+            }
         }
     }
     Ok(0)

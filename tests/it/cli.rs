@@ -795,3 +795,129 @@ async fn the_bridge_warns_before_sending_its_token_over_plain_http_to_another_ho
     })
     .await
 }
+
+/// Mends of the first hour: `queue ID --json`, `prompt ID -`, `answer ID` off a terminal, the
+/// token hint and `usage` each do what their help says.
+#[tokio::test]
+async fn queue_takes_json_without_list_and_a_prompt_of_dash_is_read_from_stdin() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let mut session = Session::attach(h.sessions(), &id);
+        let mut watch = session.watch().await;
+        // A held permission keeps the first turn running; the second prompt queues.
+        let held = run(&h, &["prompt", &id, "@permission Deploy"]).await;
+        assert!(held.status.success(), "{}", stderr(&held));
+        watch
+            .entry(|_, f| f["method"] == "session/request_permission")
+            .await;
+        let mut piped = cli(&h, None, &["prompt", &id, "-"]);
+        piped
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = piped.spawn().unwrap();
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"from stdin\nsecond line\n").await.unwrap();
+        }
+        let sent = child.wait_with_output().await.unwrap();
+        assert!(sent.status.success(), "{}", stderr(&sent));
+        let listed = run(&h, &["queue", &id, "--json"]).await;
+        assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+        let lines: Vec<Value> = stdout(&listed)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON lines"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{}", stdout(&listed));
+        assert_eq!(lines[0]["prompt"], "from stdin\nsecond line\n");
+        // Off a terminal, `answer` without a request id says what waits and how to answer it.
+        let answer = run(&h, &["answer", &id]).await;
+        assert_eq!(answer.status.code(), Some(2));
+        assert!(
+            stderr(&answer).contains(&format!("agent-harness answer {id} ")),
+            "{}",
+            stderr(&answer)
+        );
+        assert!(
+            stderr(&answer).contains("--option allow"),
+            "{}",
+            stderr(&answer)
+        );
+        // An empty stdin is refused before anything is sent.
+        let empty = run(&h, &["prompt", &id, "-"]).await;
+        assert_eq!(empty.status.code(), Some(2));
+        assert!(stderr(&empty).contains("empty"), "{}", stderr(&empty));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_refused_token_names_agent_harness_token_and_usage_sums_what_was_used() {
+    bounded(async {
+        let (h, _tokens) = auth::start().await;
+        let output = cli(&h, None, &["sessions", "list"]).output().await.unwrap();
+        assert_eq!(output.status.code(), Some(4));
+        assert!(
+            stderr(&output).contains("set AGENT_HARNESS_TOKEN"),
+            "{}",
+            stderr(&output)
+        );
+        let output = cli(&h, Some("wrong"), &["sessions", "list"])
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            stderr(&output).contains("the token in AGENT_HARNESS_TOKEN was refused"),
+            "{}",
+            stderr(&output)
+        );
+        assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+    })
+    .await;
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let turn = run(
+            &h,
+            &["prompt", &id, "count\n@usage 100 200000 0.25 USD", "--follow"],
+        )
+        .await;
+        assert_eq!(turn.status.code(), Some(0), "{}", stderr(&turn));
+        let usage = run(&h, &["usage", "--json"]).await;
+        assert_eq!(usage.status.code(), Some(0), "{}", stderr(&usage));
+        let answer: Value = serde_json::from_str(stdout(&usage).trim()).unwrap();
+        assert_eq!(answer["profiles"][0]["profile"], "mock", "{answer}");
+        assert_eq!(answer["sources"][0]["source"], "agent", "{answer}");
+        let text = stdout(&run(&h, &["usage", "--sessions"]).await);
+        assert!(text.contains("by profile:") && text.contains(&id), "{text}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn off_a_terminal_a_followed_turn_says_how_to_answer_its_held_permission() {
+    bounded(async {
+        let h = Harness::start().await;
+        let id = create_session(&h).await;
+        let mut follow = cli(&h, None, &["prompt", &id, "@permission Deploy", "--follow"]);
+        follow.stderr(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = follow.spawn().unwrap();
+        let mut stderr_pipe = child.stderr.take().unwrap();
+        let mut seen = String::new();
+        while !seen.contains("--option") {
+            use tokio::io::AsyncReadExt;
+            let mut buffer = [0u8; 1024];
+            let n = stderr_pipe.read(&mut buffer).await.unwrap();
+            assert!(n > 0, "stderr ended without the hint: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buffer[..n]));
+        }
+        assert!(
+            seen.contains(&format!("agent-harness answer {id} ")),
+            "{seen}"
+        );
+        child.kill().await.unwrap();
+    })
+    .await;
+}
