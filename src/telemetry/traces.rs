@@ -132,6 +132,7 @@ async fn export_batches(
     exporter: opentelemetry_otlp::SpanExporter,
     mut rx: mpsc::Receiver<SpanData>,
 ) {
+    let mut failing = ExportFailures::default();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         let gather = tokio::time::sleep(BATCH_DELAY);
@@ -147,15 +148,67 @@ async fn export_batches(
         }
         let count = batch.len() as u64;
         match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(batch)).await {
-            Ok(Ok(())) => metrics::counter!(SPANS_EXPORTED).increment(count),
+            Ok(Ok(())) => {
+                metrics::counter!(SPANS_EXPORTED).increment(count);
+                failing.recovered();
+            }
             Ok(Err(error)) => {
-                tracing::debug!(%error, spans = count, "trace export failed; spans dropped");
                 metrics::counter!(SPANS_DROPPED, "reason" => "export_failed").increment(count);
+                failing.failed(&error.to_string(), count);
             }
             Err(_) => {
-                tracing::debug!(spans = count, "trace export timed out; spans dropped");
                 metrics::counter!(SPANS_DROPPED, "reason" => "export_failed").increment(count);
+                failing.failed(
+                    &format!(
+                        "no answer within {}",
+                        humantime::format_duration(EXPORT_TIMEOUT)
+                    ),
+                    count,
+                );
             }
+        }
+    }
+}
+
+/// How often a collector that keeps failing is logged again.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Export failures, as the log says them: the first at once, then at most one line a minute
+/// with how many spans were dropped since, and one line when export works again.
+#[derive(Default)]
+struct ExportFailures {
+    since: Option<tokio::time::Instant>,
+    logged: Option<tokio::time::Instant>,
+    dropped: u64,
+}
+
+impl ExportFailures {
+    fn failed(&mut self, why: &str, spans: u64) {
+        self.dropped += spans;
+        self.since.get_or_insert_with(tokio::time::Instant::now);
+        if self
+            .logged
+            .is_none_or(|at| at.elapsed() >= FAILURE_LOG_EVERY)
+        {
+            tracing::warn!(
+                error = why,
+                dropped = self.dropped,
+                "trace export to the OTLP collector failed; its spans are dropped (counted in \
+                 agent_harness_trace_spans_dropped_total)"
+            );
+            self.logged = Some(tokio::time::Instant::now());
+            self.dropped = 0;
+        }
+    }
+
+    fn recovered(&mut self) {
+        if let Some(since) = self.since.take() {
+            tracing::info!(
+                failing_for_ms = since.elapsed().as_millis() as u64,
+                dropped = self.dropped,
+                "trace export to the OTLP collector works again"
+            );
+            *self = Self::default();
         }
     }
 }

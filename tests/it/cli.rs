@@ -881,7 +881,12 @@ async fn a_refused_token_names_agent_harness_token_and_usage_sums_what_was_used(
         let id = create_session(&h).await;
         let turn = run(
             &h,
-            &["prompt", &id, "count\n@usage 100 200000 0.25 USD", "--follow"],
+            &[
+                "prompt",
+                &id,
+                "count\n@usage 100 200000 0.25 USD",
+                "--follow",
+            ],
         )
         .await;
         assert_eq!(turn.status.code(), Some(0), "{}", stderr(&turn));

@@ -155,3 +155,48 @@ async fn an_unreachable_collector_fails_no_call_and_its_spans_are_dropped_and_co
     })
     .await;
 }
+
+/// A collector that cannot be reached is said in the server's log (a warning naming the error,
+/// then at most one a minute), not only counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_collector_is_said_in_the_log() {
+    bounded(async {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let dir = tempfile::tempdir().unwrap();
+        let mut server = agent_harness_testkit::process::Serve::new()
+            .args(["--otlp-endpoint", &endpoint, "--data-dir"])
+            .arg(dir.path().join("data"))
+            .start();
+        let mut session = Session::create_with_client(
+            pb::agent_session_service_client::AgentSessionServiceClient::new(
+                server.channel().await,
+            ),
+            pb::CreateSessionRequest {
+                profile: "mock".into(),
+                cwd: agent_harness_testkit::workspace_in(dir.path())
+                    .to_string_lossy()
+                    .into_owned(),
+                ..Default::default()
+            },
+        )
+        .await;
+        let mut watch = session.watch().await;
+        let reply = session.prompt("traced").await;
+        watch.response_to(&reply.action_id).await;
+        let warned = server
+            .next_logged(
+                "trace export to the OTLP collector failed; its spans are dropped (counted in \
+                 agent_harness_trace_spans_dropped_total)",
+            )
+            .await
+            .expect("the warning is logged");
+        assert_eq!(warned["level"], "WARN", "{warned}");
+        assert!(
+            warned["fields"]["error"].is_string() || warned["error"].is_string(),
+            "{warned}"
+        );
+    })
+    .await;
+}
