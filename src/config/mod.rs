@@ -455,6 +455,7 @@ impl ServeConfig {
             traces: Default::default(),
             sandbox: self.sandbox_settings()?,
             prices: self.model_proxy.prices.clone(),
+            presets: preset::all_names().into_iter().map(str::to_owned).collect(),
         })
     }
 
@@ -599,6 +600,15 @@ impl ServeConfig {
                     "profile name {name:?} may hold only letters, digits, '-', '_' and '.' \
                      (and is neither . nor ..: it names a folder of HOMEs)"
                 );
+            }
+            let mut profile = profile;
+            // `[profiles.mock]` without a command changes the built-in mock (e.g. gives it
+            // allowed_cwd_roots once tokens are on) rather than asking for one.
+            if name == MOCK_PROFILE && profile.command.is_none() && profile.preset.is_none() {
+                profile.command = Some(program.to_string_lossy().into_owned());
+                profile
+                    .args
+                    .get_or_insert_with(|| vec!["mock-agent".to_owned(), "--resume".to_owned()]);
             }
             let profile = profile.resolve_with(&name, &sandbox_defaults, Some(&protected))?;
             // With real principals, a runtime's working directory must be fenced in. (The
@@ -774,6 +784,26 @@ mod tests {
             "{error}"
         );
         assert!(resolve(ServeArgs::default(), "retention = \"soon\"").is_err());
+    }
+
+    #[test]
+    fn a_mock_table_without_a_command_changes_the_built_in_mock() {
+        let config = resolve(
+            ServeArgs::default(),
+            "tokens_file = \"/etc/t.toml\"\n[profiles.mock]\nallowed_cwd_roots = [\"/w/{principal}\"]",
+        )
+        .unwrap();
+        let mock = &config.profiles["mock"];
+        assert_eq!(mock.args, ["mock-agent", "--resume"]);
+        assert_eq!(mock.command, config.program);
+        assert!(mock.allowed_cwd_roots.is_some());
+        // Its own command still wins.
+        let config = resolve(
+            ServeArgs::default(),
+            "[profiles.mock]\ncommand = \"my-agent\"",
+        )
+        .unwrap();
+        assert_eq!(config.profiles["mock"].command, PathBuf::from("my-agent"));
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub(crate) struct EngineOptions {
     pub sandbox: crate::acp::sandbox::SandboxSettings,
     /// What each model costs, for the model proxy's usage.
     pub prices: Arc<crate::domain::usage::PriceTable>,
+    /// The names a profile may take its agent from (`preset = "…"`), to say so when one is
+    /// asked for as a profile that is not configured.
+    pub presets: Vec<String>,
 }
 
 /// Who this replica is and how it holds sessions.
@@ -179,6 +182,8 @@ pub(crate) struct EngineContext {
     sandbox: Arc<crate::acp::sandbox::Sandbox>,
     /// What each model costs, for the model proxy's usage.
     prices: Arc<crate::domain::usage::PriceTable>,
+    /// Preset names and aliases (for PROFILE_NOT_FOUND's hint).
+    presets: Vec<String>,
 }
 
 impl EngineContext {
@@ -213,6 +218,7 @@ impl EngineContext {
             replica: options.replica,
             budgets: options.budgets,
             prices: options.prices,
+            presets: options.presets,
             traces: options.traces,
             sandbox: Arc::new(crate::acp::sandbox::Sandbox::new(options.sandbox)),
         }

@@ -187,3 +187,24 @@ args = ["/opt/claude-agent-acp/dist/index.js"]
         "{err}"
     );
 }
+
+/// A preset asked for as a profile that the config does not name says what to add.
+#[tokio::test]
+async fn a_preset_asked_for_as_an_unconfigured_profile_says_how_to_configure_it() {
+    crate::harness::bounded(async {
+        let h = crate::harness::Harness::start().await;
+        let status = h
+            .sessions()
+            .create_session(crate::support::create_request(&h, "claude"))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        assert!(
+            status.message().contains("\"claude\" is a preset")
+                && status.message().contains("[profiles.claude]"),
+            "{}",
+            status.message()
+        );
+    })
+    .await;
+}

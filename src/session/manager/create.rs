@@ -150,10 +150,21 @@ impl Sessions {
         let limits = &ctx.limits;
         let profile = ctx.profiles.get(&input.profile).cloned().ok_or_else(|| {
             let known: Vec<&str> = ctx.profiles.keys().map(String::as_str).collect();
+            // A preset is not a profile until the config names it (with its keys, roots, box).
+            let hint = if ctx.presets.contains(&input.profile) {
+                format!(
+                    "; {name:?} is a preset: add a profile for it to the config file, \
+                     `[profiles.{name}]` with `preset = \"{name}\"` (and its key in \
+                     env_passthrough or env_files), and restart",
+                    name = input.profile
+                )
+            } else {
+                String::new()
+            };
             Error::new(
                 ErrorCode::ProfileNotFound,
                 format!(
-                    "profile {:?} is not configured; configured: {}",
+                    "profile {:?} is not configured; configured: {}{hint}",
                     input.profile,
                     known.join(", ")
                 ),
