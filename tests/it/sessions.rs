@@ -773,3 +773,45 @@ async fn another_principals_session_id_answers_exactly_as_the_callers_own_id_tak
     })
     .await
 }
+
+/// A drain and a restart are the harness's doing, not the session's: a session they suspend
+/// keeps its UPDATED time, so a list after a restart still says when each was last used.
+#[tokio::test]
+async fn a_drain_and_a_restart_leave_a_sessions_updated_time_as_it_was() {
+    bounded(async {
+        let data = tempfile::tempdir().unwrap();
+        let configure = |config: &mut agent_harness::config::ServeConfig| {
+            config.data_dir = data.path().join("data");
+            crate::support::mock_profile(config, "resumable", &["--resume"]);
+        };
+        let h = Harness::start_with(configure).await;
+        let mut session = Session::create_with(
+            &h,
+            pb::CreateSessionRequest {
+                profile: "resumable".into(),
+                cwd: agent_harness_testkit::workspace_in(data.path())
+                    .to_string_lossy()
+                    .into_owned(),
+                ..Default::default()
+            },
+        )
+        .await;
+        let mut watch = session.watch().await;
+        let reply = session.prompt("hello").await;
+        watch.response_to(&reply.action_id).await;
+        watch.status(pb::SessionStatus::Idle).await;
+        let before = session.get().await;
+        h.shutdown().await;
+        let h = Harness::start_with(configure).await;
+        let mut session = Session::attach(h.sessions(), &before.id);
+        let after = session.get().await;
+        assert_eq!(
+            after.status,
+            pb::SessionStatus::Suspended as i32,
+            "{after:?}"
+        );
+        assert_eq!(after.updated_at, before.updated_at);
+        h.shutdown().await;
+    })
+    .await;
+}

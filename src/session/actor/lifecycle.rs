@@ -86,12 +86,12 @@ impl Actor {
             Some(Mark::NeverStarted) => {
                 self.record.status = SessionStatus::Disconnected;
                 self.record.status_reason = format!("{why} before the runtime finished starting");
-                self.touch(&mut out);
+                self.touch_keeping_time(&mut out);
             }
             Some(Mark::Suspended) => {
                 self.record.status = SessionStatus::Suspended;
                 self.record.status_reason = why.to_owned();
-                self.touch(&mut out);
+                self.touch_keeping_time(&mut out);
             }
         }
         if let Err(error) = self.flush(out).await {
@@ -767,7 +767,7 @@ impl Actor {
         self.log_event(&mut out, event, failed_turn);
         self.record.status = SessionStatus::Suspended;
         self.record.status_reason = "the harness stopped (drain)".to_owned();
-        self.touch(&mut out);
+        self.touch_keeping_time(&mut out);
         let flushed = self.flush(out).await;
         self.wait_stopped().await;
         flushed

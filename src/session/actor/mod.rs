@@ -469,6 +469,18 @@ impl Actor {
         }
     }
 
+    /// Marks the record changed in this step without calling it activity: a status the
+    /// harness itself set (a drain, a restart) keeps the session's UPDATED time, so a list after
+    /// a restart still says when each session was last used.
+    fn touch_keeping_time(&mut self, out: &mut Out) {
+        let updated = self.record.updated_at;
+        self.touch(out);
+        self.record.updated_at = updated;
+        if let Some(record) = &mut out.batch.session {
+            record.updated_at = updated;
+        }
+    }
+
     /// Marks the record changed in this step.
     fn touch(&mut self, out: &mut Out) {
         // Every status reason is stored through here; a runtime or bridge may have written it.
