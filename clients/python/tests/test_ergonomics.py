@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -24,6 +25,7 @@ from agent_harness_client.v1 import (
     agent_session_service_pb2 as service_pb2,
     session_pb2,
     transcript_pb2,
+    usage_pb2,
 )
 
 from conftest import TIMEOUT, Server
@@ -236,3 +238,25 @@ def test_the_dedupe_drops_only_a_snapshot_identical_to_the_last_one_of_its_messa
         ]
     ]
     assert seen == [True, False, True, True, False, True, True]
+
+
+def test_a_run_turn_that_times_out_stops_its_turn_and_get_usage_sums_by_source(client, tmp_path):
+    session = client.create_session(profile="mock", cwd=str(tmp_path))
+    # Held on a permission nobody answers: past the timeout the turn is stopped, not left running.
+    try:
+        client.run_turn(session.id, "@permission Deploy", timeout=1.0)
+        raise AssertionError("the turn should have timed out")
+    except HarnessError as error:
+        assert error.reason == "DEADLINE_EXCEEDED"
+    deadline = time.monotonic() + TIMEOUT
+    while client.get_session(session.id).status != SessionStatus.IDLE:
+        assert time.monotonic() < deadline, "the timed-out turn was not stopped"
+        time.sleep(0.05)
+    transcript = client.get_transcript(session.id)
+    agent = [m for m in transcript.messages if m.role == types.MessageRole.AGENT]
+    assert agent[0].stop_reason is StopReason.CANCELLED
+    # Usage: the agent's reports, said so.
+    client.run_turn(session.id, "count\n@usage 100 200000 0.25 USD", timeout=TIMEOUT)
+    usage = client.get_usage()
+    assert [p.profile for p in usage.profiles] == ["mock"]
+    assert [s.source for s in usage.sources] == [usage_pb2.USAGE_SOURCE_AGENT]

@@ -6,6 +6,7 @@ import type {
   AgentSessionService,
   ControlRequestSchema,
   ControlResponse,
+  GetUsageResponse,
   SubscribeResponse,
   SubscribeView,
 } from "./gen/agent_harness/v1/agent_session_service_pb.js";
@@ -31,11 +32,14 @@ export * from "./gen/agent_harness/v1/errors_pb.js";
 export * from "./gen/agent_harness/v1/session_pb.js";
 export * from "./gen/agent_harness/v1/transcript_pb.js";
 export * from "./gen/agent_harness/v1/translator_service_pb.js";
+export * from "./gen/agent_harness/v1/usage_pb.js";
 export { Code } from "@connectrpc/connect";
 
 export declare const ERROR_DOMAIN: "agent-harness";
 /** The server when neither an argument nor AGENT_HARNESS_SERVER names one. */
 export declare const DEFAULT_SERVER: "http://127.0.0.1:50051";
+/** How long runTurn and turnEvents wait for a turn unless told (ten minutes). */
+export declare const DEFAULT_TURN_TIMEOUT_MS: 600000;
 
 export declare class HarnessError extends Error {
   readonly code: Code;
@@ -84,8 +88,9 @@ export interface PromptOptions {
 }
 
 export interface TurnOptions extends PromptOptions {
-  /** Bounds the whole turn (HarnessError DEADLINE_EXCEEDED). */
-  timeoutMs?: number;
+  /** Bounds the whole turn: past it the turn is stopped and HarnessError DEADLINE_EXCEEDED
+   * thrown. Default DEFAULT_TURN_TIMEOUT_MS (ten minutes); `null`: no bound. */
+  timeoutMs?: number | null;
   signal?: AbortSignal;
   /** Sees each event of the turn as it comes (e.g. to answer a permission request). */
   onEvent?: (event: SubscribeResponse) => void | Promise<void>;
@@ -129,6 +134,8 @@ export declare class AgentHarnessClient {
   prompt(sessionId: string, text: string, options?: PromptOptions & { wait?: false }): Promise<ControlResponse>;
   prompt(sessionId: string, text: string, options: TurnOptions & { wait: true }): Promise<TurnResult>;
   runTurn(sessionId: string, text: string, options?: TurnOptions): Promise<TurnResult>;
+  /** What sessions used per session, principal, profile and source, and the budget. */
+  getUsage(options?: { principal?: string; since?: Date }): Promise<GetUsageResponse>;
   turnEvents(sessionId: string, text: string, options?: TurnOptions): AsyncGenerator<SubscribeResponse, void, void>;
   stop(sessionId: string, options?: { clearQueue?: boolean }): Promise<ControlResponse>;
   respondToPermission(sessionId: string, requestId: RequestId, optionId: string | null): Promise<ControlResponse>;

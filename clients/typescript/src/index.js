@@ -7,6 +7,7 @@ import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import { equals } from "@bufbuild/protobuf";
 import { BinaryReader } from "@bufbuild/protobuf/wire";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 
 import {
   AgentSessionService,
@@ -23,6 +24,7 @@ export * from "./gen/agent_harness/v1/errors_pb.js";
 export * from "./gen/agent_harness/v1/session_pb.js";
 export * from "./gen/agent_harness/v1/transcript_pb.js";
 export * from "./gen/agent_harness/v1/translator_service_pb.js";
+export * from "./gen/agent_harness/v1/usage_pb.js";
 export { Code } from "@connectrpc/connect";
 
 /** The `ErrorInfo.domain` of every error agent-harness returns. */
@@ -235,6 +237,30 @@ function elicitationValue(value) {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** How long runTurn and turnEvents wait for a turn unless told: ten minutes. */
+export const DEFAULT_TURN_TIMEOUT_MS = 600_000;
+
+/**
+ * How long a turn may take: `timeoutMs` as given, none for `null`, else the default; with the
+ * caller's `signal`. The timer is AbortSignal.timeout's, which never keeps Node running.
+ */
+class TurnBound {
+  constructor({ timeoutMs, signal }) {
+    this.ms = timeoutMs === null ? undefined : (timeoutMs ?? DEFAULT_TURN_TIMEOUT_MS);
+    this.timer = this.ms === undefined ? undefined : AbortSignal.timeout(this.ms);
+    const signals = [signal, this.timer].filter(Boolean);
+    this.signal = signals.length === 0 ? undefined : signals.length === 1 ? signals[0] : AbortSignal.any(signals);
+  }
+
+  /** The error to throw: DEADLINE_EXCEEDED when the bound is what ended the wait. */
+  error(thrown) {
+    if (this.timer?.aborted) {
+      return new HarnessError(Code.DeadlineExceeded, `the turn did not end within ${this.ms} ms`);
+    }
+    return thrown;
+  }
+}
+
 export class AgentHarnessClient {
   /**
    * @param {object} [options]
@@ -369,15 +395,21 @@ export class AgentHarnessClient {
    * subscribe(); `timeoutMs` bounds the whole turn.
    */
   async *turnEvents(sessionId, text, options = {}) {
-    const { timeoutMs, signal } = options;
+    const bound = new TurnBound(options);
     const head = (await this.getSession(sessionId)).headOffset;
     const sent = await this.prompt(sessionId, text, { ...options, wait: false });
     const turn = new Turn(sent.actionId);
-    for await (const event of this.subscribe(sessionId, { view: "messages", afterOffset: head, timeoutMs, signal })) {
-      if (turn.concerns(event)) {
-        yield event;
-        if (turn.ended) return;
+    try {
+      for await (const event of this.subscribe(sessionId, { view: "messages", afterOffset: head, signal: bound.signal })) {
+        if (turn.concerns(event)) {
+          yield event;
+          if (turn.ended) return;
+        }
       }
+    } catch (thrown) {
+      const error = bound.error(thrown);
+      await this.#stopOnTimeout(sessionId, turn, error);
+      throw error;
     }
   }
 
@@ -388,17 +420,46 @@ export class AgentHarnessClient {
    * (e.g. to answer a permission request).
    */
   async runTurn(sessionId, text, options = {}) {
-    const { timeoutMs, signal, onEvent } = options;
+    const { onEvent } = options;
+    const bound = new TurnBound(options);
     const head = (await this.getSession(sessionId)).headOffset;
     const sent = await this.prompt(sessionId, text, { ...options, wait: false });
     const turn = new Turn(sent.actionId);
-    for await (const event of this.subscribe(sessionId, { view: "messages", afterOffset: head, timeoutMs, signal })) {
-      if (turn.concerns(event)) {
-        if (onEvent) await onEvent(event);
-        if (turn.ended) break;
+    try {
+      for await (const event of this.subscribe(sessionId, { view: "messages", afterOffset: head, signal: bound.signal })) {
+        if (turn.concerns(event)) {
+          if (onEvent) await onEvent(event);
+          if (turn.ended) break;
+        }
       }
+    } catch (thrown) {
+      const error = bound.error(thrown);
+      await this.#stopOnTimeout(sessionId, turn, error);
+      throw error;
     }
     return turn.result((await this.getSession(sessionId)).usage);
+  }
+
+  /** A turn that outlived its timeout is stopped before the error is thrown: nobody waits for
+   * it any more, and an agent left running would go on spending. */
+  async #stopOnTimeout(sessionId, turn, error) {
+    if (error?.reason !== "DEADLINE_EXCEEDED" || turn.ended) return;
+    try {
+      await this.stop(sessionId);
+    } catch {
+      // The stop is a courtesy; the timeout is what the caller learns.
+    }
+  }
+
+  /**
+   * What sessions used (tokens, cost per currency) per session, principal, profile and source
+   * (`sources`: the agents' reports, or the model proxy's reading of the provider's answers),
+   * with the budget of the principal asked about. `principal` empty: your own.
+   */
+  async getUsage({ principal = "", since } = {}) {
+    const request = { principal };
+    if (since !== undefined) request.since = timestampFromDate(since);
+    return this.#call(this.sessions.getUsage, request);
   }
 
   async stop(sessionId, { clearQueue = false } = {}) {

@@ -20,10 +20,13 @@ import {
   AgentHarnessClient,
   Code,
   ControlStatus,
+  DEFAULT_TURN_TIMEOUT_MS,
   HarnessError,
   InteractionOutcome,
+  SessionStatus,
   StopReason,
   TranscriptMessageSchema,
+  UsageSource,
   messageText,
 } from "@agent-harness/client";
 
@@ -446,4 +449,24 @@ test("a call without the token the server wants says in one line which variable 
     return true;
   });
   assert.deepEqual(await new AgentHarnessClient({ baseUrl: server.baseUrl, token }).listSessions(), []);
+});
+
+test("a runTurn that times out stops its turn, and getUsage sums by source", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  assert.equal(DEFAULT_TURN_TIMEOUT_MS, 600_000);
+  const session = await client.createSession({ profile: "mock", cwd: workdir() });
+  // Held on a permission nobody answers: past the timeout the turn is stopped, not left running.
+  await assert.rejects(client.runTurn(session.id, "@permission Deploy", { timeoutMs: 1_000 }), (error) => {
+    assert.equal(error.reason, "DEADLINE_EXCEEDED");
+    return true;
+  });
+  const deadline = Date.now() + TIMEOUT;
+  while ((await client.getSession(session.id)).status !== SessionStatus.IDLE) {
+    assert.ok(Date.now() < deadline, "the timed-out turn was not stopped");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  await client.runTurn(session.id, "count\n@usage 100 200000 0.25 USD", { timeoutMs: TIMEOUT });
+  const usage = await client.getUsage({ since: new Date(Date.now() - 3_600_000) });
+  assert.deepEqual(usage.profiles.map((p) => p.profile), ["mock"]);
+  assert.deepEqual(usage.sources.map((s) => s.source), [UsageSource.AGENT]);
 });

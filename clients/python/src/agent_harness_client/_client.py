@@ -5,6 +5,7 @@ resumes and drops re-sent snapshots, and `run_turn` for "send and wait for the r
 
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Union, cast
 
@@ -195,16 +196,20 @@ class Client:
     ) -> Iterator[types.Event]:
         """Sends a prompt and yields the events of its turn (its messages' snapshots, status and
         queue changes) until its `turn_ended` event, the last one. It survives a server restart
-        like `subscribe`; `timeout` (seconds) bounds the whole turn (HarnessError with reason
-        DEADLINE_EXCEEDED)."""
+        like `subscribe`; `timeout` (seconds) bounds the whole turn: past it the turn is stopped
+        and HarnessError DEADLINE_EXCEEDED raised."""
         head = self.get_session(session_id).head_offset
         sent = self.control(_shared.prompt_request(session_id, text, attachments, interrupt, action_id, only_if_idle))
         turn = _shared.Turn(sent.action_id)
-        for event in self.subscribe(session_id, "messages", after_offset=head, timeout=timeout):
-            if turn.concerns(event):
-                yield event
-                if turn.ended is not None:
-                    return
+        try:
+            for event in self.subscribe(session_id, "messages", after_offset=head, timeout=timeout):
+                if turn.concerns(event):
+                    yield event
+                    if turn.ended is not None:
+                        return
+        except HarnessError as error:
+            self._stop_on_timeout(session_id, turn, error)
+            raise
 
     def run_turn(
         self,
@@ -221,17 +226,41 @@ class Client:
         """Sends a prompt and waits for its turn to end: the `TurnResult` holds the stop reason,
         the agent's final text, its tool calls and the session's usage. A turn that fails
         returns stop reason FAILED with `error` set (it does not raise); `on_event` sees each
-        event of the turn as it comes (e.g. to answer a permission request)."""
+        event of the turn as it comes (e.g. to answer a permission request). When `timeout`
+        (seconds) passes first, the turn is stopped and HarnessError DEADLINE_EXCEEDED raised."""
         head = self.get_session(session_id).head_offset
         sent = self.control(_shared.prompt_request(session_id, text, attachments, interrupt, action_id, only_if_idle))
         turn = _shared.Turn(sent.action_id)
-        for event in self.subscribe(session_id, "messages", after_offset=head, timeout=timeout):
-            if turn.concerns(event):
-                if on_event is not None:
-                    on_event(event)
-                if turn.ended is not None:
-                    break
+        try:
+            for event in self.subscribe(session_id, "messages", after_offset=head, timeout=timeout):
+                if turn.concerns(event):
+                    if on_event is not None:
+                        on_event(event)
+                    if turn.ended is not None:
+                        break
+        except HarnessError as error:
+            self._stop_on_timeout(session_id, turn, error)
+            raise
         return turn.result(self.get_session(session_id).usage)
+
+    def _stop_on_timeout(self, session_id: str, turn: "_shared.Turn", error: HarnessError) -> None:
+        """A turn that outlived its `timeout` is stopped before the error is raised: nobody waits
+        for it any more, and an agent left running would go on spending."""
+        if error.reason == "DEADLINE_EXCEEDED" and turn.ended is None:
+            try:
+                self.stop(session_id)
+            except HarnessError:
+                pass
+
+    def get_usage(self, principal: str = "", since: Optional[datetime.datetime] = None) -> service_pb2.GetUsageResponse:
+        """What sessions used (tokens, cost per currency), per session, principal, profile and
+        source (`sources`: the agents' reports, or the model proxy's reading of the provider's
+        answers), with the budget of the principal asked about. `principal` empty: your own (for
+        `local`, everyone's)."""
+        request = service_pb2.GetUsageRequest(principal=principal)
+        if since is not None:
+            request.since.FromDatetime(since)
+        return self._call(self.sessions.GetUsage, request)
 
     def stop(self, session_id: str, clear_queue: bool = False) -> types.Sent:
         return self.control(

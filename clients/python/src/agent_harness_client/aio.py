@@ -10,6 +10,7 @@ and `subscribe`/`turn_events` as async iterators. Each method behaves as its nam
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, List, Mapping, Optional, Sequence, Union, cast
 
@@ -187,6 +188,9 @@ class AsyncClient:
                     yield event
                     if turn.ended is not None:
                         return
+        except HarnessError as error:
+            await self._stop_on_timeout(session_id, turn, error)
+            raise
         finally:
             await events.aclose()
 
@@ -216,10 +220,30 @@ class AsyncClient:
                             await outcome
                     if turn.ended is not None:
                         break
+        except HarnessError as error:
+            await self._stop_on_timeout(session_id, turn, error)
+            raise
         finally:
             # Closed now, not when collected: the stream is a live call.
             await events.aclose()
         return turn.result((await self.get_session(session_id)).usage)
+
+    async def _stop_on_timeout(self, session_id: str, turn: "_shared.Turn", error: HarnessError) -> None:
+        """As `Client`'s: a turn that outlived its `timeout` is stopped before the error is raised."""
+        if error.reason == "DEADLINE_EXCEEDED" and turn.ended is None:
+            try:
+                await self.stop(session_id)
+            except HarnessError:
+                pass
+
+    async def get_usage(
+        self, principal: str = "", since: Optional[datetime.datetime] = None
+    ) -> service_pb2.GetUsageResponse:
+        """As `Client.get_usage`."""
+        request = service_pb2.GetUsageRequest(principal=principal)
+        if since is not None:
+            request.since.FromDatetime(since)
+        return cast(service_pb2.GetUsageResponse, await self._call(self.sessions.GetUsage, request))
 
     async def stop(self, session_id: str, clear_queue: bool = False) -> types.Sent:
         action = actions_pb2.StopAction(clear_queue=clear_queue)
