@@ -209,6 +209,16 @@ test("a person drives a mock session from the console", async () => {
   await promptBox(page).scrollIntoViewIfNeeded();
   await page.screenshot({ path: join(SCREENSHOT_DIR, "console-phone.png"), fullPage: true });
 
+  // An unnamed session is titled by its whole id, which must wrap there too.
+  await page.getByText("New session").click();
+  await page.getByLabel("Working directory").fill(server.code);
+  await page.getByLabel("Name").fill("");
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.locator("#session-title", { hasText: /^[0-9a-f]{8}-[0-9a-f-]{27}$/ }).waitFor({ timeout: WAIT });
+  const unnamed = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(unnamed <= 0, `with an unnamed session the page is ${unnamed}px wider than a phone`);
+  await page.screenshot({ path: join(SCREENSHOT_DIR, "console-phone-unnamed.png"), fullPage: true });
+
   // Every form control has a label.
   const unlabelled = await page.evaluate(() =>
     [...document.querySelectorAll("input, textarea")]
