@@ -216,7 +216,13 @@ test("a person drives a mock session from the console", async () => {
   await page.getByRole("button", { name: "Create session" }).click();
   await page.locator("#session-title", { hasText: /^[0-9a-f]{8}-[0-9a-f-]{27}$/ }).waitFor({ timeout: WAIT });
   const unnamed = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-  assert.ok(unnamed <= 0, `with an unnamed session the page is ${unnamed}px wider than a phone`);
+  const wide = await page.evaluate(() =>
+    [...document.querySelectorAll("body *")]
+      .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1)
+      .map((e) => `${e.tagName}#${e.id}.${e.className} ${Math.round(e.getBoundingClientRect().right)}`)
+      .slice(0, 12),
+  );
+  assert.ok(unnamed <= 0, `with an unnamed session the page is ${unnamed}px wider than a phone: ${wide.join(", ")}`);
   await page.screenshot({ path: join(SCREENSHOT_DIR, "console-phone-unnamed.png"), fullPage: true });
 
   // Every form control has a label.
