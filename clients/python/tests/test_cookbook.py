@@ -7,8 +7,10 @@ import os
 import pathlib
 import queue
 import re
+import socket
 import subprocess
 import threading
+import time
 import uuid
 
 import pytest
@@ -173,3 +175,33 @@ def test_the_replicas_recipe_drives_a_session_through_the_replica_that_does_not_
     first, second = done.stdout.splitlines()
     assert first == "END_TURN: echo: hello from the other replica"
     assert second.startswith("replica B sees 1 session ")
+
+
+def test_a_recipe_whose_server_cannot_start_says_why_at_once_and_keeps_its_logs(tmp_path):
+    env = recipe_env()
+    # Another program holds the port: the recipe must not go on and talk to it.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env["PORT"] = str(taken.getsockname()[1])
+        started = time.monotonic()
+        done = subprocess.run(
+            ["bash", str(COOKBOOK / "bridge.sh")], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
+        )
+    assert done.returncode != 0
+    assert "agent-harness serve did not start" in done.stderr, done.stderr
+    assert "the logs are in" in done.stderr, done.stderr
+    assert time.monotonic() - started < 30, "said at once, not after a client's wait"
+
+
+def test_a_recipe_runs_the_binary_agent_harness_names_when_none_is_on_path(tmp_path):
+    env = recipe_env()
+    binary = os.environ["AGENT_HARNESS_BIN"]
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(pathlib.Path(binary).parent))
+    env["AGENT_HARNESS"] = binary
+    env["PORT"] = str(free_port())
+    done = subprocess.run(
+        ["bash", str(COOKBOOK / "bridge.sh")], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["END_TURN: echo: hello from afar", "runtime on bridge: True"]
