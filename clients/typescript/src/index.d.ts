@@ -7,6 +7,8 @@ import type {
   ControlRequestSchema,
   ControlResponse,
   GetUsageResponse,
+  QueueSnapshot,
+  SessionStatusChange,
   SubscribeResponse,
   SubscribeView,
 } from "./gen/agent_harness/v1/agent_session_service_pb.js";
@@ -14,11 +16,15 @@ import type { JsonRpcId, PromptAttachment } from "./gen/agent_harness/v1/actions
 import type { ChannelMessage } from "./gen/agent_harness/v1/channel_pb.js";
 import type { AgentSession, QueuedAction, SessionStatus, Usage } from "./gen/agent_harness/v1/session_pb.js";
 import type {
+  ElicitationPart,
   LogEntry,
+  MessagePart,
+  PermissionPart,
   SessionMetadata,
   StopReason,
   ToolPart,
   TranscriptMessage,
+  TurnEnded,
 } from "./gen/agent_harness/v1/transcript_pb.js";
 import type {
   ChannelTranslatorService,
@@ -58,6 +64,33 @@ export declare class HarnessError extends Error {
 export declare function parseServer(server: string, source?: string): string;
 /** The text parts of a transcript message, joined. */
 export declare function messageText(message: TranscriptMessage): string;
+/** The values of a message's parts of one kind. */
+export declare function partsOf<K extends NonNullable<MessagePart["kind"]["case"]>>(
+  message: TranscriptMessage | undefined,
+  kind: K,
+): Extract<MessagePart["kind"], { case: K }>["value"][];
+/** A message's tool calls, in order. */
+export declare function toolCalls(message: TranscriptMessage | undefined): ToolPart[];
+/** The permission requests of a message that still wait for an answer (each has its id). */
+export declare function pendingPermissions(
+  message: TranscriptMessage | undefined,
+): (PermissionPart & { requestId: JsonRpcId })[];
+/** The elicitations of a message that still wait for an answer (each has its id). */
+export declare function pendingElicitations(
+  message: TranscriptMessage | undefined,
+): (ElicitationPart & { requestId: JsonRpcId })[];
+
+/** A stream event, flattened (as the Python client's Event). */
+export interface HarnessEvent {
+  kind: "message" | "turnEnded" | "status" | "queue" | "entry" | "caughtUp" | "heartbeat" | "unknown";
+  offset: bigint;
+  message?: TranscriptMessage;
+  turnEnded?: TurnEnded;
+  status?: SessionStatusChange;
+  queue?: QueueSnapshot;
+  entry?: LogEntry;
+}
+export declare function eventOf(response: SubscribeResponse): HarnessEvent;
 
 /** What runTurn (or prompt with `wait: true`) resolves to once the turn has ended. */
 export interface TurnResult {

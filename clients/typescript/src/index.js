@@ -14,7 +14,12 @@ import {
   SubscribeView,
 } from "./gen/agent_harness/v1/agent_session_service_pb.js";
 import { Delivery, Expect } from "./gen/agent_harness/v1/session_pb.js";
-import { MessageRole, StopReason, TranscriptMessageSchema } from "./gen/agent_harness/v1/transcript_pb.js";
+import {
+  InteractionOutcome,
+  MessageRole,
+  StopReason,
+  TranscriptMessageSchema,
+} from "./gen/agent_harness/v1/transcript_pb.js";
 import { ChannelTranslatorService } from "./gen/agent_harness/v1/translator_service_pb.js";
 
 export * from "./gen/agent_harness/v1/actions_pb.js";
@@ -135,6 +140,40 @@ export function parseServer(server, source = "server") {
 /** The text parts of a transcript message, joined: what the agent said. */
 export function messageText(message) {
   return message.parts.filter((p) => p.kind.case === "text").map((p) => p.kind.value.text).join("");
+}
+
+/** The values of a message's parts of one kind (`"text"`, `"tool"`, `"permission"`, …). */
+export function partsOf(message, kind) {
+  return (message?.parts ?? []).filter((p) => p.kind.case === kind).map((p) => p.kind.value);
+}
+
+/** A message's tool calls, in order. */
+export function toolCalls(message) {
+  return partsOf(message, "tool");
+}
+
+/** The permission requests of a message that still wait for an answer. */
+export function pendingPermissions(message) {
+  return partsOf(message, "permission").filter((p) => p.outcome === InteractionOutcome.PENDING && p.requestId);
+}
+
+/** The elicitations (questions) of a message that still wait for an answer. */
+export function pendingElicitations(message) {
+  return partsOf(message, "elicitation").filter((e) => e.outcome === InteractionOutcome.PENDING && e.requestId);
+}
+
+/**
+ * A stream event, flattened: `kind` (`"message"`, `"turnEnded"`, `"status"`, `"queue"`,
+ * `"entry"`, `"caughtUp"`, `"heartbeat"`), its `offset`, and the one field of that kind set
+ * (`message`, `turnEnded`, `status`, `queue`, `entry`), as the Python client's Event.
+ */
+export function eventOf(response) {
+  const { case: kind, value } = response.event;
+  const event = { kind: kind ?? "unknown", offset: response.offset };
+  if (kind === "message" || kind === "turnEnded" || kind === "status" || kind === "queue" || kind === "entry") {
+    event[kind] = value;
+  }
+  return event;
 }
 
 /**

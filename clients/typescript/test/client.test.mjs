@@ -27,6 +27,9 @@ import {
   StopReason,
   TranscriptMessageSchema,
   UsageSource,
+  eventOf,
+  pendingPermissions,
+  toolCalls,
   messageText,
 } from "@agent-harness/client";
 
@@ -469,4 +472,27 @@ test("a runTurn that times out stops its turn, and getUsage sums by source", { t
   const usage = await client.getUsage({ since: new Date(Date.now() - 3_600_000) });
   assert.deepEqual(usage.profiles.map((p) => p.profile), ["mock"]);
   assert.deepEqual(usage.sources.map((s) => s.source), [UsageSource.AGENT]);
+});
+
+test("events and parts are typed helpers: eventOf, pendingPermissions, toolCalls", { timeout: 60_000 }, async () => {
+  const { client } = await setup();
+  const session = await client.createSession({ profile: "mock", cwd: workdir() });
+  const kinds = new Set();
+  let answered = 0;
+  const result = await client.runTurn(session.id, "Build\n@tool t1\n@permission Deploy", {
+    timeoutMs: TIMEOUT,
+    onEvent: async (response) => {
+      const event = eventOf(response);
+      kinds.add(event.kind);
+      for (const permission of pendingPermissions(event.message)) {
+        answered += 1;
+        await client.respondToPermission(session.id, permission.requestId, permission.options[0].optionId);
+      }
+    },
+  });
+  assert.ok(result.ok);
+  assert.equal(answered, 1);
+  assert.ok(kinds.has("message") && kinds.has("turnEnded"), [...kinds].join(","));
+  assert.deepEqual(toolCalls(result.message).map((t) => t.toolCallId), ["t1"]);
+  assert.deepEqual(pendingPermissions(result.message), []);
 });

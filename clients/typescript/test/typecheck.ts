@@ -26,3 +26,18 @@ async function turn(): Promise<void> {
   console.log(waited.ok);
 }
 void turn;
+async function helpers(): Promise<void> {
+  const { eventOf, pendingPermissions, toolCalls, partsOf } = await import("@agent-harness/client");
+  const c = new AgentHarnessClient("http://127.0.0.1:50051");
+  await c.runTurn("id", "x", {
+    timeoutMs: null,
+    onEvent: async (response) => {
+      const event = eventOf(response);
+      for (const p of pendingPermissions(event.message)) await c.respondToPermission("id", p.requestId, p.options[0].optionId);
+      console.log(event.kind, toolCalls(event.message).map((t) => t.toolCallId), partsOf(event.message, "text").map((t) => t.text));
+    },
+  });
+  const usage = await c.getUsage({ since: new Date() });
+  console.log(usage.sources.map((s) => s.totals?.inputTokens));
+}
+void helpers;
