@@ -31,7 +31,7 @@ import {
 } from "./gen/agent_harness/v1/transcript_pb.js";
 import { JsonRpcIdSchema, PromptAttachmentSchema, type JsonRpcId } from "./gen/agent_harness/v1/actions_pb.js";
 import { markdown } from "./markdown.js";
-import { usageText } from "./usage.js";
+import { spentText, usageText } from "./usage.js";
 
 // ---------------------------------------------------------------------------------------------
 // The client
@@ -264,8 +264,18 @@ async function openSession(id: string | null) {
 function showSession(s: AgentSession) {
   byId("session-title").textContent = s.name || s.id;
   byId("session-meta").textContent = `${s.profile} · ${s.cwd}${s.model ? ` · ${s.model}` : ""} · ${s.id}`;
-  showUsage(usageText(s.usage));
+  const context = usageText(s.usage);
+  showUsage(context);
   if (current) current.status = s.status;
+  // The tokens it used, as GetUsage sums them (the agent's reports, or the model proxy's
+  // reading of the provider's answers): beside the context window the agent reports.
+  void client
+    .getUsage({})
+    .then((answer) => {
+      const spent = spentText(answer.sessions.find((u) => u.sessionId === s.id)?.totals);
+      if (current?.id === s.id && spent) showUsage([context, spent].filter(Boolean).join(" · "));
+    })
+    .catch(() => {});
 }
 
 function showUsage(text: string) {

@@ -34,3 +34,9 @@ export function costText(amount: number, currency: string): string {
     return Number.isFinite(amount) ? plainAmount.format(amount) : String(amount);
   }
 }
+
+/** What a session spent, as GetUsage sums it: "used 1,200 in + 310 out tokens" ("" for none). */
+export function spentText(totals: { inputTokens: bigint; outputTokens: bigint } | undefined): string {
+  if (!totals || (totals.inputTokens === 0n && totals.outputTokens === 0n)) return "";
+  return `used ${count.format(totals.inputTokens)} in + ${count.format(totals.outputTokens)} out tokens`;
+}

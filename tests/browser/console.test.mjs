@@ -301,6 +301,7 @@ test("an agent's Markdown is rendered, its HTML stays inert, and usage and cost 
       "",
       "[a link](javascript:alert(1)) and [the docs](https://example.com/docs)",
       "@usage 12345 200000 0.42 USD",
+      "@turn-usage 1200 310",
     ].join("\n"),
   );
   await page.getByRole("button", { name: "Send", exact: true }).click();
@@ -328,6 +329,8 @@ test("an agent's Markdown is rendered, its HTML stays inert, and usage and cost 
   const usageText = await usage.innerText();
   assert.match(usageText, /12,345 \/ 200,000 tokens/);
   assert.match(usageText, /\$0\.42/);
+  // And what the session used, as GetUsage sums it.
+  await usage.filter({ hasText: "used 1,200 in + 310 out tokens" }).waitFor({ timeout: WAIT });
   await page.locator("#session-status", { hasText: "idle" }).waitFor({ timeout: WAIT });
   assert.equal(await page.locator("#stop").isVisible(), false);
   await page.screenshot({ path: join(SCREENSHOT_DIR, "console-markdown.png") });
