@@ -335,9 +335,29 @@ function render() {
   const ordered = [...state.messages.values()].sort((a, b) => Number(a.firstOffset - b.firstOffset));
   const transcript = byId("transcript");
   const stick = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 40;
+  // What a person has typed into a question the agent waits on survives the re-render (a status
+  // change or a streamed chunk arrives while they type), and so does the focus.
+  const typed = new Map<string, string>();
+  for (const input of transcript.querySelectorAll<HTMLInputElement>("form.elicitation.pending input")) {
+    typed.set(fieldKey(input), input.value);
+  }
+  const focused = document.activeElement instanceof HTMLInputElement && transcript.contains(document.activeElement)
+    ? fieldKey(document.activeElement)
+    : undefined;
   transcript.replaceChildren(...ordered.map(renderMessage));
+  for (const input of transcript.querySelectorAll<HTMLInputElement>("form.elicitation.pending input")) {
+    const key = fieldKey(input);
+    const value = typed.get(key);
+    if (value !== undefined) input.value = value;
+    if (key === focused) input.focus();
+  }
   if (stick) transcript.scrollTop = transcript.scrollHeight;
   renderQueue(state.queue);
+}
+
+/** An input of a question, by its message and field: the same after a re-render. */
+function fieldKey(input: HTMLInputElement): string {
+  return `${input.closest("[data-message]")?.getAttribute("data-message") ?? ""}/${input.name}`;
 }
 
 function renderMessage(m: TranscriptMessage): HTMLElement {

@@ -132,9 +132,16 @@ test("a person drives a mock session from the console", async () => {
   await page.getByRole("button", { name: "Send", exact: true }).click();
   const question = page.locator("form.elicitation.pending");
   await question.getByLabel("Name").fill("Ada");
+  // The page redraws while the person types (here: a prompt queued meanwhile); what they
+  // typed stays.
+  await promptBox(page).fill("Queued while answering");
+  await page.getByRole("button", { name: "Send", exact: true }).click();
+  await page.locator("#queue li", { hasText: "Queued while answering" }).waitFor({ timeout: WAIT });
+  assert.equal(await question.getByLabel("Name").inputValue(), "Ada");
   await question.getByRole("button", { name: "Send" }).click();
   await page.locator("fieldset.elicitation.answered").waitFor({ timeout: WAIT });
   await page.locator("article.message.agent").nth(1).locator("footer.stop", { hasText: "end turn" }).waitFor({ timeout: WAIT });
+  await page.locator("article.message.agent").nth(2).locator("footer.stop", { hasText: "end turn" }).waitFor({ timeout: WAIT });
 
   // A long turn, sent with Ctrl+Enter, then stopped.
   await promptBox(page).fill("Wait for me\n@wait-cancel");
