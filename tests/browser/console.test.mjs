@@ -135,7 +135,7 @@ test("a person drives a mock session from the console", async () => {
   // The page redraws while the person types (here: a prompt queued meanwhile); what they
   // typed stays.
   await promptBox(page).fill("Queued while answering");
-  await page.getByRole("button", { name: "Send", exact: true }).click();
+  await page.locator("#prompt-form").getByRole("button", { name: "Send", exact: true }).click();
   await page.locator("#queue li", { hasText: "Queued while answering" }).waitFor({ timeout: WAIT });
   assert.equal(await question.getByLabel("Name").inputValue(), "Ada");
   await question.getByRole("button", { name: "Send" }).click();
