@@ -59,6 +59,10 @@ pub trait Meter: Send + Sync + 'static {
 pub struct ModelCalls {
     pub session: Uuid,
     pub meter: Arc<dyn Meter>,
+    /// Set by the box at the runtime's start: whether the proxy serves its calls this time (a
+    /// preset's route is taken only where its key is set), so the session knows whose word its
+    /// usage is.
+    pub proxied: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for ModelCalls {

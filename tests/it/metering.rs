@@ -403,3 +403,32 @@ async fn an_agent_reporting_six_quintillion_tokens_twice_is_clamped_and_get_usag
     })
     .await;
 }
+
+/// A preset's model-proxy route whose key is not set at the runtime's start (an agent signed in
+/// some other way) leaves the proxy off for that start, so the agent's own reports count.
+#[tokio::test]
+async fn without_the_presets_key_the_proxy_stays_off_and_the_agents_reports_count() {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            crate::support::mock_profile_with(config, "keyless", &[], |profile| {
+                let policy = profile.sandbox.as_mut().expect("boxed");
+                policy.model = vec![agent_harness::model_proxy::ModelRoute {
+                    provider: agent_harness::model_proxy::Provider::Anthropic,
+                    key_var: "AGENT_HARNESS_TEST_UNSET_MODEL_KEY".into(),
+                    upstream: None,
+                    when_key_set: true,
+                }];
+            });
+        })
+        .await;
+        let mut session = Session::create(&h, "keyless").await;
+        let mut watch = session.watch().await;
+        turn(&mut session, &mut watch, "count\n@turn-usage 120 30").await;
+        let mut local = auth::client(&h, None, None);
+        let answer = usage(&mut local, "").await.unwrap();
+        let totals = answer.profiles[0].totals.clone().unwrap_or_default();
+        assert_eq!((totals.input_tokens, totals.output_tokens), (120, 30));
+        assert_eq!(answer.sources[0].source, pb::UsageSource::Agent as i32);
+    })
+    .await;
+}

@@ -347,6 +347,11 @@ impl Sandbox {
                 },
                 None => None,
             };
+            if let Some(calls) = launch.model {
+                calls
+                    .proxied
+                    .store(model_client.is_some(), std::sync::atomic::Ordering::SeqCst);
+            }
             let mut tasks = tasks.lock().expect("not poisoned");
             for (port, listener) in listen.iter().zip(listeners) {
                 if *port == PROXY_PORT {

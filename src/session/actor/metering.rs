@@ -44,12 +44,7 @@ impl Actor {
         let mut records = Vec::new();
         // Its model calls go through the model proxy, which records what the provider said
         // each took: the agent's own word is left in its frames, never added to that.
-        if self
-            .profile
-            .sandbox
-            .as_ref()
-            .is_some_and(|policy| !policy.model.is_empty())
-        {
+        if self.proxied.load(std::sync::atomic::Ordering::SeqCst) {
             return records;
         }
         for frame in frames {

@@ -187,6 +187,9 @@ pub(crate) struct Actor {
     own: mpsc::WeakSender<Command>,
     /// The running turn, for the model proxy's spans.
     turn_slot: TurnSlot,
+    /// Whether the runtime's calls go through the model proxy (set by its box at the start):
+    /// then the proxy records usage and the agent's own reports are left out.
+    proxied: Arc<std::sync::atomic::AtomicBool>,
     runtime: RuntimeLink,
     work: Work,
     /// The session's transcript as of `head`, folded as entries are committed, so the actor can
@@ -275,6 +278,7 @@ impl Actor {
             commands,
             own: commands_tx.downgrade(),
             turn_slot: TurnSlot::default(),
+            proxied: Default::default(),
             runtime: RuntimeLink {
                 epoch: resume.epoch,
                 events_tx: runtime_tx,
