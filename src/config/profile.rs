@@ -858,6 +858,20 @@ mod tests {
             refused.contains("OPENAI_BASE_URL") && refused.contains("/v1"),
             "{refused}"
         );
+        assert!(
+            !refused.contains("gw.example"),
+            "the value is never quoted: {refused}"
+        );
+        let refused = anthropic
+            .at_start(env(&[
+                ("ANTHROPIC_API_KEY", "k"),
+                ("ANTHROPIC_BASE_URL", "ftp://user:secret@x"),
+            ]))
+            .unwrap_err();
+        assert!(
+            refused.contains("ANTHROPIC_BASE_URL") && !refused.contains("secret"),
+            "{refused}"
+        );
     }
 
     #[test]

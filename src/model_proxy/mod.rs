@@ -185,10 +185,18 @@ impl ModelRoute {
         let base = match &self.upstream {
             Some(written) => written.clone(),
             None => match var(self.provider.base_var()).filter(|v| !v.trim().is_empty()) {
-                Some(url) => self.provider.upstream_of(&url).map_err(|why| {
+                // The value is never quoted back: a base URL may carry credentials.
+                Some(url) => self.provider.upstream_of(&url).map_err(|_| {
                     format!(
-                        "{} = {url:?} cannot be the model proxy's upstream: {why}",
-                        self.provider.base_var()
+                        "{} cannot be the model proxy's upstream: write an http(s) URL with a \
+                         host and no query{}, or name the upstream in the profile's \
+                         model_proxy.{}.upstream",
+                        self.provider.base_var(),
+                        match self.provider {
+                            Provider::OpenAi => ", ending in /v1",
+                            Provider::Anthropic => "",
+                        },
+                        self.provider.name()
                     )
                 })?,
                 None => Self::parse_upstream(self.provider.default_upstream())?,
