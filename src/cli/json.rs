@@ -204,6 +204,10 @@ pub(crate) fn event(response: &pb::SubscribeResponse) -> Value {
     Value::Object(object)
 }
 
+fn money(cost: &pb::Money) -> Value {
+    json!({"amount": cost.amount, "currency": cost.currency})
+}
+
 fn usage_totals(totals: &Option<pb::UsageTotals>) -> Value {
     let totals = totals.clone().unwrap_or_default();
     json!({
@@ -212,7 +216,7 @@ fn usage_totals(totals: &Option<pb::UsageTotals>) -> Value {
         "costs": totals
             .costs
             .iter()
-            .map(|c| json!({"amount": c.amount, "currency": c.currency}))
+            .map(money)
             .collect::<Vec<_>>(),
     })
 }
@@ -247,7 +251,7 @@ pub(crate) fn usage(answer: &pb::GetUsageResponse) -> Value {
             "principal": b.principal,
             "period": b.period,
             "period_start": timestamp(&b.period_start),
-            "cost_limit": b.cost_limit.as_ref().map(|c| json!({"amount": c.amount, "currency": c.currency})),
+            "cost_limit": b.cost_limit.as_ref().map(money),
             "token_limit": b.token_limit,
             "used": usage_totals(&b.used),
             "exhausted": b.exhausted,

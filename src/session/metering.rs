@@ -198,7 +198,8 @@ impl crate::model_proxy::Meter for SessionMeter {
     }
 
     fn record(&self, call: crate::model_proxy::ModelCall) {
-        self.trace(&call);
+        let turn = self.turn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.trace(&call, turn.as_ref());
         let Some(usage) = call.usage else {
             return;
         };
@@ -213,12 +214,7 @@ impl crate::model_proxy::Meter for SessionMeter {
             currency: String::new(),
             source: crate::domain::usage::UsageSource::ModelProxy,
             // The turn running as the call ends (calls outside a turn have none).
-            action_id: self
-                .turn
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .map(|turn| turn.action_id),
+            action_id: turn.map(|turn| turn.action_id),
         };
         // Priced when the table names the model the answer named.
         let price = usage
@@ -275,8 +271,7 @@ impl crate::model_proxy::Meter for SessionMeter {
 impl SessionMeter {
     /// The call's `model_call` span under the running turn's (a log line in the turn's span,
     /// and a trace span when traces are exported).
-    fn trace(&self, call: &crate::model_proxy::ModelCall) {
-        let turn = self.turn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    fn trace(&self, call: &crate::model_proxy::ModelCall, turn: Option<&TurnSpans>) {
         let usage = call.usage.clone().unwrap_or_default();
         let model = usage.model.as_deref().unwrap_or("");
         let took_ms = call.took.as_millis() as u64;

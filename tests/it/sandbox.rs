@@ -320,6 +320,18 @@ impl Agent {
         self.next_answer().await
     }
 
+    /// The agent's answer to looking for `secret` everywhere it can: any process's environment
+    /// or command line, its HOME, its cwd (the pattern is read from a file, so no command line
+    /// here holds it). `exit=0\nend\n` when it is nowhere.
+    async fn places_holding(&mut self, secret: &str) -> String {
+        let (head, tail) = secret.split_at(10);
+        self.ask(&format!(
+            "sh printf %s {head} > /tmp/p; printf %s {tail} >> /tmp/p; grep -rlsF -f /tmp/p \
+             /proc/[0-9]*/environ /proc/[0-9]*/cmdline \"$HOME\" \"$PWD\"; echo end"
+        ))
+        .await
+    }
+
     async fn next_answer(&mut self) -> String {
         loop {
             let chunks: Vec<String> = self
@@ -931,16 +943,7 @@ both_ways!(
             env.contains("ANTHROPIC_BASE_URL=http://127.0.0.1:3129/anthropic"),
             "{env}"
         );
-        // Nowhere an agent can look: any process's environment or command line, its HOME, its
-        // cwd. (The pattern is read from a file, so no command line here holds it.)
-        let (head, tail) = PLANTED_KEY.split_at(10);
-        let answer = agent
-            .ask(&format!(
-                "sh printf %s {head} > /tmp/p; printf %s {tail} >> /tmp/p; grep -rlsF -f /tmp/p \
-                 /proc/[0-9]*/environ /proc/[0-9]*/cmdline \"$HOME\" \"$PWD\"; echo end"
-            ))
-            .await;
-        assert_eq!(answer, "exit=0\nend\n");
+        assert_eq!(agent.places_holding(PLANTED_KEY).await, "exit=0\nend\n");
         // A model call reaches the provider with the real key, and its usage is the provider's.
         let answer = agent.ask("model 1 hello there").await;
         assert!(answer.starts_with("ok 200\n"), "{answer}");
@@ -1003,14 +1006,10 @@ both_ways!(
         assert_eq!(agent.get().await.id, agent.id);
         // A key read from a file: likewise nowhere in the box, and at the provider.
         let mut filed = world.session(ADA, "ada", "modelled-file").await;
-        let (head, tail) = PLANTED_FILE_KEY.split_at(10);
-        let answer = filed
-            .ask(&format!(
-                "sh printf %s {head} > /tmp/p; printf %s {tail} >> /tmp/p; grep -rlsF -f /tmp/p \
-                 /proc/[0-9]*/environ /proc/[0-9]*/cmdline \"$HOME\" \"$PWD\"; echo end"
-            ))
-            .await;
-        assert_eq!(answer, "exit=0\nend\n");
+        assert_eq!(
+            filed.places_holding(PLANTED_FILE_KEY).await,
+            "exit=0\nend\n"
+        );
         let answer = filed.ask("model 1 from a file").await;
         assert!(answer.starts_with("ok 200\n"), "{answer}");
         assert_eq!(

@@ -290,17 +290,15 @@ impl Actor {
                     .home_of(&self.profile.name, &self.record.owner)
             });
         let sandbox = self.ctx.sandbox().clone();
+        // A new flag per start: the box says whether its proxy serves this one.
+        self.proxied = Default::default();
         let model = self
             .profile
             .sandbox
             .as_ref()
             .filter(|policy| !policy.model.is_empty())
             .map(|_| crate::model_proxy::ModelCalls {
-                proxied: {
-                    // A new flag per start: the box says whether its proxy serves this one.
-                    self.proxied = Default::default();
-                    self.proxied.clone()
-                },
+                proxied: self.proxied.clone(),
                 session: self.record.id,
                 meter: std::sync::Arc::new(crate::session::metering::SessionMeter {
                     ctx: self.ctx.clone(),
