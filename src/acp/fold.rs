@@ -2,12 +2,15 @@
 //! entries to the transcript people read — messages and session metadata. The same entries always
 //! give the same transcript; folding is incremental so live subscribers pay per entry.
 //!
-//! Shape of the transcript: every action that has a frame of its own (prompt, compact, setModel,
-//! setConfigOption, stop) opens a numbered turn with a user message `"{turn}:user"` whose
-//! `request_id` is the action id. A prompt's message holds the user's text (the hidden block left
-//! out) and its attachments read back from the frame; the others hold a control part. Agent output
-//! of a running prompt or compact goes to that turn's `"{turn}:agent"` message. Answers update the
-//! permission and elicitation parts they answer.
+//! Shape of the transcript: a turn is what is sent to the agent for it to work on — a prompt or a
+//! compact. Each opens a numbered turn with a user message `"{turn}:user"` whose `request_id` is
+//! the action id; a prompt's message holds the user's text (the hidden block left out) and its
+//! attachments read back from the frame, a compact's a control part. The other controls (setModel,
+//! setConfigOption, stop) open no turn: each is a user message `"{turn}:control:{n}"` of the turn
+//! it came during or after (0 before the first prompt), `n` counting the session's controls, so one
+//! numbering holds everywhere a transcript is shown. Agent output of a running prompt or compact
+//! goes to that turn's `"{turn}:agent"` message. Answers update the permission and elicitation
+//! parts they answer.
 //!
 //! The transcript's types live in `acp/transcript.rs`. Frames are read through the lenient views
 //! of `acp/fold/views.rs`: a field an agent leaves out or sends in another shape is skipped,
@@ -93,8 +96,12 @@ pub struct Fold {
     messages: Arc<Vec<Arc<Message>>>,
     index: Arc<HashMap<String, usize>>,
     turns: u32,
-    /// Turn number of each action with a frame of its own.
+    /// Turn number of each prompt and compact.
     turn_of: Arc<HashMap<ActionId, u32>>,
+    /// Message id of each control that opened no turn (setModel, setConfigOption, stop).
+    control_of: Arc<HashMap<ActionId, String>>,
+    /// Controls that opened no turn so far: the `n` of their message ids.
+    controls: u32,
     /// The prompt or compact whose response has not arrived.
     open_turn: Option<u32>,
     /// The last prompt or compact turn, for agent output that arrives between turns.
@@ -124,6 +131,8 @@ impl Fold {
             index: Default::default(),
             turns: 0,
             turn_of: Default::default(),
+            control_of: Default::default(),
+            controls: 0,
             open_turn: None,
             last_prompt_turn: None,
             permissions: Default::default(),
@@ -196,11 +205,12 @@ impl Fold {
         self.head
     }
 
-    /// How many turns the transcript holds. Agent output that came before the first prompt
-    /// (turn 0) belongs to the first page, so it alone makes one page.
+    /// How many turns the transcript holds. What came before the first prompt (turn 0: agent
+    /// output, controls) belongs to the first page, so it alone makes one page.
     pub fn turns(&self) -> u32 {
-        self.turns
-            .max(u32::from(self.index.contains_key("0:agent")))
+        self.turns.max(u32::from(
+            self.messages.first().is_some_and(|m| m.turn == 0),
+        ))
     }
 
     /// The messages of turns `from..=to`, oldest first; the first page (`from` 1) also holds
@@ -275,6 +285,18 @@ impl Fold {
             }
             return i;
         }
+        self.push_message(id, turn, role, entry, actor)
+    }
+
+    /// Appends a new message; `id` is not in the transcript yet.
+    fn push_message(
+        &mut self,
+        id: String,
+        turn: u32,
+        role: Role,
+        entry: &LogEntry,
+        actor: &str,
+    ) -> usize {
         // The agent message answers its turn's user message: same request id.
         let request_id = match role {
             Role::User => None,
@@ -319,8 +341,11 @@ impl Fold {
     }
 
     fn control_part_mut(&mut self, action_id: &ActionId) -> Option<(usize, &mut ControlPart)> {
-        let turn = *self.turn_of.get(action_id)?;
-        let &i = self.index.get(&format!("{turn}:user"))?;
+        let id = match self.control_of.get(action_id) {
+            Some(id) => id.clone(),
+            None => format!("{}:user", self.turn_of.get(action_id)?),
+        };
+        let &i = self.index.get(&id)?;
         // Looked for before the message is written to (a prompt's has none).
         if !self.messages[i]
             .parts
@@ -388,7 +413,7 @@ impl Fold {
                 self.last_prompt_turn = Some(turn);
                 changed.push(&self.messages[i].id);
             }
-            Some(Action::SetModel { model }) => self.control_turn(
+            Some(Action::SetModel { model }) => self.control_message(
                 action_id,
                 entry,
                 ControlKind::SetModel,
@@ -396,7 +421,7 @@ impl Fold {
                 Outcome::Pending,
                 changed,
             ),
-            Some(Action::SetConfigOption { config_id, value }) => self.control_turn(
+            Some(Action::SetConfigOption { config_id, value }) => self.control_message(
                 action_id,
                 entry,
                 ControlKind::SetConfigOption,
@@ -404,7 +429,7 @@ impl Fold {
                 Outcome::Pending,
                 changed,
             ),
-            Some(Action::Stop { .. }) => self.control_turn(
+            Some(Action::Stop { .. }) => self.control_message(
                 action_id,
                 entry,
                 ControlKind::Stop,
@@ -436,7 +461,7 @@ impl Fold {
         }
     }
 
-    fn control_turn(
+    fn control_message(
         &mut self,
         action_id: Option<ActionId>,
         entry: &LogEntry,
@@ -447,12 +472,21 @@ impl Fold {
     ) {
         // A stop's second frame (held answers, then the cancel) belongs to its one message.
         if let Some(action_id) = action_id
-            && self.turn_of.contains_key(&action_id)
+            && self.control_of.contains_key(&action_id)
         {
             return;
         }
-        let (_, i) = self.new_turn(action_id, entry);
-        self.message_mut(i).parts.push(Part::Control(ControlPart {
+        // Not a turn of its own: it belongs to the turn it came during, or after.
+        let turn = self.open_turn.or(self.last_prompt_turn).unwrap_or(0);
+        self.controls += 1;
+        let id = format!("{turn}:control:{}", self.controls);
+        let i = self.push_message(id.clone(), turn, Role::User, entry, &entry.actor);
+        if let Some(action_id) = action_id {
+            Arc::make_mut(&mut self.control_of).insert(action_id, id);
+        }
+        let message = self.message_mut(i);
+        message.request_id = action_id;
+        message.parts.push(Part::Control(ControlPart {
             kind,
             value,
             outcome,
@@ -661,9 +695,6 @@ impl Fold {
         let Some(action_id) = ActionId::from_jsonrpc_id(id) else {
             return;
         };
-        let Some(&turn) = self.turn_of.get(&action_id) else {
-            return;
-        };
         let error = envelope.error.as_ref().map(|e| {
             cap_foreign(
                 &view::<RpcError>(e)
@@ -686,6 +717,9 @@ impl Fold {
                 return;
             }
         }
+        let Some(&turn) = self.turn_of.get(&action_id) else {
+            return;
+        };
         // A prompt's or compact's reply ends its turn.
         let stop_reason = match &error {
             Some(_) => Some(StopReason::Failed),
@@ -892,6 +926,7 @@ impl Fold {
         let parent = Fold::of(&self.meta_key, &entries);
         let parent_turns = parent.turns;
         let parent_last_prompt_turn = parent.last_prompt_turn;
+        let parent_controls = parent.controls;
         let inherited = Arc::unwrap_or_clone(parent.messages);
         let messages = Arc::make_mut(&mut self.messages);
         let index = Arc::make_mut(&mut self.index);
@@ -902,6 +937,7 @@ impl Fold {
             messages.push(message);
         }
         self.turns = self.turns.max(parent_turns);
+        self.controls = self.controls.max(parent_controls);
         self.last_prompt_turn = parent_last_prompt_turn.or(self.last_prompt_turn);
     }
 
@@ -1462,12 +1498,15 @@ mod tests {
             Part::Control(c) => c.clone(),
             other => panic!("{other:?}"),
         };
-        assert_eq!(control(&log.fold(), "1:user").outcome, Outcome::Pending);
+        assert_eq!(
+            control(&log.fold(), "0:control:1").outcome,
+            Outcome::Pending
+        );
         log.event(
             json!({"event": "fault", "kind": "exit", "detail": "runtime exited with code 3"}),
         );
         let fold = log.fold();
-        for id in ["1:user", "2:user"] {
+        for id in ["0:control:1", "0:control:2"] {
             assert_eq!(control(&fold, id).outcome, Outcome::Rejected, "{id}");
             assert_eq!(
                 fold.message(id).unwrap().error.as_deref(),
@@ -1504,33 +1543,89 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            control("1:user"),
+            control("0:control:1"),
             ControlPart {
                 kind: ControlKind::SetModel,
                 value: "smart".into(),
                 outcome: Outcome::Accepted
             }
         );
-        assert_eq!(control("2:user").outcome, Outcome::Rejected);
+        assert_eq!(control("0:control:2").outcome, Outcome::Rejected);
         assert_eq!(
-            control("3:user"),
+            control("0:control:3"),
             ControlPart {
                 kind: ControlKind::Stop,
                 value: String::new(),
                 outcome: Outcome::Accepted
             }
         );
-        assert_eq!(control("4:user").kind, ControlKind::Compact);
-        assert_eq!(control("4:user").outcome, Outcome::Accepted);
+        // Only the compact is a turn: the first.
+        assert_eq!(control("1:user").kind, ControlKind::Compact);
+        assert_eq!(control("1:user").outcome, Outcome::Accepted);
         assert_eq!(
-            fold.message("4:agent").unwrap().stop_reason,
+            fold.message("1:agent").unwrap().stop_reason,
             Some(StopReason::EndTurn)
         );
-        assert_eq!(fold.message("2:user").unwrap().request_id, Some(model_bad));
+        assert_eq!(fold.turns(), 1);
+        assert_eq!(
+            fold.message("0:control:2").unwrap().request_id,
+            Some(model_bad)
+        );
         // A rejected change never moves the model.
         assert_eq!(fold.metadata().model, "smart");
         assert_eq!(fold.metadata().models.len(), 2);
         assert_eq!(fold.metadata().models[1].description.as_deref(), Some("d"));
+    }
+
+    #[test]
+    fn a_stop_is_no_turn_of_its_own_so_the_next_prompt_is_the_second_turn() {
+        let (first, stop, model, second) = (
+            ActionId::mint(),
+            ActionId::mint(),
+            ActionId::mint(),
+            ActionId::mint(),
+        );
+        let mut log = Log::default();
+        log.prompt(first, &PromptAction::text("long job"))
+            .chunk("working")
+            .out(acp_frames::cancel_notification("s"), Some(stop))
+            .end(first, "cancelled")
+            .out(
+                acp_frames::set_config_option_request(
+                    &model,
+                    "s",
+                    "model",
+                    &acp_frames::ConfigValue::Id("smart".into()),
+                ),
+                Some(model),
+            )
+            .prompt(second, &PromptAction::text("next"))
+            .end(second, "end_turn");
+        let mut fold = log.fold();
+        let ids: Vec<(&str, u32)> = fold
+            .messages()
+            .iter()
+            .map(|m| (m.id.as_str(), m.turn))
+            .collect();
+        assert_eq!(
+            ids,
+            vec![
+                ("1:user", 1),
+                ("1:agent", 1),
+                ("1:control:1", 1),
+                ("1:control:2", 1),
+                ("2:user", 2),
+                ("2:agent", 2),
+            ]
+        );
+        assert_eq!(fold.message("1:control:1").unwrap().request_id, Some(stop));
+        assert_eq!(fold.turns(), 2);
+        let ended: Vec<(u32, Option<ActionId>)> = fold
+            .take_turn_ends()
+            .into_iter()
+            .map(|e| (e.turn, e.request_id))
+            .collect();
+        assert_eq!(ended, vec![(1, Some(first)), (2, Some(second))]);
     }
 
     #[test]

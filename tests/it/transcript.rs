@@ -75,8 +75,18 @@ fn the_mock_agent_fixture_folds_into_the_expected_transcript() {
     assert_eq!(
         ids,
         [
-            "1:user", "1:agent", "2:user", "3:user", "3:agent", "4:user", "4:agent", "5:user",
-            "5:agent", "6:user", "7:user", "7:agent"
+            "1:user",
+            "1:agent",
+            "1:control:1",
+            "2:user",
+            "2:agent",
+            "3:user",
+            "3:agent",
+            "4:user",
+            "4:agent",
+            "4:control:2",
+            "5:user",
+            "5:agent"
         ]
     );
     // Turn 1: text, then the two attachments in order; the agent's thought, tool, plan,
@@ -121,22 +131,22 @@ fn the_mock_agent_fixture_folds_into_the_expected_transcript() {
     );
     assert!(agent.parts.iter().any(|p| matches!(p, Part::Permission(x) if x.outcome == Outcome::Selected && x.selected_option_id.as_deref() == Some("allow-once"))));
     assert!(texts(&agent.parts).contains("permission: selected allow-once"));
-    // Turn 2: a model change, accepted.
+    // After turn 1, a model change, accepted: no turn of its own.
     assert!(
         matches!(&messages[2].parts[0], Part::Control(c) if c.kind == ControlKind::SetModel && c.value == "mock-smart" && c.outcome == Outcome::Accepted)
     );
     assert_eq!(fold.metadata().model, "mock-smart");
-    // Turn 3: a form elicitation accepted.
+    // Turn 2: a form elicitation accepted.
     assert!(messages[4].parts.iter().any(|p| matches!(p, Part::Elicitation(e) if e.outcome == Outcome::Accepted && e.answer_json.contains("Ada"))));
-    // Turn 4: a compact.
+    // Turn 3: a compact.
     assert!(
         matches!(&messages[5].parts[0], Part::Control(c) if c.kind == ControlKind::Compact && c.outcome == Outcome::Accepted)
     );
     assert_eq!(texts(&messages[6].parts), "compacted");
-    // Turn 5 was stopped (turn 6): cancelled.
+    // Turn 4 was stopped (a control message of that turn): cancelled.
     assert_eq!(messages[8].stop_reason, Some(StopReason::Cancelled));
     assert!(matches!(&messages[9].parts[0], Part::Control(c) if c.kind == ControlKind::Stop));
-    // Turn 7 failed with the agent's error.
+    // Turn 5 failed with the agent's error.
     assert_eq!(messages[11].stop_reason, Some(StopReason::Failed));
     assert_eq!(messages[11].error.as_deref(), Some("boom"));
     assert_eq!(fold.metadata().models.len(), 2);

@@ -236,8 +236,8 @@ async fn a_compact_turn_ends_like_a_prompt_and_control_actions_end_no_turn() {
         assert_eq!(ends.len(), 1, "only the compact occupies a turn: {ends:?}");
         assert_eq!(ends[0].request_id, compact);
         assert_eq!(
-            ends[0].turn, 2,
-            "the model change is turn 1 of the transcript"
+            ends[0].turn, 1,
+            "the model change is no turn: the compact is the first"
         );
         assert_eq!(ends[0].stop_reason, pb::StopReason::EndTurn as i32);
         h.shutdown().await;

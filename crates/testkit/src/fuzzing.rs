@@ -286,9 +286,10 @@ pub fn fold_entries(entries: &[LogEntry]) {
             "a message's turn is one of the fold's"
         );
         if message.turn == 0 {
-            assert_eq!(
-                message.id, "0:agent",
-                "only agent output precedes the first turn"
+            assert!(
+                message.id == "0:agent" || message.id.starts_with("0:control:"),
+                "only agent output and controls precede the first turn: {}",
+                message.id
             );
         }
         assert!(

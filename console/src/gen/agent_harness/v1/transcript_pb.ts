@@ -88,14 +88,17 @@ export const LogEntrySchema: GenMessage<LogEntry> = /*@__PURE__*/
  */
 export type TranscriptMessage = Message<"agent_harness.v1.TranscriptMessage"> & {
   /**
-   * `"{turn}:user"` or `"{turn}:agent"`.
+   * `"{turn}:user"` or `"{turn}:agent"`; a model, option or stop change, which opens no turn of its
+   * own, is `"{turn}:control:{n}"` in the turn it came during or after (`n` counts the session's
+   * changes).
    *
    * @generated from field: string id = 1;
    */
   id: string;
 
   /**
-   * The turn number, from 1.
+   * The turn number, from 1: a turn is a prompt or a compact sent to the agent (0: before the
+   * first).
    *
    * @generated from field: uint32 turn = 2;
    */
@@ -109,8 +112,8 @@ export type TranscriptMessage = Message<"agent_harness.v1.TranscriptMessage"> & 
   role: MessageRole;
 
   /**
-   * The action id of the prompt or control that opened the turn: on the user message and on the
-   * agent message that answers it (unset only for agent output outside any turn).
+   * The action id of the prompt, compact or change the message shows: on the user message and on
+   * the agent message that answers it (unset only for agent output outside any turn).
    *
    * @generated from field: optional string request_id = 4;
    */
