@@ -915,6 +915,49 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_key_of_the_bridges_config_is_documented_with_its_default() {
+        use crate::config::reference::{check, duration, fields_of, text};
+        let profile: BridgeProfile = toml::from_str("command = \"agent\"").unwrap();
+        let boxed = profile
+            .box_policy("p", &Default::default(), &[])
+            .unwrap()
+            .is_some();
+        let mut problems = check(
+            "The bridge's config file",
+            fields_of::<BridgeConfig>(),
+            &[
+                ("bridge_id", None),
+                ("labels", None),
+                ("reconnect_grace", duration(DEFAULT_RECONNECT_GRACE)),
+                ("data_dir", None),
+                ("sandbox", None),
+                ("profiles", None),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        problems.extend(check(
+            "A bridge's `[profiles.<name>]`",
+            fields_of::<BridgeProfile>(),
+            &[
+                ("preset", None),
+                ("command", None),
+                ("args", None),
+                ("env", None),
+                ("env_passthrough", None),
+                ("env_files", None),
+                ("allowed_cwd_roots", None),
+                ("stop_grace", duration(profile.stop_grace().unwrap())),
+                ("sandbox", text("on").filter(|_| boxed)),
+                ("egress", None),
+            ]
+            .into_iter()
+            .collect(),
+        ));
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    #[test]
     fn backoff_doubles_up_to_its_cap_and_never_drops_below_half() {
         for attempt in 0..40 {
             let full = BACKOFF_FIRST

@@ -6,6 +6,8 @@ pub mod listing;
 pub mod model_proxy;
 pub mod preset;
 pub(crate) mod profile;
+#[cfg(test)]
+pub(crate) mod reference;
 pub mod sandbox;
 
 use std::{

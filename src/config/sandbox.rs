@@ -439,6 +439,23 @@ fn apply_limits(
     Ok(())
 }
 
+/// The keys of a profile's `sandbox`, `egress` and `model_proxy` tables, for the reference
+/// page's test (config/reference.rs).
+#[cfg(test)]
+pub(super) fn profile_sandbox_fields() -> &'static [&'static str] {
+    super::reference::fields_of::<ProfileSandbox>()
+}
+
+#[cfg(test)]
+pub(super) fn profile_egress_fields() -> &'static [&'static str] {
+    super::reference::fields_of::<ProfileEgress>()
+}
+
+#[cfg(test)]
+pub(super) fn model_route_fields() -> &'static [&'static str] {
+    super::reference::fields_of::<ModelRouteFile>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! Input limits and the validation of caller-supplied actions against them. Every
 //! violation is a clear error and nothing is stored.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     action::{PromptAction, PromptAttachment},
@@ -9,7 +9,7 @@ use super::{
 };
 
 /// Limits with their defaults; each is a config knob (`[limits]` in the config file).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Bytes of prompt text.
