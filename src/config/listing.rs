@@ -15,8 +15,8 @@ pub const PROFILES_HELP: &str = "Examples:
   agent-harness profiles --config harness.toml  # check a config file's profiles before serving it
   agent-harness profiles --json | jq -c 'select(.kind == \"preset\")'
 
-A profile names a preset with `preset = \"claude\"` and writes only what differs (README,
-\"Agents and presets\"; docs/agents.md says what each was tested with).
+A profile names a preset with `preset = \"claude\"` and writes only what differs
+(docs/configuration.md, \"Agents and presets\"; docs/agents.md says what each was tested with).
 
   agent-harness profiles --config harness.toml --check   # and start each profile's box once
 

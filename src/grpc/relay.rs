@@ -1,4 +1,4 @@
-//! A bridge that redials another replica (README, "Remote runtimes: bridges", with several replicas): the runtimes its
+//! A bridge that redials another replica (docs/bridges.md, "Several replicas"): the runtimes its
 //! hello lists may belong to sessions another live replica still owns. Rather than kill them,
 //! this replica relays their messages to that owner over a `Connect` stream of its own, as the
 //! bridge would have sent them, so the owner's runtime tasks take them up again (resend by

@@ -241,7 +241,7 @@ mod tests {
         assert_eq!(to_status(&Error::invalid("short")).message(), "short");
     }
 
-    /// The table of README, "Errors", row by row: (code, gRPC code, reason).
+    /// The table of docs/errors.md, row by row: (code, gRPC code, reason).
     const TABLE: &[(ErrorCode, Code, &str)] = &[
         (
             ErrorCode::InvalidArgument,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The contract checks (README, "The contract: v1 is stable"), run by `scripts/test contract`:
+# The contract checks (docs/contract.md), run by `scripts/test contract`:
 #  1. `buf breaking` (rules FILE) against the committed v1 baseline, and proof that it bites: a
 #     deliberately breaking edit in a temporary copy of proto/ must be refused;
 #  2. clients generated from proto/ the way users generate them — TypeScript with protoc-gen-es,
@@ -17,7 +17,7 @@ rm -rf "$WORK" "$NPM_PREFIX/gen"
 mkdir -p "$WORK"
 
 # 1. Breaking changes.
-[[ -f "$BASELINE" ]] || fail "$BASELINE is missing (see README: how the v1 baseline moves)"
+[[ -f "$BASELINE" ]] || fail "$BASELINE is missing (see docs/contract.md, \"How the baseline moves\")"
 "$BUF" breaking --against "$BASELINE" || fail "proto/ breaks the stable v1 contract (buf breaking, FILE)"
 note "buf breaking: proto/ keeps every promise of $BASELINE"
 cp -r proto buf.yaml "$WORK/"

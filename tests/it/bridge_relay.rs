@@ -1,4 +1,4 @@
-//! The relay's flow control (README, "Remote runtimes: bridges", with several replicas): a bridge
+//! The relay's flow control (docs/bridges.md, "Several replicas"): a bridge
 //! that redialled replica b reaches the sessions other replicas own through b's relay, one route
 //! per owner. One owner made slow or unreachable — its peers reach it only through the test
 //! kit's fault proxy, which delays every packet 1 s or black-holes them — holds up its own route

@@ -1,4 +1,4 @@
-//! Bridges with several replicas (README, "Remote runtimes: bridges"): real `serve` replicas on one
+//! Bridges with several replicas (docs/bridges.md, "Several replicas"): real `serve` replicas on one
 //! PostgreSQL database and a real `agent-harness bridge` dialling one of them. A remote session
 //! is owned by the replica holding its bridge's stream, wherever it was created or is called;
 //! when the bridge serves another replica, the session's lease moves there.

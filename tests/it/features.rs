@@ -1,4 +1,4 @@
-//! Agent features (README, "Agent features"): "start only if idle", permission rules and
+//! Agent features (docs/features.md): "start only if idle", permission rules and
 //! timeouts, fork, what the agent reports about itself, and a chosen model and config options
 //! re-applied after a reopen.
 

@@ -1,5 +1,5 @@
 //! Text that a runtime controls and the harness stores or shows is bounded (docs/security.md,
-//! "Bounded stored text"): an agent cannot make a session's record larger than a client accepts.
+//! "Third round", bounded hellos and foreign text): an agent cannot make a session's record larger than a client accepts.
 //! The bridge's texts (start failures, exit tails) are covered in `bridge`.
 
 use agent_harness::pb::v1 as pb;

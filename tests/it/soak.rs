@@ -9,13 +9,12 @@
 //! action that was answered with an error (not acknowledged: UNAVAILABLE, a timeout, an outcome
 //! unknown) is in it at most once, every log's offsets are dense, nothing was sent to a runtime
 //! twice, and no runtime process outlived the replica that ran it. Throughout, the runtime
-//! processes are sampled every 100 ms (a runtime's session is its working directory): two
-//! replicas never run a runtime for one session past the self-fencing bound (README, "When the
-//! database is slow or gone": last renewal sent + TTL − 30 %). A black-holed replica's runtimes
-//! are gone by then, before any other replica may claim, so they never overlap; a paused replica
-//! cannot act until it is resumed, and its deadline has passed by then, so its runtimes may
-//! overlap another replica's only until it is resumed (and has had [`RESUME_REACTION`] to stop
-//! them).
+//! processes are sampled every 100 ms (a runtime's session is its working directory): two replicas
+//! never run a runtime for one session past the self-fencing bound (docs/replicas.md, "When the
+//! database is slow or gone": last renewal sent + TTL − 30 %). A black-holed replica's runtimes are
+//! gone by then, before any other replica may claim, so they never overlap; a paused replica cannot
+//! act until it is resumed, and its deadline has passed by then, so its runtimes may overlap
+//! another replica's only until it is resumed (and has had [`RESUME_REACTION`] to stop them).
 //!
 //! Bounded to 90 s. Needs `AGENT_HARNESS_TEST_DATABASE_URL` like the other PostgreSQL tests (and
 //! fails without it when `CI=true`). Prints its figures (run with `--no-capture` to see them).

@@ -334,7 +334,7 @@ impl Actor {
     async fn checked_cwd(&self) -> Result<PathBuf> {
         let cwd = PathBuf::from(&self.record.cwd);
         // With several replicas the workspace must be on storage each of them mounts
-        // (README, "Several replicas on PostgreSQL"); a replica that claimed the session
+        // (docs/replicas.md, "Shared storage"); a replica that claimed the session
         // without it says so, not a bare spawn error.
         if !is_dir(&cwd).await {
             return Err(Error::new(

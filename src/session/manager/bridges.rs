@@ -1,4 +1,4 @@
-//! Remote sessions with several replicas (README, "Remote runtimes: bridges"): a session whose profile runs on
+//! Remote sessions with several replicas (docs/bridges.md, "Several replicas"): a session whose profile runs on
 //! a bridge is owned by the replica holding that bridge's stream. Each replica publishes the
 //! bridges connected to it in the shared store (refreshed well within the lease TTL, and at
 //! once when one connects or leaves); a replica asked to create or open a remote session without

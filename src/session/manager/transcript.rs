@@ -226,7 +226,7 @@ fn elide(messages: &mut [Message], budget: usize) {
     }
 }
 
-/// The documented form of elided content (README, "Large transcripts").
+/// The documented form of elided content (docs/operations.md, "Large transcripts").
 fn elision_marker(bytes: usize, first_offset: u64, last_offset: u64) -> String {
     format!(
         "[agent-harness: {bytes} bytes elided; too large for a transcript page. \

@@ -63,7 +63,7 @@ def channel(target: Target, aio: bool = False) -> grpc.Channel:
         # grpcio hands every streamed message of a synchronous call from its polling thread to
         # the reading thread, which costs tens of microseconds per Subscribe event; read on the
         # caller's thread instead (the package only iterates and cancels its streams, which this
-        # mode supports). README.md, "Latency".
+        # mode supports). The package README says so under Latency.
         options.append((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
     module = grpc.aio if aio else grpc
     if target.tls:

@@ -715,8 +715,9 @@ export declare type GetTranscriptRequest = Message<"agent_harness.v1.GetTranscri
   sessionId: string;
 
   /**
-   * At most this many turns (default 50, at most 500). A page also stops before about 3 MiB of
-   * content; a single larger turn has its largest parts elided (README, "Large transcripts").
+   * At most this many turns (default 50, at most 500). A page also stops before about 3 MiB
+   * of content; a single larger turn has its largest parts elided
+   * (docs/operations.md, "Large transcripts").
    *
    * @generated from field: uint32 page_size = 2;
    */
