@@ -185,6 +185,7 @@ fn preset_json(preset: &Preset) -> Value {
         "restart_after_cancel": preset.restart_after_cancel,
         "restart_after_error": preset.restart_after_error,
         "startup_timeout": preset.startup_timeout,
+        "turn_timeout": preset.turn_timeout,
         "model_proxy": preset.model_proxy.iter().map(|p| format!("{} (when {} is set)", p.name(), p.key_var())).collect::<Vec<_>>(),
     })
 }
@@ -212,6 +213,7 @@ fn profile_json(profile: &Profile, preset: Option<&Preset>, source: &str) -> Val
         "restart_after_cancel": profile.resilience.restart_after_cancel,
         "restart_after_error": profile.resilience.restart_after_error,
         "startup_timeout": humantime::format_duration(profile.startup_timeout).to_string(),
+        "turn_timeout": profile.turn_timeout.map(|t| humantime::format_duration(t).to_string()),
         "model_proxy": profile.sandbox.iter().flat_map(|policy| &policy.model).map(|route| {
             let when = if route.when_key_set { format!("when {} is set", route.key_var) } else { format!("key {}", route.key_var) };
             format!("{} ({when})", route.provider.name())
@@ -342,5 +344,8 @@ fn render(entry: &Value) -> String {
         "  startup_timeout      {}",
         text("startup_timeout")
     ));
+    if entry["turn_timeout"].is_string() {
+        lines.push(format!("  turn_timeout         {}", text("turn_timeout")));
+    }
     lines.join("\n") + "\n"
 }

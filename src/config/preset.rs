@@ -36,6 +36,9 @@ pub struct Preset {
     pub restart_after_error: bool,
     /// A first start through `npx` downloads the package.
     pub startup_timeout: &'static str,
+    /// The longest a turn may keep the agent busy (time waiting on a person not counted): a
+    /// defence against an agent that retries a failing model API without end.
+    pub turn_timeout: Option<&'static str>,
     /// The hosts its box may reach (`egress.allow` unless the profile names its own): the
     /// model API, and the npm registry its `npx` command downloads from.
     pub egress: &'static [&'static str],
@@ -77,6 +80,7 @@ pub const PRESETS: &[Preset] = &[
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",
+        turn_timeout: None,
         egress: &["api.anthropic.com:443", NPM_REGISTRY],
         nested_sandbox: false,
         model_proxy: &[Provider::Anthropic],
@@ -98,6 +102,7 @@ pub const PRESETS: &[Preset] = &[
         restart_after_cancel: true,
         restart_after_error: true,
         startup_timeout: "120s",
+        turn_timeout: None,
         egress: &["api.anthropic.com:443", NPM_REGISTRY],
         nested_sandbox: false,
         model_proxy: &[Provider::Anthropic],
@@ -121,6 +126,7 @@ pub const PRESETS: &[Preset] = &[
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",
+        turn_timeout: None,
         egress: &["api.openai.com:443", NPM_REGISTRY],
         // Codex runs its commands under its own sandbox (bundled bubblewrap: a user namespace
         // and mounts), inside the harness's box.
@@ -147,6 +153,9 @@ pub const PRESETS: &[Preset] = &[
         restart_after_cancel: false,
         restart_after_error: false,
         startup_timeout: "120s",
+        // It retries a model API answer of 429 or 5xx without end (2 s, 4 s, … 30 s apart),
+        // so such a turn would run until someone stopped it.
+        turn_timeout: Some("30m"),
         // It reads its list of models from models.dev at start (and carries a copy offline).
         egress: &[
             "api.anthropic.com:443",
@@ -220,6 +229,9 @@ mod tests {
             );
             assert!(preset.name.ends_with(preset.version), "{}", preset.name);
             assert!(humantime::parse_duration(preset.startup_timeout).is_ok());
+            if let Some(limit) = preset.turn_timeout {
+                assert!(humantime::parse_duration(limit).is_ok_and(|d| !d.is_zero()));
+            }
             for host in preset.egress {
                 assert!(
                     crate::acp::sandbox::EgressRule::parse(host).is_ok(),

@@ -58,6 +58,9 @@ pub struct ProfileFile {
     pub permission_policy: PermissionPolicy,
     pub allowed_cwd_roots: Option<Vec<PathBuf>>,
     pub startup_timeout: Option<String>,
+    /// The longest a turn may keep the agent busy, time waiting on a person not counted
+    /// (default: the preset's, else none).
+    pub turn_timeout: Option<String>,
     pub cancel_grace: Option<String>,
     pub idle_timeout: Option<String>,
     #[serde(default)]
@@ -346,6 +349,20 @@ impl ProfileFile {
                 None => DEFAULT_STARTUP_TIMEOUT,
             },
         };
+        let turn_timeout = match duration("turn_timeout", &file.turn_timeout)? {
+            Some(limit) => Some(limit),
+            None => preset
+                .and_then(|p| p.turn_timeout)
+                .map(|text| parse_duration(&field("preset"), text))
+                .transpose()?,
+        };
+        if turn_timeout.is_some_and(|t| t.is_zero()) {
+            anyhow::bail!(
+                "{} = {:?} must be more than zero (leave it out for no limit)",
+                field("turn_timeout"),
+                file.turn_timeout.as_deref().unwrap_or_default()
+            );
+        }
         let mut config_options = preset.map(Preset::config_options_map).unwrap_or_default();
         config_options.extend(file.config_options);
         let auth_method = match file.auth_method {
@@ -363,6 +380,7 @@ impl ProfileFile {
             permission_policy: file.permission_policy,
             allowed_cwd_roots: file.allowed_cwd_roots,
             startup_timeout,
+            turn_timeout,
             cancel_grace: duration("cancel_grace", &file.cancel_grace)?
                 .unwrap_or(DEFAULT_CANCEL_GRACE),
             idle_timeout: duration("idle_timeout", &file.idle_timeout)?,
@@ -548,6 +566,29 @@ mod tests {
         assert_eq!(profile.cancel_grace, DEFAULT_CANCEL_GRACE);
         assert_eq!(profile.idle_timeout, Some(Duration::from_secs(600)));
         assert_eq!(profile.permission_policy, PermissionPolicy::AutoAccept);
+    }
+
+    #[test]
+    fn a_turn_timeout_that_is_zero_negative_or_no_duration_is_refused_naming_profile_and_key() {
+        for bad in ["0s", "-5s", "soon", ""] {
+            let error = file(&format!("command = \"agent\"\nturn_timeout = {bad:?}"))
+                .resolve("slow")
+                .expect_err(bad)
+                .to_string();
+            assert!(
+                error.contains("profiles.slow.turn_timeout"),
+                "{bad:?}: {error}"
+            );
+        }
+        let set = file("command = \"agent\"\nturn_timeout = \"90s\"")
+            .resolve("slow")
+            .unwrap();
+        assert_eq!(set.turn_timeout, Some(Duration::from_secs(90)));
+        // A preset's own limit applies unless the profile writes one.
+        let opencode = file("preset = \"opencode\"").resolve("o").unwrap();
+        assert_eq!(opencode.turn_timeout, Some(Duration::from_secs(30 * 60)));
+        let claude = file("preset = \"claude\"").resolve("c").unwrap();
+        assert_eq!(claude.turn_timeout, None);
     }
 
     #[test]

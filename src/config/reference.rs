@@ -373,6 +373,7 @@ fn every_profile_key_is_documented_with_the_default_a_profile_resolves_to() {
         ),
         ("allowed_cwd_roots", None),
         ("startup_timeout", duration(profile.startup_timeout)),
+        ("turn_timeout", profile.turn_timeout.and_then(duration)),
         ("cancel_grace", duration(profile.cancel_grace)),
         ("idle_timeout", profile.idle_timeout.and_then(duration)),
         ("stop_grace", duration(resilience.stop_grace)),

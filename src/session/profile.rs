@@ -97,6 +97,9 @@ pub struct Profile {
     /// `None`: any absolute path (allowed only in no-token mode).
     pub allowed_cwd_roots: Option<Vec<PathBuf>>,
     pub startup_timeout: Duration,
+    /// The longest a turn may keep the agent busy, time AWAITING_INPUT not counted: past it the
+    /// turn ends FAILED ("turn timed out after …") and the agent is asked to stop it.
+    pub turn_timeout: Option<Duration>,
     pub cancel_grace: Duration,
     pub idle_timeout: Option<Duration>,
     /// Applied in order before `permission_policy`; the first match decides.
@@ -214,6 +217,7 @@ impl Profile {
             permission_policy: PermissionPolicy::Ask,
             allowed_cwd_roots: None,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            turn_timeout: None,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             idle_timeout: None,
             permission_rules: Vec::new(),

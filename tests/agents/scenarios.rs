@@ -313,6 +313,14 @@ async fn restarted(session: &mut Session) -> Option<String> {
 /// that retries with backoff takes seconds, one that retries without end never ends it).
 const ERROR_TURN_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 
+/// The `turn_timeout` an agent whose preset bounds its turns (it retries a failing model API
+/// without end) runs the model-error scenarios with: the preset's own limit is for real work
+/// (minutes), this one ends the turn well within [`ERROR_TURN_LIMIT`].
+const SCENARIO_TURN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The error a turn ended by its `turn_timeout` carries.
+const TIMED_OUT: &str = "turn timed out after";
+
 /// Waits until the session is usable again after a failed turn: idle, or suspended by a
 /// defence that stopped its runtime (the next prompt reopens it); never disconnected.
 async fn settles_usable(watch: &mut Watch) {
@@ -348,7 +356,16 @@ pub async fn model_error_500(agent: Agent) -> Outcome {
 /// agent's own defect here (`restart_after_error`), the note says what the agent does without
 /// the defence (shown once, for 500).
 async fn model_error(agent: Agent, status: u16) -> Outcome {
-    let how = match failed_then_prompted(&agent, status, |_| {}).await {
+    let bounded = agent.preset().turn_timeout.is_some();
+    let limit = |spec: &mut ProfileSpec| {
+        if bounded {
+            spec.keys.push_str(&format!(
+                "turn_timeout = \"{}s\"\n",
+                SCENARIO_TURN_TIMEOUT.as_secs()
+            ));
+        }
+    };
+    let how = match failed_then_prompted(&agent, status, limit).await {
         Ok(how) => how,
         Err(evidence) => return Outcome::Deviates(evidence),
     };
@@ -400,13 +417,40 @@ async fn failed_then_prompted(
             ERROR_TURN_LIMIT.as_secs()
         ));
     };
+    let message = agent_message(&mut session, &failing.action_id).await;
+    assert_eq!(message.stop_reason, Some(pb::StopReason::Failed as i32));
+    let shown = message.error.clone().unwrap_or_default();
+    if shown.starts_with(TIMED_OUT) {
+        // The harness ended it: the agent was still retrying when the profile's limit ran out,
+        // and was asked to stop.
+        let asked = rig
+            .fake
+            .requests()
+            .iter()
+            .filter(|r| r.is_turn_step() && r.last_user_text.as_deref() == Some(prompt.as_str()))
+            .count();
+        settles_usable(&mut watch).await;
+        drop(watch);
+        let (reason, next) = plain_turn(&mut session, "after-error").await;
+        if reason == "end_turn" && next.contains(&reply_to("after-error")) {
+            return Ok(format!(
+                "the profile's turn_timeout ({}s; the preset's is longer) ended it FAILED: \
+                 \"{}\" while the agent retried (it asked the model API {asked} times, each \
+                 answered {status}); the agent stopped when asked, and the next prompt got its \
+                 own reply",
+                SCENARIO_TURN_TIMEOUT.as_secs(),
+                clipped(&shown, 60)
+            ));
+        }
+        return Err(format!(
+            "the turn timed out ({shown:?}), but the next prompt ended {reason} with text \
+             {next:?}"
+        ));
+    }
     assert!(
         answer.get("error").is_some(),
         "the prompt is answered with the agent's error: {answer}"
     );
-    let message = agent_message(&mut session, &failing.action_id).await;
-    assert_eq!(message.stop_reason, Some(pb::StopReason::Failed as i32));
-    let shown = message.error.clone().unwrap_or_default();
     let said = shown.to_lowercase();
     assert!(
         [

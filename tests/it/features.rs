@@ -12,7 +12,7 @@ use tonic::Code;
 
 use crate::{
     harness::{Harness, assert_error, bounded, expect_err},
-    support::{Session, mock_profile_with, prompt, stop},
+    support::{Session, answer_request, mock_profile_with, prompt, stop},
 };
 
 fn expecting_idle(session: &Session, action: Action) -> pb::ControlRequest {
@@ -173,6 +173,90 @@ async fn a_permission_timeout_answers_with_the_first_reject_option_and_logs_it()
         assert_eq!(
             watch.response_to(&turn.action_id).await["result"]["stopReason"],
             "end_turn"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_turn_past_its_turn_timeout_ends_failed_and_the_next_prompt_gets_its_own_reply() {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            mock_profile_with(config, "hurried", &[], |profile| {
+                profile.turn_timeout = Some(Duration::from_millis(300));
+            })
+        })
+        .await;
+        let mut session = Session::create(&h, "hurried").await;
+        let mut watch = session.watch().await;
+        // The mock agent works until it is told to stop: as an agent retrying a model API.
+        let stuck = session.prompt("@wait-cancel").await;
+        let failed = watch.event("turn_failed").await;
+        assert_eq!(failed["failed_turn"], stuck.action_id.as_str());
+        let ended = watch.event("turn_ended").await;
+        assert_eq!(ended["request_id"], stuck.action_id.as_str());
+        assert_eq!(ended["stop_reason"], "failed");
+        assert!(
+            ended["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("turn timed out after 300ms")),
+            "{ended}"
+        );
+        // The agent was asked to stop, and did; the session takes the next prompt.
+        assert_eq!(
+            watch.response_to(&stuck.action_id).await["result"]["stopReason"],
+            "cancelled"
+        );
+        let next = session.prompt("after the limit").await;
+        let answer = watch.response_to(&next.action_id).await;
+        assert_eq!(answer["result"]["stopReason"], "end_turn");
+        watch.chunk("echo: after the limit").await;
+        let transcript = session.transcript().await;
+        let failed = transcript
+            .messages
+            .iter()
+            .find(|m| m.id == "1:agent")
+            .unwrap();
+        assert_eq!(failed.stop_reason, Some(pb::StopReason::Failed as i32));
+        let replied = transcript
+            .messages
+            .iter()
+            .find(|m| m.id == "2:agent")
+            .unwrap();
+        assert_eq!(replied.stop_reason, Some(pb::StopReason::EndTurn as i32));
+    })
+    .await
+}
+
+#[tokio::test]
+async fn time_a_turn_waits_on_a_person_does_not_count_against_its_turn_timeout() {
+    bounded(async {
+        let h = Harness::start_with(|config| {
+            mock_profile_with(config, "hurried", &[], |profile| {
+                profile.turn_timeout = Some(Duration::from_millis(500));
+            })
+        })
+        .await;
+        let mut session = Session::create(&h, "hurried").await;
+        let mut watch = session.watch().await;
+        let turn = session.prompt("@permission Deploy").await;
+        let request = watch.agent_request("session/request_permission").await;
+        // A person takes three times the limit to answer; the agent's own time is far below it.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let held = session.get().await;
+        assert_eq!(held.status, pb::SessionStatus::AwaitingInput as i32);
+        session
+            .act(answer_request(&request, Some("allow-once")))
+            .await
+            .unwrap();
+        assert_eq!(
+            watch.response_to(&turn.action_id).await["result"]["stopReason"],
+            "end_turn"
+        );
+        let log = session.log().await;
+        assert!(
+            !log.iter().any(|entry| entry.json.contains("turn_failed")),
+            "the turn was not timed out"
         );
     })
     .await

@@ -73,6 +73,7 @@ fn profile(config: &mut ServeConfig, name: &str, command: String, args: Vec<Stri
             permission_policy: PermissionPolicy::Ask,
             allowed_cwd_roots: None,
             startup_timeout: Duration::from_secs(20),
+            turn_timeout: None,
             cancel_grace: Duration::from_secs(10),
             idle_timeout: None,
             permission_rules: Vec::new(),

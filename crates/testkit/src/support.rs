@@ -37,6 +37,7 @@ pub fn mock_profile_with(
         permission_policy: PermissionPolicy::Ask,
         allowed_cwd_roots: None,
         startup_timeout: Duration::from_secs(10),
+        turn_timeout: None,
         cancel_grace: Duration::from_secs(10),
         idle_timeout: None,
         permission_rules: Vec::new(),

@@ -444,13 +444,20 @@ impl Actor {
     /// the refusal as its error, at once (whatever the agent makes of the refusal), and the agent
     /// is asked to stop it; the session takes its next turn once the agent has answered.
     async fn on_budget_spent(&mut self, reason: String) -> Result<()> {
+        self.fail_turn_for_the_harness(reason).await
+    }
+
+    /// Ends the running turn FAILED with `reason` at once (whatever the agent makes of it), and
+    /// asks the agent to stop it; the session takes its next turn once the agent has answered
+    /// (or `cancel_grace` has run out).
+    pub(super) async fn fail_turn_for_the_harness(&mut self, reason: String) -> Result<()> {
         let Some(turn) = self.work.turn.as_mut() else {
             return Ok(());
         };
-        if turn.budget_spent || !self.runtime.state.is_ready() {
+        if turn.failed_by_harness || !self.runtime.state.is_ready() {
             return Ok(());
         }
-        turn.budget_spent = true;
+        turn.failed_by_harness = true;
         let action_id = turn.action_id;
         let mut out = Out::default();
         self.log_event(

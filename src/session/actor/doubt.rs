@@ -224,6 +224,7 @@ impl Actor {
                 &untraced,
                 None,
                 &self.turn_slot,
+                self.profile.turn_timeout,
             ));
             if let Some(conn) = self.runtime.state.conn() {
                 let _ = conn.writer.send(line);

@@ -205,7 +205,7 @@ impl Actor {
         }
         if let Some((ended, stop_reason)) = self.turn_end_of(id, frame) {
             if let Some(turn) = &self.work.turn {
-                turn.ended(if turn.budget_spent {
+                turn.ended(if turn.failed_by_harness {
                     "failed"
                 } else {
                     stop_reason
@@ -562,6 +562,7 @@ impl Actor {
             &self.ctx.traces,
             entry.traceparent.as_deref(),
             &self.turn_slot,
+            self.profile.turn_timeout,
         );
         // Traced, the agent's spans hang under the turn's; else the caller's context goes on.
         let traceparent = turn

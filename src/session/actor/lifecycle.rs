@@ -643,8 +643,8 @@ impl Actor {
         self.on_work_deadline(now).await
     }
 
-    /// The deadlines of the session's work: a cancelled turn's grace, a held permission's
-    /// timeout, the idle timer.
+    /// The deadlines of the session's work: a cancelled turn's grace, a turn's time limit, a
+    /// held permission's timeout, the idle timer.
     async fn on_work_deadline(&mut self, now: Instant) {
         if self
             .work
@@ -658,6 +658,21 @@ impl Actor {
                 humantime::format_duration(self.profile.cancel_grace)
             );
             return self.fault("cancel_grace", detail).await;
+        }
+        if let Some(turn) = self.work.turn.as_ref().filter(|t| !t.failed_by_harness)
+            && let Some(clock) = turn.clock
+            && clock.deadline().is_some_and(|d| d <= now)
+        {
+            let reason = format!(
+                "turn timed out after {} (the profile's turn_timeout; time waiting on a person \
+                 not counted)",
+                humantime::format_duration(clock.limit)
+            );
+            tracing::warn!(parent: &turn.span, "{reason}");
+            if let Err(error) = self.fail_turn_for_the_harness(reason).await {
+                tracing::warn!(%error, "could not fail the timed-out turn");
+            }
+            return;
         }
         if let Some(held) = self
             .work

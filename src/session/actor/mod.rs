@@ -89,14 +89,55 @@ pub(crate) struct FirstPrompt {
 struct Turn {
     action_id: ActionId,
     cancel_deadline: Option<Instant>,
-    /// The model proxy refused a call for a spent budget: the turn is already logged FAILED.
-    budget_spent: bool,
+    /// The harness has already logged the turn FAILED for a reason of its own (the model proxy
+    /// refused a call for a spent budget, or the turn ran out of `turn_timeout`).
+    failed_by_harness: bool,
+    /// The profile's `turn_timeout`, counting the agent's time only (`None`: no limit).
+    clock: Option<TurnClock>,
     span: tracing::Span,
     started: Instant,
     /// The turn's trace span, its tool calls' and its waits' (see `spans`).
     trace: spans::TurnTrace,
     /// Where the model proxy finds the running turn, to hang its `model_call` spans under it.
     slot: TurnSlot,
+}
+
+/// What is left of a turn's time limit. The agent's time counts against it; time the turn waits
+/// on a person (AWAITING_INPUT) does not, as a person's answer has a timeout of its own.
+#[derive(Debug, Clone, Copy)]
+struct TurnClock {
+    limit: Duration,
+    left: Duration,
+    /// Since when the agent's time has counted (`None` while the turn waits on a person).
+    since: Option<Instant>,
+}
+
+impl TurnClock {
+    fn start(limit: Duration) -> Self {
+        Self {
+            limit,
+            left: limit,
+            since: Some(Instant::now()),
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.since.map(|since| since + self.left)
+    }
+
+    /// Stops counting (the turn waits on a person) or starts again (the agent works).
+    fn counting(&mut self, counts: bool, now: Instant) {
+        match (counts, self.since) {
+            (false, Some(since)) => {
+                self.left = self
+                    .left
+                    .saturating_sub(now.saturating_duration_since(since));
+                self.since = None;
+            }
+            (true, None) => self.since = Some(now),
+            _ => {}
+        }
+    }
 }
 
 impl Drop for Turn {
@@ -118,6 +159,7 @@ impl Turn {
         traces: &super::traces::Traces,
         parent: Option<&str>,
         slot: &TurnSlot,
+        limit: Option<Duration>,
     ) -> Self {
         let span = tracing::info_span!("turn", %session, %action_id);
         span.in_scope(|| tracing::debug!("turn started"));
@@ -130,7 +172,8 @@ impl Turn {
         Self {
             action_id,
             cancel_deadline: None,
-            budget_spent: false,
+            failed_by_harness: false,
+            clock: limit.map(TurnClock::start),
             span,
             started: Instant::now(),
             trace,
@@ -399,10 +442,17 @@ impl Actor {
             .into_iter()
             .flat_map(|c| c.pending.values().map(|p| p.deadline));
         let cancel = self.work.turn.as_ref().and_then(|t| t.cancel_deadline);
+        let timeout = self
+            .work
+            .turn
+            .as_ref()
+            .filter(|t| !t.failed_by_harness)
+            .and_then(|t| t.clock.as_ref()?.deadline());
         let exit = conn.and_then(|c| c.exit_deadline);
         let held = self.work.held.permissions.iter().filter_map(|p| p.deadline);
         pending
             .chain(cancel)
+            .chain(timeout)
             .chain(exit)
             .chain(held)
             .chain(self.work.idle_deadline)
@@ -464,6 +514,9 @@ impl Actor {
     /// Puts the record in the batch if the status (or anything else) changed.
     fn refresh_status(&mut self, out: &mut Out) {
         let status = self.live_status();
+        if let Some(clock) = self.work.turn.as_mut().and_then(|t| t.clock.as_mut()) {
+            clock.counting(status != SessionStatus::AwaitingInput, Instant::now());
+        }
         if status != self.record.status {
             self.record.status = status;
             if status.has_runtime() {
