@@ -330,3 +330,30 @@ fn every_section_a_file_points_at_is_a_heading_there() {
             .join("\n")
     );
 }
+
+/// README is the first hour, not the manual: what it is, the two commands, a tour and links. The
+/// reference lives in docs/ (docs/configuration.md, docs/replicas.md, …).
+#[test]
+fn the_readme_stays_a_first_hour_page_that_starts_with_the_two_commands() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(root.join("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines: move reference text into docs/ and link it"
+    );
+    let first_block: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("```"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    assert!(
+        first_block[0].starts_with("cargo run --release -- serve")
+            && first_block[1].starts_with("scripts/test"),
+        "README.md starts with the two commands (serve, then scripts/test): {first_block:?}"
+    );
+    for page in ["docs/quickstart.md", "docs/configuration.md"] {
+        assert!(readme.contains(page), "README.md links {page}");
+    }
+}

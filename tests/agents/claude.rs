@@ -60,6 +60,7 @@ pub fn claude_0_23_1(test: &str) -> Option<Agent> {
         without_key: Some(without_key),
         switch_model: ("haiku", "haiku"),
         session_files: ".claude/projects",
+        default_retries: None,
     })
 }
 
@@ -92,6 +93,7 @@ pub fn claude_newest(test: &str) -> Option<Agent> {
         without_key: Some(without_key),
         switch_model: ("haiku", "haiku"),
         session_files: ".claude/projects",
+        default_retries: None,
     })
 }
 

@@ -30,7 +30,12 @@ fn codex_profile(fake: &FakeServer, seed: &Path) -> ProfileSpec {
          wire_api = \"responses\"\nrequires_openai_auth = false\nsupports_websockets = false\n\
          request_max_retries = 0\nstream_max_retries = 0\n"
     );
-    std::fs::write(codex_home.join("config.toml"), config).expect("config.toml");
+    std::fs::write(codex_home.join("config.toml"), &config).expect("config.toml");
+    // The same without the rig's retries off: Codex's own defaults (`default_retries`).
+    let defaults = seed.join(".codex-defaults");
+    std::fs::create_dir_all(&defaults).expect("a second CODEX_HOME");
+    let own_retries = config.replace("request_max_retries = 0\nstream_max_retries = 0\n", "");
+    std::fs::write(defaults.join("config.toml"), own_retries).expect("config.toml");
     // Beside the seed, never in it: a key file is the server's, and no box shows it.
     let key_file = seed.with_file_name("provider-key");
     std::fs::write(&key_file, format!("{FILE_KEY}\n")).expect("the key file");
@@ -78,6 +83,13 @@ pub fn codex_0_16_0(test: &str) -> Option<Agent> {
         without_key: Some(|spec| spec.env_files.retain(|(k, _)| k != "OPENAI_API_KEY")),
         switch_model: ("gpt-5.4-mini", "gpt-5.4-mini"),
         session_files: ".codex/sessions",
+        default_retries: Some(|spec| {
+            for (key, value) in &mut spec.env {
+                if key == "CODEX_HOME" {
+                    *value = "{home}/.codex-defaults".to_owned();
+                }
+            }
+        }),
     })
 }
 

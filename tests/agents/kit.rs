@@ -59,6 +59,9 @@ pub struct Agent {
     /// Where under HOME the agent keeps its session files (JSON lines): the kill -9 scenario
     /// waits until the first turn is in them.
     pub session_files: &'static str,
+    /// Gives back the agent's own retry settings where its rig turns retries off (for the
+    /// scenario of a model API 500 with the agent's defaults); `None`: the rig leaves them.
+    pub default_retries: Option<fn(&mut ProfileSpec)>,
 }
 
 impl Agent {

@@ -24,6 +24,7 @@ SCENARIOS = [
     ("model_error_401", "model API 401, then next prompt"),
     ("model_error_429", "model API 429, then next prompt"),
     ("model_error_500", "model API 500, then next prompt"),
+    ("model_500_default_retries", "model API 500 with the agent's own retries: how long, how many requests"),
     ("without_a_key", "no API key"),
     ("model_switch", "model switch"),
     ("kill_9_then_reopen", "kill -9, reopen"),

@@ -94,6 +94,7 @@ pub fn opencode_1_18_33(test: &str) -> Option<Agent> {
         without_key: None,
         switch_model: ("fake/fake-small", "fake-small"),
         session_files: ".local/share/opencode",
+        default_retries: None,
     })
 }
 

@@ -31,6 +31,7 @@ macro_rules! agent_scenarios {
             after_a_model_api_401_the_turn_fails_and_the_next_prompt_gets_its_own_reply => model_error_401,
             after_a_model_api_429_the_turn_fails_and_the_next_prompt_gets_its_own_reply => model_error_429,
             after_a_model_api_500_the_turn_fails_and_the_next_prompt_gets_its_own_reply => model_error_500,
+            a_model_api_500_with_the_agents_own_retries_takes_this_long => model_500_default_retries,
             without_its_key_the_agent_says_it_needs_one => without_a_key,
             a_model_switch_reaches_the_next_model_request => model_switch,
             after_kill_9_the_next_prompt_reopens_with_the_conversation => kill_9_then_reopen,
@@ -47,9 +48,10 @@ macro_rules! agent_scenarios {
                     else {
                         return;
                     };
-                    crate::kit::scenario(
+                    crate::kit::scenario_within(
                         &agent,
                         stringify!($scenario),
+                        crate::scenarios::time_for(stringify!($scenario)),
                         crate::scenarios::$scenario(agent.clone()),
                     )
                     .await;
@@ -336,6 +338,82 @@ async fn settles_usable(watch: &mut Watch) {
             "the session stays usable after the failed turn"
         );
         status = watch.next_status().await;
+    }
+}
+
+/// How long a scenario may take: the default-retries one waits out an agent's own backoff.
+pub fn time_for(scenario: &str) -> std::time::Duration {
+    match scenario {
+        "model_500_default_retries" => DEFAULT_RETRIES_LIMIT + crate::kit::SCENARIO_TIMEOUT,
+        _ => crate::kit::SCENARIO_TIMEOUT,
+    }
+}
+
+/// How long the default-retries scenario waits for an agent to give a model API 500 up.
+const DEFAULT_RETRIES_LIMIT: std::time::Duration = std::time::Duration::from_secs(150);
+
+/// `[flaky 500]`: the model API answers 500 to every request, without saying not to retry, and
+/// the agent runs with its own retry settings. The cell says how long the turn took to end and
+/// how many requests the agent made; an agent still retrying after
+/// [`DEFAULT_RETRIES_LIMIT`] passes only where its preset bounds the turn (`turn_timeout`).
+pub async fn model_500_default_retries(agent: Agent) -> Outcome {
+    let own = agent.default_retries;
+    let rig = Rig::start_with(&agent, |spec| {
+        if let Some(own) = own {
+            own(spec);
+        }
+    })
+    .await;
+    let mut session = rig.session(&agent).await;
+    let mut watch = session.watch().await;
+    let prompt = "failing [flaky 500]";
+    let asked = || {
+        rig.fake
+            .requests()
+            .iter()
+            .filter(|r| r.is_turn_step() && r.last_user_text.as_deref() == Some(prompt))
+            .count()
+    };
+    let started = std::time::Instant::now();
+    let failing = session.prompt(prompt).await;
+    let ended =
+        tokio::time::timeout(DEFAULT_RETRIES_LIMIT, watch.response_to(&failing.action_id)).await;
+    let took = started.elapsed().as_secs_f64();
+    if ended.is_ok() {
+        let message = agent_message(&mut session, &failing.action_id).await;
+        let stop = pb::StopReason::try_from(message.stop_reason.unwrap_or_default())
+            .map(|r| {
+                r.as_str_name()
+                    .trim_start_matches("STOP_REASON_")
+                    .to_owned()
+            })
+            .unwrap_or_default();
+        let error = message
+            .error
+            .map(|e| format!(": {}", clipped(&e, 100)))
+            .unwrap_or_default();
+        return Outcome::Pass(format!(
+            "the turn ended {stop} after {took:.0} s and {} requests to the model API{error}",
+            asked()
+        ));
+    }
+    let asked = asked();
+    session
+        .act(stop(false))
+        .await
+        .expect("the stop is accepted");
+    turn_end(&mut watch, &failing.action_id).await;
+    match agent.preset().turn_timeout {
+        Some(limit) => Outcome::Pass(format!(
+            "still retrying after {} s ({asked} requests to the model API, each answered 500; \
+             stopped by the test): the preset's turn_timeout ({limit}) ends such a turn",
+            DEFAULT_RETRIES_LIMIT.as_secs()
+        )),
+        None => Outcome::Deviates(format!(
+            "still retrying after {} s ({asked} requests to the model API, each answered 500), \
+             and its preset sets no turn_timeout",
+            DEFAULT_RETRIES_LIMIT.as_secs()
+        )),
     }
 }
 

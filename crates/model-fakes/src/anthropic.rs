@@ -64,14 +64,22 @@ pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response
     };
     let recorded = recorder.push(recorded);
     match turn {
-        Turn::Error { status, message } => {
+        Turn::Error {
+            status,
+            message,
+            retryable,
+        } => {
             let status = StatusCode::from_u16(status).expect("a valid status");
             let kind = match status.as_u16() {
                 401 => "authentication_error",
                 429 => "rate_limit_error",
                 _ => "api_error",
             };
-            error(status, kind, &message)
+            let mut response = error(status, kind, &message);
+            if retryable {
+                response.headers_mut().remove("x-should-retry");
+            }
+            response
         }
         Turn::Answer { steps, stop } if stream => {
             let (response, out) = server::event_stream();

@@ -4,7 +4,8 @@
 //! |---|---|
 //! | `[write NAME]` | calls the agent's file-writing tool for `NAME` (relative to the agent's working directory unless absolute), then answers briefly once the tool's result comes back |
 //! | `[stall N]` | streams a first text chunk, then nothing for `N` seconds, then the reply |
-//! | `[error 401]`, `[error 429]`, `[error 500]` | answers with that HTTP status and the API's error body |
+//! | `[error 401]`, `[error 429]`, `[error 500]` | answers with that HTTP status and the API's error body, saying not to retry it (`x-should-retry: false`) |
+//! | `[flaky 429]`, `[flaky 500]` | the same status and body without that header: the agent retries as its own defaults say, and every retry fails alike |
 //! | `[think]` | streams a thinking block before anything else |
 //!
 //! Anything else in brackets is ordinary text. The prompt's **marker** is its text with the
@@ -26,8 +27,10 @@ pub enum Directive {
     Write(String),
     /// `[stall N]`: stall the stream after its first chunk.
     Stall(Duration),
-    /// `[error N]`: answer with this HTTP status.
+    /// `[error N]`: answer with this HTTP status, not to be retried.
     Error(u16),
+    /// `[flaky N]`: answer with this HTTP status, leaving retries to the agent's defaults.
+    Flaky(u16),
     /// `[think]`: stream a thinking block first.
     Think,
 }
@@ -52,6 +55,14 @@ impl Prompt {
     pub fn error(&self) -> Option<u16> {
         self.directives.iter().find_map(|d| match d {
             Directive::Error(status) => Some(*status),
+            _ => None,
+        })
+    }
+
+    /// The first `[flaky …]` status, if any.
+    pub fn flaky(&self) -> Option<u16> {
+        self.directives.iter().find_map(|d| match d {
+            Directive::Flaky(status) => Some(*status),
             _ => None,
         })
     }
@@ -122,6 +133,11 @@ fn directive(inside: &str) -> Option<Directive> {
             .ok()
             .filter(|s| ERROR_STATUSES.contains(s))
             .map(Directive::Error),
+        ("flaky", Some(status)) => status
+            .parse::<u16>()
+            .ok()
+            .filter(|s| [429, 500].contains(s))
+            .map(Directive::Flaky),
         ("think", None) => Some(Directive::Think),
         _ => None,
     }
@@ -158,6 +174,8 @@ mod tests {
     #[test]
     fn only_the_known_error_statuses_are_directives() {
         assert_eq!(parse("[error 429]").error(), Some(429));
+        assert_eq!(parse("[flaky 500]").flaky(), Some(500));
+        assert_eq!(parse("[flaky 401]").flaky(), None);
         let other = parse("[error 404] [stall soon] [write] [a b c]");
         assert!(other.directives.is_empty(), "{other:?}");
         assert_eq!(other.marker, "[error 404] [stall soon] [write] [a b c]");

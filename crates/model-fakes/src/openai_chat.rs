@@ -60,14 +60,22 @@ pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response
     };
     let recorded = recorder.push(recorded);
     match turn {
-        Turn::Error { status, message } => {
+        Turn::Error {
+            status,
+            message,
+            retryable,
+        } => {
             let status = StatusCode::from_u16(status).expect("a valid status");
             let code = match status.as_u16() {
                 401 => "invalid_api_key",
                 429 => "rate_limit_exceeded",
                 _ => "server_error",
             };
-            error(status, code, &message)
+            let mut response = error(status, code, &message);
+            if retryable {
+                response.headers_mut().remove("x-should-retry");
+            }
+            response
         }
         Turn::Answer { steps, stop } if stream => {
             let (response, out) = server::event_stream();

@@ -59,6 +59,8 @@ pub enum Turn {
     Error {
         status: u16,
         message: String,
+        /// Whether the answer leaves retrying to the agent (`[flaky N]`) or says not to.
+        retryable: bool,
     },
     Answer {
         steps: Vec<Step>,
@@ -88,6 +90,14 @@ pub fn plan(conversation: &Conversation) -> Turn {
         return Turn::Error {
             status,
             message: format!("fake model error {status} (scripted by [error {status}])"),
+            retryable: false,
+        };
+    }
+    if let Some(status) = prompt.flaky() {
+        return Turn::Error {
+            status,
+            message: format!("fake model error {status} (scripted by [flaky {status}])"),
+            retryable: true,
         };
     }
     let mut steps = Vec::new();
