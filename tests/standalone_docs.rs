@@ -57,30 +57,39 @@ fn walk(path: &Path, files: &mut Vec<PathBuf>) {
     }
 }
 
-#[test]
-fn no_file_cites_a_specification_outside_the_repository() {
+/// Every text file walked: its path as shown (from the repository's root), its path, its text.
+/// Images and other binary files are left out: they are no text to cite anything in.
+fn texts() -> Vec<(String, PathBuf, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     for relative in ROOTS {
         walk(&root.join(relative), &mut files);
     }
+    files
+        .into_iter()
+        .filter_map(|file| {
+            let text = fs::read_to_string(&file).ok()?;
+            let shown = file
+                .strip_prefix(root)
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            Some((shown, file, text))
+        })
+        .collect()
+}
+
+#[test]
+fn no_file_cites_a_specification_outside_the_repository() {
+    let files = texts();
     assert!(
-        files.iter().any(|f| f.ends_with("src/lib.rs")),
+        files.iter().any(|(shown, _, _)| shown == "src/lib.rs"),
         "the walk found the sources"
     );
 
     let needle = citation();
     let mut found = Vec::new();
-    for file in &files {
-        // Images and other binary files are not text to cite anything in.
-        let Ok(text) = fs::read_to_string(file) else {
-            continue;
-        };
-        let shown = file
-            .strip_prefix(root)
-            .unwrap_or(file)
-            .display()
-            .to_string();
+    for (shown, _, text) in &files {
         for (index, line) in text.lines().enumerate() {
             if line.contains(&needle) {
                 found.push(format!("{shown}:{}: {}", index + 1, line.trim()));
@@ -260,24 +269,12 @@ fn docs_page(path: &str) -> Option<&str> {
 #[test]
 fn every_section_a_file_points_at_is_a_heading_there() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    for relative in ROOTS {
-        walk(&root.join(relative), &mut files);
-    }
-
     let mut headings: HashMap<PathBuf, Vec<String>> = HashMap::new();
     let mut checked = 0;
     let mut broken = BTreeSet::new();
-    for file in &files {
-        let Ok(text) = fs::read_to_string(file) else {
-            continue;
-        };
-        let shown = file
-            .strip_prefix(root)
-            .unwrap_or(file)
-            .display()
-            .to_string();
-        for pointer in pointers(&text) {
+    for (shown, file, text) in &texts() {
+        let file = file.as_path();
+        for pointer in pointers(text) {
             let at = format!("{shown}:{}", pointer.line);
             match &pointer.heading {
                 Some(heading) => {

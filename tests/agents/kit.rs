@@ -355,6 +355,16 @@ impl Rig {
         &self.key
     }
 
+    /// How many turn steps the fake model API was asked with `prompt` as the latest user text
+    /// (each retry of an agent counts).
+    pub fn asked(&self, prompt: &str) -> usize {
+        self.fake
+            .requests()
+            .iter()
+            .filter(|r| r.is_turn_step() && r.last_user_text.as_deref() == Some(prompt))
+            .count()
+    }
+
     /// The agent's HOME in its box.
     pub fn home(&self) -> PathBuf {
         self.boxing.home()

@@ -350,7 +350,7 @@ pub fn time_for(scenario: &str) -> std::time::Duration {
 }
 
 /// How long the default-retries scenario waits for an agent to give a model API 500 up.
-const DEFAULT_RETRIES_LIMIT: std::time::Duration = std::time::Duration::from_secs(150);
+const DEFAULT_RETRIES_LIMIT: std::time::Duration = std::time::Duration::from_secs(240);
 
 /// `[flaky 500]`: the model API answers 500 to every request, without saying not to retry, and
 /// the agent runs with its own retry settings. The cell says how long the turn took to end and
@@ -367,13 +367,6 @@ pub async fn model_500_default_retries(agent: Agent) -> Outcome {
     let mut session = rig.session(&agent).await;
     let mut watch = session.watch().await;
     let prompt = "failing [flaky 500]";
-    let asked = || {
-        rig.fake
-            .requests()
-            .iter()
-            .filter(|r| r.is_turn_step() && r.last_user_text.as_deref() == Some(prompt))
-            .count()
-    };
     let started = std::time::Instant::now();
     let failing = session.prompt(prompt).await;
     let ended =
@@ -394,10 +387,10 @@ pub async fn model_500_default_retries(agent: Agent) -> Outcome {
             .unwrap_or_default();
         return Outcome::Pass(format!(
             "the turn ended {stop} after {took:.0} s and {} requests to the model API{error}",
-            asked()
+            rig.asked(prompt)
         ));
     }
-    let asked = asked();
+    let asked = rig.asked(prompt);
     session
         .act(stop(false))
         .await
@@ -475,12 +468,7 @@ async fn failed_then_prompted(
     else {
         // The agent keeps retrying: how often the model API was asked shows it; a stop ends
         // the turn, and the session must still answer the next prompt.
-        let asked = rig
-            .fake
-            .requests()
-            .iter()
-            .filter(|r| r.is_turn_step() && r.last_user_text.as_deref() == Some(prompt.as_str()))
-            .count();
+        let asked = rig.asked(&prompt);
         session
             .act(stop(false))
             .await
@@ -501,12 +489,7 @@ async fn failed_then_prompted(
     if shown.starts_with(TIMED_OUT) {
         // The harness ended it: the agent was still retrying when the profile's limit ran out,
         // and was asked to stop.
-        let asked = rig
-            .fake
-            .requests()
-            .iter()
-            .filter(|r| r.is_turn_step() && r.last_user_text.as_deref() == Some(prompt.as_str()))
-            .count();
+        let asked = rig.asked(&prompt);
         settles_usable(&mut watch).await;
         drop(watch);
         let (reason, next) = plain_turn(&mut session, "after-error").await;
