@@ -659,9 +659,10 @@ impl Actor {
             );
             return self.fault("cancel_grace", detail).await;
         }
-        if let Some(turn) = self.work.turn.as_ref().filter(|t| !t.failed_by_harness)
-            && let Some(clock) = turn.clock
-            && clock.deadline().is_some_and(|d| d <= now)
+        if let Some(turn) = self.work.turn.as_mut().filter(|t| !t.failed_by_harness)
+            && turn.clock.and_then(|c| c.deadline()).is_some_and(|d| d <= now)
+            // Taken: it fires once, whatever comes of it.
+            && let Some(clock) = turn.clock.take()
         {
             let reason = format!(
                 "turn timed out after {} (the profile's turn_timeout; time waiting on a person \
