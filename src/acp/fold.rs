@@ -1351,6 +1351,12 @@ mod tests {
                 json!({"code": -32603, "data": {"message": "only here"}}),
                 "only here",
             ),
+            // Qwen Code (the ACP TypeScript SDK): the cause is in data.details.
+            (
+                json!({"code": -32603, "message": "Internal error",
+                       "data": {"details": "401 fake model error 401"}}),
+                "Internal error: 401 fake model error 401",
+            ),
         ] {
             let id = ActionId::mint();
             let mut log = Log::default();

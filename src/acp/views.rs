@@ -77,11 +77,14 @@ pub struct RpcError<'a> {
 
 impl RpcError<'_> {
     /// The error as a person reads it: the message, and the detail from `data` (its
-    /// `message`, or `data` itself when a string) unless the message already says it.
+    /// `message`, its `details` as the ACP TypeScript SDK sends an internal error's cause, or
+    /// `data` itself when a string) unless the message already says it.
     pub fn describe(&self) -> Option<String> {
         let detail = match &self.data {
             Some(Value::String(text)) => Some(text.as_str()),
-            Some(data) => data.get("message").and_then(Value::as_str),
+            Some(data) => ["message", "details"]
+                .iter()
+                .find_map(|key| data.get(*key).and_then(Value::as_str)),
             None => None,
         }
         .map(str::trim)

@@ -135,6 +135,38 @@ pub const PRESETS: &[Preset] = &[
         model_proxy: &[Provider::OpenAi],
     },
     Preset {
+        name: "qwen-0.24.4",
+        aliases: &["qwen"],
+        agent: "Qwen Code (`qwen --acp`, on an OpenAI-compatible API)",
+        package: "@qwen-code/qwen-code",
+        version: "0.24.4",
+        command: "npx",
+        args: &[
+            "-y",
+            "@qwen-code/qwen-code@0.24.4",
+            "--acp",
+            "--auth-type",
+            "openai",
+        ],
+        env: &[],
+        // Its OpenAI-compatible provider reads these; OPENAI_MODEL names the model when no
+        // settings file does.
+        env_passthrough: &["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL"],
+        // It starts sessions in `auto` (a model classifier approves what it deems safe, edits
+        // included); `default` asks before any edit or command.
+        config_options: &[("mode", "default")],
+        // `--auth-type openai` signs it in with OPENAI_API_KEY; it needs no `authenticate`.
+        auth_method: None,
+        restart_after_cancel: false,
+        restart_after_error: false,
+        startup_timeout: "120s",
+        turn_timeout: None,
+        egress: &["api.openai.com:443", NPM_REGISTRY],
+        nested_sandbox: false,
+        // Its provider reads OPENAI_BASE_URL and OPENAI_API_KEY, which the proxy fills.
+        model_proxy: &[Provider::OpenAi],
+    },
+    Preset {
         name: "opencode-1.18.33",
         aliases: &["opencode"],
         agent: "opencode (`opencode acp`, a native binary)",

@@ -84,7 +84,25 @@ pub struct KnownDefect {
 /// still deviates as described, and fails once the agent gets it right.
 /// (opencode 1.18.33 retries a model API 429 or 5xx without end; its preset's `turn_timeout`
 /// defends against that, so its cells pass through the defence and the note says so.)
-pub const KNOWN_DEFECTS: &[KnownDefect] = &[];
+pub const KNOWN_DEFECTS: &[KnownDefect] = &[
+    KnownDefect {
+        agent: "qwen-code",
+        version: "0.24.4",
+        scenario: "model_error_429",
+        defect: QWEN_RETRIES,
+    },
+    KnownDefect {
+        agent: "qwen-code",
+        version: "0.24.4",
+        scenario: "model_error_500",
+        defect: QWEN_RETRIES,
+    },
+];
+
+const QWEN_RETRIES: &str = "a model API 429 or 5xx is retried with backoff even when the answer \
+     says not to (`x-should-retry: false`), for about 100 s, before the turn ends FAILED (the \
+     own-retries column); no defence is needed, as the turn does end (a profile's `turn_timeout` \
+     shortens it)";
 
 /// The agents folder, or `None` (after saying so loudly) when the agents are not installed here.
 pub fn agents_dir(test: &str) -> Option<PathBuf> {

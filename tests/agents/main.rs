@@ -23,5 +23,6 @@ mod acp_client;
 mod claude;
 mod codex;
 mod opencode;
+mod qwen;
 mod replicas;
 mod stops;

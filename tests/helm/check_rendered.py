@@ -397,6 +397,8 @@ def custom_profiles_render_into_a_secret_config_with_their_settings(r, _):
         },
         codex,
     )
+    qwen = config["profiles"]["qwen"]
+    expect(qwen.get("preset") == "qwen" and qwen.get("turn_timeout") == "45m", qwen)
     expect(config["profiles"]["mock"]["allowed_cwd_roots"] == ["/workspaces"], config["profiles"])
     sandboxed = config["profiles"]["sandboxed"]
     expect(

@@ -164,6 +164,8 @@ args = ["/opt/claude-agent-acp/dist/index.js"]
         "preset claude-0.23.1",
         "preset codex-0.16.0 (also: codex)",
         "preset opencode-1.18.33 (also: opencode)",
+        "preset qwen-0.24.4 (also: qwen)",
+        "npx -y @qwen-code/qwen-code@0.24.4 --acp --auth-type openai",
         "profile mock (built in)",
         "profile claude (config file, preset claude)",
         "@agentclientprotocol/claude-agent-acp 0.101.0",

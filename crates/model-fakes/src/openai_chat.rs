@@ -6,7 +6,9 @@
 //! The conversation is `messages` (`system`, `user`, `assistant` with `tool_calls`, `tool` with
 //! the result). A streamed answer is `chat.completion.chunk`s: the role, text in `content`
 //! deltas (a thought in `reasoning_content`), a `[write]` as one `tool_calls` delta calling the
-//! agent's `write` function (`filePath`, absolute, and `content`), then the finish reason
+//! agent's file-writing function — opencode's `write` (`filePath`, absolute, and `content`), or
+//! Qwen Code's `write_file` (`file_path`, `content`) when that is what the request offers — then
+//! the finish reason
 //! (`tool_calls` or `stop`) and a usage chunk. opencode also asks for a title in a request
 //! without tools: a side request, answered plainly.
 
@@ -22,6 +24,41 @@ use crate::{
 
 /// opencode's file-writing tool (arguments `filePath`, absolute, and `content`).
 pub const WRITE_TOOL: &str = "write";
+
+/// Qwen Code's file-writing tool (arguments `file_path`, absolute, and `content`).
+pub const QWEN_WRITE_TOOL: &str = "write_file";
+
+/// The file-writing function the agent offers: its name and its path argument.
+#[derive(Debug, Clone, Copy)]
+struct Writer {
+    name: &'static str,
+    path_key: &'static str,
+}
+
+impl Writer {
+    /// opencode's, unless the request offers only Qwen Code's.
+    fn offered(tools: &[String]) -> Self {
+        let offers = |name: &str| tools.iter().any(|t| t == name);
+        if offers(QWEN_WRITE_TOOL) && !offers(WRITE_TOOL) {
+            Self {
+                name: QWEN_WRITE_TOOL,
+                path_key: "file_path",
+            }
+        } else {
+            Self {
+                name: WRITE_TOOL,
+                path_key: "filePath",
+            }
+        }
+    }
+
+    fn arguments(self, path: &str, content: &str) -> String {
+        let mut arguments = serde_json::Map::new();
+        arguments.insert(self.path_key.to_owned(), json!(path));
+        arguments.insert("content".to_owned(), json!(content));
+        Value::Object(arguments).to_string()
+    }
+}
 
 /// The longest piece a text is streamed in.
 const PIECE_CHARS: usize = 24;
@@ -51,6 +88,7 @@ pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response
         );
     };
     let conversation = read(&body, &mut recorded);
+    let writer = Writer::offered(&recorded.tools);
     let turn = script::plan(&conversation);
     let model = recorded.model.clone().unwrap_or_default();
     let stream = recorded.stream;
@@ -83,15 +121,14 @@ pub(crate) async fn handle(request: ApiRequest, recorder: &Recorder) -> Response
                 out,
                 recorded.seq,
                 model,
-                steps,
-                stop,
+                (steps, stop, writer),
                 recorder.clone(),
             ));
             response
         }
         Turn::Answer { steps, stop } => {
             recorder.served(recorded.seq, INPUT_TOKENS, WHOLE_OUTPUT_TOKENS);
-            whole_answer(recorded.seq, &model, steps, stop).await
+            whole_answer(recorded.seq, &model, steps, stop, writer).await
         }
     }
 }
@@ -127,14 +164,21 @@ fn read(body: &Value, recorded: &mut RecordedRequest) -> Conversation {
                 .any(|t| t.to_lowercase().contains("error")),
         });
     recorded.tool_result = tool_result.is_some();
+    // opencode says it in the system prompt; Qwen Code in the context it sends as a first user
+    // message.
     let cwd = messages
         .iter()
-        .filter(|m| m["role"] == "system")
+        .filter(|m| m["role"] == "system" || m["role"] == "user")
         .flat_map(|m| texts(&m["content"]))
         .find_map(|t| {
             t.lines().find_map(|line| {
-                line.split_once("Working directory: ")
-                    .map(|(_, dir)| dir.trim().to_owned())
+                [
+                    "Working directory: ",
+                    "I'm currently working in the directory: ",
+                ]
+                .iter()
+                .find_map(|label| line.split_once(label))
+                .map(|(_, dir)| dir.trim().to_owned())
             })
         })
         .filter(|dir| !dir.is_empty());
@@ -205,10 +249,6 @@ fn usage(output_tokens: usize) -> Value {
     })
 }
 
-fn arguments(path: &str, content: &str) -> String {
-    json!({ "filePath": path, "content": content }).to_string()
-}
-
 /// `text` in pieces of at most [`PIECE_CHARS`] characters.
 fn pieces(text: &str) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
@@ -223,8 +263,7 @@ async fn stream_answer(
     out: server::Stream,
     seq: usize,
     model: String,
-    steps: Vec<Step>,
-    stop: Stop,
+    (steps, stop, writer): (Vec<Step>, Stop, Writer),
     recorder: Recorder,
 ) {
     let chunk = |delta: Value, finish: Option<&str>| -> Bytes {
@@ -264,7 +303,7 @@ async fn stream_answer(
             Step::WriteFile { path, content } => {
                 let call = json!({ "tool_calls": [{
                     "index": calls, "id": format!("call_fake_{seq}_{calls}"), "type": "function",
-                    "function": { "name": WRITE_TOOL, "arguments": arguments(&path, &content) },
+                    "function": { "name": writer.name, "arguments": writer.arguments(&path, &content) },
                 }]});
                 calls += 1;
                 out.send(chunk(call, None)).await
@@ -289,7 +328,13 @@ async fn stream_answer(
 }
 
 /// The same answer as one JSON completion (`"stream": false`); a stall delays it.
-async fn whole_answer(seq: usize, model: &str, steps: Vec<Step>, stop: Stop) -> Response<Body> {
+async fn whole_answer(
+    seq: usize,
+    model: &str,
+    steps: Vec<Step>,
+    stop: Stop,
+    writer: Writer,
+) -> Response<Body> {
     let mut content = String::new();
     let mut reasoning = String::new();
     let mut tool_calls = Vec::new();
@@ -303,7 +348,7 @@ async fn whole_answer(seq: usize, model: &str, steps: Vec<Step>, stop: Stop) -> 
                 content: written,
             } => tool_calls.push(json!({
                 "id": format!("call_fake_{seq}_{}", tool_calls.len()), "type": "function",
-                "function": { "name": WRITE_TOOL, "arguments": arguments(&path, &written) },
+                "function": { "name": writer.name, "arguments": writer.arguments(&path, &written) },
             })),
         }
     }
@@ -328,6 +373,24 @@ async fn whole_answer(seq: usize, model: &str, steps: Vec<Step>, stop: Stop) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_calls_qwen_codes_write_file_when_only_that_is_offered() {
+        let qwen = Writer::offered(&["read_file".into(), "write_file".into()]);
+        assert_eq!(qwen.name, "write_file");
+        let arguments: Value = serde_json::from_str(&qwen.arguments("/w/a.txt", "hi")).unwrap();
+        assert_eq!(
+            arguments,
+            json!({ "file_path": "/w/a.txt", "content": "hi" })
+        );
+        let opencode = Writer::offered(&["write".into(), "write_file".into()]);
+        assert_eq!(opencode.name, "write");
+        let arguments: Value = serde_json::from_str(&opencode.arguments("/w/a.txt", "hi")).unwrap();
+        assert_eq!(
+            arguments,
+            json!({ "filePath": "/w/a.txt", "content": "hi" })
+        );
+    }
 
     #[test]
     fn the_conversation_finds_the_cwd_in_the_system_prompt_and_sees_the_tool_result() {

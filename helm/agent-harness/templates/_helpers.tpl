@@ -184,6 +184,7 @@ services, static_files_base_url and the insecure flag are passed as flags (see t
 {{- with $p.permissionPolicy }}{{ $_ := set $profile "permission_policy" . }}{{ end -}}
 {{- $_ := set $profile "allowed_cwd_roots" (default (list $.Values.workspace.mountPath) $p.allowedCwdRoots) -}}
 {{- with $p.startupTimeout }}{{ $_ := set $profile "startup_timeout" . }}{{ end -}}
+{{- with $p.turnTimeout }}{{ $_ := set $profile "turn_timeout" . }}{{ end -}}
 {{- with $p.cancelGrace }}{{ $_ := set $profile "cancel_grace" . }}{{ end -}}
 {{- with $p.idleTimeout }}{{ $_ := set $profile "idle_timeout" . }}{{ end -}}
 {{- with $p.stopGrace }}{{ $_ := set $profile "stop_grace" . }}{{ end -}}
