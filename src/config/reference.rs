@@ -172,20 +172,9 @@ pub(crate) fn duration(value: Duration) -> Option<Value> {
     text(humantime::format_duration(value))
 }
 
-/// An enum's serde name, from its Debug name (`AutoAccept` → `auto_accept`).
-pub(crate) fn snake(value: impl std::fmt::Debug) -> Option<Value> {
-    let mut name = String::new();
-    for (i, c) in format!("{value:?}").chars().enumerate() {
-        if c.is_ascii_uppercase() {
-            if i > 0 {
-                name.push('_');
-            }
-            name.push(c.to_ascii_lowercase());
-        } else {
-            name.push(c);
-        }
-    }
-    text(name)
+/// A value as the config file writes it (an enum by its serde name, as the file is read).
+pub(crate) fn written(value: impl serde::Serialize) -> Option<Value> {
+    Some(Value::try_from(value).expect("a TOML value"))
 }
 
 fn assert_none(problems: Vec<String>) {
@@ -258,8 +247,8 @@ fn every_top_level_key_is_documented_with_the_default_the_server_applies() {
             "insecure_allow_non_loopback",
             Some(Value::Boolean(config.insecure_allow_non_loopback)),
         ),
-        ("log_format", snake(config.log_format)),
-        ("sqlite_synchronous", snake(config.sqlite_synchronous)),
+        ("log_format", written(config.log_format)),
+        ("sqlite_synchronous", written(config.sqlite_synchronous)),
         (
             "database_url",
             config.database_url.as_ref().and_then(|u| text(u.expose())),
@@ -365,7 +354,7 @@ fn every_profile_key_is_documented_with_the_default_a_profile_resolves_to() {
         ("env_files", None),
         ("config_options", None),
         ("auth_method", profile.auth_method.as_ref().and_then(text)),
-        ("permission_policy", snake(profile.permission_policy)),
+        ("permission_policy", written(profile.permission_policy)),
         ("permission_rules", None),
         (
             "permission_timeout",
@@ -385,7 +374,7 @@ fn every_profile_key_is_documented_with_the_default_a_profile_resolves_to() {
             "restart_after_error",
             Some(Value::Boolean(resilience.restart_after_error)),
         ),
-        ("on_reopen_failure", snake(resilience.on_reopen_failure)),
+        ("on_reopen_failure", written(resilience.on_reopen_failure)),
         (
             "reopen_context_bytes",
             Some(Value::Integer(resilience.reopen_context_bytes as i64)),

@@ -13,7 +13,7 @@ use crate::acp::{RuntimeSpec, env::EnvSources};
 pub const MOCK_PROFILE: &str = "mock";
 
 /// How permission requests are answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PermissionPolicy {
     /// Hold the request for a person (status AWAITING_INPUT).
@@ -154,7 +154,7 @@ impl Default for Resilience {
 
 /// What a failed reopen (the agent advertises neither `session/resume` nor `session/load`, or
 /// refuses them: its session is gone) does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnReopenFailure {
     /// The session is DISCONNECTED (RUNTIME_CANNOT_REOPEN, or the agent's error).

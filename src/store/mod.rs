@@ -45,7 +45,17 @@ pub use landed::{Probe, landed};
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// SQLite `synchronous` mode: NORMAL survives process crashes, FULL also power loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Deserialize,
+    serde::Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SqliteSynchronous {
     #[default]

@@ -6,7 +6,9 @@ pub(crate) mod traces;
 use serde::Deserialize;
 
 /// How logs are written: text for people, or one JSON object per line for collectors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize, serde::Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     #[default]
